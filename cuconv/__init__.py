@@ -1,0 +1,10 @@
+"""cuconv: 2-D convolution for CuPy (GPU) and NumPy (CPU) arrays, on CUDA kernels of its own."""
+
+from ._config import config
+from .registry import algorithms, select_algorithm
+from .conv import conv2d
+from .spec import ConvSpec, output_size
+
+__version__ = "0.1.0"
+
+__all__ = ["conv2d", "algorithms", "select_algorithm", "config", "ConvSpec", "output_size", "__version__"]

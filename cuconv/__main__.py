@@ -1,0 +1,31 @@
+"""``python -m cuconv {bench,info}``."""
+
+import sys
+
+
+def _usage() -> int:
+    print("usage: python -m cuconv {bench,info} [options]\n"
+          "  bench  time cuconv against cuDNN on the PROBLEMS.md shapes (--help for options)\n"
+          "  info   versions, device, compute capability, kernel cache location", file=sys.stderr)
+    return 2
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        return _usage()
+    command, rest = argv[0], argv[1:]
+    if command == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(rest)
+    if command == "info":
+        from .info import main as info_main
+
+        return info_main(rest)
+    print(f"python -m cuconv: unknown command {command!r}", file=sys.stderr)
+    return _usage()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""The one place kernel sources are read and compiled.
+
+``load(stem, name_expressions)`` reads ``kernels_cu/<stem>.cu``, prepends ``#line 1 "<path>"`` so compiler
+errors name the real file and line, compiles it with ``cupy.RawModule`` (CuPy's on-disk cache applies),
+and memoizes the module per device. ``compile_options()`` is also what the CPU-only compile check in the
+test suite passes to NVRTC, so CI builds exactly what the GPU will.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import pathlib
+import threading
+
+__all__ = ["KERNEL_DIR", "kernel_dir", "kernel_source", "compile_options", "load", "get_function",
+           "KernelLaunchError"]
+
+_HERE = pathlib.Path(__file__).resolve().parent
+
+
+def kernel_dir() -> pathlib.Path:
+    """``kernels_cu/``: inside the installed package (wheel) or beside it (source checkout)."""
+    for candidate in (_HERE / "kernels_cu", _HERE.parent / "kernels_cu"):
+        if (candidate / "common.cuh").is_file():
+            return candidate
+    raise FileNotFoundError(f"cuconv: kernels_cu/ not found next to {_HERE}; the installation is broken")
+
+
+KERNEL_DIR = kernel_dir()
+
+
+def kernel_source(stem: str) -> str:
+    """Source of ``kernels_cu/<stem>.cu`` with a ``#line`` directive naming the real file."""
+    path = KERNEL_DIR / f"{stem}.cu"
+    return f'#line 1 "{path}"\n' + path.read_text()
+
+
+@functools.lru_cache(maxsize=None)
+def _headers_digest() -> str:
+    # CuPy's disk cache keys on source and options, not on included headers: fold their content
+    # into a -D option so that editing common.cuh recompiles every kernel.
+    h = hashlib.sha256()
+    for header in sorted(KERNEL_DIR.glob("*.cuh")):
+        h.update(header.name.encode())
+        h.update(header.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def compile_options() -> tuple:
+    """NVRTC options we add; CuPy itself adds ``--std=c++17``, ``-ftz=true`` and ``-arch=sm_XX``."""
+    return (f"-I{KERNEL_DIR}", f"-DCUCONV_HEADERS_DIGEST=0x{_headers_digest()}")
+
+
+# CuPy's own additions, mirrored by the compile check that runs without a GPU.
+CUPY_IMPLICIT_OPTIONS = {"std": "c++17", "ftz": True}
+
+_modules = {}
+_functions = {}
+_lock = threading.Lock()
+
+
+def load(stem: str, name_expressions: tuple):
+    """The ``cupy.RawModule`` for ``kernels_cu/<stem>.cu`` on the current device (memoized)."""
+    import cupy
+
+    device = cupy.cuda.runtime.getDevice()
+    key = (stem, name_expressions, device)
+    module = _modules.get(key)
+    if module is None:
+        with _lock:
+            module = _modules.get(key)
+            if module is None:
+                module = cupy.RawModule(code=kernel_source(stem), options=compile_options(),
+                                        name_expressions=name_expressions)
+                _modules[key] = module
+    return module
+
+
+def get_function(stem: str, name_expressions: tuple, name: str):
+    """A kernel of ``kernels_cu/<stem>.cu`` for the current device; ``name`` is one of the expressions."""
+    import cupy
+
+    key = (stem, name, cupy.cuda.runtime.getDevice())
+    fn = _functions.get(key)
+    if fn is None:
+        fn = load(stem, name_expressions).get_function(name)
+        _functions[key] = fn
+    return fn
+
+
+class KernelLaunchError(RuntimeError):
+    """A cuconv kernel failed to launch; the message names the kernel."""
+
+
+def launch(fn, name: str, grid, block, args, shared_mem: int = 0) -> None:
+    """Launch ``fn`` on CuPy's current stream, turning a CUDA error into an exception naming the kernel."""
+    try:
+        fn(grid, block, args, shared_mem=shared_mem)
+    except Exception as exc:  # CUDADriverError and friends
+        raise KernelLaunchError(f"cuconv: launching kernel {name} with grid={grid}, block={block} "
+                                f"failed: {exc}") from exc

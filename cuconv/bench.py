@@ -1,0 +1,266 @@
+"""``python -m cuconv bench``: cuconv against cuDNN (through torch) on the problems of PROBLEMS.md.
+
+Method (see README "Benchmark"): one process, same inputs for both sides, CUDA events around each call,
+warm-up first, median of many runs; torch with ``cudnn.benchmark = True`` and its TF32 switch set to the
+precision asked for. Device ceilings (cuBLAS GEMM rate per precision, device-to-device copy bandwidth)
+are measured in the same run; "floor" = max(FLOPs / GEMM rate, fewest bytes / copy bandwidth).
+Correctness: normwise relative error of samples 0 and N-1 against torch in float64.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy
+
+from . import registry
+from .problems import PROBLEMS, SUITES
+
+__all__ = ["main"]
+
+_BY_NAME = {p.name: p for p in PROBLEMS}
+
+
+def _parse(argv):
+    ap = argparse.ArgumentParser(prog="python -m cuconv bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", choices=sorted(SUITES), default="all", help="problem set (default all)")
+    ap.add_argument("--problem", action="append", default=[], metavar="NAME",
+                    help="run only these problems (repeatable, or comma-separated)")
+    ap.add_argument("--dtype", choices=("float32", "float16", "float64"), default="float32")
+    ap.add_argument("--precision", choices=("ieee", "tf32"), default="ieee",
+                    help="float32 arithmetic on both sides (default ieee)")
+    ap.add_argument("--algo", default="auto", help="'auto', 'all', or one of cuconv.algorithms()")
+    ap.add_argument("--reps", type=int, default=20, help="timed runs per measurement (median)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--json", metavar="PATH", help="also write all figures to this JSON file")
+    args = ap.parse_args(argv)
+    names = [n for item in args.problem for n in item.split(",") if n] or list(SUITES[args.suite])
+    unknown = [n for n in names if n not in _BY_NAME]
+    if unknown:
+        ap.error(f"unknown problem(s) {unknown}; choose from {sorted(_BY_NAME)}")
+    algos = registry.algorithms() if args.algo == "all" else (args.algo,)
+    for a in algos:
+        if a != "auto" and a not in registry.algorithms():
+            ap.error(f"unknown algo {a!r}; choose 'auto', 'all' or one of {registry.algorithms()}")
+    return args, names, algos
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU measurement helpers
+# ----------------------------------------------------------------------------------------------------
+def _time_gpu(fn, reps, warmup):
+    """Median milliseconds of ``fn()`` over ``reps`` runs, timed with CUDA events on CuPy's stream."""
+    import cupy
+
+    for _ in range(warmup):
+        fn()
+    stream = cupy.cuda.get_current_stream()
+    times = []
+    for _ in range(reps):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(stream)
+        fn()
+        stop.record(stream)
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop))
+    return statistics.median(times)
+
+
+def _host_overhead_us(fn, reps=20):
+    """Median host time of one call in microseconds (enqueue only, no synchronisation inside)."""
+    import cupy
+
+    samples = []
+    for _ in range(reps):
+        cupy.cuda.get_current_stream().synchronize()
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    cupy.cuda.get_current_stream().synchronize()
+    return statistics.median(samples)
+
+
+def measure_ceilings(reps=10):
+    """Measured cuBLAS GEMM rates (TFLOP/s) per (dtype, precision) and copy bandwidth (TB/s, read+write)."""
+    import cupy
+
+    from . import _cublas
+
+    rates = {}
+    n = 8192
+    for key, dtype, precision in (("float32/ieee", numpy.float32, "ieee"), ("float32/tf32", numpy.float32, "tf32"),
+                                  ("float16", numpy.float16, "ieee"), ("float64", numpy.float64, "ieee")):
+        size = n if dtype != numpy.float64 else 4096
+        a = cupy.random.standard_normal((size, size), dtype=numpy.float32).astype(dtype)
+        b = cupy.random.standard_normal((size, size), dtype=numpy.float32).astype(dtype)
+        c = cupy.empty((size, size), dtype=dtype)
+
+        def run():
+            _cublas.gemm(dtype, precision, size, size, size, a.data.ptr, size, 0, b.data.ptr, size, 0,
+                         c.data.ptr, size, 0, 1)
+
+        ms = _time_gpu(run, reps, 2)
+        rates[key] = 2 * size ** 3 / (ms * 1e-3) / 1e12
+        del a, b, c
+    src = cupy.random.standard_normal(1 << 28, dtype=numpy.float32)  # 1 GiB
+    dst = cupy.empty_like(src)
+    ms = _time_gpu(lambda: dst.__setitem__(Ellipsis, src), reps, 2)
+    bandwidth = 2 * src.nbytes / (ms * 1e-3) / 1e12
+    del src, dst
+    cupy.get_default_memory_pool().free_all_blocks()
+    return rates, bandwidth
+
+
+def _rel_err(y, ref):
+    y = y.astype(numpy.float64)
+    den = float(numpy.linalg.norm(ref))
+    return float(numpy.linalg.norm(y - ref) / (den if den else 1.0))
+
+
+# ----------------------------------------------------------------------------------------------------
+def _bench_gpu(args, names, algos):
+    import cupy
+    import torch
+
+    import cuconv
+
+    torch.backends.cudnn.benchmark = True
+    tf32 = args.precision == "tf32" and args.dtype == "float32"
+    torch.backends.cudnn.allow_tf32 = tf32
+    conv_backend = getattr(torch.backends.cudnn, "conv", None)
+    if conv_backend is not None and hasattr(conv_backend, "fp32_precision"):
+        conv_backend.fp32_precision = "tf32" if tf32 else "ieee"
+    dtype = numpy.dtype(args.dtype)
+    tdtype = getattr(torch, args.dtype)
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
+    device_name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+
+    print(f"cuconv {cuconv.__version__} | {device_name} | torch {torch.__version__} "
+          f"cuDNN {torch.backends.cudnn.version()} | dtype {args.dtype} | precision both sides: "
+          f"{'TF32' if tf32 else ('fp32-IEEE' if args.dtype == 'float32' else args.dtype)}",
+          file=sys.stderr)
+    print("measuring device ceilings ...", file=sys.stderr, flush=True)
+    rates, bandwidth = measure_ceilings()
+    rate_key = {"float32": "float32/tf32" if tf32 else "float32/ieee"}.get(args.dtype, args.dtype)
+    rate = rates[rate_key]
+    print(f"ceilings: GEMM {', '.join(f'{k} {v:.0f}' for k, v in rates.items())} TFLOP/s; "
+          f"copy {bandwidth:.2f} TB/s (read+write)", file=sys.stderr, flush=True)
+
+    rows = []
+    for i, name in enumerate(names, 1):
+        prob = _BY_NAME[name]
+        spec = prob.spec()
+        rng = cupy.random.default_rng(1234 + i)
+        x = rng.standard_normal(prob.input_shape, dtype=numpy.float32).astype(dtype)
+        w = (rng.standard_normal(prob.weight_shape, dtype=numpy.float32)
+             / numpy.sqrt(spec.crs_per_group)).astype(dtype)
+        xt, wt = torch.from_dlpack(x), torch.from_dlpack(w)
+        item = dtype.itemsize
+        min_bytes = (x.size + w.size + spec.n * spec.k * spec.p * spec.q) * item
+        floor_ms = max(spec.flops / (rate * 1e12), min_bytes / (bandwidth * 1e12)) * 1e3
+
+        def torch_call():
+            return torch.nn.functional.conv2d(xt, wt, None, **prob.conv_kwargs)
+
+        t_ms = _time_gpu(torch_call, args.reps, args.warmup)
+        yt = torch_call()
+        torch.cuda.synchronize()
+
+        # float64 reference on the first and last sample (catches chunking errors at both batch ends)
+        idx = [0, spec.n - 1] if spec.n > 1 else [0]
+        ref = torch.nn.functional.conv2d(xt[idx].double(), wt.double(), None, **prob.conv_kwargs)
+        ref = ref.cpu().numpy()
+        torch_err = _rel_err(yt[idx].float().cpu().numpy(), ref)
+        del yt
+        for algo in algos:
+            out = cupy.full(spec.output_shape, numpy.nan, dtype=dtype)
+
+            def ours():
+                cuconv.conv2d(x, w, None, algo=algo, precision=args.precision, out=out, **prob.conv_kwargs)
+
+            try:
+                ours()
+            except NotImplementedError as exc:
+                print(f"[{i}/{len(names)}] {name} {algo}: skipped ({exc})", file=sys.stderr, flush=True)
+                continue
+            err = _rel_err(cupy.asnumpy(out[idx]), ref)
+            ms = _time_gpu(ours, args.reps, args.warmup)
+            host_us = _host_overhead_us(ours)
+            chosen = registry.select_algorithm(spec, dtype, args.precision, True) if algo == "auto" else algo
+            row = dict(problem=name, algo=chosen, dtype=args.dtype, precision=args.precision, ms=ms,
+                       tflops=spec.flops / (ms * 1e-3) / 1e12, floor_ms=floor_ms, pct_floor=100 * floor_ms / ms,
+                       cudnn_ms=t_ms, ratio=t_ms / ms, rel_err=err, torch_rel_err=torch_err, host_us=host_us)
+            if chosen == "im2col_gemm" and not spec.is_pointwise_identity:
+                col_bytes = 2 * spec.n * spec.crs * spec.p * spec.q * item  # written once, read once
+                row["im2col_floor_ms"] = ((min_bytes + col_bytes) / (bandwidth * 1e12)
+                                          + spec.flops / (rate * 1e12)) * 1e3
+            rows.append(row)
+            print(f"[{i}/{len(names)}] {name} {chosen}: {ms:.3f} ms, cuDNN {t_ms:.3f} ms, ratio "
+                  f"{t_ms / ms:.2f}x, err {err:.1e}", file=sys.stderr, flush=True)
+            del out
+        del x, w, xt, wt
+        cupy.get_default_memory_pool().free_all_blocks()
+        torch.cuda.empty_cache()
+    meta = dict(device=device_name, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
+                cuconv=cuconv.__version__, dtype=args.dtype, precision=args.precision,
+                gemm_tflops=rates, copy_tbs=bandwidth, date=time.strftime("%Y-%m-%d"))
+    return meta, rows
+
+
+def _print_table(meta, rows):
+    print(f"\n{meta['device']}, {meta['date']}, dtype {meta['dtype']}, precision {meta['precision']} "
+          f"(both sides); torch {meta['torch']}, cuDNN {meta['cudnn']}, cudnn.benchmark=True")
+    head = (f"{'problem':<20} {'algo':<12} {'ms':>9} {'TFLOP/s':>8} {'%floor':>7} {'cuDNN ms':>9} "
+            f"{'ratio':>6} {'rel err':>8} {'torch err':>9} {'host us':>8}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['problem']:<20} {r['algo']:<12} {r['ms']:>9.3f} {r['tflops']:>8.1f} {r['pct_floor']:>6.0f}% "
+              f"{r['cudnn_ms']:>9.3f} {r['ratio']:>5.2f}x {r['rel_err']:>8.1e} {r['torch_rel_err']:>9.1e} "
+              f"{r['host_us']:>8.0f}")
+    ratios = [r["ratio"] for r in rows]
+    if ratios:
+        geo = float(numpy.exp(numpy.mean(numpy.log(ratios))))
+        print(f"geometric mean ratio (cuDNN time / cuconv time): {geo:.2f}x")
+
+
+def _bench_cpu():
+    import cuconv
+
+    print("No CUDA GPU visible (CuPy missing or no device): timing nothing. Running a reduced "
+          "problem on the NumPy CPU path against torch instead.")
+    prob = _BY_NAME["dilated_padded_5x9"].scaled(n=2, hw=48)
+    rng = numpy.random.default_rng(0)
+    x = rng.standard_normal(prob.input_shape)
+    w = rng.standard_normal(prob.weight_shape)
+    t0 = time.perf_counter()
+    y = cuconv.conv2d(x, w, **prob.conv_kwargs)
+    ms = (time.perf_counter() - t0) * 1e3
+    try:
+        import torch
+
+        ref = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), **prob.conv_kwargs).numpy()
+        err = f"{_rel_err(y, ref):.1e} vs torch (CPU, float64)"
+    except ImportError:
+        err = "not checked (torch not installed)"
+    print(f"{prob.name} reduced to {prob.input_shape} on the CPU: {ms:.1f} ms, output {y.shape}, "
+          f"relative error {err}")
+
+
+def main(argv=None) -> int:
+    from . import _backend
+
+    args, names, algos = _parse(argv)
+    if not _backend.gpu_available():
+        _bench_cpu()
+        return 0
+    meta, rows = _bench_gpu(args, names, algos)
+    _print_table(meta, rows)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(meta=meta, rows=rows), fh, indent=2)
+    return 0

@@ -1,0 +1,179 @@
+"""``cuconv.conv2d``: the public forward entry point on NumPy (CPU) and CuPy (GPU) arrays.
+
+Arguments are checked here, once, in PyTorch's wording and before any kernel runs; the geometry becomes a
+:class:`~cuconv.spec.ConvSpec` and the chosen algorithm gets contiguous arrays of one backend.
+"""
+
+from __future__ import annotations
+
+import numpy
+
+from . import _backend, _dtypes, registry as _registry
+from ._config import PRECISIONS, config
+from .spec import ConvSpec
+
+__all__ = ["conv2d"]
+
+
+def _shape(a) -> list:
+    return list(a.shape)
+
+
+def _array_kind(a, name: str) -> str:
+    if _backend.is_cupy_array(a):
+        return "cupy"
+    if _backend.is_numpy_array(a):
+        return "numpy"
+    raise TypeError(f"conv2d(): argument '{name}' must be a NumPy or CuPy array, not {type(a).__name__}"
+                    + ("; for torch tensors use cuconv.nn.functional.conv2d" if type(a).__module__
+                       .startswith("torch") else ""))
+
+
+def _resolve_precision(precision) -> str:
+    if precision is None:
+        return config.precision
+    if precision not in PRECISIONS:
+        raise ValueError(f"cuconv: precision must be None or one of {PRECISIONS}, got {precision!r}")
+    return precision
+
+
+def _check_arrays(x, weight, bias, out):
+    """Types, ranks, dtypes and devices, in the order torch checks them. Returns the backend name."""
+    kind = _array_kind(x, "input")
+    for name, a in (("weight", weight), ("bias", bias), ("out", out)):
+        if a is None and name != "weight":
+            continue
+        other = _array_kind(a, name)
+        if other != kind:
+            raise TypeError(f"conv2d(): input is a {kind} array but {name} is a {other} array; "
+                            f"all arrays must come from the same library")
+    if x.ndim not in (3, 4):
+        raise ValueError(f"Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of "
+                         f"size: {_shape(x)}")
+    if weight.ndim != 4:
+        raise ValueError(f"Expected 4D weight (out_channels, in_channels/groups, kH, kW) for conv2d, but "
+                         f"got weight of size: {_shape(weight)}")
+    _dtypes.check_float_dtype(x.dtype, "input")
+    if weight.dtype != x.dtype:
+        raise TypeError(f"Input type ({x.dtype}) and weight type ({weight.dtype}) should be the same")
+    if bias is not None:
+        if bias.dtype != x.dtype:
+            raise TypeError(f"Input type ({x.dtype}) and bias type ({bias.dtype}) should be the same")
+        if bias.ndim != 1 or bias.shape[0] != weight.shape[0]:
+            raise ValueError(f"Given weight of size {_shape(weight)}, expected bias to be 1-dimensional "
+                             f"with {weight.shape[0]} elements, but got bias of size {_shape(bias)} "
+                             f"instead")
+    if kind == "cupy":
+        dev = x.device.id
+        for name, a in (("weight", weight), ("bias", bias), ("out", out)):
+            if a is not None and a.device.id != dev:
+                raise ValueError(f"Expected all arrays to be on the same device, but found input on "
+                                 f"cuda:{dev} and {name} on cuda:{a.device.id}")
+    return kind
+
+
+def _check_out(out, shape, dtype):
+    if out.dtype != dtype:
+        raise TypeError(f"conv2d(): expected out to have dtype {dtype}, but got {out.dtype}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"conv2d(): expected out of size {list(shape)}, but got out of size "
+                         f"{_shape(out)}")
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algo="auto",
+           precision=None, out=None):
+    """2-D convolution (cross-correlation) with the semantics of ``torch.nn.functional.conv2d``.
+
+    Parameters
+    ----------
+    x : numpy.ndarray or cupy.ndarray
+        Input ``(N, C, H, W)`` or unbatched ``(C, H, W)``; float16, float32, float64 (bfloat16 where
+        ``ml_dtypes`` is installed). CuPy arrays run on their GPU, NumPy arrays on the CPU.
+    weight : array of the same library and dtype
+        ``(K, C / groups, R, S)``.
+    bias : array, optional
+        ``(K,)``.
+    stride, dilation : int or (int, int)
+    padding : int, (int, int), ``"same"`` or ``"valid"``
+        ``"same"`` pads ``total // 2`` before and the rest after on each axis, as torch does.
+    groups : int
+        ``C`` and ``K`` must both be divisible by it.
+    algo : str
+        ``"auto"`` or one of :func:`cuconv.algorithms`.
+    precision : None, ``"ieee"`` or ``"tf32"``
+        float32 arithmetic; ``None`` takes ``cuconv.config.precision``. Other dtypes ignore it.
+    out : array, optional
+        Preallocated result of the output's shape and dtype, written in place and returned.
+
+    Returns
+    -------
+    array of the input's library and dtype
+        ``(N, K, P, Q)`` (or ``(K, P, Q)`` for unbatched input) with
+        ``P = (H + pad_h - dilation_h·(R-1) - 1) // stride_h + 1`` and likewise ``Q``.
+
+    Raises
+    ------
+    TypeError
+        Non-array arguments, unsupported or mismatched dtypes, mixing NumPy and CuPy.
+    ValueError
+        Wrong ranks or shapes, bad stride/padding/dilation/groups, an empty output, arrays on
+        different GPUs, ``out`` of the wrong shape.
+    NotImplementedError
+        A forced ``algo`` that cannot serve this convolution.
+
+    Examples
+    --------
+    >>> import numpy as np, cuconv
+    >>> x = np.random.default_rng(0).standard_normal((1, 2, 5, 6))
+    >>> w = np.random.default_rng(1).standard_normal((4, 2, 3, 3))
+    >>> cuconv.conv2d(x, w, padding=(1, 0), stride=(2, 1)).shape
+    (1, 4, 3, 4)
+    """
+    kind = _check_arrays(x, weight, bias, out)
+    unbatched = x.ndim == 3
+    if unbatched:
+        x = x[None]
+    spec = ConvSpec.from_args(x.shape, weight.shape, stride, padding, dilation, groups)
+    precision = _resolve_precision(precision)
+    on_gpu = kind == "cupy"
+    name = _registry.resolve(algo, spec, x.dtype, precision, on_gpu)
+    result_shape = spec.output_shape[1:] if unbatched else spec.output_shape
+    if out is not None:
+        _check_out(out, result_shape, x.dtype)
+
+    if on_gpu:
+        import cupy as xp
+
+        with x.device:
+            return _run(xp, name, x, weight, bias, spec, out, result_shape, precision, on_gpu)
+    return _run(numpy, name, x, weight, bias, spec, out, result_shape, precision, on_gpu)
+
+
+def _run(xp, name, x, weight, bias, spec, out, result_shape, precision, on_gpu):
+    # Compute into `out` directly when it is C-contiguous, else into a fresh array copied over at the end.
+    direct = out is not None and out.flags.c_contiguous
+    y = out.reshape(spec.output_shape) if direct else xp.empty(spec.output_shape, dtype=x.dtype)
+    if y.size:
+        if spec.crs_per_group == 0:  # no input channels: the sum over an empty set
+            y.fill(0)
+        else:
+            x = xp.ascontiguousarray(x)
+            weight = xp.ascontiguousarray(weight)
+            algo = _registry.get(name)
+            if on_gpu:
+                algo.forward_gpu(x, weight, spec, y, precision)
+            else:
+                algo.forward_cpu(x, weight, spec, y)
+        if bias is not None:
+            if on_gpu:
+                from .bias import bias_add_gpu
+
+                bias_add_gpu(y, xp.ascontiguousarray(bias))
+            else:
+                y += bias.reshape(1, -1, 1, 1)
+    y = y.reshape(result_shape)
+    if out is None:
+        return y
+    if not direct:
+        out[...] = y
+    return out

@@ -1,0 +1,57 @@
+"""Python twin of ``kernels_cu/im2col.cu``: the GPU gather's launcher and the NumPy gather of the CPU path.
+
+Both produce the column matrix of a chunk of samples and output rows::
+
+    col[n, (c, r, s), (p, q)] = x_padded[n, c, p*sh + r*dh, q*sw + s*dw]   for p in [p0, p0 + rows)
+
+as an array of shape ``(nb, C*R*S, rows*Q)``; taps that fall in the padding are zero.
+"""
+
+from __future__ import annotations
+
+import numpy
+
+from . import _dtypes, _loader
+from .spec import ConvSpec
+
+__all__ = ["im2col_gpu", "im2col_cpu", "NAME_EXPRESSIONS"]
+
+STEM = "im2col"
+_THREADS = 256
+_MAX_GRID_Y = 65535
+
+NAME_EXPRESSIONS = tuple(f"im2col<{t},{v}>" for t in _dtypes.ALL_CTYPE_NAMES for v in ("true", "false"))
+
+
+def im2col_gpu(x, spec: ConvSpec, p0: int, rows: int, col):
+    """Fill ``col`` (CuPy, C-contiguous ``(nb, C*R*S, rows*Q)``) from ``x`` (C-contiguous ``(nb, C, H, W)``)."""
+    nb = x.shape[0]
+    length = rows * spec.q
+    if nb == 0 or length == 0 or spec.crs == 0:
+        return col
+    vec = 16 // x.dtype.itemsize
+    aligned = length % vec == 0
+    name = f"im2col<{_dtypes.ctype_of(x.dtype)},{'true' if aligned else 'false'}>"
+    fn = _loader.get_function(STEM, NAME_EXPRESSIONS, name)
+    grid = (nb * spec.crs, min(_MAX_GRID_Y, -(-length // (_THREADS * vec))), 1)
+    block = (_THREADS, 1, 1)
+    i64 = numpy.int64
+    args = (x, col, i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.r), i64(spec.s), i64(spec.q),
+            i64(p0), i64(length), i64(spec.stride[0]), i64(spec.stride[1]), i64(spec.pad[0]),
+            i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]))
+    _loader.launch(fn, name, grid, block, args)
+    return col
+
+
+def im2col_cpu(x: numpy.ndarray, spec: ConvSpec, p0: int, rows: int) -> numpy.ndarray:
+    """NumPy gather with the same contract as :func:`im2col_gpu`; returns a new array."""
+    nb, c = x.shape[:2]
+    (pt, pb, pl, pr), (sh, sw), (dh, dw) = spec.pad, spec.stride, spec.dilation
+    xp = numpy.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    # Window view (nb, C, R, S, rows, Q): element = xp[n, c, (p0+p)*sh + r*dh, q*sw + s*dw].
+    s_n, s_c, s_h, s_w = xp.strides
+    start = xp[:, :, p0 * sh:, :]
+    view = numpy.lib.stride_tricks.as_strided(
+        start, shape=(nb, c, spec.r, spec.s, rows, spec.q),
+        strides=(s_n, s_c, dh * s_h, dw * s_w, sh * s_h, sw * s_w), writeable=False)
+    return view.reshape(nb, spec.crs, rows * spec.q)

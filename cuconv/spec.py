@@ -1,0 +1,186 @@
+"""The one description of a convolution's geometry that every path takes.
+
+``ConvSpec`` is built once per call from the user's arguments (``ConvSpec.from_args``), validated there
+in PyTorch's wording, and then handed to the algorithm, the launchers and the chunk planner. It is frozen
+and hashable, so it is also the cache key for compiled kernels and algorithm choices.
+
+Layouts: input NCHW ``(N, C, H, W)``, weight KCRS ``(K, C/groups, R, S)``, output NKPQ ``(N, K, P, Q)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Tuple
+
+__all__ = ["ConvSpec", "output_size", "pair"]
+
+
+def output_size(in_size: int, kernel: int, stride: int, pad_lo: int, pad_hi: int, dilation: int) -> int:
+    """Output length along one axis: the only place this formula exists.
+
+    The dilated kernel covers ``dilation * (kernel - 1) + 1`` input positions (not ``dilation * kernel``).
+    """
+    extent = dilation * (kernel - 1) + 1
+    return (in_size + pad_lo + pad_hi - extent) // stride + 1
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def pair(value, name: str) -> Tuple[int, int]:
+    """Normalise an int or a length-2 sequence of ints to ``(h, w)``, as torch's ``_pair`` does."""
+    if _is_int(value):
+        return (int(value), int(value))
+    if isinstance(value, (tuple, list)) and all(_is_int(v) for v in value):
+        if len(value) == 1:
+            return (int(value[0]), int(value[0]))
+        if len(value) == 2:
+            return (int(value[0]), int(value[1]))
+        raise ValueError(
+            f"expected {name} to be a single integer value or a list of 2 values to match the "
+            f"convolution dimensions, but got {name}={list(value)}")
+    raise TypeError(f"conv2d(): argument '{name}' must be an int or a tuple of 2 ints, "
+                    f"not {type(value).__name__}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvSpec:
+    """Geometry of one 2-D convolution (forward view), normalised and validated.
+
+    ``pad`` is four-sided ``(top, bottom, left, right)`` so that ``padding="same"`` with an even
+    dilated kernel, which pads one more element after than before, fits without special cases.
+    """
+
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    r: int
+    s: int
+    stride: Tuple[int, int] = (1, 1)
+    pad: Tuple[int, int, int, int] = (0, 0, 0, 0)
+    dilation: Tuple[int, int] = (1, 1)
+    groups: int = 1
+
+    # ----- derived sizes -------------------------------------------------------------------------
+    @property
+    def p(self) -> int:
+        """Output height."""
+        return output_size(self.h, self.r, self.stride[0], self.pad[0], self.pad[1], self.dilation[0])
+
+    @property
+    def q(self) -> int:
+        """Output width."""
+        return output_size(self.w, self.s, self.stride[1], self.pad[2], self.pad[3], self.dilation[1])
+
+    @property
+    def c_per_group(self) -> int:
+        return self.c // self.groups
+
+    @property
+    def k_per_group(self) -> int:
+        return self.k // self.groups
+
+    @property
+    def crs(self) -> int:
+        """Rows of the full column matrix: C·R·S (all groups)."""
+        return self.c * self.r * self.s
+
+    @property
+    def crs_per_group(self) -> int:
+        """Reduction length of one group's GEMM: (C/groups)·R·S."""
+        return self.c_per_group * self.r * self.s
+
+    @property
+    def input_shape(self) -> Tuple[int, int, int, int]:
+        return (self.n, self.c, self.h, self.w)
+
+    @property
+    def weight_shape(self) -> Tuple[int, int, int, int]:
+        return (self.k, self.c_per_group, self.r, self.s)
+
+    @property
+    def output_shape(self) -> Tuple[int, int, int, int]:
+        return (self.n, self.k, self.p, self.q)
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds counted as 2 FLOPs: 2·N·K·P·Q·(C/groups)·R·S."""
+        return 2 * self.n * self.k * self.p * self.q * self.crs_per_group
+
+    @property
+    def is_pointwise_identity(self) -> bool:
+        """True when the column matrix of a sample *is* its input plane stack (1x1, stride 1, no pad)."""
+        return (self.r == 1 and self.s == 1 and self.stride == (1, 1) and self.pad == (0, 0, 0, 0))
+
+    def implicit_gemm_size(self, kind: str = "fprop") -> Tuple[int, int, int]:
+        """(M, N, K) of the GEMM one group performs over the whole batch, as in CUTLASS.
+
+        fprop: out (N·P·Q, K/g) = col (N·P·Q, CRS/g) @ Wᵀ;  dgrad: (N·H·W, C/g) over K/g·R·S;
+        wgrad: (K/g, CRS/g) over N·P·Q.
+        """
+        npq = self.n * self.p * self.q
+        if kind == "fprop":
+            return (npq, self.k_per_group, self.crs_per_group)
+        if kind == "dgrad":
+            return (self.n * self.h * self.w, self.c_per_group, self.k_per_group * self.r * self.s)
+        if kind == "wgrad":
+            return (self.k_per_group, self.crs_per_group, npq)
+        raise ValueError(f"unknown GEMM kind {kind!r}; expected 'fprop', 'dgrad' or 'wgrad'")
+
+    # ----- construction --------------------------------------------------------------------------
+    @classmethod
+    def from_args(cls, input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1) -> "ConvSpec":
+        """Validate torch-style arguments against 4-D shapes and return the spec.
+
+        Raises ``TypeError``/``ValueError`` with PyTorch's wording for every misuse of geometry.
+        """
+        n, c, h, w = (int(v) for v in input_shape)
+        k, c_g, r, s = (int(v) for v in weight_shape)
+        stride = pair(stride, "stride")
+        dilation = pair(dilation, "dilation")
+        if not _is_int(groups):
+            raise TypeError(f"conv2d(): argument 'groups' must be int, not {type(groups).__name__}")
+        groups = int(groups)
+        if groups <= 0:
+            raise ValueError("non-positive groups is not supported")
+        if min(stride) <= 0:
+            raise ValueError("non-positive stride is not supported")
+        if min(dilation) <= 0:
+            raise ValueError("non-positive dilation is not supported")
+
+        if isinstance(padding, str):
+            if padding == "valid":
+                pad = (0, 0, 0, 0)
+            elif padding == "same":
+                if stride != (1, 1):
+                    raise ValueError("padding='same' is not supported for strided convolutions")
+                # torch pads total // 2 before and the rest after, per axis.
+                th, tw = dilation[0] * (r - 1), dilation[1] * (s - 1)
+                pad = (th // 2, th - th // 2, tw // 2, tw - tw // 2)
+            else:
+                raise ValueError(f"Invalid padding string: {padding!r}")
+        else:
+            ph, pw = pair(padding, "padding")
+            if min(ph, pw) < 0:
+                raise ValueError("negative padding is not supported")
+            pad = (ph, ph, pw, pw)
+
+        wshape = list(weight_shape)
+        if k % groups != 0:
+            raise ValueError(f"Given groups={groups}, expected weight to be divisible by {groups} at "
+                             f"dimension 0, but got weight of size {wshape} instead")
+        if c != c_g * groups:
+            raise ValueError(f"Given groups={groups}, weight of size {wshape}, expected input"
+                             f"{list(input_shape)} to have {c_g * groups} channels, but got {c} "
+                             f"channels instead")
+        padded_h, padded_w = h + pad[0] + pad[1], w + pad[2] + pad[3]
+        extent_h, extent_w = dilation[0] * (r - 1) + 1, dilation[1] * (s - 1) + 1
+        if padded_h < extent_h or padded_w < extent_w:
+            raise ValueError(f"Calculated padded input size per channel: ({padded_h} x {padded_w}). "
+                             f"Kernel size: ({extent_h} x {extent_w}). Kernel size can't be greater "
+                             f"than actual input size")
+        return cls(n, c, h, w, k, r, s, stride, pad, dilation, groups)

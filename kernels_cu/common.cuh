@@ -1,0 +1,44 @@
+// Device helpers shared by every kernel family in kernels_cu/.
+//
+// Conversions between storage types (__half, __nv_bfloat16, float, double) and the float/double
+// arithmetic type, and a 16-byte vector of any storage type for coalesced wide stores.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace cuconv {
+
+typedef long long i64;
+
+// Arithmetic type for a storage type: half precisions compute in float.
+template <typename T> struct Acc { typedef float type; };
+template <> struct Acc<double> { typedef double type; };
+
+template <typename T> __device__ __forceinline__ typename Acc<T>::type to_acc(T v) {
+    return static_cast<typename Acc<T>::type>(v);
+}
+template <> __device__ __forceinline__ float to_acc<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_acc<__nv_bfloat16>(__nv_bfloat16 v) {
+    return __bfloat162float(v);
+}
+
+template <typename T> __device__ __forceinline__ T from_acc(typename Acc<T>::type v) {
+    return static_cast<T>(v);
+}
+template <> __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
+    return __float2bfloat16_rn(v);
+}
+
+// Zero of any storage type without relying on converting constructors.
+template <typename T> __device__ __forceinline__ T zero() { return from_acc<T>(0); }
+
+// VecWidth<T>::value elements of T make 16 bytes.
+template <typename T> struct VecWidth { static const int value = 16 / sizeof(T); };
+
+template <typename T> struct __align__(16) Vec16 {
+    T v[VecWidth<T>::value];
+};
+
+}  // namespace cuconv
