@@ -3,17 +3,20 @@
 import sys
 
 
-def _usage() -> int:
+def _usage(status: int = 2) -> int:
     print("usage: python -m cuconv {bench,info} [options]\n"
           "  bench  time cuconv against cuDNN on the PROBLEMS.md shapes (--help for options)\n"
-          "  info   versions, device, compute capability, kernel cache location", file=sys.stderr)
-    return 2
+          "  info   versions, device, compute capability, kernel cache location",
+          file=sys.stderr if status else sys.stdout)
+    return status
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:
         return _usage()
+    if argv[0] in ("-h", "--help"):
+        return _usage(0)
     command, rest = argv[0], argv[1:]
     if command == "bench":
         from .bench import main as bench_main

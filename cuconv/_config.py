@@ -57,8 +57,13 @@ class _Config:
             raise TypeError(f"config() got unexpected keyword argument(s) {sorted(unknown)}")
         with self._lock:
             saved = {name: getattr(self, name) for name in changes}
-            for name, value in changes.items():
-                setattr(self, name, value)
+            try:
+                for name, value in changes.items():
+                    setattr(self, name, value)
+            except Exception:  # a bad value: undo the ones already applied, change nothing
+                for name, value in saved.items():
+                    setattr(self, name, value)
+                raise
         try:
             yield self
         finally:

@@ -154,23 +154,18 @@ def _run(xp, name, x, weight, bias, spec, out, result_shape, precision, on_gpu):
     direct = out is not None and out.flags.c_contiguous
     y = out.reshape(spec.output_shape) if direct else xp.empty(spec.output_shape, dtype=x.dtype)
     if y.size:
-        if spec.crs_per_group == 0:  # no input channels: the sum over an empty set
-            y.fill(0)
+        if bias is not None:
+            bias = xp.ascontiguousarray(bias)
+        if spec.crs_per_group == 0:  # no input channels: the sum over an empty set is 0, plus bias
+            y[...] = 0 if bias is None else bias.reshape(1, -1, 1, 1)
         else:
             x = xp.ascontiguousarray(x)
             weight = xp.ascontiguousarray(weight)
             algo = _registry.get(name)
             if on_gpu:
-                algo.forward_gpu(x, weight, spec, y, precision)
+                algo.forward_gpu(x, weight, bias, spec, y, precision)
             else:
-                algo.forward_cpu(x, weight, spec, y)
-        if bias is not None:
-            if on_gpu:
-                from .bias import bias_add_gpu
-
-                bias_add_gpu(y, xp.ascontiguousarray(bias))
-            else:
-                y += bias.reshape(1, -1, 1, 1)
+                algo.forward_cpu(x, weight, bias, spec, y)
     y = y.reshape(result_shape)
     if out is None:
         return y

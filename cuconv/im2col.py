@@ -4,7 +4,8 @@ Both produce the column matrix of a chunk of samples and output rows::
 
     col[n, (c, r, s), (p, q)] = x_padded[n, c, p*sh + r*dh, q*sw + s*dw]   for p in [p0, p0 + rows)
 
-as an array of shape ``(nb, C*R*S, rows*Q)``; taps that fall in the padding are zero.
+of ``L = rows*Q`` columns; taps that fall in the padding are zero. On the GPU each row has a pitch
+``row_pitch(L, itemsize) >= L`` (16-byte aligned rows, whole-vector stores); on the CPU rows are dense.
 """
 
 from __future__ import annotations
@@ -14,37 +15,54 @@ import numpy
 from . import _dtypes, _loader
 from .spec import ConvSpec
 
-__all__ = ["im2col_gpu", "im2col_cpu", "NAME_EXPRESSIONS"]
+__all__ = ["im2col_gpu", "im2col_cpu", "row_pitch", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "im2col"
 _THREADS = 256
+_ITEMS = 4  # vectors per thread per segment: kItems in im2col.cu
 _MAX_GRID_Y = 65535
+# In-row positions are 32-bit in the kernel; a segment may run 2^16 past the row end before the check.
+MAX_ROW_PITCH = 2**31 - 2**16
 
-NAME_EXPRESSIONS = tuple(f"im2col<{t},{v}>" for t in _dtypes.ALL_CTYPE_NAMES for v in ("true", "false"))
+NAME_EXPRESSIONS = tuple(f"im2col<{t}>" for t in _dtypes.ALL_CTYPE_NAMES)
+
+
+def row_pitch(length: int, itemsize: int) -> int:
+    """Column-matrix row pitch in elements: ``length`` rounded up to whole 16-byte vectors."""
+    vec = 16 // itemsize
+    return -(-length // vec) * vec
 
 
 def im2col_gpu(x, spec: ConvSpec, p0: int, rows: int, col):
-    """Fill ``col`` (CuPy, C-contiguous ``(nb, C*R*S, rows*Q)``) from ``x`` (C-contiguous ``(nb, C, H, W)``)."""
+    """Fill ``col`` (CuPy, C-contiguous ``(nb, C*R*S, pitch)``) from ``x`` (C-contiguous ``(nb, C, H, W)``).
+
+    ``pitch`` must be ``row_pitch(rows*Q, itemsize)``; columns past ``rows*Q`` hold don't-care values.
+    """
     nb = x.shape[0]
     length = rows * spec.q
+    pitch = col.shape[-1]
+    if pitch != row_pitch(length, x.dtype.itemsize) or col.shape[:2] != (nb, spec.crs):
+        raise ValueError(f"cuconv: column buffer of shape {col.shape} does not fit ({nb}, {spec.crs}, "
+                         f"{row_pitch(length, x.dtype.itemsize)})")
     if nb == 0 or length == 0 or spec.crs == 0:
         return col
+    if pitch > MAX_ROW_PITCH:
+        raise NotImplementedError(f"cuconv: im2col row of {pitch} elements exceeds {MAX_ROW_PITCH}")
     vec = 16 // x.dtype.itemsize
-    aligned = length % vec == 0
-    name = f"im2col<{_dtypes.ctype_of(x.dtype)},{'true' if aligned else 'false'}>"
+    name = f"im2col<{_dtypes.ctype_of(x.dtype)}>"
     fn = _loader.get_function(STEM, NAME_EXPRESSIONS, name)
-    grid = (nb * spec.crs, min(_MAX_GRID_Y, -(-length // (_THREADS * vec))), 1)
+    grid = (nb * spec.crs, min(_MAX_GRID_Y, -(-length // (_THREADS * _ITEMS * vec))), 1)
     block = (_THREADS, 1, 1)
     i64 = numpy.int64
     args = (x, col, i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.r), i64(spec.s), i64(spec.q),
-            i64(p0), i64(length), i64(spec.stride[0]), i64(spec.stride[1]), i64(spec.pad[0]),
-            i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]))
+            i64(p0), i64(length), i64(pitch), i64(spec.stride[0]), i64(spec.stride[1]),
+            i64(spec.pad[0]), i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]))
     _loader.launch(fn, name, grid, block, args)
     return col
 
 
 def im2col_cpu(x: numpy.ndarray, spec: ConvSpec, p0: int, rows: int) -> numpy.ndarray:
-    """NumPy gather with the same contract as :func:`im2col_gpu`; returns a new array."""
+    """NumPy gather with the contract of :func:`im2col_gpu` and dense rows; returns a new array."""
     nb, c = x.shape[:2]
     (pt, pb, pl, pr), (sh, sw), (dh, dw) = spec.pad, spec.stride, spec.dilation
     xp = numpy.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))

@@ -12,77 +12,167 @@ input planes already are its column matrix. The CPU path is the same structure i
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy
 
 from ._config import config
 from .spec import ConvSpec
 from . import im2col as _im2col
+from .im2col import row_pitch
 
-__all__ = ["plan_chunks", "forward_gpu", "forward_cpu"]
+__all__ = ["ChunkPlan", "plan_chunks", "chunk_bytes", "forward_gpu", "forward_cpu"]
 
 
-def plan_chunks(spec: ConvSpec, itemsize: int, limit: int):
-    """(samples per chunk, output rows per chunk) so that the column chunk stays ≤ ``limit`` bytes.
+# Below this many column-buffer bytes a problem runs as one chunk: splitting it would cost more in
+# launches than overlapping the gather with the GEMM can save.
+_OVERLAP_MIN_BYTES = 64 << 20
 
-    Raises ``ValueError`` when even one output row of one sample needs more than ``limit``.
+
+@dataclasses.dataclass(frozen=True)
+class ChunkPlan:
+    """How im2col_gemm walks a problem: ``samples`` × ``rows`` output rows per chunk, ``buffers``
+    column buffers of ``samples * C*R*S * rows*Q`` elements each (0: no gather needed)."""
+
+    samples: int
+    rows: int
+    buffers: int
+
+    def chunks(self, spec: ConvSpec):
+        """(first sample, samples, first output row, rows) of every chunk, in order."""
+        for n0 in range(0, spec.n, self.samples):
+            for p0 in range(0, spec.p, self.rows):
+                yield n0, min(self.samples, spec.n - n0), p0, min(self.rows, spec.p - p0)
+
+
+def plan_chunks(spec: ConvSpec, itemsize: int, limit: int) -> ChunkPlan:
+    """Chunking that keeps all column buffers together ≤ ``limit`` bytes.
+
+    Several chunks use two buffers of ``limit / 2`` so that the gather of chunk i+1 (side stream) overlaps
+    the GEMM of chunk i (caller's stream); a problem whose whole column matrix fits in ``limit`` but is
+    large still gets four chunks for that overlap. Raises ``ValueError`` when even one output row of one
+    sample needs more than ``limit``.
     """
-    row_bytes = spec.crs * spec.q * itemsize  # one output row of one sample
-    sample_bytes = row_bytes * spec.p
-    if sample_bytes == 0:
-        return max(spec.n, 1), max(spec.p, 1)
-    if sample_bytes <= limit:
-        return max(1, min(spec.n, limit // sample_bytes)), spec.p
-    if row_bytes > limit:
+    n, p = max(spec.n, 1), max(spec.p, 1)
+    if spec.is_pointwise_identity:
+        return ChunkPlan(n, p, 0)
+    sample_bytes = chunk_bytes(spec, 1, spec.p, itemsize)
+    total = sample_bytes * spec.n
+    if chunk_bytes(spec, 1, 1, itemsize) > limit:
         raise ValueError(f"cuconv: workspace_limit={limit} bytes is too small for im2col_gemm: one "
-                         f"output row needs {row_bytes} bytes of column buffer; raise "
-                         f"cuconv.config.workspace_limit or choose another algorithm")
-    return 1, limit // row_bytes
+                         f"output row needs {chunk_bytes(spec, 1, 1, itemsize)} bytes of column buffer; "
+                         f"raise cuconv.config.workspace_limit or choose another algorithm")
+    if total <= min(limit, _OVERLAP_MIN_BYTES):
+        return ChunkPlan(n, p, 1)
+    buffers = 2 if chunk_bytes(spec, 1, 1, itemsize) <= limit // 2 else 1
+    per_buffer = limit // buffers
+    target = min(per_buffer, -(-total // 4)) if total <= limit else per_buffer
+    if sample_bytes <= target:
+        return ChunkPlan(_balanced(n, target // sample_bytes), p, buffers)
+    rows = max(1, _rows_within(spec, target, itemsize))
+    return ChunkPlan(1, _balanced(p, rows), buffers)
 
 
-def _chunks(spec: ConvSpec, itemsize: int):
-    nb, rows = plan_chunks(spec, itemsize, config.workspace_limit)
-    for n0 in range(0, spec.n, nb):
-        for p0 in range(0, spec.p, rows):
-            yield n0, min(nb, spec.n - n0), p0, min(rows, spec.p - p0)
+def chunk_bytes(spec: ConvSpec, samples: int, rows: int, itemsize: int) -> int:
+    """Bytes of the column buffer for ``samples`` × ``rows`` output rows (rows padded to their pitch)."""
+    return samples * spec.crs * row_pitch(rows * spec.q, itemsize) * itemsize
 
 
-def forward_gpu(x, w, spec: ConvSpec, out, precision: str) -> None:
-    """Write conv(x, w) into ``out``; all CuPy, C-contiguous, on the current device and stream."""
+def _rows_within(spec: ConvSpec, budget: int, itemsize: int) -> int:
+    vec = 16 // itemsize
+    max_pitch = budget // (spec.crs * itemsize) // vec * vec
+    return max_pitch // spec.q
+
+
+def _balanced(total: int, at_most: int) -> int:
+    """Chunk size ≤ at_most that splits ``total`` into equal parts (912 + 110 becomes 511 + 511)."""
+    parts = -(-total // max(1, at_most))
+    return -(-total // parts)
+
+
+_side_streams = {}
+
+
+def _side_stream(cupy):
+    """One non-blocking stream per device for the gathers that run ahead of the GEMMs."""
+    dev = cupy.cuda.runtime.getDevice()
+    stream = _side_streams.get(dev)
+    if stream is None:
+        stream = _side_streams[dev] = cupy.cuda.Stream(non_blocking=True)
+    return stream
+
+
+def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
+    """Write conv(x, w) + bias into ``out``; all CuPy, C-contiguous, on the current device and stream.
+
+    With a bias, ``out`` is first filled with it and every GEMM accumulates onto it (beta = 1).
+    """
     import cupy
 
     from . import _cublas
 
     item = x.dtype.itemsize
-    g, kg, crs_g = spec.groups, spec.k_per_group, spec.crs_per_group
     pq = spec.p * spec.q
-    identity = spec.is_pointwise_identity
-    workspace = None
-    if not identity:
-        nb, rows = plan_chunks(spec, item, config.workspace_limit)
-        workspace = cupy.empty(nb * spec.crs * rows * spec.q, dtype=x.dtype)
-    for n0, nb, p0, rows in _chunks(spec, item):
+    plan = plan_chunks(spec, item, config.workspace_limit)
+    chunks = list(plan.chunks(spec))
+    main = cupy.cuda.get_current_stream()
+    side = _side_stream(cupy) if plan.buffers == 2 and len(chunks) > 1 else None
+    buf_len = chunk_bytes(spec, plan.samples, plan.rows, item) // item
+    buffers = [cupy.empty(buf_len, dtype=x.dtype) for _ in range(plan.buffers)]
+    gemm_done = [None] * len(buffers)
+    beta = 0.0
+    if bias is not None:
+        from .bias import bias_fill_gpu
+
+        bias_fill_gpu(out, bias)
+        beta = 1.0
+    if side is not None:
+        side.wait_event(main.record())  # x, w and the buffers are ready on the caller's stream
+    for i, (n0, nb, p0, rows) in enumerate(chunks):
         length = rows * spec.q
-        if identity:
-            col_ptr = x.data.ptr + n0 * spec.c * pq * item
+        if plan.buffers == 0:  # 1x1 stride 1 unpadded: the input planes are the column matrix
+            col_ptr, col_ld = x.data.ptr + (n0 * spec.c * pq + p0 * spec.q) * item, pq
         else:
-            col = workspace[: nb * spec.crs * length].reshape(nb, spec.crs, length)
-            _im2col.im2col_gpu(x[n0:n0 + nb], spec, p0, rows, col)
-            col_ptr = col.data.ptr
+            b = i % len(buffers)
+            pitch = row_pitch(length, item)
+            col = buffers[b][: nb * spec.crs * pitch].reshape(nb, spec.crs, pitch)
+            if side is None:
+                _im2col.im2col_gpu(x[n0:n0 + nb], spec, p0, rows, col)
+            else:
+                if gemm_done[b] is not None:
+                    side.wait_event(gemm_done[b])  # the GEMM that read this buffer has finished
+                with side:
+                    _im2col.im2col_gpu(x[n0:n0 + nb], spec, p0, rows, col)
+                main.wait_event(side.record())
+            col_ptr, col_ld = col.data.ptr, pitch
         out_ptr = out.data.ptr + (n0 * spec.k * pq + p0 * spec.q) * item
-        # Column-major view: out[n, g]ᵀ (L × K/g, ld P·Q) = col[n, g]ᵀ (L × CRS/g, ld L) @ W[g]ᵀ (CRS/g × K/g).
-        # Batch over whichever of samples or groups is larger; loop over the other.
-        if g <= nb:
-            for gi in range(g):
-                _cublas.gemm(x.dtype, precision, length, kg, crs_g,
-                             col_ptr + gi * crs_g * length * item, length, spec.crs * length,
-                             w.data.ptr + gi * kg * crs_g * item, crs_g, 0,
-                             out_ptr + gi * kg * pq * item, pq, spec.k * pq, nb)
-        else:
-            for ni in range(nb):
-                _cublas.gemm(x.dtype, precision, length, kg, crs_g,
-                             col_ptr + ni * spec.crs * length * item, length, crs_g * length,
-                             w.data.ptr, crs_g, kg * crs_g,
-                             out_ptr + ni * spec.k * pq * item, pq, kg * pq, g)
+        _gemm_chunk(_cublas, x.dtype, precision, spec, nb, length, col_ptr, col_ld, w.data.ptr, out_ptr,
+                    beta)
+        if side is not None:
+            gemm_done[i % len(buffers)] = main.record()
+
+
+def _gemm_chunk(cublas, dtype, precision, spec, nb, length, col_ptr, col_ld, w_ptr, out_ptr, beta):
+    """out[n, g] (K/g, L) = W[g] (K/g, CRS/g) @ col[n, g] (CRS/g, L) for the nb samples of a chunk.
+
+    Column-major for cuBLAS: out[n, g]ᵀ (L × K/g, ld P·Q) = col[n, g]ᵀ (L × CRS/g, ld col_ld) @ W[g]ᵀ.
+    One batched call per group (batch = samples) or per sample (batch = groups), whichever is fewer.
+    """
+    item = numpy.dtype(dtype).itemsize
+    g, kg, crs_g, pq = spec.groups, spec.k_per_group, spec.crs_per_group, spec.p * spec.q
+    sample_col = spec.crs * col_ld
+    if g <= nb:
+        for gi in range(g):
+            cublas.gemm(dtype, precision, length, kg, crs_g,
+                        col_ptr + gi * crs_g * col_ld * item, col_ld, sample_col,
+                        w_ptr + gi * kg * crs_g * item, crs_g, 0,
+                        out_ptr + gi * kg * pq * item, pq, spec.k * pq, nb, beta)
+    else:
+        for ni in range(nb):
+            cublas.gemm(dtype, precision, length, kg, crs_g,
+                        col_ptr + ni * sample_col * item, col_ld, crs_g * col_ld,
+                        w_ptr, crs_g, kg * crs_g,
+                        out_ptr + ni * spec.k * pq * item, pq, kg * pq, g, beta)
 
 
 def _compute_dtype(dtype: numpy.dtype) -> numpy.dtype:
@@ -90,15 +180,18 @@ def _compute_dtype(dtype: numpy.dtype) -> numpy.dtype:
     return numpy.dtype(numpy.float64) if dtype == numpy.float64 else numpy.dtype(numpy.float32)
 
 
-def forward_cpu(x: numpy.ndarray, w: numpy.ndarray, spec: ConvSpec, out: numpy.ndarray) -> None:
+def forward_cpu(x: numpy.ndarray, w: numpy.ndarray, bias, spec: ConvSpec, out: numpy.ndarray) -> None:
     """NumPy twin of :func:`forward_gpu` (``precision`` has no effect: float32 is always IEEE here)."""
     cdt = _compute_dtype(x.dtype)
     g, kg, crs_g = spec.groups, spec.k_per_group, spec.crs_per_group
     w_g = w.reshape(g, kg, crs_g).astype(cdt, copy=False)
     out_v = out.reshape(spec.n, g, kg, spec.p, spec.q)
-    for n0, nb, p0, rows in _chunks(spec, numpy.dtype(cdt).itemsize):
+    plan = plan_chunks(spec, numpy.dtype(cdt).itemsize, config.workspace_limit)
+    for n0, nb, p0, rows in plan.chunks(spec):
         col = _im2col.im2col_cpu(x[n0:n0 + nb], spec, p0, rows).astype(cdt, copy=False)
         col = col.reshape(nb, g, crs_g, rows * spec.q)
         # (nb, g, K/g, L) = (g, K/g, CRS/g) @ (nb, g, CRS/g, L)
         res = numpy.matmul(w_g, col)
+        if bias is not None:  # added before the one rounding to out.dtype, as on the GPU
+            res += bias.astype(cdt).reshape(1, g, kg, 1)
         out_v[n0:n0 + nb, :, :, p0:p0 + rows, :] = res.reshape(nb, g, kg, rows, spec.q)

@@ -1,7 +1,7 @@
 """The registry of forward algorithms and the pure function that chooses among them.
 
-Each algorithm names a module with ``forward_gpu(x, w, spec, out, precision)`` and
-``forward_cpu(x, w, spec, out)``, and a ``reason_unsupported(spec, dtype)`` that returns why it cannot
+Each algorithm names a module with ``forward_gpu(x, w, bias, spec, out, precision)`` and
+``forward_cpu(x, w, bias, spec, out)`` (bias fused: added before the result is rounded), and a ``reason_unsupported(spec, dtype)`` that returns why it cannot
 serve a case (``None`` when it can). ``select_algorithm`` never picks one that refuses.
 """
 

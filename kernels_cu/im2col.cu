@@ -1,59 +1,75 @@
 // im2col: gather the column matrix of a convolution straight from the unpadded NCHW input.
 //
-// Kernel   im2col<T, kVec>(x, col, ...)
+// Kernel   im2col<T>(x, col, ...)
 //   T      storage type (__half, __nv_bfloat16, float, double); values are copied, never rounded.
-//   kVec   true when every column-matrix row length L is a multiple of 16 / sizeof(T), so each
-//          thread writes one aligned 16-byte vector; false: the same mapping with scalar stores.
 //
-// Layouts: x is (nb, C, H, W) contiguous (nb samples of a chunk); col is (nb, C*R*S, L) contiguous
-// with L = rows * Q: the output rows [p0, p0 + rows) of every sample, row-major over (p, q).
-// Column-matrix row index (n, c, r, s) = ((n*C + c)*R + r)*S + s, so a group's rows are contiguous.
+// Layouts: x is (nb, C, H, W) contiguous (the nb samples of a chunk); col is (nb, C*R*S, ld) with
+// row length L = rows * Q (output rows [p0, p0 + rows) of every sample, row-major over (p, q)) and
+// row pitch ld >= L, a multiple of V = 16 / sizeof(T) elements, so that every row starts 16-byte
+// aligned and every thread writes whole 16-byte vectors (the GEMM reads col with lda = ld). Elements
+// [L, ld) of a row are written with don't-care values. Row index ((n*C + c)*R + r)*S + s: one group's
+// rows are contiguous.
 //
-// Mapping: blockIdx.x = one column-matrix row (decoded once per block), threads stride along L.
-// Writes are coalesced 16-byte stores; reads of x are coalesced along q when stride_w == 1 and come
-// from L1/L2 otherwise (each input element is read R*S times but fetched from DRAM about once).
-// Padding, stride and dilation are resolved in the index arithmetic: out-of-image taps read as zero.
-// Offsets into x and col are 64-bit: a column chunk may pass 2^31 elements.
+// Mapping: blockIdx.x = one column-matrix row (n, c, r, s), decoded once per block; blockIdx.y = a
+// segment of kItems * blockDim.x * V columns of that row. Each thread gathers kItems vectors (all loads
+// in flight before the first store) and writes each with one 16-byte store, coalesced across the warp.
+// Fast path: a vector lying in one output row, inside the image, with stride_w == 1 is V plain loads;
+// otherwise each element resolves padding, stride and dilation itself (taps outside the image are 0).
+// Row and plane offsets are 64-bit (a chunk may pass 2^31 elements); positions inside one row are
+// 32-bit because the launcher keeps ld < 2^31 - 2^16 (cuBLAS's int dimensions need that anyway).
 #include "common.cuh"
 
 using cuconv::i64;
 
-template <typename T, bool kVec>
-__global__ void im2col(const T* __restrict__ x, T* __restrict__ col,
-                       i64 C, i64 H, i64 W, i64 R, i64 S, i64 Q, i64 p0, i64 L,
-                       i64 stride_h, i64 stride_w, i64 pad_top, i64 pad_left,
-                       i64 dil_h, i64 dil_w) {
+constexpr int kItems = 4;  // 16-byte vectors per thread per segment
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+im2col(const T* __restrict__ x, T* __restrict__ col,
+       i64 C, i64 H, i64 W, i64 R, i64 S, i64 Q, i64 p0, i64 L, i64 ld,
+       i64 stride_h, i64 stride_w, i64 pad_top, i64 pad_left, i64 dil_h, i64 dil_w) {
     constexpr int V = cuconv::VecWidth<T>::value;
-    const i64 row = blockIdx.x;                       // (n, c, r, s) flattened
+    const i64 row = blockIdx.x;
     const int s = static_cast<int>(row % S);
     const int r = static_cast<int>((row / S) % R);
-    const i64 nc = row / (R * S);                     // n * C + c
-    const T* __restrict__ plane = x + nc * H * W;
-    T* __restrict__ out = col + row * L;
-    const int h_off = static_cast<int>(r * dil_h - pad_top);
-    const int w_off = static_cast<int>(s * dil_w - pad_left);
-    const int Hi = static_cast<int>(H), Wi = static_cast<int>(W);
-    const int Qi = static_cast<int>(Q);
+    const T* __restrict__ plane = x + (row / (R * S)) * H * W;  // (n*C + c)-th input plane
+    T* __restrict__ out = col + row * ld;
 
-    for (i64 j0 = (static_cast<i64>(blockIdx.y) * blockDim.x + threadIdx.x) * V; j0 < L;
-         j0 += static_cast<i64>(gridDim.y) * blockDim.x * V) {
-        int p = static_cast<int>(j0 / Q);
-        int q = static_cast<int>(j0 - static_cast<i64>(p) * Q);
-        cuconv::Vec16<T> vec;
+    const int Hi = static_cast<int>(H), Wi = static_cast<int>(W), Qi = static_cast<int>(Q);
+    const int Li = static_cast<int>(L);
+    const int sh = static_cast<int>(stride_h), sw = static_cast<int>(stride_w);
+    const int h_base = static_cast<int>(p0 * stride_h + r * dil_h - pad_top);  // ih of output row p0
+    const int w_base = static_cast<int>(s * dil_w - pad_left);                 // iw of output column 0
+    const int seg_len = kItems * blockDim.x * V;
+
+    for (int seg = blockIdx.y * seg_len; seg < Li; seg += gridDim.y * seg_len) {
+        cuconv::Vec16<T> vec[kItems];
 #pragma unroll
-        for (int e = 0; e < V; ++e) {
-            const int ih = static_cast<int>((p0 + p) * stride_h) + h_off;
-            const int iw = static_cast<int>(q * stride_w) + w_off;
-            const bool inside = ih >= 0 && ih < Hi && iw >= 0 && iw < Wi;
-            vec.v[e] = inside ? plane[static_cast<i64>(ih) * W + iw] : cuconv::zero<T>();
-            if (++q == Qi) { q = 0; ++p; }
+        for (int it = 0; it < kItems; ++it) {
+            const int j0 = seg + (it * blockDim.x + threadIdx.x) * V;
+            int p = j0 / Qi;
+            int q = j0 - p * Qi;
+            const int ih0 = h_base + p * sh;
+            const int iw0 = w_base + q;
+            if (sw == 1 && q + V <= Qi && ih0 >= 0 && ih0 < Hi && iw0 >= 0 && iw0 + V <= Wi) {
+                const T* __restrict__ src = plane + static_cast<i64>(ih0) * W + iw0;
+#pragma unroll
+                for (int e = 0; e < V; ++e) vec[it].v[e] = src[e];
+                continue;
+            }
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                const int ih = h_base + p * sh;
+                const int iw = w_base + q * sw;
+                const bool inside = ih >= 0 && ih < Hi && iw >= 0 && iw < Wi;
+                vec[it].v[e] = inside ? plane[static_cast<i64>(ih) * W + iw] : cuconv::zero<T>();
+                if (++q == Qi) { q = 0; ++p; }
+            }
         }
-        if (kVec) {
-            *reinterpret_cast<cuconv::Vec16<T>*>(out + j0) = vec;
-        } else {
 #pragma unroll
-            for (int e = 0; e < V; ++e)
-                if (j0 + e < L) out[j0 + e] = vec.v[e];
+        for (int it = 0; it < kItems; ++it) {
+            const int j0 = seg + (it * blockDim.x + threadIdx.x) * V;
+            if (j0 < Li) *reinterpret_cast<cuconv::Vec16<T>*>(out + j0) = vec[it];
         }
     }
 }

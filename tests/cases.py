@@ -1,0 +1,104 @@
+"""The one oracle, the tolerance table and the named case table every conv test runs through."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy
+import pytest
+
+from cuconv.problems import PROBLEMS
+
+# Normwise relative error ‖y - ref‖ / ‖ref‖ allowed per dtype (and per precision for float32).
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "tf32": 5e-3, "float16": 2e-3, "bfloat16": 2e-3}
+# Low precision must also be no worse than this many times torch's own error in that dtype.
+TORCH_ERROR_FACTOR = 2.0
+
+
+def tolerance(dtype, precision="ieee") -> float:
+    name = numpy.dtype(dtype).name
+    return TOLERANCE["tf32" if name == "float32" and precision == "tf32" else name]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    x_shape: tuple
+    w_shape: tuple
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    bias: bool = True
+
+
+def _p(id_, x_shape, w_shape, bias=True, **kwargs):
+    return pytest.param(Case(tuple(x_shape), tuple(w_shape), kwargs, bias), id=id_)
+
+
+# Batch 1, odd sizes, sizes that fit no tile, every parameter per axis, groups in {1, 2, C},
+# channel multipliers, 'same' with even kernels, stride and dilation together, unbatched input.
+CASES = [
+    _p("basic_3x3", (2, 3, 8, 8), (4, 3, 3, 3)),
+    _p("batch1_odd", (1, 5, 13, 7), (3, 5, 3, 3), padding=1),
+    _p("k5x9_d2x3_p2x4", (2, 4, 23, 37), (6, 4, 5, 9), padding=(2, 4), dilation=(2, 3)),
+    _p("k5x7_rect", (3, 6, 17, 11), (5, 6, 5, 7)),
+    _p("stride2x3_pad1x2", (2, 3, 19, 23), (4, 3, 3, 4), stride=(2, 3), padding=(1, 2)),
+    _p("stride2_dil2_pad3", (2, 4, 21, 20), (5, 4, 3, 3), stride=2, dilation=2, padding=3),
+    _p("groups2", (2, 6, 9, 10), (8, 3, 3, 3), groups=2, padding=1),
+    _p("depthwise", (2, 5, 11, 9), (5, 1, 3, 3), groups=5, padding=1),
+    _p("depthwise_mult3_3x1", (2, 4, 10, 9), (12, 1, 3, 1), groups=4, padding=(1, 0)),
+    _p("same_even_4x2", (2, 3, 10, 9), (4, 3, 4, 2), padding="same"),
+    _p("same_even_dil3", (1, 3, 12, 11), (2, 3, 2, 4), padding="same", dilation=(3, 1)),
+    _p("valid", (2, 2, 7, 6), (3, 2, 2, 3), padding="valid"),
+    _p("pointwise_1x1", (3, 8, 7, 5), (6, 8, 1, 1)),
+    _p("pointwise_1x1_stride2", (2, 8, 9, 7), (4, 8, 1, 1), stride=2),
+    _p("pointwise_1x1_pad1", (2, 4, 5, 5), (3, 4, 1, 1), padding=1),
+    _p("kernel_equals_input", (2, 3, 5, 4), (2, 3, 5, 4)),
+    _p("stem_like_c3_7x7_s2", (2, 3, 30, 28), (8, 3, 7, 7), stride=2, padding=3),
+    _p("no_bias", (2, 3, 8, 8), (4, 3, 3, 3), bias=False, padding=(0, 1)),
+    _p("empty_batch", (0, 3, 8, 8), (4, 3, 3, 3)),
+    _p("unbatched", (3, 9, 8), (4, 3, 3, 3), padding=1),
+]
+
+# Reduced versions of every problem in PROBLEMS.md (same kernel geometry, small batch and image).
+PROBLEM_CASES = [
+    pytest.param(Case(p.scaled(n=2, hw=min(p.h, 24 if p.kernel[0] < 7 else 30)).input_shape, p.weight_shape,
+                      p.conv_kwargs, False), id=f"reduced_{p.name}")
+    for p in PROBLEMS
+]
+
+
+def make_inputs(case: Case, seed: int = 0, integer: bool = False):
+    """float64 NumPy (x, w, b-or-None): random normals, or small random integers when ``integer``."""
+    rng = numpy.random.default_rng(seed)
+
+    def draw(shape):
+        if integer:
+            return rng.integers(-3, 4, size=shape).astype(numpy.float64)
+        return rng.standard_normal(shape)
+
+    x = draw(case.x_shape)
+    w = draw(case.w_shape)
+    b = draw((case.w_shape[0],)) if case.bias else None
+    return x, w, b
+
+
+def reference(x, w, b=None, **kwargs) -> numpy.ndarray:
+    """The oracle: torch.nn.functional.conv2d in float64 on the CPU."""
+    import torch
+
+    t = lambda a: None if a is None else torch.from_numpy(numpy.asarray(a, dtype=numpy.float64))
+    return torch.nn.functional.conv2d(t(x), t(w), t(b), **kwargs).numpy()
+
+
+def rel_err(y, ref) -> float:
+    y = numpy.asarray(y, dtype=numpy.float64)
+    ref = numpy.asarray(ref, dtype=numpy.float64)
+    den = numpy.linalg.norm(ref)
+    return float(numpy.linalg.norm(y - ref) / (den if den > 0 else 1.0))
+
+
+def noncontiguous(a, xp=numpy):
+    """The same values as ``a`` in a non-contiguous view (every other element of a wider array)."""
+    wide = xp.empty(a.shape[:-1] + (2 * a.shape[-1],), dtype=a.dtype)
+    wide[..., ::2] = a
+    view = wide[..., ::2]
+    assert not view.flags.c_contiguous or a.shape[-1] <= 1
+    return view

@@ -1,0 +1,58 @@
+"""``python -m cuconv`` as a user runs it, in a subprocess, on a machine without a usable GPU."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from cuconv import _backend
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+without_gpu = pytest.mark.skipif(_backend.gpu_available(),
+                                 reason="checks the GPU-less behaviour; a GPU is visible here")
+
+
+def run_cli(*args):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, "-m", "cuconv", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+@without_gpu
+def test_info():
+    proc = run_cli("info")
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^cuconv\s+\d+\.\d+\.\d+ \(", proc.stdout, re.M)
+    assert re.search(r"^numpy\s+\S+", proc.stdout, re.M)
+    # No GPU: either CuPy is missing or it sees no device, and info says which in plain words.
+    assert re.search(r"^(device\s+none visible|cupy\s+not available)", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^config\s+precision=ieee, workspace_limit=1073741824$", proc.stdout, re.M)
+
+
+@without_gpu
+def test_bench_without_gpu_checks_cpu_path():
+    proc = run_cli("bench")
+    assert proc.returncode == 0, proc.stderr
+    assert "No CUDA GPU visible" in proc.stdout
+    match = re.search(r"relative error (\S+) vs torch", proc.stdout)
+    assert match, proc.stdout
+    assert float(match.group(1)) < 1e-12  # float64 on both sides
+
+
+def test_bench_unknown_problem_is_usage_error():
+    proc = run_cli("bench", "--problem", "nope")
+    assert proc.returncode == 2
+    assert "usage: python -m cuconv bench" in proc.stderr
+    assert "unknown problem(s) ['nope']" in proc.stderr
+
+
+@pytest.mark.parametrize("args", [(), ("frobnicate",)], ids=["no_args", "unknown_command"])
+def test_usage(args):
+    proc = run_cli(*args)
+    assert proc.returncode == 2
+    assert "usage: python -m cuconv {bench,info}" in proc.stderr
+    assert proc.stdout == ""

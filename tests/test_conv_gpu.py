@@ -1,0 +1,326 @@
+"""GPU path of cuconv.conv2d: every case × dtype × precision × algorithm against the float64 oracle."""
+
+from __future__ import annotations
+
+import numpy
+import pytest
+
+import cuconv
+from cuconv import _dtypes
+from cuconv.im2col_gemm import chunk_bytes, plan_chunks
+from cases import (CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, make_inputs, noncontiguous, reference,
+                   rel_err, tolerance)
+
+pytestmark = pytest.mark.gpu
+
+# (dtype name, precision): the float32 modes are separate rows of the tolerance table.
+MODES = [("float64", "ieee"), ("float32", "ieee"), ("float32", "tf32"), ("float16", "ieee")]
+if _dtypes.bfloat16 is not None:
+    MODES.append(("bfloat16", "ieee"))
+MODE_IDS = [f"{d}-{p}" if d == "float32" else d for d, p in MODES]
+
+
+def _dtype(name):
+    return _dtypes.bfloat16 if name == "bfloat16" else numpy.dtype(name)
+
+
+def _to_gpu(a, dtype):
+    import cupy
+
+    return None if a is None else cupy.asarray(a.astype(dtype))
+
+
+def _torch_error(x, w, b, dtype_name, precision, kwargs, ref):
+    """torch's own normwise error in this dtype/precision on the GPU (cuDNN), against the same oracle."""
+    import torch
+
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    try:
+        tdt = getattr(torch, dtype_name)
+        t = lambda a: None if a is None else torch.from_numpy(a).cuda().to(tdt)
+        y = torch.nn.functional.conv2d(t(x), t(w), t(b), **kwargs)
+        return rel_err(y.double().cpu().numpy(), ref)
+    finally:
+        torch.backends.cudnn.allow_tf32 = False
+
+
+@pytest.mark.parametrize("algo", cuconv.algorithms())
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("case", CASES + PROBLEM_CASES)
+def test_matches_oracle(case, mode, algo):
+    import cupy
+
+    dtype_name, precision = mode
+    dtype = _dtype(dtype_name)
+    x, w, b = make_inputs(case, seed=hash((case.x_shape, case.w_shape)) % 2**32)
+    # Quantise the inputs to the dtype first, so the oracle sees exactly what the kernel sees.
+    x, w = x.astype(dtype).astype(numpy.float64), w.astype(dtype).astype(numpy.float64)
+    b = None if b is None else b.astype(dtype).astype(numpy.float64)
+    ref = reference(x, w, b, **case.kwargs)
+    out = cupy.full(ref.shape, numpy.nan, dtype=dtype)
+    got = cuconv.conv2d(_to_gpu(x, dtype), _to_gpu(w, dtype), _to_gpu(b, dtype), algo=algo,
+                        precision=precision, out=out, **case.kwargs)
+    assert got is out
+    y = cupy.asnumpy(out).astype(numpy.float64)
+    assert not numpy.isnan(y).any(), "some outputs were never written"
+    err = rel_err(y, ref)
+    assert err <= tolerance(dtype, precision), f"relative error {err:.2e}"
+    if dtype_name in ("float16", "bfloat16"):  # tf32 has only its absolute bound: cuDNN may not use TF32
+        torch_err = _torch_error(x, w, b, dtype_name, precision, case.kwargs, ref)
+        assert err <= max(TORCH_ERROR_FACTOR * torch_err, 1e-7), f"{err:.2e} vs torch {torch_err:.2e}"
+
+
+@pytest.mark.parametrize("case", CASES[:12])
+def test_noncontiguous_inputs(case):
+    import cupy
+
+    x, w, b = make_inputs(case, seed=3)
+    ref = reference(x, w, b, **case.kwargs)
+    xg, wg = noncontiguous(cupy.asarray(x), cupy), noncontiguous(cupy.asarray(w), cupy)
+    bg = None if b is None else noncontiguous(cupy.asarray(b), cupy)
+    y = cuconv.conv2d(xg, wg, bg, **case.kwargs)
+    assert rel_err(cupy.asnumpy(y), ref) <= tolerance(numpy.float64)
+
+
+def test_noncontiguous_out_is_written_in_place():
+    import cupy
+
+    case = CASES[0].values[0]
+    x, w, b = make_inputs(case, seed=4)
+    ref = reference(x, w, b, **case.kwargs)
+    wide = cupy.full(ref.shape[:-1] + (2 * ref.shape[-1],), numpy.nan)
+    out = wide[..., ::2]
+    got = cuconv.conv2d(cupy.asarray(x), cupy.asarray(w), cupy.asarray(b), out=out, **case.kwargs)
+    assert got is out
+    assert rel_err(cupy.asnumpy(out), ref) <= tolerance(numpy.float64)
+    assert cupy.isnan(wide[..., 1::2]).all(), "wrote outside the out= view"
+
+
+@pytest.mark.parametrize("dtype_name", ["float64", "float32"])
+@pytest.mark.parametrize("case", CASES + PROBLEM_CASES)
+def test_gpu_equals_cpu_exactly_on_integers(case, dtype_name):
+    """Integer-valued inputs make every partial sum exact: GPU and CPU paths must agree bit for bit."""
+    import cupy
+
+    x, w, b = make_inputs(case, seed=5, integer=True)
+    dtype = numpy.dtype(dtype_name)
+    cpu = cuconv.conv2d(x.astype(dtype), w.astype(dtype), None if b is None else b.astype(dtype),
+                        **case.kwargs)
+    gpu = cuconv.conv2d(_to_gpu(x, dtype), _to_gpu(w, dtype), _to_gpu(b, dtype), precision="ieee",
+                        **case.kwargs)
+    numpy.testing.assert_array_equal(cupy.asnumpy(gpu), cpu)
+
+
+_CHUNK_MODES = {
+    # name: (workspace limit from the case's spec, expected buffers, expect sample chunks)
+    "rows_two_buffers": (lambda spec: 2 * chunk_bytes(spec, 1, 2, 4), 2, False),
+    "rows_one_buffer": (lambda spec: chunk_bytes(spec, 1, 1, 4) * 3 // 2, 1, False),
+    "samples_two_buffers": (lambda spec: 2 * chunk_bytes(spec, 1, spec.p, 4), 2, True),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(_CHUNK_MODES))
+@pytest.mark.parametrize("case", [c for c in CASES if c.id in ("k5x9_d2x3_p2x4", "groups2", "depthwise",
+                                                               "stride2_dil2_pad3", "batch1_odd")])
+def test_chunked_and_overlapped_equals_one_chunk(case, mode):
+    """Row chunks, sample chunks and the two-buffer side-stream overlap give the one-chunk result."""
+    import dataclasses
+
+    import cupy
+
+    case = dataclasses.replace(case, x_shape=(5,) + case.x_shape[1:])  # room for several sample chunks
+    x, w, b = make_inputs(case, seed=6, integer=True)
+    xg, wg, bg = (_to_gpu(a, numpy.float32) for a in (x, w, b))
+    whole = cuconv.conv2d(xg, wg, bg, **case.kwargs)
+    spec = cuconv.ConvSpec.from_args(xg.shape, wg.shape, **case.kwargs)
+    limit_of, buffers, by_samples = _CHUNK_MODES[mode]
+    limit = limit_of(spec)
+    plan = plan_chunks(spec, 4, limit)
+    assert (plan.buffers, plan.rows < spec.p, len(list(plan.chunks(spec))) > 1) == (buffers, not by_samples, True)
+    with cuconv.config(workspace_limit=limit):
+        chunked = cuconv.conv2d(xg, wg, bg, **case.kwargs)
+    numpy.testing.assert_array_equal(cupy.asnumpy(chunked), cupy.asnumpy(whole))
+
+
+def test_runs_on_a_non_default_stream():
+    import cupy
+
+    case = CASES[2].values[0]
+    x, w, b = make_inputs(case, seed=7)
+    ref = reference(x, w, b, **case.kwargs)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        xg, wg, bg = cupy.asarray(x), cupy.asarray(w), cupy.asarray(b)
+        with cuconv.config(workspace_limit=1 << 17):  # several chunks: side stream forks from `stream`
+            y = cuconv.conv2d(xg, wg, bg, **case.kwargs)
+        got = cupy.asnumpy(y, stream=stream)
+    stream.synchronize()
+    assert rel_err(got, ref) <= tolerance(numpy.float64)
+
+
+@pytest.mark.parametrize("dtype_name", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("kwargs", [{}, dict(stride=(2, 3), padding=(1, 2), dilation=(2, 1)),
+                                    dict(padding=(2, 4), dilation=(2, 3)), dict(padding=(0, 3))],
+                         ids=["plain", "stride_pad_dil", "pad_dil", "pad_w_only"])
+def test_im2col_kernel_is_an_exact_gather(dtype_name, kwargs):
+    import cupy
+
+    from cuconv.im2col import im2col_cpu, im2col_gpu, row_pitch
+
+    dtype = numpy.dtype(dtype_name)
+    # arange values are exact in every dtype below 2048; widths give aligned and unaligned row lengths
+    for w_in in (13, 16, 19):
+        x = (numpy.arange(2 * 3 * 11 * w_in) % 2039).astype(dtype).reshape(2, 3, 11, w_in)
+        spec = cuconv.ConvSpec.from_args(x.shape, (4, 3, 3, 4), **kwargs)
+        for p0, rows in ((0, spec.p), (1, max(1, spec.p - 2))):
+            length = rows * spec.q
+            col = cupy.full((2, spec.crs, row_pitch(length, dtype.itemsize)), numpy.nan, dtype=dtype)
+            im2col_gpu(cupy.asarray(x), spec, p0, rows, col)
+            numpy.testing.assert_array_equal(cupy.asnumpy(col[..., :length]), im2col_cpu(x, spec, p0, rows))
+
+
+def test_mixing_numpy_and_cupy_is_refused_then_valid_call_works():
+    import cupy
+
+    x = numpy.random.default_rng(0).standard_normal((1, 3, 8, 8))
+    w = numpy.random.default_rng(1).standard_normal((2, 3, 3, 3))
+    with pytest.raises(TypeError, match="same library"):
+        cuconv.conv2d(cupy.asarray(x), w)
+    with pytest.raises(TypeError, match="same library"):
+        cuconv.conv2d(cupy.asarray(x), cupy.asarray(w), out=numpy.empty((1, 2, 6, 6)))
+    y = cuconv.conv2d(cupy.asarray(x), cupy.asarray(w))
+    assert rel_err(cupy.asnumpy(y), reference(x, w)) <= tolerance(numpy.float64)
+
+
+def test_arrays_on_different_gpus_are_refused():
+    import cupy
+
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs: this machine has one")
+    x = cupy.random.standard_normal((1, 3, 8, 8))
+    with cupy.cuda.Device(1):
+        w = cupy.random.standard_normal((2, 3, 3, 3))
+    with pytest.raises(ValueError, match="same device"):
+        cuconv.conv2d(x, w)
+
+
+def test_runs_on_the_inputs_device():
+    import cupy
+
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs: this machine has one")
+    x0, w0 = numpy.random.default_rng(0).standard_normal((2, 3, 8, 8)), numpy.ones((2, 3, 3, 3)) * 0.5
+    with cupy.cuda.Device(1):
+        x, w = cupy.asarray(x0), cupy.asarray(w0)
+    y = cuconv.conv2d(x, w)  # current device is 0
+    assert y.device.id == 1
+    assert rel_err(cupy.asnumpy(y), reference(x0, w0)) <= tolerance(numpy.float64)
+
+
+def test_launch_failure_names_the_kernel_and_leaves_cuda_usable():
+    import cupy
+
+    from cuconv import _loader, bias
+
+    out = cupy.zeros((1, 2, 3, 3), dtype=numpy.float32)
+    fn = _loader.get_function(bias.STEM, bias.NAME_EXPRESSIONS, "bias_fill<float>")
+    with pytest.raises(_loader.KernelLaunchError, match=r"bias_fill<float>"):
+        _loader.launch(fn, "bias_fill<float>", (1, 1, 1), (4096, 1, 1),  # > 1024 threads: invalid
+                       (out, cupy.zeros(2, numpy.float32), numpy.int64(2), numpy.int64(9)))
+    x = cupy.random.standard_normal((1, 3, 8, 8))
+    w = cupy.random.standard_normal((2, 3, 3, 3))
+    y = cuconv.conv2d(x, w)
+    assert rel_err(cupy.asnumpy(y), reference(cupy.asnumpy(x), cupy.asnumpy(w))) <= 1e-12
+
+
+def test_cupy_tf32_math_mode_does_not_leak_into_ieee():
+    """A handle left in TF32 math mode (CUPY_TF32=1 does that) must not make "ieee" results TF32."""
+    import cupy
+    from cupy.cuda import cublas, device
+
+    case = PROBLEM_CASES[0].values[0]
+    x, w, _ = make_inputs(case, seed=8)
+    ref = reference(x, w, **case.kwargs)
+    handle = device.get_cublas_handle()
+    saved = cublas.getMathMode(handle)
+    cublas.setMathMode(handle, 3)  # CUBLAS_TF32_TENSOR_OP_MATH
+    try:
+        y = cuconv.conv2d(_to_gpu(x, numpy.float32), _to_gpu(w, numpy.float32), precision="ieee",
+                          **case.kwargs)
+        assert cublas.getMathMode(handle) == 3, "the caller's math mode was not restored"
+    finally:
+        cublas.setMathMode(handle, saved)
+    assert rel_err(cupy.asnumpy(y), ref) <= tolerance(numpy.float32)
+
+
+class _PeakHook:
+    """Peak bytes held by CuPy allocations made inside the block (a cupy.cuda.MemoryHook)."""
+
+    def __new__(cls):
+        from cupy.cuda import memory_hook
+
+        class Hook(memory_hook.MemoryHook):
+            name = "cuconv_peak"
+
+            def __init__(self):
+                self.current = self.peak = 0
+                self.sizes = {}
+
+            def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
+                self.sizes[mem_ptr] = size  # bytes asked for (the pool rounds up to 512 B)
+                self.current += size
+                self.peak = max(self.peak, self.current)
+
+            def free_postprocess(self, device_id, mem_size, mem_ptr, pmem_id):
+                self.current -= self.sizes.pop(mem_ptr, 0)
+
+        return Hook()
+
+
+def test_workspace_bound_on_square_3x3_1024(record_property):
+    """The 9.6 GB column matrix of square_3x3_1024 runs within the default 1 GiB workspace."""
+    import cupy
+
+    from cuconv.problems import PROBLEMS
+
+    prob = next(p for p in PROBLEMS if p.name == "square_3x3_1024")
+    rng = cupy.random.default_rng(9)
+    x = rng.standard_normal(prob.input_shape, dtype=numpy.float32)
+    w = rng.standard_normal(prob.weight_shape, dtype=numpy.float32) / 12
+    spec = prob.spec()
+    out = cupy.full(spec.output_shape, numpy.nan, dtype=numpy.float32)
+    cupy.cuda.Device().synchronize()
+    hook = _PeakHook()
+    with hook:
+        cuconv.conv2d(x, w, out=out, **prob.conv_kwargs)
+        cupy.cuda.Device().synchronize()
+    record_property("peak_workspace_bytes", hook.peak)
+    assert 0 < hook.peak <= cuconv.config.workspace_limit
+    for n in (0, spec.n - 1):
+        ref = reference(cupy.asnumpy(x[n:n + 1]), cupy.asnumpy(w), **prob.conv_kwargs)
+        assert rel_err(cupy.asnumpy(out[n:n + 1]), ref) <= tolerance(numpy.float32)
+
+
+@pytest.mark.slow
+def test_column_chunk_past_2_31_elements():
+    """One column chunk of more than 2^31 elements: 64-bit offsets in the gather and cuBLAS strides."""
+    import cupy
+    import torch
+
+    c, hw, k = 64, 4096, 4
+    rng = cupy.random.default_rng(10)
+    x = rng.standard_normal((1, c, hw, hw), dtype=numpy.float32).astype(numpy.float16)
+    w = (rng.standard_normal((k, c, 3, 3), dtype=numpy.float32) / 24).astype(numpy.float16)
+    limit = 10 << 30
+    spec = cuconv.ConvSpec.from_args(x.shape, w.shape, padding=1)
+    plan = plan_chunks(spec, 2, limit)
+    assert chunk_bytes(spec, plan.samples, plan.rows, 2) // 2 > 2**31
+    with cuconv.config(workspace_limit=limit):
+        y = cuconv.conv2d(x, w, padding=1)
+    # Oracle on the first and last 8 output rows (the last ones sit past 2^31 in the column chunk).
+    xt, wt = torch.from_dlpack(x), torch.from_dlpack(w)
+    for rows_out, rows_in in ((slice(0, 8), slice(0, 9)), (slice(hw - 8, hw), slice(hw - 9, hw))):
+        ref = torch.nn.functional.conv2d(xt[:, :, rows_in].double(), wt.double(), padding=1)
+        ref = ref[:, :, :8] if rows_out.start == 0 else ref[:, :, -8:]
+        err = rel_err(cupy.asnumpy(y[:, :, rows_out]), ref.cpu().numpy())
+        assert err <= tolerance(numpy.float16)

@@ -1,0 +1,206 @@
+"""Misuses of ``cuconv.conv2d`` and ``cuconv.config`` on NumPy arrays: exception type and message.
+
+Messages follow PyTorch's wording (``torch.nn.functional.conv2d`` raises RuntimeError where we raise
+ValueError/TypeError). Misuses that need a CuPy array (mixing NumPy and CuPy, arrays on different GPUs)
+are pinned by the GPU tests.
+"""
+
+import types
+
+import numpy
+import pytest
+import torch
+
+import cuconv
+from cases import reference, rel_err, tolerance
+
+
+def _arrays():
+    rng = numpy.random.default_rng(42)
+    return types.SimpleNamespace(
+        x=rng.standard_normal((2, 4, 8, 8)),  # (N, C, H, W)
+        w=rng.standard_normal((6, 4, 3, 3)),  # (K, C, R, S)
+        b=rng.standard_normal(6),
+        rng=rng,
+    )
+
+
+def _conv(**kwargs):
+    """A call of conv2d on the valid arrays above with some arguments replaced."""
+    def call(a):
+        args = dict(x=a.x, weight=a.w, bias=a.b)
+        args.update({k: (v(a) if callable(v) else v) for k, v in kwargs.items()})
+        return cuconv.conv2d(args.pop("x"), args.pop("weight"), args.pop("bias"), **args)
+    return call
+
+
+def _config_set(name, value):
+    return lambda a: setattr(cuconv.config, name, value)
+
+
+def _config_block(**changes):
+    def call(a):
+        with cuconv.config(**changes):
+            pass  # pragma: no cover - entering must fail
+    return call
+
+
+MISUSES = [
+    # ----- ranks ----------------------------------------------------------------------------------
+    pytest.param(_conv(x=lambda a: a.x[0, 0]), ValueError,
+                 r"Expected 3D \(unbatched\) or 4D \(batched\) input to conv2d, but got input of size: \[8, 8\]",
+                 id="input_2d"),
+    pytest.param(_conv(x=lambda a: a.x[None]), ValueError,
+                 r"Expected 3D \(unbatched\) or 4D \(batched\) input to conv2d, but got input of size: "
+                 r"\[1, 2, 4, 8, 8\]", id="input_5d"),
+    pytest.param(_conv(weight=lambda a: a.w[0]), ValueError,
+                 r"Expected 4D weight \(out_channels, in_channels/groups, kH, kW\) for conv2d, but got weight "
+                 r"of size: \[4, 3, 3\]", id="weight_3d"),
+    # ----- channels and groups ------------------------------------------------------------------------
+    pytest.param(_conv(weight=lambda a: a.w[:, :3]), ValueError,
+                 r"Given groups=1, weight of size \[6, 3, 3, 3\], expected input\[2, 4, 8, 8\] to have 3 "
+                 r"channels, but got 4 channels instead", id="channel_mismatch"),
+    pytest.param(_conv(x=lambda a: a.rng.standard_normal((2, 5, 8, 8)), weight=lambda a: a.w[:, :2],
+                       groups=3), ValueError,
+                 r"Given groups=3, weight of size \[6, 2, 3, 3\], expected input\[2, 5, 8, 8\] to have 6 "
+                 r"channels, but got 5 channels instead", id="groups_not_dividing_C"),
+    pytest.param(_conv(weight=lambda a: a.w[:5, :2], bias=lambda a: a.b[:5], groups=2), ValueError,
+                 r"Given groups=2, expected weight to be divisible by 2 at dimension 0, but got weight of "
+                 r"size \[5, 2, 3, 3\] instead", id="groups_not_dividing_K"),
+    pytest.param(_conv(groups=0), ValueError, r"non-positive groups is not supported", id="groups_0"),
+    pytest.param(_conv(groups=-2), ValueError, r"non-positive groups is not supported", id="groups_negative"),
+    pytest.param(_conv(groups=2.0), TypeError, r"conv2d\(\): argument 'groups' must be int, not float",
+                 id="groups_float"),
+    pytest.param(_conv(groups=True), TypeError, r"conv2d\(\): argument 'groups' must be int, not bool",
+                 id="groups_bool"),
+    # ----- stride, padding, dilation ------------------------------------------------------------------
+    pytest.param(_conv(stride=0), ValueError, r"non-positive stride is not supported", id="stride_0"),
+    pytest.param(_conv(stride=(1, -1)), ValueError, r"non-positive stride is not supported",
+                 id="stride_negative"),
+    pytest.param(_conv(stride=(1, 1, 1)), ValueError,
+                 r"expected stride to be a single integer value or a list of 2 values to match the "
+                 r"convolution dimensions, but got stride=\[1, 1, 1\]", id="stride_len3"),
+    pytest.param(_conv(stride=1.5), TypeError,
+                 r"conv2d\(\): argument 'stride' must be an int or a tuple of 2 ints, not float",
+                 id="stride_float"),
+    pytest.param(_conv(stride=(2, 1.0)), TypeError,
+                 r"conv2d\(\): argument 'stride' must be an int or a tuple of 2 ints, not tuple",
+                 id="stride_tuple_with_float"),
+    pytest.param(_conv(dilation=0), ValueError, r"non-positive dilation is not supported", id="dilation_0"),
+    pytest.param(_conv(padding=-1), ValueError, r"negative padding is not supported", id="padding_negative"),
+    pytest.param(_conv(padding=(1, -2)), ValueError, r"negative padding is not supported",
+                 id="padding_negative_w"),
+    pytest.param(_conv(padding="full"), ValueError, r"Invalid padding string: 'full'", id="padding_unknown_str"),
+    pytest.param(_conv(padding="same", stride=2), ValueError,
+                 r"padding='same' is not supported for strided convolutions", id="same_strided"),
+    pytest.param(_conv(weight=lambda a: a.rng.standard_normal((6, 4, 9, 3))), ValueError,
+                 r"Calculated padded input size per channel: \(8 x 8\)\. Kernel size: \(9 x 3\)\. Kernel size "
+                 r"can't be greater than actual input size", id="kernel_larger_than_input"),
+    pytest.param(_conv(weight=lambda a: a.rng.standard_normal((6, 4, 9, 9)), padding=(0, 1)), ValueError,
+                 r"Calculated padded input size per channel: \(8 x 10\)\. Kernel size: \(9 x 9\)\.",
+                 id="kernel_larger_than_padded_input"),
+    pytest.param(_conv(dilation=(1, 4)), ValueError,
+                 r"Calculated padded input size per channel: \(8 x 8\)\. Kernel size: \(3 x 9\)\.",
+                 id="dilated_kernel_larger_than_input"),
+    # ----- dtypes -------------------------------------------------------------------------------------
+    pytest.param(_conv(weight=lambda a: a.w.astype(numpy.float32)), TypeError,
+                 r"Input type \(float64\) and weight type \(float32\) should be the same",
+                 id="dtype_mismatch_weight"),
+    pytest.param(_conv(bias=lambda a: a.b.astype(numpy.float16)), TypeError,
+                 r"Input type \(float64\) and bias type \(float16\) should be the same", id="dtype_mismatch_bias"),
+    pytest.param(_conv(x=lambda a: a.x.astype(numpy.int64), weight=lambda a: a.w.astype(numpy.int64),
+                       bias=None), TypeError,
+                 r"cuconv: input dtype int64 is not supported; expected one of .*float16.*float32.*float64",
+                 id="dtype_integer"),
+    pytest.param(_conv(x=lambda a: a.x.astype(numpy.complex128), weight=lambda a: a.w.astype(numpy.complex128),
+                       bias=None), TypeError, r"cuconv: input dtype complex128 is not supported",
+                 id="dtype_complex"),
+    # ----- bias and out -------------------------------------------------------------------------------
+    pytest.param(_conv(bias=lambda a: a.b[:5]), ValueError,
+                 r"Given weight of size \[6, 4, 3, 3\], expected bias to be 1-dimensional with 6 elements, but "
+                 r"got bias of size \[5\] instead", id="bias_wrong_length"),
+    pytest.param(_conv(bias=lambda a: a.b[None]), ValueError,
+                 r"expected bias to be 1-dimensional with 6 elements, but got bias of size \[1, 6\] instead",
+                 id="bias_2d"),
+    pytest.param(_conv(out=lambda a: numpy.empty((2, 6, 6, 5))), ValueError,
+                 r"conv2d\(\): expected out of size \[2, 6, 6, 6\], but got out of size \[2, 6, 6, 5\]",
+                 id="out_wrong_shape"),
+    pytest.param(_conv(out=lambda a: numpy.empty((2, 6, 6, 6), dtype=numpy.float32)), TypeError,
+                 r"conv2d\(\): expected out to have dtype float64, but got float32", id="out_wrong_dtype"),
+    # ----- non-arrays ---------------------------------------------------------------------------------
+    pytest.param(_conv(x=lambda a: a.x.tolist()), TypeError,
+                 r"conv2d\(\): argument 'input' must be a NumPy or CuPy array, not list$", id="input_list"),
+    pytest.param(_conv(weight=lambda a: a.w.tolist()), TypeError,
+                 r"conv2d\(\): argument 'weight' must be a NumPy or CuPy array, not list", id="weight_list"),
+    pytest.param(_conv(weight=None), TypeError,
+                 r"conv2d\(\): argument 'weight' must be a NumPy or CuPy array, not NoneType", id="weight_none"),
+    pytest.param(_conv(bias=lambda a: a.b.tolist()), TypeError,
+                 r"conv2d\(\): argument 'bias' must be a NumPy or CuPy array, not list", id="bias_list"),
+    pytest.param(_conv(x=lambda a: torch.from_numpy(a.x), weight=lambda a: torch.from_numpy(a.w), bias=None),
+                 TypeError, r"argument 'input' must be a NumPy or CuPy array, not Tensor; for torch tensors use "
+                 r"cuconv\.nn\.functional\.conv2d", id="input_torch_tensor"),
+    # ----- algo and precision -------------------------------------------------------------------------
+    pytest.param(_conv(algo="winograd"), ValueError,
+                 r"cuconv: unknown algo 'winograd'; expected 'auto' or one of \('im2col_gemm',", id="algo_unknown"),
+    pytest.param(_conv(algo=None), TypeError, r"conv2d\(\): argument 'algo' must be str, not NoneType",
+                 id="algo_not_str"),
+    pytest.param(_conv(precision="fp8"), ValueError,
+                 r"cuconv: precision must be None or one of \('ieee', 'tf32'\), got 'fp8'", id="precision_unknown"),
+    pytest.param(_conv(precision="TF32"), ValueError, r"precision must be None or one of .*, got 'TF32'",
+                 id="precision_wrong_case"),
+    # ----- cuconv.config --------------------------------------------------------------------------------
+    pytest.param(_config_set("precision", "half"), ValueError,
+                 r"precision must be one of \('ieee', 'tf32'\), got 'half'", id="config_precision"),
+    pytest.param(_config_set("workspace_limit", 0), ValueError,
+                 r"workspace_limit must be a positive int \(bytes\), got 0", id="config_workspace_0"),
+    pytest.param(_config_set("workspace_limit", -4096), ValueError,
+                 r"workspace_limit must be a positive int \(bytes\), got -4096", id="config_workspace_negative"),
+    pytest.param(_config_set("workspace_limit", 1.5e9), ValueError,
+                 r"workspace_limit must be a positive int \(bytes\), got 1500000000\.0", id="config_workspace_float"),
+    pytest.param(_config_set("workspace_limit", True), ValueError,
+                 r"workspace_limit must be a positive int \(bytes\), got True", id="config_workspace_bool"),
+    pytest.param(_config_block(precision="bf16"), ValueError, r"precision must be one of", id="config_block_precision"),
+    pytest.param(_config_block(workspace_limit=0), ValueError, r"workspace_limit must be a positive int",
+                 id="config_block_workspace"),
+    pytest.param(_config_block(workspace=1 << 20), TypeError,
+                 r"config\(\) got unexpected keyword argument\(s\) \['workspace'\]", id="config_block_unknown_key"),
+]
+
+
+@pytest.fixture(autouse=True)
+def restore_config():
+    """A failing test must not leave changed defaults behind for the next one."""
+    saved = cuconv.config.precision, cuconv.config.workspace_limit
+    yield
+    cuconv.config.precision, cuconv.config.workspace_limit = saved
+
+
+@pytest.mark.parametrize("misuse,exc,message", MISUSES)
+def test_misuse_raises(misuse, exc, message):
+    with pytest.raises(exc, match=message):
+        misuse(_arrays())
+
+
+@pytest.mark.parametrize("misuse,exc,message", MISUSES)
+def test_valid_call_after_misuse(misuse, exc, message):
+    a = _arrays()
+    config_before = repr(cuconv.config)
+    with pytest.raises(exc):
+        misuse(a)
+    assert repr(cuconv.config) == config_before
+    y = cuconv.conv2d(a.x, a.w, a.b, padding=1)
+    assert y.shape == (2, 6, 8, 8)
+    assert rel_err(y, reference(a.x, a.w, a.b, padding=1)) <= tolerance(numpy.float64)
+
+
+@pytest.mark.parametrize("changes", [
+    pytest.param(dict(precision="tf32", workspace_limit=0), id="good_precision_then_bad_limit"),
+    pytest.param(dict(workspace_limit=1 << 20, precision="fp16"), id="good_limit_then_bad_precision"),
+])
+def test_failed_config_block_changes_nothing(changes):
+    # A valid change applied before a later invalid one must be undone.
+    before = repr(cuconv.config)
+    with pytest.raises(ValueError, match=r"must be"):
+        with cuconv.config(**changes):
+            pass  # pragma: no cover - entering must fail
+    assert repr(cuconv.config) == before

@@ -1,0 +1,194 @@
+"""Every ``kernels_cu/*.cu`` compiles with NVRTC for sm_90 and sm_80 on a machine with no GPU.
+
+CuPy's own compile path asks the device for its architecture, so CI compiles through ``cuda.core`` instead,
+from the source the loader builds (``_loader.kernel_source``) and the options it passes
+(``_loader.compile_options()`` plus what CuPy adds implicitly, ``_loader.CUPY_IMPLICIT_OPTIONS``). Every
+name expression of the kernel's Python twin must come back mangled and present in the cubin.
+
+Without ``cuda.core`` or NVRTC these tests skip with the reason, except where ``CI`` is set: there a skip is
+not a pass, and they fail. The helpers below are also run from a freshly installed wheel by
+``test_wheel.py``, so they import ``cuconv`` lazily, from wherever the interpreter finds it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import io
+import os
+import pathlib
+import shutil
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO_KERNELS = REPO / "kernels_cu"
+KERNEL_STEMS = sorted(p.stem for p in REPO_KERNELS.glob("*.cu"))
+# Hopper (the GPUs we run on) and Ampere (the oldest architecture we promise to build for).
+ARCHS = ("sm_90", "sm_80")
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def skip_or_fail(reason: str):
+    """Skip with ``reason``; under CI, fail instead: a skip is not a pass."""
+    __tracebackhide__ = True  # report the caller's line
+    if in_ci():
+        pytest.fail(f"{reason} (CI is set: a skip is not a pass)", pytrace=False)
+    pytest.skip(reason)
+
+
+@functools.lru_cache(maxsize=None)
+def nvrtc_unavailable_reason():
+    """None when cuda.core, NVRTC and the CUDA headers work here; otherwise why not."""
+    try:
+        import cuda.pathfinder
+        from cuda.core import Program, ProgramOptions
+    except Exception as exc:  # ImportError, or a cuda-bindings/cuda-core version mismatch
+        return (f"cuda.core is not importable ({type(exc).__name__}: {exc}); "
+                "install cuconv[test] (cuda-core, cuda-bindings, nvidia-cuda-nvrtc, nvidia-cuda-runtime)")
+    try:
+        cuda_include_dir()
+        Program('extern "C" __global__ void probe() {}', "c++", ProgramOptions(arch="sm_80")).compile("cubin")
+    except Exception as exc:  # DynamicLibNotFoundError for libnvrtc, headers missing, ...
+        return f"NVRTC cannot compile here ({type(exc).__name__}: {exc}); install nvidia-cuda-nvrtc"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_include_dir() -> str:
+    """The CUDA runtime headers (cuda_fp16.h, cuda_bf16.h): CuPy adds the same directory itself."""
+    import cuda.pathfinder
+
+    include = cuda.pathfinder.find_nvidia_header_directory("cudart")
+    if include is None or not (pathlib.Path(include) / "cuda_fp16.h").is_file():
+        raise FileNotFoundError(f"CUDA runtime headers (cuda_fp16.h) not found (cuda.pathfinder: {include!r}); "
+                                "install nvidia-cuda-runtime")
+    return include
+
+
+def nvrtc_options(arch: str, name: str):
+    """``ProgramOptions`` equivalent to what ``cupy.RawModule`` passes NVRTC for ``_loader.load``."""
+    from cuda.core import ProgramOptions
+
+    from cuconv import _loader
+
+    include_path, define_macro = [], []
+    for opt in _loader.compile_options():
+        if opt.startswith("-I") and len(opt) > 2:
+            include_path.append(opt[2:])
+        elif opt.startswith("-D") and len(opt) > 2:
+            macro, eq, value = opt[2:].partition("=")
+            define_macro.append((macro, value) if eq else macro)
+        else:  # a new kind of option must be mirrored here, or CI would compile something else
+            raise AssertionError(f"nvrtc_options does not know how to translate the loader option {opt!r}")
+    include_path.append(cuda_include_dir())
+    return ProgramOptions(name=name, arch=arch, include_path=include_path, define_macro=define_macro,
+                          **_loader.CUPY_IMPLICIT_OPTIONS)
+
+
+def twin_name_expressions(stem: str) -> tuple:
+    """``NAME_EXPRESSIONS`` of the Python twin ``cuconv.<stem>`` of ``kernels_cu/<stem>.cu``."""
+    try:
+        twin = importlib.import_module(f"cuconv.{stem}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"cuconv.{stem}":
+            raise
+        raise AssertionError(f"kernels_cu/{stem}.cu has no Python twin cuconv/{stem}.py") from None
+    assert getattr(twin, "STEM", None) == stem, f"cuconv.{stem}.STEM should be {stem!r}"
+    names = getattr(twin, "NAME_EXPRESSIONS", None)
+    assert isinstance(names, tuple) and names and all(isinstance(n, str) for n in names), (
+        f"cuconv.{stem}.NAME_EXPRESSIONS should be a non-empty tuple of str, got {names!r}")
+    assert len(set(names)) == len(names), f"cuconv.{stem}.NAME_EXPRESSIONS has duplicates"
+    return names
+
+
+def compile_kernel(stem: str, arch: str) -> dict:
+    """Compile ``kernels_cu/<stem>.cu`` as the loader would, for ``arch``; {name expression: mangled name}."""
+    from cuda.core import Program
+
+    from cuconv import _loader
+
+    names = twin_name_expressions(stem)
+    log = io.StringIO()
+    program = Program(_loader.kernel_source(stem), "c++", nvrtc_options(arch, stem))
+    # Raises NVRTCError with the compiler log in its message; ``logs`` only gets warnings of a success.
+    obj = program.compile("cubin", name_expressions=names, logs=log)
+    # ObjectCode.get_kernel needs a CUDA driver; symbol_mapping is NVRTC's own answer and needs none.
+    mangled = {name: obj.symbol_mapping.get(name) for name in names}
+    missing = [name for name, sym in mangled.items() if not sym]
+    assert not missing, f"{stem}.cu ({arch}): NVRTC returned no mangled name for {missing}"
+    cubin = bytes(obj.code)
+    absent = [name for name, sym in mangled.items() if sym not in cubin]
+    assert not absent, f"{stem}.cu ({arch}): the cubin has no symbol for {absent}"
+    warnings = log.getvalue().replace("\x00", "").strip()  # NVRTC's log ends in a NUL
+    assert not warnings, f"{stem}.cu ({arch}) compiled with warnings:\n{warnings}"
+    return {name: sym.decode() for name, sym in mangled.items()}
+
+
+@pytest.fixture(scope="module")
+def nvrtc():
+    reason = nvrtc_unavailable_reason()
+    if reason is not None:
+        skip_or_fail(reason)
+
+
+def test_kernel_files_found():
+    assert KERNEL_STEMS, f"no kernels found in {REPO_KERNELS}"
+    assert (REPO_KERNELS / "common.cuh").is_file()
+
+
+def test_loader_reads_this_checkout():
+    from cuconv import _loader
+
+    assert _loader.KERNEL_DIR.resolve() == REPO_KERNELS, (
+        f"cuconv was imported from {_loader.__file__}, not from this checkout {REPO}")
+
+
+@pytest.mark.parametrize("stem", KERNEL_STEMS)
+def test_kernel_has_python_twin(stem):
+    twin_name_expressions(stem)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("stem", KERNEL_STEMS)
+def test_kernel_compiles(nvrtc, stem, arch):
+    compile_kernel(stem, arch)
+
+
+def test_options_match_the_loader(nvrtc):
+    """Every loader option and CuPy's implicit ones reach NVRTC, in NVRTC's own spelling."""
+    from cuconv import _loader
+
+    flags = [f.decode() for f in nvrtc_options("sm_90", "probe").as_bytes("nvrtc")]
+    # What CuPy 14 adds to every RawModule (STACK_NOTES.md): spelled out here, not read back from the loader.
+    expected = ["-arch=sm_90", "--std=c++17", "--ftz=true", f"--include-path={cuda_include_dir()}"]
+    for opt in _loader.compile_options():
+        expected.append(("--include-path=" if opt.startswith("-I") else "--define-macro=") + opt[2:])
+    assert sorted(flags) == sorted(expected)
+
+
+def test_compile_error_names_the_file(nvrtc, tmp_path, monkeypatch):
+    """A syntax error is reported at its real file and line, through the loader's ``#line`` prefix."""
+    from cuda.core import Program
+
+    from cuconv import _loader
+
+    shutil.copy(_loader.KERNEL_DIR / "common.cuh", tmp_path / "common.cuh")
+    broken = tmp_path / "broken.cu"
+    broken.write_text('#include "common.cuh"\n'
+                      "template <typename T>\n"
+                      "__global__ void broken(T* x) {\n"
+                      "    x[0] = ;\n"  # line 4
+                      "}\n")
+    monkeypatch.setattr(_loader, "KERNEL_DIR", tmp_path)
+    source = _loader.kernel_source("broken")
+    assert source.startswith(f'#line 1 "{broken}"\n')
+    log = io.StringIO()
+    with pytest.raises(Exception) as excinfo:
+        Program(source, "c++", nvrtc_options("sm_90", "broken")).compile(
+            "cubin", name_expressions=("broken<float>",), logs=log)
+    message = f"{excinfo.value}\n{log.getvalue()}"
+    assert f"{broken}(4): error" in message, message

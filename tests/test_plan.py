@@ -1,0 +1,160 @@
+"""plan_chunks / ChunkPlan: the column buffers stay under workspace_limit and the chunks tile the problem."""
+
+import numpy
+import pytest
+
+from cuconv.im2col_gemm import ChunkPlan, chunk_bytes, plan_chunks
+from cuconv.problems import PROBLEMS, SUITES
+from cuconv.spec import ConvSpec
+
+GiB = 1 << 30
+DEFAULT_LIMIT = GiB  # cuconv.config.workspace_limit's default
+
+
+def _row_bytes(spec, itemsize):
+    """Column-buffer bytes of one output row of one sample (its pitch included)."""
+    return chunk_bytes(spec, 1, 1, itemsize)
+
+
+def check_plan(spec, itemsize, limit, plan):
+    """Every invariant a plan must satisfy; returns the list of chunks."""
+    chunks = list(plan.chunks(spec))
+    # Buffers: each holds the largest chunk's column matrix (rows padded to their pitch), and all of
+    # them fit together.
+    assert plan.buffers in (0, 1, 2)
+    buffer_bytes = chunk_bytes(spec, plan.samples, plan.rows, itemsize)
+    assert buffer_bytes >= plan.samples * spec.crs * plan.rows * spec.q * itemsize
+    assert plan.buffers * buffer_bytes <= limit
+    for _, nb, _, rows in chunks:
+        assert 1 <= nb <= plan.samples and 1 <= rows <= plan.rows
+    # Coverage: every (sample, output row) exactly once, chunks in (sample, row) order.
+    covered = [(n, p) for n0, nb, p0, rows in chunks for n in range(n0, n0 + nb) for p in range(p0, p0 + rows)]
+    assert sorted(covered) == [(n, p) for n in range(spec.n) for p in range(spec.p)]
+    starts = [(n0, p0) for n0, _, p0, _ in chunks]
+    assert starts == sorted(starts)
+    # One split axis at a time: whole samples, or rows of one sample.
+    assert plan.rows == spec.p or plan.samples == 1
+    # Balanced: with as many chunks as the plan has along an axis, no uniform size could be smaller
+    # (912 + 110 becomes 511 + 511), so no chunk is below half the largest unless that is unavoidable.
+    for total, size in ((spec.n, plan.samples), (spec.p, plan.rows)):
+        if total:
+            parts = -(-total // size)
+            assert size == -(-total // parts), (total, size)
+    return chunks
+
+
+def _random_specs(count, seed):
+    rng = numpy.random.default_rng(seed)
+    specs = []
+    while len(specs) < count:
+        n, c = (int(v) for v in rng.integers(1, 9, size=2))
+        h, w = (int(v) for v in rng.integers(1, 48, size=2))
+        r, s = (int(v) for v in rng.integers(1, 6, size=2))
+        stride = tuple(int(v) for v in rng.integers(1, 3, size=2))
+        dilation = tuple(int(v) for v in rng.integers(1, 3, size=2))
+        pad = tuple(int(v) for v in rng.integers(0, 3, size=4))
+        spec = ConvSpec(n, c, h, w, 4, r, s, stride, pad, dilation)
+        if spec.p >= 1 and spec.q >= 1:
+            specs.append(spec)
+    return specs
+
+
+def test_plan_invariants_random_small_problems():
+    for spec in _random_specs(200, seed=11):
+        for itemsize in (2, 4, 8):
+            row_bytes = _row_bytes(spec, itemsize)
+            sample_bytes = row_bytes * spec.p
+            limits = {row_bytes, row_bytes + 1, 2 * row_bytes - 1, 2 * row_bytes, 3 * row_bytes + 5,
+                      sample_bytes - 1, sample_bytes, 2 * sample_bytes, 3 * sample_bytes + 7,
+                      spec.n * sample_bytes, DEFAULT_LIMIT}
+            for limit in sorted(v for v in limits if v > 0):
+                if limit < row_bytes:
+                    with pytest.raises(ValueError, match="workspace_limit"):
+                        plan_chunks(spec, itemsize, limit)
+                else:
+                    check_plan(spec, itemsize, limit, plan_chunks(spec, itemsize, limit))
+
+
+@pytest.mark.parametrize("limit", [DEFAULT_LIMIT, 256 << 20, 64 << 20, 24 << 20, 4 << 20],
+                         ids=lambda v: f"{v >> 20}MiB")
+@pytest.mark.parametrize("itemsize", [2, 4, 8])
+@pytest.mark.parametrize("problem", [pytest.param(p, id=p.name) for p in PROBLEMS])
+def test_plan_invariants_benchmark_problems(problem, itemsize, limit):
+    spec = problem.spec()
+    if _row_bytes(spec, itemsize) > limit and not spec.is_pointwise_identity:
+        with pytest.raises(ValueError, match="workspace_limit"):
+            plan_chunks(spec, itemsize, limit)
+        return
+    check_plan(spec, itemsize, limit, plan_chunks(spec, itemsize, limit))
+
+
+@pytest.mark.parametrize("limit", [1, 4096, DEFAULT_LIMIT], ids=lambda v: f"limit{v}")
+def test_pointwise_identity_needs_no_buffer(limit):
+    spec = ConvSpec.from_args((6, 8, 7, 5), (4, 8, 1, 1))
+    plan = plan_chunks(spec, 4, limit)
+    assert plan == ChunkPlan(6, 7, 0)
+    assert list(plan.chunks(spec)) == [(0, 6, 0, 7)]
+
+
+@pytest.mark.parametrize("kwargs", [dict(stride=2), dict(padding=1), dict(padding=(0, 1))],
+                         ids=["stride2", "pad1", "pad0x1"])
+def test_pointwise_with_stride_or_padding_gathers(kwargs):
+    spec = ConvSpec.from_args((2, 8, 7, 5), (4, 8, 1, 1), **kwargs)
+    assert plan_chunks(spec, 4, DEFAULT_LIMIT).buffers == 1
+
+
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", [
+    ((2, 3, 8, 8), (4, 3, 3, 3), {}),
+    ((1, 5, 13, 7), (3, 5, 3, 3), dict(padding=1)),
+    ((2, 4, 23, 37), (6, 4, 5, 9), dict(padding=(2, 4), dilation=(2, 3))),
+    ((4, 16, 32, 32), (64, 16, 5, 9), {}),  # 15 MB of float64 columns
+], ids=["basic", "batch1", "dilated", "square_5x9_at_64px"])
+@pytest.mark.parametrize("itemsize", [2, 4, 8])
+def test_small_problem_is_one_chunk(x_shape, w_shape, kwargs, itemsize):
+    spec = ConvSpec.from_args(x_shape, w_shape, **kwargs)
+    plan = plan_chunks(spec, itemsize, DEFAULT_LIMIT)
+    assert plan == ChunkPlan(spec.n, spec.p, 1)
+    assert list(plan.chunks(spec)) == [(0, spec.n, 0, spec.p)]
+
+
+def test_empty_batch_plans_nothing():
+    spec = ConvSpec.from_args((0, 3, 8, 8), (4, 3, 3, 3))
+    plan = plan_chunks(spec, 4, 1024)
+    assert plan.buffers == 1 and list(plan.chunks(spec)) == []
+
+
+@pytest.mark.parametrize("itemsize", [2, 4, 8])
+def test_row_larger_than_limit_raises(itemsize):
+    spec = ConvSpec.from_args((1, 16, 40, 300), (8, 16, 3, 3))
+    row_bytes = _row_bytes(spec, itemsize)
+    check_plan(spec, itemsize, row_bytes, plan_chunks(spec, itemsize, row_bytes))
+    with pytest.raises(ValueError, match=rf"workspace_limit={row_bytes - 1} bytes is too small for im2col_gemm: "
+                                         rf"one output row needs {row_bytes} bytes"):
+        plan_chunks(spec, itemsize, row_bytes - 1)
+
+
+@pytest.mark.parametrize("itemsize", [2, 4, 8])
+@pytest.mark.parametrize("name", SUITES["large"])
+def test_large_problems_use_two_buffers_at_default_limit(name, itemsize):
+    spec = next(p for p in PROBLEMS if p.name == name).spec()
+    plan = plan_chunks(spec, itemsize, DEFAULT_LIMIT)
+    chunks = check_plan(spec, itemsize, DEFAULT_LIMIT, plan)
+    assert plan.buffers == 2
+    assert len(chunks) >= 4
+
+
+def test_rows_are_balanced():
+    # P = 2044 output rows, each of two buffers holds 912: three chunks of 682, 682, 680, not 912, 912, 220.
+    spec = ConvSpec(1, 1, 2044, 65, 1, 1, 2)  # 1x2 kernel: not a pointwise identity; Q = 64
+    assert chunk_bytes(spec, 1, 912, 4) == 912 * chunk_bytes(spec, 1, 1, 4)  # no pitch padding here
+    plan = plan_chunks(spec, 4, 2 * chunk_bytes(spec, 1, 912, 4) + 8)
+    assert plan == ChunkPlan(1, 682, 2)
+    assert [rows for _, _, _, rows in plan.chunks(spec)] == [682, 682, 680]
+
+
+def test_whole_problem_within_limit_but_large_gets_four_chunks():
+    # 32 samples of float32 columns, 231 MB in all: fits in 1 GiB, split in four for overlap.
+    spec = ConvSpec.from_args((32, 64, 56, 56), (64, 64, 3, 3), padding=1)
+    plan = plan_chunks(spec, 4, DEFAULT_LIMIT)
+    assert plan == ChunkPlan(8, 56, 2)
+    assert len(list(plan.chunks(spec))) == 4
