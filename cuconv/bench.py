@@ -115,6 +115,35 @@ def measure_ceilings(reps=10):
     return rates, bandwidth
 
 
+class _PeakWorkspace:
+    """Peak bytes CuPy allocations hold inside the block (the column buffers of one cuconv call)."""
+
+    def __init__(self):
+        from cupy.cuda import memory_hook
+
+        outer = self
+
+        class Hook(memory_hook.MemoryHook):
+            name = "cuconv_bench_peak"
+
+            def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
+                outer.sizes[mem_ptr] = size
+                outer.current += size
+                outer.peak = max(outer.peak, outer.current)
+
+            def free_postprocess(self, device_id, mem_size, mem_ptr, pmem_id):
+                outer.current -= outer.sizes.pop(mem_ptr, 0)
+
+        self.hook, self.sizes, self.current, self.peak = Hook(), {}, 0, 0
+
+    def __enter__(self):
+        self.hook.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.hook.__exit__(*exc)
+
+
 def _rel_err(y, ref):
     y = y.astype(numpy.float64)
     den = float(numpy.linalg.norm(ref))
@@ -183,7 +212,9 @@ def _bench_gpu(args, names, algos):
                 cuconv.conv2d(x, w, None, algo=algo, precision=args.precision, out=out, **prob.conv_kwargs)
 
             try:
-                ours()
+                with _PeakWorkspace() as peak:  # `out` is preallocated: whatever is held is workspace
+                    ours()
+                    cupy.cuda.get_current_stream().synchronize()
             except NotImplementedError as exc:
                 print(f"[{i}/{len(names)}] {name} {algo}: skipped ({exc})", file=sys.stderr, flush=True)
                 continue
@@ -193,7 +224,8 @@ def _bench_gpu(args, names, algos):
             chosen = registry.select_algorithm(spec, dtype, args.precision, True) if algo == "auto" else algo
             row = dict(problem=name, algo=chosen, dtype=args.dtype, precision=args.precision, ms=ms,
                        tflops=spec.flops / (ms * 1e-3) / 1e12, floor_ms=floor_ms, pct_floor=100 * floor_ms / ms,
-                       cudnn_ms=t_ms, ratio=t_ms / ms, rel_err=err, torch_rel_err=torch_err, host_us=host_us)
+                       cudnn_ms=t_ms, ratio=t_ms / ms, rel_err=err, torch_rel_err=torch_err, host_us=host_us,
+                       workspace_mib=peak.peak / 2**20)
             if chosen == "im2col_gemm" and not spec.is_pointwise_identity:
                 col_bytes = 2 * spec.n * spec.crs * spec.p * spec.q * item  # written once, read once
                 row["im2col_floor_ms"] = ((min_bytes + col_bytes) / (bandwidth * 1e12)
@@ -215,20 +247,20 @@ def _print_table(meta, rows):
     print(f"\n{meta['device']}, {meta['date']}, dtype {meta['dtype']}, precision {meta['precision']} "
           f"(both sides); torch {meta['torch']}, cuDNN {meta['cudnn']}, cudnn.benchmark=True")
     head = (f"{'problem':<20} {'algo':<12} {'ms':>9} {'TFLOP/s':>8} {'%floor':>7} {'cuDNN ms':>9} "
-            f"{'ratio':>6} {'rel err':>8} {'torch err':>9} {'host us':>8}")
+            f"{'ratio':>6} {'rel err':>8} {'torch err':>9} {'host us':>8} {'ws MiB':>7}")
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['problem']:<20} {r['algo']:<12} {r['ms']:>9.3f} {r['tflops']:>8.1f} {r['pct_floor']:>6.0f}% "
               f"{r['cudnn_ms']:>9.3f} {r['ratio']:>5.2f}x {r['rel_err']:>8.1e} {r['torch_rel_err']:>9.1e} "
-              f"{r['host_us']:>8.0f}")
+              f"{r['host_us']:>8.0f} {r['workspace_mib']:>7.0f}")
     ratios = [r["ratio"] for r in rows]
     if ratios:
         geo = float(numpy.exp(numpy.mean(numpy.log(ratios))))
         print(f"geometric mean ratio (cuDNN time / cuconv time): {geo:.2f}x")
 
 
-def _bench_cpu():
+def _bench_cpu(args):
     import cuconv
 
     print("No CUDA GPU visible (CuPy missing or no device): timing nothing. Running a reduced "
@@ -249,6 +281,12 @@ def _bench_cpu():
         err = "not checked (torch not installed)"
     print(f"{prob.name} reduced to {prob.input_shape} on the CPU: {ms:.1f} ms, output {y.shape}, "
           f"relative error {err}")
+    if args.json:
+        meta = dict(device="cpu (no CUDA GPU visible)", cuconv=cuconv.__version__, dtype="float64",
+                    date=time.strftime("%Y-%m-%d"))
+        with open(args.json, "w") as fh:
+            json.dump(dict(meta=meta, rows=[dict(problem=f"{prob.name} (reduced)", algo="im2col_gemm",
+                                                   ms=ms, rel_err=err)]), fh, indent=2)
 
 
 def main(argv=None) -> int:
@@ -256,7 +294,7 @@ def main(argv=None) -> int:
 
     args, names, algos = _parse(argv)
     if not _backend.gpu_available():
-        _bench_cpu()
+        _bench_cpu(args)
         return 0
     meta, rows = _bench_gpu(args, names, algos)
     _print_table(meta, rows)
