@@ -16,7 +16,7 @@ __all__ = ["gemm"]
 _CUDA_R_16F, _CUDA_R_32F, _CUDA_R_64F, _CUDA_R_16BF = 2, 0, 1, 14
 _COMPUTE_32F, _COMPUTE_32F_FAST_TF32, _COMPUTE_64F = 68, 77, 70
 _GEMM_DEFAULT = -1
-_OP_N = 0
+_OP = {"N": 0, "T": 1}
 _DEFAULT_MATH, _TF32_TENSOR_OP_MATH, _MATH_MODE_MASK = 0, 3, 0xF
 _POINTER_MODE_HOST = 0
 
@@ -44,15 +44,19 @@ def gemm(dtype, precision: str, m: int, n: int, k: int,
          a_ptr: int, lda: int, stride_a: int,
          b_ptr: int, ldb: int, stride_b: int,
          c_ptr: int, ldc: int, stride_c: int,
-         batch: int, beta: float = 0.0) -> None:
-    """Column-major ``C[i] (m×n) = A[i] (m×k) @ B[i] (k×n) (+ beta·C[i])`` for ``i < batch``.
+         batch: int, beta: float = 0.0, *, trans_a: str = "N", trans_b: str = "N",
+         c_dtype=None) -> None:
+    """Column-major ``C[i] (m×n) = op(A[i]) (m×k) @ op(B[i]) (k×n) (+ beta·C[i])`` for ``i < batch``.
 
-    Pointers are raw device addresses; strides are in elements and may be 0 (a shared operand).
+    ``op`` is the identity (``"N"``) or the transpose (``"T"``). Pointers are raw device addresses;
+    strides are in elements of their operand and may be 0 (a shared operand). ``c_dtype`` (default
+    ``dtype``) may be float32 for float16/bfloat16 inputs, so that sums over several GEMMs stay in fp32.
     With ``beta == 0`` C is never read, so a NaN-poisoned output is fully overwritten.
     """
     from cupy.cuda import cublas, device
 
     dtype = numpy.dtype(dtype)
+    c_dtype = dtype if c_dtype is None else numpy.dtype(c_dtype)
     if max(m, n, k, lda, ldb, ldc, batch) >= 2**31:
         raise NotImplementedError(f"cuconv: GEMM dimension exceeds cuBLAS's 32-bit limit "
                                   f"(m={m}, n={n}, k={k}, lda={lda}, ldb={ldb}, ldc={ldc}, batch={batch})")
@@ -71,12 +75,12 @@ def gemm(dtype, precision: str, m: int, n: int, k: int,
             cublas.setMathMode(handle, (mode & ~_MATH_MODE_MASK) | _DEFAULT_MATH)
     try:
         cublas.gemmStridedBatchedEx(
-            handle, _OP_N, _OP_N, m, n, k,
+            handle, _OP[trans_a], _OP[trans_b], m, n, k,
             alpha.ctypes.data,
             a_ptr, data_type, lda, stride_a,
             b_ptr, data_type, ldb, stride_b,
             beta_s.ctypes.data,
-            c_ptr, data_type, ldc, stride_c,
+            c_ptr, _DATA_TYPES[c_dtype.name], ldc, stride_c,
             batch, compute, _GEMM_DEFAULT)
     finally:
         if saved_mode is not None:

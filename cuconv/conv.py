@@ -53,23 +53,32 @@ def _check_arrays(x, weight, bias, out):
     if weight.ndim != 4:
         raise ValueError(f"Expected 4D weight (out_channels, in_channels/groups, kH, kW) for conv2d, but "
                          f"got weight of size: {_shape(weight)}")
-    _dtypes.check_float_dtype(x.dtype, "input")
-    if weight.dtype != x.dtype:
-        raise TypeError(f"Input type ({x.dtype}) and weight type ({weight.dtype}) should be the same")
-    if bias is not None:
-        if bias.dtype != x.dtype:
-            raise TypeError(f"Input type ({x.dtype}) and bias type ({bias.dtype}) should be the same")
-        if bias.ndim != 1 or bias.shape[0] != weight.shape[0]:
-            raise ValueError(f"Given weight of size {_shape(weight)}, expected bias to be 1-dimensional "
-                             f"with {weight.shape[0]} elements, but got bias of size {_shape(bias)} "
-                             f"instead")
+    _check_dtypes(x, weight, bias)
+    if bias is not None and (bias.ndim != 1 or bias.shape[0] != weight.shape[0]):
+        raise ValueError(f"Given weight of size {_shape(weight)}, expected bias to be 1-dimensional "
+                         f"with {weight.shape[0]} elements, but got bias of size {_shape(bias)} instead")
     if kind == "cupy":
-        dev = x.device.id
-        for name, a in (("weight", weight), ("bias", bias), ("out", out)):
-            if a is not None and a.device.id != dev:
-                raise ValueError(f"Expected all arrays to be on the same device, but found input on "
-                                 f"cuda:{dev} and {name} on cuda:{a.device.id}")
+        _check_same_device(x, weight=weight, bias=bias, out=out)
     return kind
+
+
+def _check_dtypes(first_array, second_array, bias, first="input", second="weight"):
+    """A supported float dtype, the same for every array (torch's "Input type ... and weight type ...")."""
+    _dtypes.check_float_dtype(first_array.dtype, first)
+    if second_array.dtype != first_array.dtype:
+        raise TypeError(f"{first.capitalize()} type ({first_array.dtype}) and {second} type "
+                        f"({second_array.dtype}) should be the same")
+    if bias is not None and bias.dtype != first_array.dtype:
+        raise TypeError(f"{first.capitalize()} type ({first_array.dtype}) and bias type ({bias.dtype}) "
+                        f"should be the same")
+
+
+def _check_same_device(reference, reference_name="input", **others):
+    dev = reference.device.id
+    for name, a in others.items():
+        if a is not None and a.device.id != dev:
+            raise ValueError(f"Expected all arrays to be on the same device, but found {reference_name} on "
+                             f"cuda:{dev} and {name} on cuda:{a.device.id}")
 
 
 def _check_out(out, shape, dtype):
@@ -147,6 +156,17 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
         with x.device:
             return _run(xp, name, x, weight, bias, spec, out, result_shape, precision, on_gpu)
     return _run(numpy, name, x, weight, bias, spec, out, result_shape, precision, on_gpu)
+
+
+def forward_spec(x, weight, bias, spec: ConvSpec, out, algo: str, precision: str) -> None:
+    """Run a forward whose arguments were validated and whose geometry is ``spec`` into C-contiguous ``out``.
+
+    For callers that already hold a :class:`ConvSpec` (``cuconv.nn``); arrays are 4-D, of one library.
+    """
+    on_gpu = _backend.is_cupy_array(x)
+    name = _registry.resolve(algo, spec, x.dtype, precision, on_gpu)
+    xp = __import__("cupy") if on_gpu else numpy
+    _run(xp, name, x, weight, bias, spec, out, spec.output_shape, precision, on_gpu)
 
 
 def _run(xp, name, x, weight, bias, spec, out, result_shape, precision, on_gpu):

@@ -8,6 +8,13 @@ written straight into the NCHW output: no transpose pass. The column buffer is b
 ``cuconv.config.workspace_limit``: chunks of whole samples when a sample fits, else chunks of output rows
 of one sample (``plan_chunks``). A 1x1 stride-1 unpadded convolution needs no gather at all: each sample's
 input planes already are its column matrix. The CPU path is the same structure in NumPy.
+
+Backward, same family (names as CUDA engineers use them)::
+
+    dgrad:  col[n, g] (CRS/g, P·Q) = W[g]ᵀ (CRS/g, K/g) @ dY[n, g] (K/g, P·Q),  then col2im → dx
+    wgrad:  dW[g] (K/g, CRS/g)    = Σ_n dY[n, g] (K/g, P·Q) @ col[n, g]ᵀ          (β = 1 over samples)
+
+Half-precision dgrad keeps its column matrix in fp32 and wgrad accumulates in fp32: one rounding each.
 """
 
 from __future__ import annotations
@@ -18,10 +25,12 @@ import numpy
 
 from ._config import config
 from .spec import ConvSpec
+from . import col2im as _col2im
 from . import im2col as _im2col
 from .im2col import row_pitch
 
-__all__ = ["ChunkPlan", "plan_chunks", "chunk_bytes", "forward_gpu", "forward_cpu"]
+__all__ = ["ChunkPlan", "plan_chunks", "chunk_bytes", "forward_gpu", "forward_cpu", "dgrad_gpu", "dgrad_cpu",
+           "wgrad_gpu", "wgrad_cpu"]
 
 
 # Below this many column-buffer bytes a problem runs as one chunk: splitting it would cost more in
@@ -195,3 +204,148 @@ def forward_cpu(x: numpy.ndarray, w: numpy.ndarray, bias, spec: ConvSpec, out: n
         if bias is not None:  # added before the one rounding to out.dtype, as on the GPU
             res += bias.astype(cdt).reshape(1, g, kg, 1)
         out_v[n0:n0 + nb, :, :, p0:p0 + rows, :] = res.reshape(nb, g, kg, rows, spec.q)
+
+
+def _accumulation_dtype(dtype) -> numpy.dtype:
+    """dtype in which backward sums partial results: fp32 for half precisions, else the dtype itself."""
+    dtype = numpy.dtype(dtype)
+    return numpy.dtype(numpy.float32) if dtype.itemsize == 2 else dtype
+
+
+def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
+    """dx = conv2d_input(dy, w) into C-contiguous CuPy ``dx`` (N, C, H, W), on the current stream."""
+    import cupy
+
+    from . import _cublas
+
+    dtype = dx.dtype
+    col_dtype = _accumulation_dtype(dtype)
+    g, kg, crs_g, pq = spec.groups, spec.k_per_group, spec.crs_per_group, spec.p * spec.q
+    item, col_item = dtype.itemsize, col_dtype.itemsize
+    plan = plan_chunks(spec, col_item, config.workspace_limit)
+    if plan.buffers == 0:
+        # 1x1, stride 1, unpadded: dx[n, g] (C/g, P·Q) = W[g]ᵀ (C/g, K/g) @ dY[n, g] — one rounding, no col2im.
+        _dgrad_gemm(_cublas, dtype, precision, spec, spec.n, pq, dy.data.ptr, dx.data.ptr, pq, w.data.ptr,
+                    dtype)
+        return
+    col_buf = cupy.empty(chunk_bytes(spec, plan.samples, plan.rows, col_item) // col_item, dtype=col_dtype)
+    row_chunks = plan.rows < spec.p
+    if row_chunks:
+        dx.fill(0)  # chunks add into the input rows they touch
+    for n0, nb, p0, rows in plan.chunks(spec):
+        length = rows * spec.q
+        pitch = row_pitch(length, col_item)
+        col = col_buf[: nb * spec.crs * pitch].reshape(nb, spec.crs, pitch)
+        _dgrad_gemm(_cublas, dtype, precision, spec, nb, length,
+                    dy.data.ptr + (n0 * spec.k * pq + p0 * spec.q) * item, col.data.ptr, pitch, w.data.ptr,
+                    col_dtype)
+        _col2im.col2im_gpu(col, spec, p0, rows, dx[n0:n0 + nb], accumulate=row_chunks)
+
+
+def _dgrad_gemm(cublas, dtype, precision, spec, nb, length, dy_ptr, col_ptr, col_ld, w_ptr, col_dtype):
+    """col[n, g] (CRS/g, L) = W[g]ᵀ @ dY[n, g] (K/g, L) for nb samples.
+
+    Column-major: col[n, g]ᵀ (L × CRS/g, ld col_ld) = dY[n, g]ᵀ (L × K/g, ld P·Q) @ W[g] (K/g × CRS/g),
+    W[g] being the transpose of its row-major (K/g, CRS/g) storage read column-major.
+    """
+    item, col_item = numpy.dtype(dtype).itemsize, numpy.dtype(col_dtype).itemsize
+    g, kg, crs_g, pq = spec.groups, spec.k_per_group, spec.crs_per_group, spec.p * spec.q
+    sample_col = spec.crs * col_ld
+    if g <= nb:
+        for gi in range(g):
+            cublas.gemm(dtype, precision, length, crs_g, kg,
+                        dy_ptr + gi * kg * pq * item, pq, spec.k * pq,
+                        w_ptr + gi * kg * crs_g * item, crs_g, 0,
+                        col_ptr + gi * crs_g * col_ld * col_item, col_ld, sample_col, nb,
+                        trans_b="T", c_dtype=col_dtype)
+    else:
+        for ni in range(nb):
+            cublas.gemm(dtype, precision, length, crs_g, kg,
+                        dy_ptr + ni * spec.k * pq * item, pq, kg * pq,
+                        w_ptr, crs_g, kg * crs_g,
+                        col_ptr + ni * sample_col * col_item, col_ld, crs_g * col_ld, g,
+                        trans_b="T", c_dtype=col_dtype)
+
+
+def wgrad_gpu(x, dy, spec: ConvSpec, dw, precision: str) -> None:
+    """dw = conv2d_weight(x, dy) into C-contiguous CuPy ``dw`` (K, C/g, R, S), on the current stream.
+
+    The sum over the batch happens inside cuBLAS: the first GEMM writes (β = 0), every later one adds
+    (β = 1), in a fixed order, so the result is deterministic.
+    """
+    import cupy
+
+    from . import _cublas
+
+    dtype = x.dtype
+    acc_dtype = _accumulation_dtype(dtype)
+    acc = dw if acc_dtype == dtype else cupy.empty(dw.shape, dtype=acc_dtype)
+    item = dtype.itemsize
+    pq = spec.p * spec.q
+    plan = plan_chunks(spec, item, config.workspace_limit)
+    col_buf = None
+    if plan.buffers:
+        col_buf = cupy.empty(chunk_bytes(spec, plan.samples, plan.rows, item) // item, dtype=dtype)
+    beta = 0.0
+    for n0, nb, p0, rows in plan.chunks(spec):
+        length = rows * spec.q
+        if col_buf is None:  # 1x1, stride 1, unpadded: the input planes are the column matrix
+            col_ptr, col_ld = x.data.ptr + n0 * spec.c * pq * item, pq
+        else:
+            pitch = row_pitch(length, item)
+            col = col_buf[: nb * spec.crs * pitch].reshape(nb, spec.crs, pitch)
+            _im2col.im2col_gpu(x[n0:n0 + nb], spec, p0, rows, col)
+            col_ptr, col_ld = col.data.ptr, pitch
+        for ni in range(nb):
+            _wgrad_gemm(_cublas, dtype, precision, spec, length,
+                        col_ptr + ni * spec.crs * col_ld * item, col_ld,
+                        dy.data.ptr + ((n0 + ni) * spec.k * pq + p0 * spec.q) * item, acc, beta)
+            beta = 1.0
+    if spec.n == 0 or spec.p == 0:
+        acc.fill(0)
+    if acc is not dw:
+        dw[...] = acc.astype(dtype)
+
+
+def _wgrad_gemm(cublas, dtype, precision, spec, length, col_ptr, col_ld, dy_ptr, acc, beta):
+    """dW[g] (K/g, CRS/g) (+)= dY[n, g] (K/g, L) @ col[n, g]ᵀ (L, CRS/g) for one sample, all groups.
+
+    Column-major: dW[g]ᵀ (CRS/g × K/g, ld CRS/g) = op_T(col[n, g] read as (L × CRS/g), ld col_ld)
+    @ dY[n, g]ᵀ (L × K/g, ld P·Q); batched over groups.
+    """
+    item = numpy.dtype(dtype).itemsize
+    g, kg, crs_g, pq = spec.groups, spec.k_per_group, spec.crs_per_group, spec.p * spec.q
+    cublas.gemm(dtype, precision, crs_g, kg, length,
+                col_ptr, col_ld, crs_g * col_ld,
+                dy_ptr, pq, kg * pq,
+                acc.data.ptr, crs_g, kg * crs_g, g, beta,
+                trans_a="T", c_dtype=acc.dtype)
+
+
+def dgrad_cpu(dy: numpy.ndarray, w: numpy.ndarray, spec: ConvSpec, dx: numpy.ndarray) -> None:
+    """NumPy twin of :func:`dgrad_gpu`."""
+    cdt = _compute_dtype(dx.dtype)
+    g, kg, crs_g = spec.groups, spec.k_per_group, spec.crs_per_group
+    w_t = w.reshape(g, kg, crs_g).transpose(0, 2, 1).astype(cdt, copy=False)  # (g, CRS/g, K/g)
+    acc = numpy.zeros(spec.input_shape, dtype=cdt)
+    plan = plan_chunks(spec, numpy.dtype(cdt).itemsize, config.workspace_limit)
+    for n0, nb, p0, rows in plan.chunks(spec):
+        d = dy[n0:n0 + nb, :, p0:p0 + rows, :].astype(cdt).reshape(nb, g, kg, rows * spec.q)
+        col = numpy.matmul(w_t, d)  # (nb, g, CRS/g, L) = (g, CRS/g, K/g) @ (nb, g, K/g, L)
+        _col2im.col2im_cpu(col.reshape(nb, spec.crs, rows * spec.q), spec, p0, rows, acc[n0:n0 + nb])
+    dx[...] = acc
+
+
+def wgrad_cpu(x: numpy.ndarray, dy: numpy.ndarray, spec: ConvSpec, dw: numpy.ndarray) -> None:
+    """NumPy twin of :func:`wgrad_gpu`."""
+    cdt = _compute_dtype(x.dtype)
+    g, kg, crs_g = spec.groups, spec.k_per_group, spec.crs_per_group
+    acc = numpy.zeros((g, kg, crs_g), dtype=cdt)
+    plan = plan_chunks(spec, numpy.dtype(cdt).itemsize, config.workspace_limit)
+    for n0, nb, p0, rows in plan.chunks(spec):
+        col = _im2col.im2col_cpu(x[n0:n0 + nb], spec, p0, rows).astype(cdt, copy=False)
+        col = col.reshape(nb, g, crs_g, rows * spec.q)
+        d = dy[n0:n0 + nb, :, p0:p0 + rows, :].astype(cdt).reshape(nb, g, kg, rows * spec.q)
+        # (g, K/g, CRS/g) += Σ_n (nb, g, K/g, L) @ (nb, g, L, CRS/g)
+        acc += numpy.einsum("ngkl,ngcl->gkc", d, col)
+    dw[...] = acc.reshape(dw.shape)

@@ -1,0 +1,174 @@
+"""``cuconv.conv2d_input`` (dgrad) and ``cuconv.conv2d_weight`` (wgrad), mirroring ``torch.nn.grad``.
+
+Same semantics, dtypes, groups, workspace bound and error wording as :func:`cuconv.conv2d`; NumPy arrays
+run on the CPU path, CuPy arrays on their GPU and CuPy's current stream.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy
+
+from . import _backend, registry as _registry
+from .conv import _array_kind, _check_same_device, _check_dtypes, _resolve_precision
+from .spec import ConvSpec
+
+__all__ = ["conv2d_input", "conv2d_weight", "dgrad_spec", "wgrad_spec"]
+
+
+def _size(value, name: str, ranks=(3, 4)) -> tuple:
+    if not (isinstance(value, (tuple, list)) or type(value).__name__ == "Size") or not all(
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 0 for v in value):
+        raise TypeError(f"{name} must be a tuple of non-negative ints, got {value!r}")
+    if len(value) not in ranks:
+        raise ValueError(f"{name} must have {' or '.join(map(str, ranks))} entries, got {list(value)}")
+    return tuple(int(v) for v in value)
+
+
+def _check_grad_output(grad_output, spec: ConvSpec, unbatched: bool):
+    expected = spec.output_shape[1:] if unbatched else spec.output_shape
+    if tuple(grad_output.shape) != tuple(expected):
+        raise ValueError(f"Expected grad_output of size {list(expected)} for this convolution, but got "
+                         f"grad_output of size {list(grad_output.shape)}")
+
+
+def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=1, groups=1, *,
+                 algo="auto", precision=None):
+    """Gradient of :func:`cuconv.conv2d` with respect to its input (dgrad).
+
+    Parameters
+    ----------
+    input_size : tuple of int
+        ``(N, C, H, W)`` (or ``(C, H, W)``) of the forward input.
+    weight : array ``(K, C/groups, R, S)``
+    grad_output : array ``(N, K, P, Q)`` (or ``(K, P, Q)``), same library and dtype as ``weight``.
+    stride, padding, dilation, groups, algo, precision
+        As in :func:`cuconv.conv2d`.
+
+    Returns
+    -------
+    array ``input_size`` of the arrays' library and dtype.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`cuconv.conv2d`, plus a ``grad_output`` whose shape does not match the convolution.
+
+    Examples
+    --------
+    >>> import numpy as np, cuconv
+    >>> w = np.ones((4, 2, 3, 3)); dy = np.ones((1, 4, 3, 4))
+    >>> cuconv.conv2d_input((1, 2, 5, 6), w, dy)[0, 0, 2]
+    array([12., 24., 36., 36., 24., 12.])
+    """
+    kind = _array_kind(grad_output, "grad_output")
+    if _array_kind(weight, "weight") != kind:
+        raise TypeError("conv2d_input(): weight and grad_output must come from the same library")
+    input_size = _size(input_size, "input_size")
+    if weight.ndim != 4:
+        raise ValueError(f"Expected 4D weight (out_channels, in_channels/groups, kH, kW), but got weight "
+                         f"of size: {list(weight.shape)}")
+    _check_dtypes(grad_output, weight, None, first="grad_output")
+    unbatched = len(input_size) == 3
+    if unbatched:
+        input_size = (1,) + input_size
+        grad_output = grad_output[None] if grad_output.ndim == 3 else grad_output
+    spec = ConvSpec.from_args(input_size, weight.shape, stride, padding, dilation, groups)
+    _check_grad_output(grad_output, spec, False)
+    precision = _resolve_precision(precision)
+    if kind == "cupy":
+        _check_same_device(grad_output, "grad_output", weight=weight)
+    result_shape = input_size[1:] if unbatched else input_size
+    if kind == "cupy":
+        with grad_output.device:
+            return dgrad_spec(weight, grad_output, spec, algo, precision).reshape(result_shape)
+    return dgrad_spec(weight, grad_output, spec, algo, precision).reshape(result_shape)
+
+
+def conv2d_weight(x, weight_size, grad_output, stride=1, padding=0, dilation=1, groups=1, *,
+                  algo="auto", precision=None):
+    """Gradient of :func:`cuconv.conv2d` with respect to its weight (wgrad).
+
+    Parameters
+    ----------
+    x : array ``(N, C, H, W)`` (or ``(C, H, W)``): the forward input.
+    weight_size : tuple of int
+        ``(K, C/groups, R, S)``.
+    grad_output : array ``(N, K, P, Q)`` (or ``(K, P, Q)``), same library and dtype as ``x``.
+    stride, padding, dilation, groups, algo, precision
+        As in :func:`cuconv.conv2d`.
+
+    Returns
+    -------
+    array ``weight_size`` of the arrays' library and dtype; the batch is summed in a fixed order.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`cuconv.conv2d`, plus a ``grad_output`` whose shape does not match the convolution.
+
+    Examples
+    --------
+    >>> import numpy as np, cuconv
+    >>> x = np.ones((2, 1, 4, 4)); dy = np.ones((2, 3, 2, 2))
+    >>> cuconv.conv2d_weight(x, (3, 1, 3, 3), dy).shape
+    (3, 1, 3, 3)
+    """
+    kind = _array_kind(x, "input")
+    if _array_kind(grad_output, "grad_output") != kind:
+        raise TypeError("conv2d_weight(): input and grad_output must come from the same library")
+    weight_size = _size(weight_size, "weight_size", ranks=(4,))
+    if x.ndim not in (3, 4):
+        raise ValueError(f"Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of "
+                         f"size: {list(x.shape)}")
+    _check_dtypes(x, grad_output, None, second="grad_output")
+    if x.ndim == 3:
+        x = x[None]
+        grad_output = grad_output[None] if grad_output.ndim == 3 else grad_output
+    spec = ConvSpec.from_args(x.shape, weight_size, stride, padding, dilation, groups)
+    _check_grad_output(grad_output, spec, False)
+    precision = _resolve_precision(precision)
+    if kind == "cupy":
+        _check_same_device(x, grad_output=grad_output)
+    if kind == "cupy":
+        with x.device:
+            return wgrad_spec(x, grad_output, spec, algo, precision)
+    return wgrad_spec(x, grad_output, spec, algo, precision)
+
+
+def dgrad_spec(weight, grad_output, spec: ConvSpec, algo: str, precision: str):
+    """dgrad for validated 4-D arrays of one library whose geometry is ``spec``; returns a new array."""
+    on_gpu = _backend.is_cupy_array(weight)
+    xp = __import__("cupy") if on_gpu else numpy
+    name = _registry.resolve(algo, spec, weight.dtype, precision, on_gpu)
+    dx = xp.empty(spec.input_shape, dtype=weight.dtype)
+    if _degenerate(spec):
+        dx.fill(0)
+    elif on_gpu:
+        _registry.get(name).dgrad_gpu(xp.ascontiguousarray(grad_output), xp.ascontiguousarray(weight), spec, dx,
+                                      precision)
+    else:
+        _registry.get(name).dgrad_cpu(xp.ascontiguousarray(grad_output), xp.ascontiguousarray(weight), spec, dx)
+    return dx
+
+
+def wgrad_spec(x, grad_output, spec: ConvSpec, algo: str, precision: str):
+    """wgrad for validated 4-D arrays of one library whose geometry is ``spec``; returns a new array."""
+    on_gpu = _backend.is_cupy_array(x)
+    xp = __import__("cupy") if on_gpu else numpy
+    name = _registry.resolve(algo, spec, x.dtype, precision, on_gpu)
+    dw = xp.empty(spec.weight_shape, dtype=x.dtype)
+    if _degenerate(spec):
+        dw.fill(0)
+    elif on_gpu:
+        _registry.get(name).wgrad_gpu(xp.ascontiguousarray(x), xp.ascontiguousarray(grad_output), spec, dw,
+                                      precision)
+    else:
+        _registry.get(name).wgrad_cpu(xp.ascontiguousarray(x), xp.ascontiguousarray(grad_output), spec, dw)
+    return dw
+
+
+def _degenerate(spec: ConvSpec) -> bool:
+    """No multiply-adds at all (empty batch, no channels or no filters): every gradient is zero."""
+    return spec.n == 0 or spec.k == 0 or spec.crs_per_group == 0

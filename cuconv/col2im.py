@@ -1,0 +1,73 @@
+"""Python twin of ``kernels_cu/col2im.cu``: the adjoint of im2col (dgrad's scatter, written as a gather).
+
+``col`` holds, for output rows ``[p0, p0 + rows)`` of ``nb`` samples, the gradient of every tap; col2im
+sums each input pixel's taps into ``dx``. On the GPU ``col`` has a row pitch (see ``im2col.row_pitch``).
+"""
+
+from __future__ import annotations
+
+import numpy
+
+from . import _dtypes, _loader
+from .spec import ConvSpec
+
+__all__ = ["col2im_gpu", "col2im_cpu", "touched_rows", "NAME_EXPRESSIONS", "STEM"]
+
+STEM = "col2im"
+_THREADS = 256
+_MAX_BLOCKS = 1 << 20
+
+
+def _col_ctype(t: str) -> str:
+    return "float" if t in ("__half", "__nv_bfloat16") else t
+
+
+NAME_EXPRESSIONS = tuple(f"col2im<{_col_ctype(t)},{t}>" for t in _dtypes.ALL_CTYPE_NAMES)
+
+
+def touched_rows(spec: ConvSpec, p0: int, rows: int):
+    """(first input row, number of input rows) that output rows [p0, p0 + rows) read."""
+    first = max(0, p0 * spec.stride[0] - spec.pad[0])
+    last = min(spec.h - 1, (p0 + rows - 1) * spec.stride[0] - spec.pad[0] + (spec.r - 1) * spec.dilation[0])
+    return first, max(0, last - first + 1)
+
+
+def col2im_gpu(col, spec: ConvSpec, p0: int, rows: int, dx, accumulate: bool) -> None:
+    """Sum ``col`` (CuPy ``(nb, C*R*S, pitch)``) into ``dx`` (C-contiguous ``(nb, C, H, W)``).
+
+    ``accumulate=False`` writes every row of ``dx`` (the chunk must hold all output rows); ``True`` adds
+    into the input rows the chunk touches and leaves the others alone.
+    """
+    nb = dx.shape[0]
+    if accumulate:
+        h0, h_rows = touched_rows(spec, p0, rows)
+    else:
+        h0, h_rows = 0, spec.h
+    total = nb * spec.c * h_rows * spec.w
+    if total == 0:
+        return
+    t = _dtypes.ctype_of(dx.dtype)
+    name = f"col2im<{_col_ctype(t)},{t}>"
+    fn = _loader.get_function(STEM, NAME_EXPRESSIONS, name)
+    grid = (min(_MAX_BLOCKS, -(-total // _THREADS)), 1, 1)
+    block = (_THREADS, 1, 1)
+    i64 = numpy.int64
+    args = (col, dx, i64(total), i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.r), i64(spec.s),
+            i64(spec.q), i64(p0), i64(rows), i64(col.shape[-1]), i64(h0), i64(h_rows),
+            i64(spec.stride[0]), i64(spec.stride[1]), i64(spec.pad[0]), i64(spec.pad[2]),
+            i64(spec.dilation[0]), i64(spec.dilation[1]), numpy.int32(accumulate))
+    _loader.launch(fn, name, grid, block, args)
+
+
+def col2im_cpu(col: numpy.ndarray, spec: ConvSpec, p0: int, rows: int, dx: numpy.ndarray) -> None:
+    """Add ``col`` (dense ``(nb, C*R*S, rows*Q)``) into ``dx`` (``(nb, C, H, W)``), tap by tap."""
+    nb = dx.shape[0]
+    (pt, pb, pl, pr), (sh, sw), (dh, dw) = spec.pad, spec.stride, spec.dilation
+    padded = numpy.zeros((nb, spec.c, spec.h + pt + pb, spec.w + pl + pr), dtype=col.dtype)
+    taps = col.reshape(nb, spec.c, spec.r, spec.s, rows, spec.q)
+    for r in range(spec.r):
+        h = p0 * sh + r * dh
+        for s in range(spec.s):
+            w = s * dw
+            padded[:, :, h:h + sh * (rows - 1) + 1:sh, w:w + sw * (spec.q - 1) + 1:sw] += taps[:, :, r, s]
+    dx += padded[:, :, pt:pt + spec.h, pl:pl + spec.w].astype(dx.dtype, copy=False)

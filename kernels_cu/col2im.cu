@@ -1,0 +1,55 @@
+// col2im: the adjoint of im2col, written as a gather: each input pixel sums its own contributions.
+//
+// Kernel   col2im<Tcol, T>(col, dx, ...)
+//   Tcol   type of the column matrix (float for half-precision T, so the GEMM's fp32 result is summed
+//          before the single rounding to T; otherwise T itself).
+//   T      type of dx.
+//
+// Layouts: col is (nb, C*R*S, ld) for output rows [p0, p0 + rows) of nb samples, columns p*Q + q
+// (p local to the chunk), row pitch ld; dx is (nb, C, H, W) contiguous.
+//   dx[n, c, h, w] (+)= sum over (r, s) of col[n, (c, r, s), (p - p0)*Q + q]
+//   where h = p*stride_h - pad_top + r*dil_h and w = q*stride_w - pad_left + s*dil_w,
+// over the (p, q) of the chunk: p = (h + pad_top - r*dil_h) / stride_h when that divides exactly.
+// accumulate = 0 writes dx (the chunk holds every output row); 1 adds to it (row chunks, in order).
+//
+// Mapping: one thread per dx element of the rows [h0, h0 + h_rows) the chunk can touch, x fastest, so
+// reads of col are coalesced along q when stride_w == 1. No atomics: every dx element is written by
+// exactly one thread with a fixed summation order (r, then s), so results are deterministic.
+#include "common.cuh"
+
+using cuconv::i64;
+
+template <typename Tcol, typename T>
+__global__ void __launch_bounds__(256)
+col2im(const Tcol* __restrict__ col, T* __restrict__ dx, i64 total,
+       i64 C, i64 H, i64 W, i64 R, i64 S, i64 Q, i64 p0, i64 rows, i64 ld, i64 h0, i64 h_rows,
+       i64 stride_h, i64 stride_w, i64 pad_top, i64 pad_left, i64 dil_h, i64 dil_w, int accumulate) {
+    typedef typename cuconv::Acc<T>::type Acc;
+    for (i64 idx = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+         idx += static_cast<i64>(gridDim.x) * blockDim.x) {
+        const int w = static_cast<int>(idx % W);
+        const int h = static_cast<int>(h0 + (idx / W) % h_rows);
+        const i64 nc = idx / (W * h_rows);  // n * C + c
+        const int c = static_cast<int>(nc % C);
+        const i64 n = nc / C;
+        const Tcol* __restrict__ col_c = col + ((n * C + c) * R * S) * ld;
+        Acc sum = 0;
+        for (int r = 0; r < R; ++r) {
+            const int hp = h + static_cast<int>(pad_top - r * dil_h);  // = p * stride_h
+            if (hp < 0 || hp % stride_h != 0) continue;
+            const int p = hp / static_cast<int>(stride_h) - static_cast<int>(p0);
+            if (p < 0 || p >= rows) continue;
+            for (int s = 0; s < S; ++s) {
+                const int wq = w + static_cast<int>(pad_left - s * dil_w);  // = q * stride_w
+                if (wq < 0 || wq % stride_w != 0) continue;
+                const int q = wq / static_cast<int>(stride_w);
+                if (q >= Q) continue;
+                sum += static_cast<Acc>(cuconv::to_acc(col_c[(static_cast<i64>(r) * S + s) * ld +
+                                                             static_cast<i64>(p) * Q + q]));
+            }
+        }
+        T* __restrict__ dst = dx + (nc * H + h) * W + w;
+        if (accumulate) sum += cuconv::to_acc(*dst);
+        *dst = cuconv::from_acc<T>(sum);
+    }
+}
