@@ -1,34 +1,115 @@
-"""cuBLAS GEMMs through CuPy's low-level bindings, for every dtype and precision cuconv offers.
+"""cuBLAS GEMMs for every dtype and precision cuconv offers, callable during CUDA-graph capture.
 
-All calls are ``cublasGemmStridedBatchedEx`` on CuPy's current stream (the binding sets the stream on the
-per-thread, per-device handle before each call). cuBLAS is column-major: a row-major ``C = A @ B`` is the
-column-major ``Cᵀ = Bᵀ Aᵀ``; callers describe their problem column-major (see ``gemm``).
+One entry point, ``gemm``: ``cublasGemmStridedBatchedEx`` on CuPy's current stream. We call libcublas
+through ctypes with a handle of our own (per device and thread) rather than through ``cupy.cuda.cublas``,
+because CuPy refuses every cuBLAS call while a stream is being captured into a CUDA graph
+(``NotImplementedError: calling cuBLAS API during stream capture``) and capture is part of our contract
+(``cuconv.nn`` under ``torch.cuda.graph``). Owning the handle also keeps its math mode ours: "ieee"
+float32 can never be turned into TF32 by someone else's setting. The library itself is the one CuPy loads.
+
+Workspace: cuBLAS gets a 32 MiB workspace per (device, stream), allocated with cudaMalloc the first time a
+stream is used outside a capture and kept for the process (as torch does). Inside a capture on a stream
+that has none, cuBLAS runs without workspace (it then picks kernels that need none).
+
+cuBLAS is column-major: a row-major ``C = A @ B`` is the column-major ``Cᵀ = Bᵀ Aᵀ``; callers describe
+their problem column-major.
 """
 
 from __future__ import annotations
+
+import ctypes
+import functools
+import threading
 
 import numpy
 
 __all__ = ["gemm"]
 
-# cublasComputeType_t and cudaDataType_t values (cublas_api.h, library_types.h); the names are what
-# CuPy exposes, the values are fixed by the CUDA ABI.
+# cublasComputeType_t, cudaDataType_t, cublasOperation_t, cublasMath_t values (fixed by the CUDA ABI).
 _CUDA_R_16F, _CUDA_R_32F, _CUDA_R_64F, _CUDA_R_16BF = 2, 0, 1, 14
 _COMPUTE_32F, _COMPUTE_32F_FAST_TF32, _COMPUTE_64F = 68, 77, 70
 _GEMM_DEFAULT = -1
 _OP = {"N": 0, "T": 1}
-_DEFAULT_MATH, _TF32_TENSOR_OP_MATH, _MATH_MODE_MASK = 0, 3, 0xF
+_DEFAULT_MATH = 0
 _POINTER_MODE_HOST = 0
-
-# Host scalars must outlive the (asynchronous) call: cuBLAS reads host-mode scalars before returning,
-# but keeping them module-level avoids any doubt and any allocation per call.
-_SCALARS = {
-    (numpy.float32, 0.0): numpy.zeros((), numpy.float32), (numpy.float32, 1.0): numpy.ones((), numpy.float32),
-    (numpy.float64, 0.0): numpy.zeros((), numpy.float64), (numpy.float64, 1.0): numpy.ones((), numpy.float64),
-}
-
+_WORKSPACE_BYTES = 32 << 20
 _DATA_TYPES = {"float16": _CUDA_R_16F, "bfloat16": _CUDA_R_16BF, "float32": _CUDA_R_32F,
                "float64": _CUDA_R_64F}
+
+# Host-mode scalars: cuBLAS reads them before the call returns; module-level so no allocation per call.
+_SCALARS = {(numpy.float32, v): numpy.full((), v, numpy.float32) for v in (0.0, 1.0)}
+_SCALARS.update({(numpy.float64, v): numpy.full((), v, numpy.float64) for v in (0.0, 1.0)})
+
+
+@functools.lru_cache(maxsize=None)
+def _lib():
+    """libcublas as CuPy loads it (cuda-pathfinder), with the prototypes we call."""
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        lib = ctypes.CDLL(load_nvidia_dynamic_lib("cublas").abs_path)
+    except Exception:  # no cuda-pathfinder: the system's library
+        import ctypes.util
+
+        name = ctypes.util.find_library("cublas")
+        if name is None:
+            raise RuntimeError("cuconv: libcublas not found (install CuPy's CUDA extra, e.g. cuconv[cuda13])")
+        lib = ctypes.CDLL(name)
+    vp, i32, i64, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_size_t
+    protos = {
+        "cublasCreate_v2": [ctypes.POINTER(vp)],
+        "cublasSetStream_v2": [vp, vp],
+        "cublasSetWorkspace_v2": [vp, vp, sz],
+        "cublasSetMathMode": [vp, i32],
+        "cublasSetPointerMode_v2": [vp, i32],
+        "cublasGemmStridedBatchedEx": [vp, i32, i32, i32, i32, i32, vp, vp, i32, i32, i64, vp, i32, i32, i64,
+                                       vp, vp, i32, i32, i64, i32, i32, i32],
+    }
+    for name, argtypes in protos.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    return lib
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"cuconv: {what} failed with cublasStatus_t {status}")
+
+
+_handles = threading.local()  # {device: handle} per thread: cuBLAS handles are not thread-safe
+_workspaces = {}  # (device, stream) -> device pointer, for the process
+_workspace_lock = threading.Lock()
+
+
+def _handle(device: int):
+    table = getattr(_handles, "by_device", None)
+    if table is None:
+        table = _handles.by_device = {}
+    handle = table.get(device)
+    if handle is None:
+        lib = _lib()
+        handle = ctypes.c_void_p()
+        _check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
+        _check(lib.cublasSetMathMode(handle, _DEFAULT_MATH), "cublasSetMathMode")
+        _check(lib.cublasSetPointerMode_v2(handle, _POINTER_MODE_HOST), "cublasSetPointerMode")
+        table[device] = handle
+    return handle
+
+
+def _workspace(device: int, stream: int):
+    """(pointer, bytes) of this stream's workspace; (None, 0) while capturing on a stream without one."""
+    from cupy.cuda import runtime
+
+    key = (device, stream)
+    ptr = _workspaces.get(key)
+    if ptr is None:
+        if stream and runtime.streamIsCapturing(stream) != 0:
+            return None, 0
+        with _workspace_lock:
+            ptr = _workspaces.get(key)
+            if ptr is None:
+                ptr = _workspaces[key] = runtime.malloc(_WORKSPACE_BYTES)
+    return ptr, _WORKSPACE_BYTES
 
 
 def _compute_type(dtype: numpy.dtype, precision: str):
@@ -51,37 +132,32 @@ def gemm(dtype, precision: str, m: int, n: int, k: int,
     ``op`` is the identity (``"N"``) or the transpose (``"T"``). Pointers are raw device addresses;
     strides are in elements of their operand and may be 0 (a shared operand). ``c_dtype`` (default
     ``dtype``) may be float32 for float16/bfloat16 inputs, so that sums over several GEMMs stay in fp32.
-    With ``beta == 0`` C is never read, so a NaN-poisoned output is fully overwritten.
+    With ``beta == 0`` C is never read, so a NaN-poisoned output is fully overwritten. Runs on CuPy's
+    current stream of the current device.
     """
-    from cupy.cuda import cublas, device
+    import cupy
 
     dtype = numpy.dtype(dtype)
     c_dtype = dtype if c_dtype is None else numpy.dtype(c_dtype)
     if max(m, n, k, lda, ldb, ldc, batch) >= 2**31:
         raise NotImplementedError(f"cuconv: GEMM dimension exceeds cuBLAS's 32-bit limit "
                                   f"(m={m}, n={n}, k={k}, lda={lda}, ldb={ldb}, ldc={ldc}, batch={batch})")
-    data_type = _DATA_TYPES[dtype.name]
+    if min(m, n, batch) == 0:
+        return
     compute, scalar_type = _compute_type(dtype, precision)
     alpha = _SCALARS[(scalar_type, 1.0)]
     beta_s = _SCALARS[(scalar_type, float(beta))]
-    handle = device.get_cublas_handle()
-    cublas.setPointerMode(handle, _POINTER_MODE_HOST)
-    # fp32 "ieee" must not silently become TF32 if someone (CUPY_TF32=1) set TF32 math on the handle.
-    saved_mode = None
-    if compute == _COMPUTE_32F and dtype == numpy.float32:
-        mode = cublas.getMathMode(handle)
-        if mode & _MATH_MODE_MASK == _TF32_TENSOR_OP_MATH:
-            saved_mode = mode
-            cublas.setMathMode(handle, (mode & ~_MATH_MODE_MASK) | _DEFAULT_MATH)
-    try:
-        cublas.gemmStridedBatchedEx(
-            handle, _OP[trans_a], _OP[trans_b], m, n, k,
-            alpha.ctypes.data,
-            a_ptr, data_type, lda, stride_a,
-            b_ptr, data_type, ldb, stride_b,
-            beta_s.ctypes.data,
-            c_ptr, _DATA_TYPES[c_dtype.name], ldc, stride_c,
-            batch, compute, _GEMM_DEFAULT)
-    finally:
-        if saved_mode is not None:
-            cublas.setMathMode(handle, saved_mode)
+    lib = _lib()
+    device = cupy.cuda.runtime.getDevice()
+    stream = cupy.cuda.get_current_stream().ptr
+    handle = _handle(device)
+    _check(lib.cublasSetStream_v2(handle, stream), "cublasSetStream")
+    ws_ptr, ws_bytes = _workspace(device, stream)
+    _check(lib.cublasSetWorkspace_v2(handle, ws_ptr, ws_bytes), "cublasSetWorkspace")
+    data_type = _DATA_TYPES[dtype.name]
+    _check(lib.cublasGemmStridedBatchedEx(
+        handle, _OP[trans_a], _OP[trans_b], m, n, k,
+        alpha.ctypes.data, a_ptr, data_type, lda, stride_a,
+        b_ptr, data_type, ldb, stride_b,
+        beta_s.ctypes.data, c_ptr, _DATA_TYPES[c_dtype.name], ldc, stride_c,
+        batch, compute, _GEMM_DEFAULT), f"cublasGemmStridedBatchedEx(m={m}, n={n}, k={k}, batch={batch})")

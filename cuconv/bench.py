@@ -4,7 +4,9 @@ Method (see README "Benchmark"): one process, same inputs for both sides, CUDA e
 warm-up first, median of many runs; torch with ``cudnn.benchmark = True`` and its TF32 switch set to the
 precision asked for. Device ceilings (cuBLAS GEMM rate per precision, device-to-device copy bandwidth)
 are measured in the same run; "floor" = max(FLOPs / GEMM rate, fewest bytes / copy bandwidth).
-Correctness: normwise relative error of samples 0 and N-1 against torch in float64.
+Correctness: normwise relative error of samples 0 and N-1 (of all of dW for wgrad) against torch in
+float64. ``--backward`` adds dgrad and wgrad, each against cuDNN's own (``aten.convolution_backward`` with
+the other outputs masked off) at the same precision.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def _parse(argv):
     ap.add_argument("--algo", default="auto", help="'auto', 'all', or one of cuconv.algorithms()")
     ap.add_argument("--reps", type=int, default=20, help="timed runs per measurement (median)")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--backward", action="store_true",
+                    help="also time dgrad and wgrad against cuDNN's backward (aten.convolution_backward)")
     ap.add_argument("--json", metavar="PATH", help="also write all figures to this JSON file")
     args = ap.parse_args(argv)
     names = [n for item in args.problem for n in item.split(",") if n] or list(SUITES[args.suite])
@@ -151,6 +155,97 @@ def _rel_err(y, ref):
 
 
 # ----------------------------------------------------------------------------------------------------
+class _Pass:
+    """One direction of one problem: how torch and cuconv run it, its float64 reference, its bytes."""
+
+    def __init__(self, name, torch_call, ours, reference, compare, min_bytes):
+        self.name, self.torch_call, self.ours = name, torch_call, ours
+        self.reference, self.compare, self.min_bytes = reference, compare, min_bytes
+
+
+def _passes(args, prob, spec, x, w, dy):
+    """fprop, and with --backward dgrad and wgrad, each with its torch call, our call and its oracle."""
+    import cupy
+    import torch
+
+    import cuconv
+
+    kw = prob.conv_kwargs
+    xt, wt = torch.from_dlpack(x), torch.from_dlpack(w)
+    idx = [0, spec.n - 1] if spec.n > 1 else [0]  # samples checked (both batch ends: chunking errors)
+    item = x.dtype.itemsize
+    out_bytes = spec.n * spec.k * spec.p * spec.q * item
+    aten_args = (list(prob.stride), list(prob.padding), list(prob.dilation), False, [0, 0], prob.groups)
+    out = cupy.empty(spec.output_shape, dtype=x.dtype)
+
+    def fprop(algo):
+        return cuconv.conv2d(x, w, None, algo=algo, precision=args.precision, out=out, **kw)
+
+    yield _Pass("fprop", lambda: torch.nn.functional.conv2d(xt, wt, None, **kw), fprop,
+                lambda: torch.nn.functional.conv2d(xt[idx].double(), wt.double(), None, **kw),
+                lambda y: y[idx], x.nbytes + w.nbytes + out_bytes)
+    if dy is None:
+        return
+    dyt = torch.from_dlpack(dy)
+    backward = torch.ops.aten.convolution_backward
+
+    def dgrad(algo):
+        return cuconv.conv2d_input(x.shape, w, dy, algo=algo, precision=args.precision, **kw)
+
+    def wgrad(algo):
+        return cuconv.conv2d_weight(x, w.shape, dy, algo=algo, precision=args.precision, **kw)
+
+    yield _Pass("dgrad", lambda: backward(dyt, xt, wt, None, *aten_args, [True, False, False])[0], dgrad,
+                lambda: backward(dyt[idx].double(), xt[idx].double(), wt.double(), None, *aten_args,
+                                 [True, False, False])[0],
+                lambda dx: dx[idx], dy.nbytes + w.nbytes + x.nbytes)
+    yield _Pass("wgrad", lambda: backward(dyt, xt, wt, None, *aten_args, [False, True, False])[1], wgrad,
+                lambda: backward(dyt.double(), xt.double(), wt.double(), None, *aten_args,
+                                 [False, True, False])[1],
+                lambda dw: dw, dy.nbytes + x.nbytes + w.nbytes)
+
+
+def _measure(args, prob, spec, pass_, algos, rate, bandwidth, progress):
+    """Time torch and every algorithm on one pass; yield one row per algorithm."""
+    import cupy
+    import torch
+
+    floor_ms = max(spec.flops / (rate * 1e12), pass_.min_bytes / (bandwidth * 1e12)) * 1e3
+    t_ms = _time_gpu(pass_.torch_call, args.reps, args.warmup)
+    theirs = pass_.torch_call()
+    ref = pass_.reference().cpu().numpy()
+    torch_err = _rel_err(pass_.compare(theirs).float().cpu().numpy(), ref)
+    del theirs
+    torch.cuda.empty_cache()
+    for algo in algos:
+        try:
+            with _PeakWorkspace() as peak:
+                result = pass_.ours(algo)
+                cupy.cuda.get_current_stream().synchronize()
+        except NotImplementedError as exc:
+            print(f"{progress} {prob.name} {pass_.name} {algo}: skipped ({exc})", file=sys.stderr, flush=True)
+            continue
+        # fprop writes into a preallocated out=; dgrad/wgrad return their result: not workspace
+        workspace = peak.peak - (0 if pass_.name == "fprop" else result.nbytes)
+        err = _rel_err(cupy.asnumpy(pass_.compare(result)), ref)
+        del result
+        ms = _time_gpu(lambda: pass_.ours(algo), args.reps, args.warmup)
+        host_us = _host_overhead_us(lambda: pass_.ours(algo))
+        dtype = numpy.dtype(args.dtype)
+        chosen = registry.select_algorithm(spec, dtype, args.precision, True) if algo == "auto" else algo
+        row = dict(problem=prob.name, pass_=pass_.name, algo=chosen, dtype=args.dtype, precision=args.precision,
+                   ms=ms, tflops=spec.flops / (ms * 1e-3) / 1e12, floor_ms=floor_ms,
+                   pct_floor=100 * floor_ms / ms, cudnn_ms=t_ms, ratio=t_ms / ms, rel_err=err,
+                   torch_rel_err=torch_err, host_us=host_us, workspace_mib=workspace / 2**20)
+        if pass_.name == "fprop" and chosen == "im2col_gemm" and not spec.is_pointwise_identity:
+            col_bytes = 2 * spec.n * spec.crs * spec.p * spec.q * dtype.itemsize  # written once, read once
+            row["im2col_floor_ms"] = ((pass_.min_bytes + col_bytes) / (bandwidth * 1e12)
+                                      + spec.flops / (rate * 1e12)) * 1e3
+        print(f"{progress} {prob.name} {pass_.name} {chosen}: {ms:.3f} ms, cuDNN {t_ms:.3f} ms, ratio "
+              f"{t_ms / ms:.2f}x, err {err:.1e}", file=sys.stderr, flush=True)
+        yield row
+
+
 def _bench_gpu(args, names, algos):
     import cupy
     import torch
@@ -164,7 +259,6 @@ def _bench_gpu(args, names, algos):
     if conv_backend is not None and hasattr(conv_backend, "fp32_precision"):
         conv_backend.fp32_precision = "tf32" if tf32 else "ieee"
     dtype = numpy.dtype(args.dtype)
-    tdtype = getattr(torch, args.dtype)
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
     device_name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
 
@@ -187,54 +281,11 @@ def _bench_gpu(args, names, algos):
         x = rng.standard_normal(prob.input_shape, dtype=numpy.float32).astype(dtype)
         w = (rng.standard_normal(prob.weight_shape, dtype=numpy.float32)
              / numpy.sqrt(spec.crs_per_group)).astype(dtype)
-        xt, wt = torch.from_dlpack(x), torch.from_dlpack(w)
-        item = dtype.itemsize
-        min_bytes = (x.size + w.size + spec.n * spec.k * spec.p * spec.q) * item
-        floor_ms = max(spec.flops / (rate * 1e12), min_bytes / (bandwidth * 1e12)) * 1e3
-
-        def torch_call():
-            return torch.nn.functional.conv2d(xt, wt, None, **prob.conv_kwargs)
-
-        t_ms = _time_gpu(torch_call, args.reps, args.warmup)
-        yt = torch_call()
-        torch.cuda.synchronize()
-
-        # float64 reference on the first and last sample (catches chunking errors at both batch ends)
-        idx = [0, spec.n - 1] if spec.n > 1 else [0]
-        ref = torch.nn.functional.conv2d(xt[idx].double(), wt.double(), None, **prob.conv_kwargs)
-        ref = ref.cpu().numpy()
-        torch_err = _rel_err(yt[idx].float().cpu().numpy(), ref)
-        del yt
-        for algo in algos:
-            out = cupy.full(spec.output_shape, numpy.nan, dtype=dtype)
-
-            def ours():
-                cuconv.conv2d(x, w, None, algo=algo, precision=args.precision, out=out, **prob.conv_kwargs)
-
-            try:
-                with _PeakWorkspace() as peak:  # `out` is preallocated: whatever is held is workspace
-                    ours()
-                    cupy.cuda.get_current_stream().synchronize()
-            except NotImplementedError as exc:
-                print(f"[{i}/{len(names)}] {name} {algo}: skipped ({exc})", file=sys.stderr, flush=True)
-                continue
-            err = _rel_err(cupy.asnumpy(out[idx]), ref)
-            ms = _time_gpu(ours, args.reps, args.warmup)
-            host_us = _host_overhead_us(ours)
-            chosen = registry.select_algorithm(spec, dtype, args.precision, True) if algo == "auto" else algo
-            row = dict(problem=name, algo=chosen, dtype=args.dtype, precision=args.precision, ms=ms,
-                       tflops=spec.flops / (ms * 1e-3) / 1e12, floor_ms=floor_ms, pct_floor=100 * floor_ms / ms,
-                       cudnn_ms=t_ms, ratio=t_ms / ms, rel_err=err, torch_rel_err=torch_err, host_us=host_us,
-                       workspace_mib=peak.peak / 2**20)
-            if chosen == "im2col_gemm" and not spec.is_pointwise_identity:
-                col_bytes = 2 * spec.n * spec.crs * spec.p * spec.q * item  # written once, read once
-                row["im2col_floor_ms"] = ((min_bytes + col_bytes) / (bandwidth * 1e12)
-                                          + spec.flops / (rate * 1e12)) * 1e3
-            rows.append(row)
-            print(f"[{i}/{len(names)}] {name} {chosen}: {ms:.3f} ms, cuDNN {t_ms:.3f} ms, ratio "
-                  f"{t_ms / ms:.2f}x, err {err:.1e}", file=sys.stderr, flush=True)
-            del out
-        del x, w, xt, wt
+        dy = rng.standard_normal(spec.output_shape, dtype=numpy.float32).astype(dtype) if args.backward else None
+        for pass_ in _passes(args, prob, spec, x, w, dy):
+            for row in _measure(args, prob, spec, pass_, algos, rate, bandwidth, f"[{i}/{len(names)}]"):
+                rows.append(row)
+        del x, w, dy
         cupy.get_default_memory_pool().free_all_blocks()
         torch.cuda.empty_cache()
     meta = dict(device=device_name, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
@@ -246,18 +297,19 @@ def _bench_gpu(args, names, algos):
 def _print_table(meta, rows):
     print(f"\n{meta['device']}, {meta['date']}, dtype {meta['dtype']}, precision {meta['precision']} "
           f"(both sides); torch {meta['torch']}, cuDNN {meta['cudnn']}, cudnn.benchmark=True")
-    head = (f"{'problem':<20} {'algo':<12} {'ms':>9} {'TFLOP/s':>8} {'%floor':>7} {'cuDNN ms':>9} "
+    head = (f"{'problem':<20} {'pass':<6} {'algo':<12} {'ms':>9} {'TFLOP/s':>8} {'%floor':>7} {'cuDNN ms':>9} "
             f"{'ratio':>6} {'rel err':>8} {'torch err':>9} {'host us':>8} {'ws MiB':>7}")
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['problem']:<20} {r['algo']:<12} {r['ms']:>9.3f} {r['tflops']:>8.1f} {r['pct_floor']:>6.0f}% "
+        print(f"{r['problem']:<20} {r['pass_']:<6} {r['algo']:<12} {r['ms']:>9.3f} {r['tflops']:>8.1f} {r['pct_floor']:>6.0f}% "
               f"{r['cudnn_ms']:>9.3f} {r['ratio']:>5.2f}x {r['rel_err']:>8.1e} {r['torch_rel_err']:>9.1e} "
               f"{r['host_us']:>8.0f} {r['workspace_mib']:>7.0f}")
-    ratios = [r["ratio"] for r in rows]
-    if ratios:
-        geo = float(numpy.exp(numpy.mean(numpy.log(ratios))))
-        print(f"geometric mean ratio (cuDNN time / cuconv time): {geo:.2f}x")
+    for pass_ in ("fprop", "dgrad", "wgrad"):
+        ratios = [r["ratio"] for r in rows if r["pass_"] == pass_]
+        if ratios:
+            geo = float(numpy.exp(numpy.mean(numpy.log(ratios))))
+            print(f"{pass_}: geometric mean ratio (cuDNN time / cuconv time): {geo:.2f}x")
 
 
 def _bench_cpu(args):

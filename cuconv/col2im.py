@@ -22,7 +22,8 @@ def _col_ctype(t: str) -> str:
     return "float" if t in ("__half", "__nv_bfloat16") else t
 
 
-NAME_EXPRESSIONS = tuple(f"col2im<{_col_ctype(t)},{t}>" for t in _dtypes.ALL_CTYPE_NAMES)
+NAME_EXPRESSIONS = tuple(f"col2im<{_col_ctype(t)},{t},{unit}>" for t in _dtypes.ALL_CTYPE_NAMES
+                         for unit in ("true", "false"))
 
 
 def touched_rows(spec: ConvSpec, p0: int, rows: int):
@@ -47,7 +48,8 @@ def col2im_gpu(col, spec: ConvSpec, p0: int, rows: int, dx, accumulate: bool) ->
     if total == 0:
         return
     t = _dtypes.ctype_of(dx.dtype)
-    name = f"col2im<{_col_ctype(t)},{t}>"
+    unit = "true" if spec.stride == (1, 1) else "false"
+    name = f"col2im<{_col_ctype(t)},{t},{unit}>"
     fn = _loader.get_function(STEM, NAME_EXPRESSIONS, name)
     grid = (min(_MAX_BLOCKS, -(-total // _THREADS)), 1, 1)
     block = (_THREADS, 1, 1)

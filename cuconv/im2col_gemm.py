@@ -54,13 +54,14 @@ class ChunkPlan:
                 yield n0, min(self.samples, spec.n - n0), p0, min(self.rows, spec.p - p0)
 
 
-def plan_chunks(spec: ConvSpec, itemsize: int, limit: int) -> ChunkPlan:
+def plan_chunks(spec: ConvSpec, itemsize: int, limit: int, overlap: bool = True) -> ChunkPlan:
     """Chunking that keeps all column buffers together ≤ ``limit`` bytes.
 
-    Several chunks use two buffers of ``limit / 2`` so that the gather of chunk i+1 (side stream) overlaps
-    the GEMM of chunk i (caller's stream); a problem whose whole column matrix fits in ``limit`` but is
-    large still gets four chunks for that overlap. Raises ``ValueError`` when even one output row of one
-    sample needs more than ``limit``.
+    With ``overlap`` (forward), several chunks use two buffers of ``limit / 2`` so that the gather of chunk
+    i+1 (side stream) overlaps the GEMM of chunk i (caller's stream), and a problem whose whole column
+    matrix fits in ``limit`` but is large still gets four chunks for that overlap. Without it (backward),
+    one buffer of up to ``limit``. Raises ``ValueError`` when even one output row of one sample needs more
+    than ``limit``.
     """
     n, p = max(spec.n, 1), max(spec.p, 1)
     if spec.is_pointwise_identity:
@@ -71,9 +72,9 @@ def plan_chunks(spec: ConvSpec, itemsize: int, limit: int) -> ChunkPlan:
         raise ValueError(f"cuconv: workspace_limit={limit} bytes is too small for im2col_gemm: one "
                          f"output row needs {chunk_bytes(spec, 1, 1, itemsize)} bytes of column buffer; "
                          f"raise cuconv.config.workspace_limit or choose another algorithm")
-    if total <= min(limit, _OVERLAP_MIN_BYTES):
+    if total <= min(limit, _OVERLAP_MIN_BYTES) or (not overlap and total <= limit):
         return ChunkPlan(n, p, 1)
-    buffers = 2 if chunk_bytes(spec, 1, 1, itemsize) <= limit // 2 else 1
+    buffers = 2 if overlap and chunk_bytes(spec, 1, 1, itemsize) <= limit // 2 else 1
     per_buffer = limit // buffers
     target = min(per_buffer, -(-total // 4)) if total <= limit else per_buffer
     if sample_bytes <= target:
@@ -222,7 +223,7 @@ def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
     col_dtype = _accumulation_dtype(dtype)
     g, kg, crs_g, pq = spec.groups, spec.k_per_group, spec.crs_per_group, spec.p * spec.q
     item, col_item = dtype.itemsize, col_dtype.itemsize
-    plan = plan_chunks(spec, col_item, config.workspace_limit)
+    plan = plan_chunks(spec, col_item, config.workspace_limit, overlap=False)
     if plan.buffers == 0:
         # 1x1, stride 1, unpadded: dx[n, g] (C/g, P·Q) = W[g]ᵀ (C/g, K/g) @ dY[n, g] — one rounding, no col2im.
         _dgrad_gemm(_cublas, dtype, precision, spec, spec.n, pq, dy.data.ptr, dx.data.ptr, pq, w.data.ptr,
@@ -282,7 +283,7 @@ def wgrad_gpu(x, dy, spec: ConvSpec, dw, precision: str) -> None:
     acc = dw if acc_dtype == dtype else cupy.empty(dw.shape, dtype=acc_dtype)
     item = dtype.itemsize
     pq = spec.p * spec.q
-    plan = plan_chunks(spec, item, config.workspace_limit)
+    plan = plan_chunks(spec, item, config.workspace_limit, overlap=False)
     col_buf = None
     if plan.buffers:
         col_buf = cupy.empty(chunk_bytes(spec, plan.samples, plan.rows, item) // item, dtype=dtype)

@@ -1,9 +1,10 @@
 // col2im: the adjoint of im2col, written as a gather: each input pixel sums its own contributions.
 //
-// Kernel   col2im<Tcol, T>(col, dx, ...)
+// Kernel   col2im<Tcol, T, kUnitStride>(col, dx, ...)
 //   Tcol   type of the column matrix (float for half-precision T, so the GEMM's fp32 result is summed
 //          before the single rounding to T; otherwise T itself).
 //   T      type of dx.
+//   kUnitStride  stride (1, 1): every tap lands on an output position, no division or modulo needed.
 //
 // Layouts: col is (nb, C*R*S, ld) for output rows [p0, p0 + rows) of nb samples, columns p*Q + q
 // (p local to the chunk), row pitch ld; dx is (nb, C, H, W) contiguous.
@@ -19,7 +20,7 @@
 
 using cuconv::i64;
 
-template <typename Tcol, typename T>
+template <typename Tcol, typename T, bool kUnitStride>
 __global__ void __launch_bounds__(256)
 col2im(const Tcol* __restrict__ col, T* __restrict__ dx, i64 total,
        i64 C, i64 H, i64 W, i64 R, i64 S, i64 Q, i64 p0, i64 rows, i64 ld, i64 h0, i64 h_rows,
@@ -36,13 +37,13 @@ col2im(const Tcol* __restrict__ col, T* __restrict__ dx, i64 total,
         Acc sum = 0;
         for (int r = 0; r < R; ++r) {
             const int hp = h + static_cast<int>(pad_top - r * dil_h);  // = p * stride_h
-            if (hp < 0 || hp % stride_h != 0) continue;
-            const int p = hp / static_cast<int>(stride_h) - static_cast<int>(p0);
+            if (hp < 0 || (!kUnitStride && hp % stride_h != 0)) continue;
+            const int p = (kUnitStride ? hp : hp / static_cast<int>(stride_h)) - static_cast<int>(p0);
             if (p < 0 || p >= rows) continue;
             for (int s = 0; s < S; ++s) {
                 const int wq = w + static_cast<int>(pad_left - s * dil_w);  // = q * stride_w
-                if (wq < 0 || wq % stride_w != 0) continue;
-                const int q = wq / static_cast<int>(stride_w);
+                if (wq < 0 || (!kUnitStride && wq % stride_w != 0)) continue;
+                const int q = kUnitStride ? wq : wq / static_cast<int>(stride_w);
                 if (q >= Q) continue;
                 sum += static_cast<Acc>(cuconv::to_acc(col_c[(static_cast<i64>(r) * S + s) * ld +
                                                              static_cast<i64>(p) * Q + q]));

@@ -20,6 +20,22 @@ def tolerance(dtype, precision="ieee") -> float:
     return TOLERANCE["tf32" if name == "float32" and precision == "tf32" else name]
 
 
+def rounding_floor(ref, dtype) -> float:
+    """Normwise error of the correctly rounded result: no implementation storing ``dtype`` does better."""
+    ref = numpy.asarray(ref, dtype=numpy.float64)
+    return rel_err(ref.astype(dtype).astype(numpy.float64), ref)
+
+
+def bound(ref, dtype, precision="ieee") -> float:
+    """The error allowed for a result of ``dtype``: the tolerance table, except where rounding the exact
+    result once to a half-precision dtype already costs more (a handful of elements: a small dW) — there
+    1.5× that rounding floor."""
+    tol = tolerance(dtype, precision)
+    if numpy.dtype(dtype).itemsize == 2:
+        tol = max(tol, 1.5 * rounding_floor(ref, dtype))
+    return tol
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     x_shape: tuple

@@ -1,0 +1,407 @@
+"""The NumPy (CPU) path of ``cuconv.conv2d_input`` (dgrad), ``cuconv.conv2d_weight`` (wgrad) and col2im.
+
+The backward oracle is torch's autograd of ``torch.nn.functional.conv2d`` in float64 on the CPU, fed the
+very values we were given (already rounded to the dtype under test).
+"""
+
+import dataclasses
+import types
+
+import numpy
+import pytest
+import torch
+
+import cuconv
+from cases import (CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, Case, make_inputs, noncontiguous, rel_err,
+                   tolerance)
+from cuconv.col2im import col2im_cpu
+from cuconv.im2col import im2col_cpu
+from cuconv.im2col_gemm import chunk_bytes, plan_chunks
+from cuconv.spec import ConvSpec
+
+# torch notes that 'same' with an even kernel may copy the input; the oracle does not care.
+pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel:UserWarning")
+
+# dgrad must leave zeros where no output reads the input: the last row and column here (stride 2).
+UNCOVERED_TAIL = pytest.param(Case((2, 3, 8, 9), (4, 3, 3, 2), dict(stride=2), False), id="stride2_uncovered_tail")
+ALL_CASES = CASES + PROBLEM_CASES + [UNCOVERED_TAIL]
+
+
+def _by_id(case_id):
+    return next(p.values[0] for p in ALL_CASES if p.id == case_id)
+
+
+def _spec(case):
+    x_shape = case.x_shape if len(case.x_shape) == 4 else (1,) + case.x_shape
+    return ConvSpec.from_args(x_shape, case.w_shape, **case.kwargs)
+
+
+def _problem(case, dtype=numpy.float64, seed=0, integer=False):
+    """(x, w, dy) of ``case`` in ``dtype``; dy has the output's shape (3-D for an unbatched case)."""
+    x, w, _ = make_inputs(case, seed=seed, integer=integer)
+    shape = _spec(case).output_shape
+    shape = shape if len(case.x_shape) == 4 else shape[1:]
+    rng = numpy.random.default_rng(seed + 1)
+    dy = rng.integers(-3, 4, size=shape).astype(numpy.float64) if integer else rng.standard_normal(shape)
+    return tuple(a.astype(dtype) for a in (x, w, dy))
+
+
+def _torch_grads(x, w, dy, kwargs):
+    """(dx, dw) of torch's conv2d by autograd, in the arrays' dtype (the oracle when that is float64)."""
+    x_t = torch.from_numpy(x).requires_grad_()
+    w_t = torch.from_numpy(w).requires_grad_()
+    y = torch.nn.functional.conv2d(x_t, w_t, None, **kwargs)
+    dx, dw = torch.autograd.grad(y, (x_t, w_t), torch.from_numpy(dy))
+    return dx.numpy(), dw.numpy()
+
+
+def _ours(x, w, dy, kwargs, **options):
+    return (cuconv.conv2d_input(x.shape, w, dy, **kwargs, **options),
+            cuconv.conv2d_weight(x, w.shape, dy, **kwargs, **options))
+
+
+def _f64(*arrays):
+    return tuple(a.astype(numpy.float64) for a in arrays)
+
+
+@pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32], ids=lambda d: numpy.dtype(d).name)
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_matches_torch_autograd(case, dtype):
+    x, w, dy = _problem(case, dtype)
+    dx, dw = _ours(x, w, dy, case.kwargs)
+    ref_dx, ref_dw = _torch_grads(*_f64(x, w, dy), case.kwargs)
+    assert (dx.dtype, dw.dtype) == (dtype, dtype)
+    assert (dx.shape, dw.shape) == (x.shape, w.shape)
+    assert rel_err(dx, ref_dx) <= tolerance(dtype)
+    assert rel_err(dw, ref_dw) <= tolerance(dtype)
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_float16_no_worse_than_torch(case):
+    # torch's CPU backend differentiates float16 conv2d (checked with torch 2.13), so the rule
+    # "≤ 2x torch's own float16 error, both against float64" applies to dgrad and wgrad.
+    x, w, dy = _problem(case, numpy.float16)
+    ours = _ours(x, w, dy, case.kwargs)
+    theirs = _torch_grads(x, w, dy, case.kwargs)
+    refs = _torch_grads(*_f64(x, w, dy), case.kwargs)
+    for name, got, torch_got, ref in zip(("dx", "dw"), ours, theirs, refs):
+        assert got.dtype == numpy.float16, name
+        err, torch_err = rel_err(got, ref), rel_err(torch_got, ref)
+        assert err <= tolerance(numpy.float16), name
+        assert err <= TORCH_ERROR_FACTOR * torch_err, name
+
+
+# Geometries with a batch of 5 (odd, so the last sample chunk is short); pointwise identities never chunk.
+CHUNK_CASES = ["k5x9_d2x3_p2x4", "stride2x3_pad1x2", "stride2_dil2_pad3", "groups2", "depthwise_mult3_3x1",
+               "same_even_dil3", "stem_like_c3_7x7_s2", "reduced_depthwise_3x3", "stride2_uncovered_tail"]
+
+
+def _chunk_limit(spec, itemsize, split):
+    """A workspace_limit that makes the backward split over samples or over output rows."""
+    if split == "samples":
+        return 2 * chunk_bytes(spec, 2, spec.p, itemsize)  # two buffers of two samples each
+    return 2 * chunk_bytes(spec, 1, 2, itemsize)  # two buffers of (about) two output rows each
+
+
+@pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32], ids=lambda d: numpy.dtype(d).name)
+@pytest.mark.parametrize("split", ["samples", "rows"])
+@pytest.mark.parametrize("case_id", CHUNK_CASES)
+def test_chunked_equals_unchunked(case_id, split, dtype):
+    case = dataclasses.replace(_by_id(case_id), x_shape=(5,) + _by_id(case_id).x_shape[1:])
+    x, w, dy = _problem(case, dtype, integer=True)
+    spec = _spec(case)
+    itemsize = numpy.dtype(dtype).itemsize  # float32 and float64 compute in themselves on the CPU
+    limit = _chunk_limit(spec, itemsize, split)
+    plan = plan_chunks(spec, itemsize, limit)
+    chunks = list(plan.chunks(spec))
+    if split == "samples":
+        assert plan.rows == spec.p and len({n0 for n0, _, _, _ in chunks}) > 1
+    else:
+        assert plan.samples == 1 and len({p0 for _, _, p0, _ in chunks}) > 1
+    assert len(list(plan_chunks(spec, itemsize, cuconv.config.workspace_limit).chunks(spec))) == 1
+    whole = _ours(x, w, dy, case.kwargs)
+    with cuconv.config(workspace_limit=limit):
+        chunked = _ours(x, w, dy, case.kwargs)
+    # Small integers: every partial sum is exact, so any order of summation gives the same bits.
+    for name, got, expected, ref in zip(("dx", "dw"), chunked, whole, _torch_grads(*_f64(x, w, dy), case.kwargs)):
+        numpy.testing.assert_array_equal(got, expected, err_msg=name)
+        numpy.testing.assert_array_equal(got, ref, err_msg=name)
+
+
+@pytest.mark.parametrize("case_id", ["k5x9_d2x3_p2x4", "stride2x3_pad1x2", "groups2", "same_even_4x2",
+                                     "pointwise_1x1", "stride2_uncovered_tail"])
+def test_unbatched_forms(case_id):
+    case = _by_id(case_id)
+    x, w, dy = _problem(case)
+    dx = cuconv.conv2d_input(x.shape[1:], w, dy[1], **case.kwargs)
+    dw = cuconv.conv2d_weight(x[1], w.shape, dy[1], **case.kwargs)
+    assert dx.shape == x.shape[1:]
+    assert dw.shape == w.shape
+    numpy.testing.assert_array_equal(dx, cuconv.conv2d_input((1,) + x.shape[1:], w, dy[1:2], **case.kwargs)[0])
+    numpy.testing.assert_array_equal(dw, cuconv.conv2d_weight(x[1:2], w.shape, dy[1:2], **case.kwargs))
+    ref_dx, ref_dw = _torch_grads(x[1], w, dy[1], case.kwargs)
+    assert rel_err(dx, ref_dx) <= tolerance(numpy.float64)
+    assert rel_err(dw, ref_dw) <= tolerance(numpy.float64)
+
+
+@pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32, numpy.float16], ids=lambda d: numpy.dtype(d).name)
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", [
+    pytest.param((0, 3, 9, 8), (5, 3, 2, 3), dict(stride=2, padding=(0, 1)), id="no_samples"),
+    pytest.param((0, 4, 6, 7), (6, 2, 3, 3), dict(groups=2, padding="same"), id="no_samples_groups2"),
+    pytest.param((2, 3, 6, 7), (0, 3, 3, 3), dict(padding=1), id="no_filters"),
+])
+def test_degenerate_gives_zeros(x_shape, w_shape, kwargs, dtype):
+    # Nothing is multiplied: both gradients are zeros of the right shape and dtype, never uninitialised.
+    spec = ConvSpec.from_args(x_shape, w_shape, **kwargs)
+    rng = numpy.random.default_rng(5)
+    x = rng.standard_normal(x_shape).astype(dtype)
+    w = rng.standard_normal(w_shape).astype(dtype)
+    dy = numpy.ones(spec.output_shape, dtype=dtype)
+    for got, shape in ((cuconv.conv2d_input(x_shape, w, dy, **kwargs), x_shape),
+                       (cuconv.conv2d_weight(x, w_shape, dy, **kwargs), w_shape)):
+        assert got.shape == shape
+        assert got.dtype == dtype
+        numpy.testing.assert_array_equal(got, numpy.zeros(shape, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32], ids=lambda d: numpy.dtype(d).name)
+@pytest.mark.parametrize("case", [p for p in CASES + [UNCOVERED_TAIL] if p.id != "empty_batch"])
+def test_noncontiguous_inputs(case, dtype):
+    x, w, dy = _problem(case, dtype)
+    dx, dw = _ours(x, w, dy, case.kwargs)
+    x_nc, w_nc, dy_nc = (noncontiguous(a) for a in (x, w, dy))
+    dx_nc = cuconv.conv2d_input(x.shape, w_nc, dy_nc, **case.kwargs)
+    dw_nc = cuconv.conv2d_weight(x_nc, w.shape, dy_nc, **case.kwargs)
+    assert dx_nc.flags.c_contiguous and dw_nc.flags.c_contiguous
+    numpy.testing.assert_array_equal(dx_nc, dx)
+    numpy.testing.assert_array_equal(dw_nc, dw)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_forced_algo_and_tf32_equal_auto(case):
+    # Every algorithm may be forced; the CPU path computes float32 in IEEE arithmetic whatever is asked.
+    x, w, dy = _problem(case, numpy.float32)
+    auto = _ours(x, w, dy, case.kwargs)
+    variants = [dict(algo=name) for name in cuconv.algorithms()] + [dict(precision="tf32")]
+    for options in variants:
+        for got, expected in zip(_ours(x, w, dy, case.kwargs, **options), auto):
+            numpy.testing.assert_array_equal(got, expected, err_msg=str(options))
+
+
+# ----- col2im: the exact adjoint of im2col ---------------------------------------------------------------
+def _geometry(id_, n, c, h, w, r, s, stride=(1, 1), pad=(0, 0, 0, 0), dilation=(1, 1)):
+    # K and groups do not enter the gather or its adjoint.
+    return pytest.param(ConvSpec(n, c, h, w, 2, r, s, stride, pad, dilation), id=id_)
+
+
+GEOMETRIES = [
+    _geometry("k3x3", 1, 2, 6, 7, 3, 3),
+    _geometry("k3x3_pad1_batch3", 3, 2, 5, 6, 3, 3, pad=(1, 1, 1, 1)),
+    _geometry("k5x2_rect", 2, 1, 9, 5, 5, 2),
+    _geometry("k3x4_s2x3_d2x1_asym_pad", 2, 3, 11, 13, 3, 4, stride=(2, 3), pad=(2, 0, 1, 3), dilation=(2, 1)),
+    _geometry("k2x3_d3x2_same_even", 2, 2, 8, 7, 2, 3, pad=(1, 2, 2, 2), dilation=(3, 2)),
+    _geometry("k3x3_s2_d2_pad3", 2, 2, 9, 8, 3, 3, stride=(2, 2), pad=(3, 3, 3, 3), dilation=(2, 2)),
+    _geometry("k3x2_s2_uncovered_tail", 2, 2, 8, 9, 3, 2, stride=(2, 2)),
+    _geometry("k1x1_s3_gaps", 2, 3, 7, 8, 1, 1, stride=(3, 3)),
+    _geometry("k1x1_s2_pad1", 2, 3, 5, 5, 1, 1, stride=(2, 2), pad=(1, 1, 1, 1)),
+    _geometry("kernel_equals_input", 2, 2, 4, 3, 4, 3),
+    _geometry("pad_only_bottom_right", 1, 2, 5, 5, 3, 3, pad=(0, 2, 0, 2)),
+]
+
+
+def _row_ranges(p):
+    """(p0, rows): the whole output, the first row, the last row, a tail, and a band touching neither end."""
+    ranges = {(0, p), (p - 1, 1)}
+    if p > 1:
+        ranges |= {(0, 1), (1, p - 1)}
+    if p > 2:
+        ranges.add((1, p - 2))
+    return sorted(ranges)
+
+
+def _ints(rng, shape, dtype):
+    return rng.integers(-4, 5, size=shape).astype(dtype)
+
+
+def _col2im(col, spec, p0, rows, dx):
+    col2im_cpu(col, spec, p0, rows, dx)
+    return dx
+
+
+@pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32], ids=lambda d: numpy.dtype(d).name)
+@pytest.mark.parametrize("spec", GEOMETRIES)
+def test_col2im_is_adjoint_of_im2col(spec, dtype):
+    # <im2col(x), y> == <x, col2im(y)> for every x and y; small integers make both sides exact.
+    rng = numpy.random.default_rng(7)
+    x_nchw = _ints(rng, spec.input_shape, dtype)
+    for p0, rows in _row_ranges(spec.p):
+        col_crs_pq = _ints(rng, (spec.n, spec.crs, rows * spec.q), dtype)
+        dx = _col2im(col_crs_pq, spec, p0, rows, numpy.zeros(spec.input_shape, dtype=dtype))
+        lhs = numpy.sum(im2col_cpu(x_nchw, spec, p0, rows).astype(numpy.float64) * col_crs_pq)
+        rhs = numpy.sum(x_nchw.astype(numpy.float64) * dx)
+        assert lhs == rhs, f"p0={p0} rows={rows}"
+
+
+@pytest.mark.parametrize("spec", GEOMETRIES)
+def test_col2im_adds_and_row_chunks_sum_to_whole(spec):
+    # col2im adds into dx; the row chunks of one column matrix, added one after another, give the whole.
+    rng = numpy.random.default_rng(8)
+    col = _ints(rng, (spec.n, spec.crs, spec.p, spec.q), numpy.float64)
+    whole = _col2im(col.reshape(spec.n, spec.crs, -1), spec, 0, spec.p, numpy.zeros(spec.input_shape))
+    start = _ints(rng, spec.input_shape, numpy.float64)
+    dx = start.copy()
+    for p0 in range(0, spec.p, 2):
+        rows = min(2, spec.p - p0)
+        _col2im(numpy.ascontiguousarray(col[:, :, p0:p0 + rows]).reshape(spec.n, spec.crs, -1), spec, p0, rows, dx)
+    numpy.testing.assert_array_equal(dx - start, whole)
+
+
+# ----- misuse ---------------------------------------------------------------------------------------------
+def _arrays():
+    rng = numpy.random.default_rng(42)
+    return types.SimpleNamespace(
+        x=rng.standard_normal((2, 4, 8, 8)),  # (N, C, H, W)
+        w=rng.standard_normal((6, 4, 3, 3)),  # (K, C, R, S)
+        dy=rng.standard_normal((2, 6, 6, 6)),  # (N, K, P, Q)
+    )
+
+
+def _resolve(a, kwargs):
+    return {k: (v(a) if callable(v) else v) for k, v in kwargs.items()}
+
+
+def _dgrad(**kwargs):
+    """A call of conv2d_input on the valid arrays above with some arguments replaced."""
+    def call(a):
+        args = dict(input_size=a.x.shape, weight=a.w, grad_output=a.dy)
+        args.update(_resolve(a, kwargs))
+        return cuconv.conv2d_input(args.pop("input_size"), args.pop("weight"), args.pop("grad_output"), **args)
+    return call
+
+
+def _wgrad(**kwargs):
+    """A call of conv2d_weight on the valid arrays above with some arguments replaced."""
+    def call(a):
+        args = dict(x=a.x, weight_size=a.w.shape, grad_output=a.dy)
+        args.update(_resolve(a, kwargs))
+        return cuconv.conv2d_weight(args.pop("x"), args.pop("weight_size"), args.pop("grad_output"), **args)
+    return call
+
+
+MISUSES = [
+    # ----- grad_output that does not fit the convolution ----------------------------------------------
+    pytest.param(_dgrad(grad_output=lambda a: a.dy[:, :, :5]), ValueError,
+                 r"Expected grad_output of size \[2, 6, 6, 6\] for this convolution, but got grad_output of "
+                 r"size \[2, 6, 5, 6\]", id="dgrad_grad_output_spatial"),
+    pytest.param(_dgrad(input_size=(3, 4, 8, 8)), ValueError,
+                 r"Expected grad_output of size \[3, 6, 6, 6\] for this convolution, but got grad_output of "
+                 r"size \[2, 6, 6, 6\]", id="dgrad_grad_output_batch"),
+    pytest.param(_dgrad(grad_output=lambda a: a.dy[None]), ValueError,
+                 r"Expected grad_output of size \[2, 6, 6, 6\] .* but got grad_output of size \[1, 2, 6, 6, 6\]",
+                 id="dgrad_grad_output_5d"),
+    pytest.param(_dgrad(grad_output=lambda a: a.dy[0, 0]), ValueError,
+                 r"Expected grad_output of size \[2, 6, 6, 6\] .* but got grad_output of size \[6, 6\]",
+                 id="dgrad_grad_output_2d"),
+    pytest.param(_dgrad(input_size=(4, 8, 8)), ValueError,
+                 r"Expected grad_output of size \[1, 6, 6, 6\] .* but got grad_output of size \[2, 6, 6, 6\]",
+                 id="dgrad_unbatched_size_batched_grad_output"),
+    pytest.param(_wgrad(grad_output=lambda a: a.dy[:1]), ValueError,
+                 r"Expected grad_output of size \[2, 6, 6, 6\] for this convolution, but got grad_output of "
+                 r"size \[1, 6, 6, 6\]", id="wgrad_grad_output_batch"),
+    pytest.param(_wgrad(grad_output=lambda a: a.dy[:, :5]), ValueError,
+                 r"Expected grad_output of size \[2, 6, 6, 6\] .* but got grad_output of size \[2, 5, 6, 6\]",
+                 id="wgrad_grad_output_channels"),
+    pytest.param(_wgrad(x=lambda a: a.x[0]), ValueError,
+                 r"Expected grad_output of size \[1, 6, 6, 6\] .* but got grad_output of size \[2, 6, 6, 6\]",
+                 id="wgrad_unbatched_input_batched_grad_output"),
+    # ----- input_size and weight_size -------------------------------------------------------------------
+    pytest.param(_dgrad(input_size=(8, 8)), ValueError, r"input_size must have 3 or 4 entries, got \[8, 8\]",
+                 id="input_size_len2"),
+    pytest.param(_dgrad(input_size=(1, 2, 4, 8, 8)), ValueError,
+                 r"input_size must have 3 or 4 entries, got \[1, 2, 4, 8, 8\]", id="input_size_len5"),
+    pytest.param(_dgrad(input_size=(2, -4, 8, 8)), TypeError,
+                 r"input_size must be a tuple of non-negative ints, got \(2, -4, 8, 8\)", id="input_size_negative"),
+    pytest.param(_dgrad(input_size=(2, 4, 8.0, 8)), TypeError,
+                 r"input_size must be a tuple of non-negative ints, got \(2, 4, 8\.0, 8\)", id="input_size_float"),
+    pytest.param(_dgrad(input_size=(2, 4, True, 8)), TypeError,
+                 r"input_size must be a tuple of non-negative ints, got \(2, 4, True, 8\)", id="input_size_bool"),
+    pytest.param(_dgrad(input_size=8), TypeError, r"input_size must be a tuple of non-negative ints, got 8$",
+                 id="input_size_scalar"),
+    pytest.param(_dgrad(input_size=None), TypeError, r"input_size must be a tuple of non-negative ints, got None",
+                 id="input_size_none"),
+    pytest.param(_dgrad(input_size=(2, 5, 8, 8)), ValueError,
+                 r"Given groups=1, weight of size \[6, 4, 3, 3\], expected input\[2, 5, 8, 8\] to have 4 "
+                 r"channels, but got 5 channels instead", id="input_size_channels"),
+    pytest.param(_wgrad(weight_size=(6, 4, 3)), ValueError, r"weight_size must have 4 entries, got \[6, 4, 3\]",
+                 id="weight_size_len3"),
+    pytest.param(_wgrad(weight_size=(6, 4, 3, 3, 1)), ValueError,
+                 r"weight_size must have 4 entries, got \[6, 4, 3, 3, 1\]", id="weight_size_len5"),
+    pytest.param(_wgrad(weight_size=(6, 4, -3, 3)), TypeError,
+                 r"weight_size must be a tuple of non-negative ints, got \(6, 4, -3, 3\)", id="weight_size_negative"),
+    pytest.param(_wgrad(weight_size="6433"), TypeError,
+                 r"weight_size must be a tuple of non-negative ints, got '6433'", id="weight_size_str"),
+    pytest.param(_wgrad(weight_size=(6, 5, 3, 3)), ValueError,
+                 r"Given groups=1, weight of size \[6, 5, 3, 3\], expected input\[2, 4, 8, 8\] to have 5 "
+                 r"channels, but got 4 channels instead", id="weight_size_channels"),
+    # ----- ranks ----------------------------------------------------------------------------------------
+    pytest.param(_dgrad(weight=lambda a: a.w[0]), ValueError,
+                 r"Expected 4D weight \(out_channels, in_channels/groups, kH, kW\), but got weight of size: "
+                 r"\[4, 3, 3\]", id="dgrad_weight_3d"),
+    pytest.param(_wgrad(x=lambda a: a.x[0, 0]), ValueError,
+                 r"Expected 3D \(unbatched\) or 4D \(batched\) input to conv2d, but got input of size: \[8, 8\]",
+                 id="wgrad_input_2d"),
+    pytest.param(_wgrad(x=lambda a: a.x[None]), ValueError,
+                 r"Expected 3D \(unbatched\) or 4D \(batched\) input to conv2d, but got input of size: "
+                 r"\[1, 2, 4, 8, 8\]", id="wgrad_input_5d"),
+    # ----- dtypes -------------------------------------------------------------------------------------
+    pytest.param(_dgrad(weight=lambda a: a.w.astype(numpy.float32)), TypeError,
+                 r"(?i)grad_output type \(float64\) and weight type \(float32\) should be the same",
+                 id="dgrad_dtype_mismatch"),
+    pytest.param(_wgrad(x=lambda a: a.x.astype(numpy.float32)), TypeError,
+                 r"Input type \(float32\) and grad_output type \(float64\) should be the same",
+                 id="wgrad_dtype_mismatch"),
+    pytest.param(_dgrad(weight=lambda a: a.w.astype(numpy.int64), grad_output=lambda a: a.dy.astype(numpy.int64)),
+                 TypeError, r"cuconv: grad_output dtype int64 is not supported; expected one of .*float16.*float32",
+                 id="dgrad_dtype_integer"),
+    pytest.param(_wgrad(x=lambda a: a.x.astype(numpy.int64), grad_output=lambda a: a.dy.astype(numpy.int64)),
+                 TypeError, r"cuconv: input dtype int64 is not supported; expected one of .*float16.*float32",
+                 id="wgrad_dtype_integer"),
+    # ----- non-arrays, and NumPy mixed with something else ----------------------------------------------
+    pytest.param(_dgrad(grad_output=lambda a: a.dy.tolist()), TypeError,
+                 r"conv2d\(\): argument 'grad_output' must be a NumPy or CuPy array, not list$",
+                 id="dgrad_grad_output_list"),
+    pytest.param(_dgrad(weight=lambda a: a.w.tolist()), TypeError,
+                 r"conv2d\(\): argument 'weight' must be a NumPy or CuPy array, not list$", id="dgrad_weight_list"),
+    pytest.param(_wgrad(x=lambda a: a.x.tolist()), TypeError,
+                 r"conv2d\(\): argument 'input' must be a NumPy or CuPy array, not list$", id="wgrad_input_list"),
+    pytest.param(_wgrad(grad_output=lambda a: a.dy.tolist()), TypeError,
+                 r"conv2d\(\): argument 'grad_output' must be a NumPy or CuPy array, not list$",
+                 id="wgrad_grad_output_list"),
+    pytest.param(_wgrad(x=lambda a: torch.from_numpy(a.x)), TypeError,
+                 r"argument 'input' must be a NumPy or CuPy array, not Tensor; for torch tensors use "
+                 r"cuconv\.nn\.functional\.conv2d", id="wgrad_input_torch_tensor"),
+    # ----- geometry (checked by ConvSpec, as for the forward) ---------------------------------------------
+    pytest.param(_dgrad(groups=4), ValueError,
+                 r"Given groups=4, expected weight to be divisible by 4 at dimension 0, but got weight of size "
+                 r"\[6, 4, 3, 3\] instead", id="dgrad_groups_not_dividing_K"),
+    pytest.param(_wgrad(stride=0), ValueError, r"non-positive stride is not supported", id="wgrad_stride_0"),
+    pytest.param(_dgrad(stride=2, padding="same"), ValueError,
+                 r"padding='same' is not supported for strided convolutions", id="dgrad_same_strided"),
+    pytest.param(_wgrad(weight_size=(6, 4, 9, 3)), ValueError,
+                 r"Calculated padded input size per channel: \(8 x 8\)\. Kernel size: \(9 x 3\)\.",
+                 id="wgrad_kernel_larger_than_input"),
+    # ----- algo and precision -----------------------------------------------------------------------------
+    pytest.param(_dgrad(algo="winograd"), ValueError,
+                 r"cuconv: unknown algo 'winograd'; expected 'auto' or one of \('im2col_gemm',", id="dgrad_algo_unknown"),
+    pytest.param(_wgrad(algo="winograd"), ValueError, r"cuconv: unknown algo 'winograd'", id="wgrad_algo_unknown"),
+    pytest.param(_dgrad(algo=None), TypeError, r"conv2d\(\): argument 'algo' must be str, not NoneType",
+                 id="dgrad_algo_not_str"),
+    pytest.param(_wgrad(precision="fp8"), ValueError,
+                 r"cuconv: precision must be None or one of \('ieee', 'tf32'\), got 'fp8'", id="wgrad_precision_unknown"),
+]
+
+
+@pytest.mark.parametrize("misuse,exc,message", MISUSES)
+def test_misuse_raises(misuse, exc, message):
+    with pytest.raises(exc, match=message):
+        misuse(_arrays())

@@ -1,0 +1,148 @@
+"""GPU dgrad (conv2d_input) and wgrad (conv2d_weight) on CuPy arrays against the float64 oracle."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy
+import pytest
+
+import cuconv
+from cases import CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, bound, make_inputs, rel_err
+from test_conv_gpu import MODE_IDS, MODES, _dtype, _to_gpu
+
+pytestmark = pytest.mark.gpu
+
+
+def _oracle_grads(x, w, dy, kwargs):
+    """(dx, dw) from torch's autograd in float64 on the CPU."""
+    import torch
+
+    xt = torch.from_numpy(x).requires_grad_()
+    wt = torch.from_numpy(w).requires_grad_()
+    torch.nn.functional.conv2d(xt, wt, **kwargs).backward(torch.from_numpy(dy))
+    return xt.grad.numpy(), wt.grad.numpy()
+
+
+def _torch_gpu_grads(x, w, dy, dtype_name, kwargs):
+    import torch
+
+    torch.backends.cudnn.allow_tf32 = False
+    tdt = getattr(torch, dtype_name)
+    xt = torch.from_numpy(x).cuda().to(tdt).requires_grad_()
+    wt = torch.from_numpy(w).cuda().to(tdt).requires_grad_()
+    torch.nn.functional.conv2d(xt, wt, **kwargs).backward(torch.from_numpy(dy).cuda().to(tdt))
+    return xt.grad.double().cpu().numpy(), wt.grad.double().cpu().numpy()
+
+
+def _inputs(case, seed, dtype, integer=False):
+    """x, w, dy quantised to ``dtype`` (as float64), so the oracle sees what the kernels see."""
+    from cases import reference
+
+    x, w, _ = make_inputs(case, seed=seed, integer=integer)
+    y_shape = reference(x, w, **case.kwargs).shape
+    rng = numpy.random.default_rng(seed + 1)
+    dy = rng.integers(-3, 4, size=y_shape).astype(numpy.float64) if integer else rng.standard_normal(y_shape)
+    q = lambda a: a.astype(dtype).astype(numpy.float64)
+    return q(x), q(w), q(dy)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("case", CASES + PROBLEM_CASES)
+def test_grads_match_oracle(case, mode):
+    import cupy
+
+    dtype_name, precision = mode
+    dtype = _dtype(dtype_name)
+    x, w, dy = _inputs(case, 11, dtype)
+    ref_dx, ref_dw = _oracle_grads(x, w, dy, case.kwargs)
+    dx = cuconv.conv2d_input(x.shape, _to_gpu(w, dtype), _to_gpu(dy, dtype), precision=precision, **case.kwargs)
+    dw = cuconv.conv2d_weight(_to_gpu(x, dtype), w.shape, _to_gpu(dy, dtype), precision=precision, **case.kwargs)
+    assert dx.dtype == dtype and dw.dtype == dtype
+    got_dx, got_dw = cupy.asnumpy(dx).astype(numpy.float64), cupy.asnumpy(dw).astype(numpy.float64)
+    for got, ref, what in ((got_dx, ref_dx, "dgrad"), (got_dw, ref_dw, "wgrad")):
+        err = rel_err(got, ref)
+        assert err <= bound(ref, dtype, precision), f"{what} {err:.2e}"
+    if dtype_name in ("float16", "bfloat16"):
+        t_dx, t_dw = _torch_gpu_grads(x, w, dy, dtype_name, case.kwargs)
+        for ours, theirs, ref, what in ((got_dx, t_dx, ref_dx, "dgrad"), (got_dw, t_dw, ref_dw, "wgrad")):
+            torch_err = rel_err(theirs, ref)
+            assert rel_err(ours, ref) <= max(TORCH_ERROR_FACTOR * torch_err, 1e-7), f"{what} vs torch {torch_err:.2e}"
+
+
+@pytest.mark.parametrize("dtype_name", ["float64", "float32"])
+@pytest.mark.parametrize("case", CASES + PROBLEM_CASES)
+def test_gpu_grads_equal_cpu_exactly_on_integers(case, dtype_name):
+    import cupy
+
+    dtype = numpy.dtype(dtype_name)
+    x, w, dy = _inputs(case, 12, dtype, integer=True)
+    kw = dict(case.kwargs)
+    cpu_dx = cuconv.conv2d_input(x.shape, w.astype(dtype), dy.astype(dtype), **kw)
+    cpu_dw = cuconv.conv2d_weight(x.astype(dtype), w.shape, dy.astype(dtype), **kw)
+    gpu_dx = cuconv.conv2d_input(x.shape, _to_gpu(w, dtype), _to_gpu(dy, dtype), precision="ieee", **kw)
+    gpu_dw = cuconv.conv2d_weight(_to_gpu(x, dtype), w.shape, _to_gpu(dy, dtype), precision="ieee", **kw)
+    numpy.testing.assert_array_equal(cupy.asnumpy(gpu_dx), cpu_dx)
+    numpy.testing.assert_array_equal(cupy.asnumpy(gpu_dw), cpu_dw)
+
+
+@pytest.mark.parametrize("rows", [1, 2], ids=["one_row_chunks", "two_row_chunks"])
+@pytest.mark.parametrize("case", [c for c in CASES if c.id in ("k5x9_d2x3_p2x4", "groups2", "depthwise",
+                                                               "stride2_dil2_pad3", "same_even_dil3")])
+def test_chunked_grads_equal_one_chunk(case, rows):
+    """Row chunks (dgrad accumulating halo rows) and sample chunks give the one-chunk gradients."""
+    import cupy
+
+    from cuconv.im2col_gemm import chunk_bytes, plan_chunks
+
+    case = dataclasses.replace(case, x_shape=(3,) + case.x_shape[1:])
+    x, w, dy = _inputs(case, 13, numpy.float32, integer=True)
+    xg, wg, dyg = (_to_gpu(a, numpy.float32) for a in (x, w, dy))
+    whole_dx = cuconv.conv2d_input(x.shape, wg, dyg, **case.kwargs)
+    whole_dw = cuconv.conv2d_weight(xg, w.shape, dyg, **case.kwargs)
+    spec = cuconv.ConvSpec.from_args(x.shape, w.shape, **case.kwargs)
+    limit = chunk_bytes(spec, 1, rows, 4)
+    assert plan_chunks(spec, 4, limit, overlap=False).rows < spec.p
+    with cuconv.config(workspace_limit=limit):
+        dx = cuconv.conv2d_input(x.shape, wg, dyg, **case.kwargs)
+        dw = cuconv.conv2d_weight(xg, w.shape, dyg, **case.kwargs)
+    numpy.testing.assert_array_equal(cupy.asnumpy(dx), cupy.asnumpy(whole_dx))
+    numpy.testing.assert_array_equal(cupy.asnumpy(dw), cupy.asnumpy(whole_dw))
+
+
+def test_grads_are_deterministic():
+    """No atomics: two runs on random float32 data agree bit for bit."""
+    import cupy
+
+    case = PROBLEM_CASES[0].values[0]
+    x, w, dy = _inputs(case, 14, numpy.float32)
+    xg, wg, dyg = (_to_gpu(a, numpy.float32) for a in (x, w, dy))
+    first = [cupy.asnumpy(cuconv.conv2d_input(x.shape, wg, dyg, **case.kwargs)),
+             cupy.asnumpy(cuconv.conv2d_weight(xg, w.shape, dyg, **case.kwargs))]
+    second = [cupy.asnumpy(cuconv.conv2d_input(x.shape, wg, dyg, **case.kwargs)),
+              cupy.asnumpy(cuconv.conv2d_weight(xg, w.shape, dyg, **case.kwargs))]
+    for a, b in zip(first, second):
+        numpy.testing.assert_array_equal(a, b)
+
+
+def test_col2im_kernel_is_the_adjoint_of_im2col():
+    """<im2col(x), c> == <x, col2im(c)> exactly on integers, with a row sub-range and accumulation."""
+    import cupy
+
+    from cuconv.col2im import col2im_gpu
+    from cuconv.im2col import im2col_gpu, row_pitch
+
+    rng = numpy.random.default_rng(15)
+    x = rng.integers(-3, 4, size=(2, 3, 13, 11)).astype(numpy.float64)
+    for kwargs in ({}, dict(stride=(2, 3), padding=(1, 2), dilation=(2, 1)), dict(padding=(2, 4), dilation=(2, 3))):
+        spec = cuconv.ConvSpec.from_args(x.shape, (4, 3, 3, 4), **kwargs)
+        for p0, rows in ((0, spec.p), (1, max(1, spec.p - 2))):
+            pitch = row_pitch(rows * spec.q, 8)
+            col = cupy.empty((2, spec.crs, pitch))
+            im2col_gpu(cupy.asarray(x), spec, p0, rows, col)
+            c = rng.integers(-3, 4, size=col.shape).astype(numpy.float64)
+            c[..., rows * spec.q:] = 0
+            dx = cupy.zeros(x.shape)
+            col2im_gpu(cupy.asarray(c), spec, p0, rows, dx, accumulate=True)
+            lhs = float((cupy.asnumpy(col)[..., :rows * spec.q] * c[..., :rows * spec.q]).sum())
+            assert lhs == float((x * cupy.asnumpy(dx)).sum())

@@ -1,0 +1,486 @@
+"""``cuconv.nn`` on CPU tensors: ``functional.conv2d`` (custom ops with an autograd formula), the ``Conv2d``
+drop-in, ``convert`` and ``torch.compile``, all against torch in float64.
+
+Double backward is not supported: the backward ops ``cuconv::conv2d_input``/``conv2d_weight``/
+``conv2d_bias_grad`` have no autograd formula of their own, and torch says so when asked to differentiate
+through them (pinned below).
+"""
+
+import copy
+
+import ml_dtypes
+import numpy
+import pytest
+import torch
+
+import cuconv.backward
+import cuconv.nn
+import cuconv.nn.functional as F
+from cases import CASES, TORCH_ERROR_FACTOR, make_inputs, rel_err, tolerance
+
+# torch notes that 'same' with an even kernel may copy the input; the oracle does not care.
+pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel:UserWarning")
+
+F64_TOL = tolerance(numpy.float64)
+
+
+def _tensors(case, dtype=torch.float64, seed=0):
+    """(x, w, b-or-None) of ``case`` as leaf tensors of ``dtype`` that require grad."""
+    return tuple(None if a is None else torch.from_numpy(a).to(dtype).requires_grad_()
+                 for a in make_inputs(case, seed=seed))
+
+
+def _grad_output(y, seed=1):
+    return torch.from_numpy(numpy.random.default_rng(seed).standard_normal(tuple(y.shape))).to(y.dtype)
+
+
+def _forward_and_grads(conv, tensors, kwargs, dy=None):
+    """[y, grad of each tensor that requires grad] for ``conv(*tensors, **kwargs)`` and grad_output ``dy``."""
+    y = conv(*tensors, **kwargs)
+    live = [t for t in tensors if t is not None and t.requires_grad]
+    grads = torch.autograd.grad(y, live, _grad_output(y) if dy is None else dy)
+    return [y.detach()] + list(grads)
+
+
+def _as_f64(tensors):
+    return tuple(None if t is None else t.detach().double().requires_grad_(t.requires_grad) for t in tensors)
+
+
+def _assert_all_close(got, expected, tol=F64_TOL):
+    assert len(got) == len(expected)
+    for i, (a, b) in enumerate(zip(got, expected)):
+        assert a.shape == b.shape, i
+        assert rel_err(a.detach().double().numpy(), b.detach().double().numpy()) <= tol, i
+
+
+# ----- functional.conv2d ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", CASES)
+def test_forward_and_grads_match_torch_float64(case):
+    tensors = _tensors(case)
+    ours = _forward_and_grads(F.conv2d, tensors, case.kwargs)
+    assert ours[0].dtype == torch.float64
+    _assert_all_close(ours, _forward_and_grads(torch.nn.functional.conv2d, tensors, case.kwargs))
+
+
+# A result rounded once to a half precision is off by at most the unit roundoff in every element. The
+# normwise tolerance assumes many elements; a handful (a bias gradient of 4) is held to that bound instead.
+UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+NUMPY_DTYPE = {torch.float16: numpy.float16, torch.bfloat16: ml_dtypes.bfloat16}
+FEW_ELEMENTS = 64
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("case", CASES)
+def test_half_precisions_no_worse_than_torch(case, dtype):
+    # torch's CPU backend runs float16 and bfloat16 conv2d forward and backward (checked with torch 2.13),
+    # so "≤ 2x torch's own error, both against float64 of the same rounded values" applies to every output.
+    tensors = _tensors(case, dtype)
+    dy = _grad_output(torch.nn.functional.conv2d(*_as_f64(tensors), **case.kwargs)).to(dtype)
+    ours = _forward_and_grads(F.conv2d, tensors, case.kwargs, dy)
+    theirs = _forward_and_grads(torch.nn.functional.conv2d, tensors, case.kwargs, dy)
+    refs = _forward_and_grads(torch.nn.functional.conv2d, _as_f64(tensors), case.kwargs, dy.double())
+    for i, (got, torch_got, ref) in enumerate(zip(ours, theirs, refs)):
+        assert got.dtype == dtype, i
+        err = rel_err(got.double().numpy(), ref.numpy())
+        torch_err = rel_err(torch_got.double().numpy(), ref.numpy())
+        bound = tolerance(NUMPY_DTYPE[dtype])
+        if got.numel() < FEW_ELEMENTS:
+            bound = max(bound, UNIT_ROUNDOFF[dtype])
+        assert err <= bound, i
+        assert err <= TORCH_ERROR_FACTOR * torch_err, i
+
+
+GRADCHECK_CASES = [
+    pytest.param((2, 2, 5, 4), (3, 2, 3, 2), True, dict(), id="bias"),
+    pytest.param((1, 4, 5, 5), (4, 2, 3, 3), True, dict(groups=2, padding=1), id="groups2"),
+    pytest.param((1, 3, 5, 4), (3, 1, 2, 2), False, dict(groups=3), id="depthwise"),
+    pytest.param((2, 2, 7, 6), (2, 2, 2, 3), True, dict(stride=(2, 1), dilation=(1, 2), padding=(1, 2)),
+                 id="stride_dilation_padding"),
+    pytest.param((1, 2, 5, 6), (2, 2, 2, 4), True, dict(padding="same"), id="same_even_kernel"),
+    pytest.param((2, 5, 5), (3, 2, 3, 3), True, dict(padding=1), id="unbatched"),
+]
+
+
+@pytest.mark.parametrize("x_shape,w_shape,bias,kwargs", GRADCHECK_CASES)
+def test_gradcheck(x_shape, w_shape, bias, kwargs):
+    gen = torch.Generator().manual_seed(11)
+    make = lambda shape: torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
+    inputs = (make(x_shape), make(w_shape)) + ((make(w_shape[:1]),) if bias else ())
+    assert torch.autograd.gradcheck(lambda *t: F.conv2d(*t, **kwargs), inputs)
+
+
+@pytest.mark.parametrize("wrt,op", [(0, "conv2d_input"), (1, "conv2d_weight"), (2, "conv2d_bias_grad")],
+                         ids=["dx", "dw", "db"])
+def test_double_backward_raises(wrt, op):
+    # Not supported: differentiating a first derivative fails, clearly and naming the backward op.
+    gen = torch.Generator().manual_seed(12)
+    inputs = [torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
+              for shape in ((1, 2, 5, 4), (3, 2, 3, 3), (3,))]
+    y = F.conv2d(*inputs, padding=1)
+    (first,) = torch.autograd.grad(y.square().sum(), inputs[wrt], create_graph=True)
+    message = rf"Trying to backward through cuconv\.{op}\.default but no autograd formula was registered"
+    with pytest.raises(RuntimeError, match=message):
+        first.sum().backward()
+    if wrt == 0:
+        with pytest.raises(RuntimeError, match=r"no autograd formula was registered"):
+            torch.autograd.gradgradcheck(lambda *t: F.conv2d(*t, padding=1), tuple(inputs))
+
+
+@pytest.mark.parametrize("needs", [(True, False, False), (False, True, False), (False, False, True),
+                                   (True, True, False)], ids=["x", "w", "b", "x_w"])
+def test_backward_runs_only_needed_grads(needs, monkeypatch):
+    calls = []
+    for name in ("dgrad_spec", "wgrad_spec"):
+        real = getattr(cuconv.backward, name)
+        monkeypatch.setattr(cuconv.backward, name,
+                            lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    gen = torch.Generator().manual_seed(13)
+    x, w, b = (torch.randn(shape, generator=gen, dtype=torch.float64).requires_grad_(need)
+               for shape, need in zip(((2, 3, 6, 5), (4, 3, 3, 3), (4,)), needs))
+    y = F.conv2d(x, w, b, padding=1)
+    y.backward(_grad_output(y))
+    assert calls == [name for name, need in zip(("dgrad_spec", "wgrad_spec"), needs) if need]
+    assert [t.grad is not None for t in (x, w, b)] == list(needs)
+    _assert_all_close([t.grad for t in (x, w, b) if t.requires_grad],
+                      _forward_and_grads(torch.nn.functional.conv2d, (x, w, b), dict(padding=1),
+                                         _grad_output(y))[1:])
+
+
+def test_noncontiguous_tensors_and_expanded_grad_output():
+    # channels_last input and weight, a transposed view, and y.sum()'s grad_output (an expanded tensor of
+    # stride 0) all cross into the arrays as the values they hold.
+    gen = torch.Generator().manual_seed(14)
+    x = torch.randn(2, 3, 9, 7, generator=gen, dtype=torch.float64).to(memory_format=torch.channels_last)
+    w = torch.randn(4, 3, 3, 2, generator=gen, dtype=torch.float64).to(memory_format=torch.channels_last)
+    b = torch.randn(8, generator=gen, dtype=torch.float64)[::2]
+    xt = torch.randn(2, 3, 7, 9, generator=gen, dtype=torch.float64).transpose(2, 3)
+    for inputs in ((x, w, b), (xt, w, b)):
+        inputs = tuple(t.requires_grad_() for t in inputs)
+        assert not any(t.is_contiguous() for t in inputs)
+        got = [F.conv2d(*inputs, stride=(2, 1), padding=1).sum()]
+        got += torch.autograd.grad(got[0], inputs)
+        expected = [torch.nn.functional.conv2d(*inputs, stride=(2, 1), padding=1).sum()]
+        expected += torch.autograd.grad(expected[0], inputs)
+        _assert_all_close(got, expected)
+
+
+def _misuse(**kwargs):
+    """A call of cuconv.nn.functional.conv2d on valid float64 tensors with some arguments replaced."""
+    def call():
+        gen = torch.Generator().manual_seed(15)
+        args = dict(input=torch.randn(2, 4, 8, 8, generator=gen, dtype=torch.float64),
+                    weight=torch.randn(6, 4, 3, 3, generator=gen, dtype=torch.float64),
+                    bias=torch.randn(6, generator=gen, dtype=torch.float64))
+        args.update({k: (v(args) if callable(v) else v) for k, v in kwargs.items()})
+        return F.conv2d(args.pop("input"), args.pop("weight"), args.pop("bias"), **args)
+    return call
+
+
+MISUSES = [
+    # ----- non-tensors -----------------------------------------------------------------------------------
+    pytest.param(_misuse(input=lambda a: a["input"].numpy()), TypeError,
+                 r"conv2d\(\): argument 'input' must be Tensor, not ndarray", id="input_numpy"),
+    pytest.param(_misuse(input=lambda a: a["input"].tolist()), TypeError,
+                 r"conv2d\(\): argument 'input' must be Tensor, not list", id="input_list"),
+    pytest.param(_misuse(weight=lambda a: a["weight"].numpy()), TypeError,
+                 r"conv2d\(\): argument 'weight' must be Tensor, not ndarray", id="weight_numpy"),
+    pytest.param(_misuse(bias=lambda a: a["bias"].tolist()), TypeError,
+                 r"conv2d\(\): argument 'bias' must be Tensor, not list", id="bias_list"),
+    pytest.param(_misuse(weight=None), TypeError, r"conv2d\(\): argument 'weight' must be Tensor, not NoneType",
+                 id="weight_none",
+                 marks=pytest.mark.xfail(strict=True, raises=AttributeError,
+                                         reason="cuconv bug: weight=None skips the type check and fails with "
+                                                "AttributeError: 'NoneType' object has no attribute 'dim'")),
+    # ----- ranks -----------------------------------------------------------------------------------------
+    pytest.param(_misuse(input=lambda a: a["input"][0, 0]), ValueError,
+                 r"Expected 3D \(unbatched\) or 4D \(batched\) input to conv2d, but got input of size: \[8, 8\]",
+                 id="input_2d"),
+    pytest.param(_misuse(input=lambda a: a["input"][None]), ValueError,
+                 r"Expected 3D \(unbatched\) or 4D \(batched\) input to conv2d, but got input of size: "
+                 r"\[1, 2, 4, 8, 8\]", id="input_5d"),
+    pytest.param(_misuse(weight=lambda a: a["weight"][0]), ValueError,
+                 r"Expected 4D weight \(out_channels, in_channels/groups, kH, kW\) for conv2d, but got weight "
+                 r"of size: \[4, 3, 3\]", id="weight_3d"),
+    # ----- dtypes ----------------------------------------------------------------------------------------
+    pytest.param(_misuse(weight=lambda a: a["weight"].float()), TypeError,
+                 r"Input type \(torch\.float64\) and weight type \(torch\.float32\) should be the same",
+                 id="dtype_mismatch_weight"),
+    pytest.param(_misuse(bias=lambda a: a["bias"].half()), TypeError,
+                 r"Input type \(torch\.float64\) and bias type \(torch\.float16\) should be the same",
+                 id="dtype_mismatch_bias"),
+    pytest.param(_misuse(input=lambda a: a["input"].long(), weight=lambda a: a["weight"].long(), bias=None),
+                 TypeError, r"cuconv: input dtype torch\.int64 is not supported; expected one of torch\.float16, "
+                 r"torch\.bfloat16, torch\.float32, torch\.float64", id="dtype_int64"),
+    pytest.param(_misuse(input=lambda a: a["input"].int(), weight=lambda a: a["weight"].int(), bias=None),
+                 TypeError, r"cuconv: input dtype torch\.int32 is not supported", id="dtype_int32"),
+    pytest.param(_misuse(input=lambda a: a["input"].cdouble(), weight=lambda a: a["weight"].cdouble(), bias=None),
+                 TypeError, r"cuconv: input dtype torch\.complex128 is not supported", id="dtype_complex"),
+    # ----- bias, geometry, device ------------------------------------------------------------------------
+    pytest.param(_misuse(bias=lambda a: a["bias"][:5]), ValueError,
+                 r"Given weight of size \[6, 4, 3, 3\], expected bias to be 1-dimensional with 6 elements, but "
+                 r"got bias of size \[5\] instead", id="bias_wrong_length"),
+    pytest.param(_misuse(bias=lambda a: a["bias"][None]), ValueError,
+                 r"expected bias to be 1-dimensional with 6 elements, but got bias of size \[1, 6\] instead",
+                 id="bias_2d"),
+    pytest.param(_misuse(weight=lambda a: a["weight"][:, :3]), ValueError,
+                 r"Given groups=1, weight of size \[6, 3, 3, 3\], expected input\[2, 4, 8, 8\] to have 3 "
+                 r"channels, but got 4 channels instead", id="channel_mismatch"),
+    pytest.param(_misuse(groups=4), ValueError,
+                 r"Given groups=4, expected weight to be divisible by 4 at dimension 0", id="groups_not_dividing_K"),
+    pytest.param(_misuse(padding="same", stride=2), ValueError,
+                 r"padding='same' is not supported for strided convolutions", id="same_strided"),
+    pytest.param(_misuse(weight=lambda a: a["weight"].to("meta")), ValueError,
+                 r"Expected all tensors to be on the same device, but found input on cpu and weight on meta",
+                 id="weight_on_other_device"),
+    # ----- algo ------------------------------------------------------------------------------------------
+    pytest.param(_misuse(algo="winograd"), ValueError,
+                 r"cuconv: unknown algo 'winograd'; expected 'auto' or one of \('im2col_gemm',", id="algo_unknown"),
+    pytest.param(_misuse(algo=None), TypeError, r"conv2d\(\): argument 'algo' must be str, not NoneType",
+                 id="algo_not_str",
+                 marks=pytest.mark.xfail(strict=True, raises=ValueError,
+                                         reason="cuconv inconsistency: cuconv.conv2d raises TypeError for "
+                                                "algo=None, cuconv.nn.functional.conv2d raises ValueError "
+                                                "(\"unknown algo None\")")),
+]
+
+
+@pytest.mark.parametrize("misuse,exc,message", MISUSES)
+def test_misuse_raises(misuse, exc, message):
+    with pytest.raises(exc, match=message):
+        misuse()
+
+
+def _opcheck_samples():
+    gen = torch.Generator().manual_seed(16)
+    t = lambda *shape, grad=False: torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=grad)
+    # stride (2, 1), four-sided padding (top 1, bottom 1, left 0, right 1), dilation (1, 2), groups 2
+    geometry = ([2, 1], [1, 1, 0, 1], [1, 2], 2, "auto", "ieee")
+    ops = torch.ops.cuconv
+    return [
+        pytest.param(ops.conv2d.default, (t(2, 4, 6, 7, grad=True), t(6, 2, 3, 2, grad=True), t(6, grad=True))
+                     + geometry, id="conv2d"),
+        pytest.param(ops.conv2d.default, (t(2, 4, 6, 7, grad=True), t(6, 2, 3, 2, grad=True), None) + geometry,
+                     id="conv2d_no_bias"),
+        pytest.param(ops.conv2d.default, (t(1, 3, 5, 5), t(2, 3, 1, 1), None, [1, 1], [0, 0, 0, 0], [1, 1], 1,
+                                          "auto", "ieee"), id="conv2d_pointwise"),
+        pytest.param(ops.conv2d_input.default, ([2, 4, 6, 7], t(6, 2, 3, 2), t(2, 6, 3, 6)) + geometry,
+                     id="conv2d_input"),
+        pytest.param(ops.conv2d_weight.default, (t(2, 4, 6, 7), [6, 2, 3, 2], t(2, 6, 3, 6)) + geometry,
+                     id="conv2d_weight"),
+        pytest.param(ops.conv2d_bias_grad.default, (t(2, 6, 3, 6),), id="conv2d_bias_grad"),
+    ]
+
+
+@pytest.mark.parametrize("op,args", _opcheck_samples())
+def test_opcheck(op, args):
+    # Schema, autograd registration, fake (meta) implementation and AOT dispatch with dynamic shapes. The
+    # backward ops are checked with inputs that do not require grad: they have no autograd formula.
+    result = torch.library.opcheck(op, args)
+    assert result and all(v == "SUCCESS" for v in result.values()), result
+
+
+# ----- cuconv.nn.Conv2d ------------------------------------------------------------------------------------
+MODULE_CONFIGS = [
+    pytest.param((3, 8, 3), dict(), id="k3"),
+    pytest.param((3, 8, (3, 5)), dict(padding="same"), id="tuple_kernel_same"),
+    pytest.param((4, 6, (3, 2)), dict(stride=2, padding=1, groups=2, bias=False), id="groups2_no_bias"),
+    pytest.param((4, 4, 3), dict(groups=4, dilation=2, padding=2, padding_mode="reflect"), id="depthwise_reflect"),
+    pytest.param((3, 5, (2, 4)), dict(padding="same", dtype=torch.float64), id="same_even_float64"),
+    pytest.param((2, 3, 1), dict(stride=(2, 1), padding=1, padding_mode="circular", bias=False),
+                 id="pointwise_circular"),
+]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("args,kwargs", MODULE_CONFIGS)
+def test_seeded_parameters_bit_identical(args, kwargs, seed):
+    torch.manual_seed(seed)
+    theirs = torch.nn.Conv2d(*args, **kwargs)
+    theirs_rng = torch.get_rng_state()
+    torch.manual_seed(seed)
+    ours = cuconv.nn.Conv2d(*args, **kwargs)
+    assert torch.equal(torch.get_rng_state(), theirs_rng)  # the same draws, in the same order
+    assert torch.equal(ours.weight, theirs.weight)
+    assert ours.weight.dtype == theirs.weight.dtype
+    assert (ours.bias is None) == (theirs.bias is None)
+    assert ours.bias is None or torch.equal(ours.bias, theirs.bias)
+
+
+@pytest.mark.parametrize("direction", ["torch_to_cuconv", "cuconv_to_torch"])
+@pytest.mark.parametrize("args,kwargs", MODULE_CONFIGS)
+def test_state_dict_round_trip(args, kwargs, direction):
+    classes = [torch.nn.Conv2d, cuconv.nn.Conv2d]
+    src_cls, dst_cls = classes if direction == "torch_to_cuconv" else classes[::-1]
+    torch.manual_seed(0)
+    src = src_cls(*args, **kwargs)
+    torch.manual_seed(1)
+    dst = dst_cls(*args, **kwargs)
+    state = src.state_dict()
+    assert list(dst.state_dict()) == list(state)
+    result = dst.load_state_dict(state, strict=True)
+    assert (result.missing_keys, result.unexpected_keys) == ([], [])
+    assert all(torch.equal(dst.state_dict()[key], value) for key, value in state.items())
+
+
+@pytest.mark.parametrize("args,kwargs", MODULE_CONFIGS)
+def test_extra_repr(args, kwargs):
+    theirs = torch.nn.Conv2d(*args, **kwargs)
+    ours = cuconv.nn.Conv2d(*args, **kwargs)
+    assert ours.extra_repr() == theirs.extra_repr()
+    assert repr(ours) == repr(theirs)
+    forced = cuconv.nn.Conv2d(*args, **kwargs, algo="im2col_gemm")
+    assert forced.extra_repr() == f"{theirs.extra_repr()}, algo='im2col_gemm'"
+
+
+def test_is_a_torch_conv2d():
+    conv = cuconv.nn.Conv2d(3, 4, 3)
+    assert isinstance(conv, torch.nn.Conv2d)
+    assert conv.algo == "auto"
+    assert cuconv.nn.Conv2d(3, 4, 3, algo="im2col_gemm").algo == "im2col_gemm"
+
+
+@pytest.mark.parametrize("mode", ["zeros", "reflect", "replicate", "circular"])
+@pytest.mark.parametrize("x_shape,args,kwargs", [
+    pytest.param((2, 3, 7, 8), (3, 4, (3, 2)), dict(stride=(1, 2), padding=(1, 2), dilation=(1, 2)),
+                 id="k3x2_s1x2_p1x2_d1x2"),
+    pytest.param((2, 4, 6, 7), (4, 6, (4, 2)), dict(padding="same", groups=2), id="same_even_groups2"),
+    pytest.param((3, 6, 5), (3, 2, 3), dict(padding=1, bias=False), id="unbatched_no_bias"),
+])
+def test_padding_modes_match_torch(x_shape, args, kwargs, mode):
+    torch.manual_seed(17)
+    theirs = torch.nn.Conv2d(*args, **kwargs, padding_mode=mode, dtype=torch.float64)
+    ours = cuconv.nn.Conv2d(*args, **kwargs, padding_mode=mode, dtype=torch.float64)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(x_shape, dtype=torch.float64, requires_grad=True)
+    results = []
+    for module in (ours, theirs):
+        y = module(x)
+        inputs = [x] + list(module.parameters())
+        results.append([y.detach()] + list(torch.autograd.grad(y, inputs, _grad_output(y))))
+    _assert_all_close(*results)
+
+
+# ----- convert -------------------------------------------------------------------------------------------
+class BasicBlock(torch.nn.Module):
+    """ResNet's basic block, from torch.nn layers."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(cout)
+        self.conv2 = torch.nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(cout)
+        self.downsample = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                              torch.nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + self.downsample(x))
+
+
+class OwnConv(torch.nn.Conv2d):
+    """A user's subclass: convert leaves it alone."""
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 4, (3, 2), padding="same", padding_mode="replicate"),
+                                        torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+        self.block = BasicBlock(4, 6, stride=2)
+        self.mix = OwnConv(6, 6, 1, groups=2)
+        self.head = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.head(self.mix(self.block(self.stem(x))).mean((2, 3)))
+
+
+def _net():
+    torch.manual_seed(18)
+    return Net().double()
+
+
+def _inputs(seed=19):
+    return torch.randn(2, 3, 9, 8, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+PLAIN_CONVS = ["stem.0", "block.conv1", "block.conv2", "block.downsample.0"]
+
+
+@pytest.mark.parametrize("algo", ["auto", "im2col_gemm"])
+def test_convert_replaces_plain_convs_and_keeps_everything_else(algo):
+    model = _net()
+    model.block.eval()  # a mixed training state must survive
+    modules = dict(model.named_modules())
+    params = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    training = {name: m.training for name, m in modules.items()}
+    keys = list(model.state_dict())
+    assert cuconv.nn.convert(model, algo=algo) is model
+    after = dict(model.named_modules())
+    assert list(after) == list(modules)
+    for name, module in after.items():
+        if name in PLAIN_CONVS:
+            assert type(module) is cuconv.nn.Conv2d and module.algo == algo, name
+        else:
+            assert module is modules[name], name
+        assert module.training == training[name], name
+    assert type(model.mix) is OwnConv
+    assert all(p is params[name] for name, p in model.named_parameters())
+    assert all(b is buffers[name] for name, b in model.named_buffers())
+    assert all(p.dtype == torch.float64 for p in model.parameters())
+    assert list(model.state_dict()) == keys
+
+
+def test_convert_single_conv_keeps_parameters_and_hooks():
+    conv = torch.nn.Conv2d(3, 4, 3, padding=1, dtype=torch.float64)
+    seen = []
+    conv.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    new = cuconv.nn.convert(conv)
+    assert type(new) is cuconv.nn.Conv2d
+    assert new.weight is conv.weight and new.bias is conv.bias
+    y = new(_inputs())
+    assert seen == [y.shape]
+    assert rel_err(y.detach().numpy(), conv(_inputs()).detach().numpy()) <= F64_TOL
+
+
+def test_converted_model_trains_like_the_original():
+    reference = _net()
+    model = copy.deepcopy(reference)
+    # Optimizers made before convert: they hold the Parameter objects the converted model keeps using.
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt_ref = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    cuconv.nn.convert(model)
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    for step in range(2):
+        x = _inputs(seed=20 + step)
+        outputs = []
+        for net, optimizer in ((model, opt), (reference, opt_ref)):
+            optimizer.zero_grad()
+            y = net(x)
+            y.square().sum().backward()
+            outputs.append(y.detach())
+            optimizer.step()
+        _assert_all_close([outputs[0]], [outputs[1]])
+        _assert_all_close([p.grad for p in model.parameters()], [p.grad for p in reference.parameters()])
+    _assert_all_close(list(model.parameters()), list(reference.parameters()))
+    _assert_all_close(list(model.buffers()), list(reference.buffers()))
+    assert all(not torch.equal(p, initial[name]) for name, p in model.named_parameters())
+
+
+@pytest.fixture
+def fresh_dynamo():
+    yield
+    torch._dynamo.reset()
+
+
+def test_compiled_converted_model_matches_eager(fresh_dynamo):
+    model = cuconv.nn.convert(_net())
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, fullgraph=True)
+    x = _inputs()
+    results = []
+    for net in (compiled, eager):
+        y = net(x)
+        results.append([y.detach()] + list(torch.autograd.grad(y.square().sum(), list(net.parameters()))))
+    _assert_all_close(*results)
