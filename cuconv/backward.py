@@ -19,8 +19,10 @@ __all__ = ["conv2d_input", "conv2d_weight", "dgrad_spec", "wgrad_spec"]
 
 def _size(value, name: str, ranks=(3, 4)) -> tuple:
     if not (isinstance(value, (tuple, list)) or type(value).__name__ == "Size") or not all(
-            isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 0 for v in value):
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value):
         raise TypeError(f"{name} must be a tuple of non-negative ints, got {value!r}")
+    if any(v < 0 for v in value):
+        raise ValueError(f"{name} must be a tuple of non-negative ints, got {value!r}")
     if len(value) not in ranks:
         raise ValueError(f"{name} must have {' or '.join(map(str, ranks))} entries, got {list(value)}")
     return tuple(int(v) for v in value)

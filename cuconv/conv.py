@@ -62,15 +62,14 @@ def _check_arrays(x, weight, bias, out):
     return kind
 
 
-def _check_dtypes(first_array, second_array, bias, first="input", second="weight"):
+def _check_dtypes(first_array, second_array, bias, first="Input", second="weight"):
     """A supported float dtype, the same for every array (torch's "Input type ... and weight type ...")."""
-    _dtypes.check_float_dtype(first_array.dtype, first)
+    _dtypes.check_float_dtype(first_array.dtype, first.lower() if first == "Input" else first)
     if second_array.dtype != first_array.dtype:
-        raise TypeError(f"{first.capitalize()} type ({first_array.dtype}) and {second} type "
-                        f"({second_array.dtype}) should be the same")
-    if bias is not None and bias.dtype != first_array.dtype:
-        raise TypeError(f"{first.capitalize()} type ({first_array.dtype}) and bias type ({bias.dtype}) "
+        raise TypeError(f"{first} type ({first_array.dtype}) and {second} type ({second_array.dtype}) "
                         f"should be the same")
+    if bias is not None and bias.dtype != first_array.dtype:
+        raise TypeError(f"{first} type ({first_array.dtype}) and bias type ({bias.dtype}) should be the same")
 
 
 def _check_same_device(reference, reference_name="input", **others):

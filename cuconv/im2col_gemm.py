@@ -329,7 +329,7 @@ def dgrad_cpu(dy: numpy.ndarray, w: numpy.ndarray, spec: ConvSpec, dx: numpy.nda
     g, kg, crs_g = spec.groups, spec.k_per_group, spec.crs_per_group
     w_t = w.reshape(g, kg, crs_g).transpose(0, 2, 1).astype(cdt, copy=False)  # (g, CRS/g, K/g)
     acc = numpy.zeros(spec.input_shape, dtype=cdt)
-    plan = plan_chunks(spec, numpy.dtype(cdt).itemsize, config.workspace_limit)
+    plan = plan_chunks(spec, numpy.dtype(cdt).itemsize, config.workspace_limit, overlap=False)
     for n0, nb, p0, rows in plan.chunks(spec):
         d = dy[n0:n0 + nb, :, p0:p0 + rows, :].astype(cdt).reshape(nb, g, kg, rows * spec.q)
         col = numpy.matmul(w_t, d)  # (nb, g, CRS/g, L) = (g, CRS/g, K/g) @ (nb, g, K/g, L)
@@ -342,7 +342,7 @@ def wgrad_cpu(x: numpy.ndarray, dy: numpy.ndarray, spec: ConvSpec, dw: numpy.nda
     cdt = _compute_dtype(x.dtype)
     g, kg, crs_g = spec.groups, spec.k_per_group, spec.crs_per_group
     acc = numpy.zeros((g, kg, crs_g), dtype=cdt)
-    plan = plan_chunks(spec, numpy.dtype(cdt).itemsize, config.workspace_limit)
+    plan = plan_chunks(spec, numpy.dtype(cdt).itemsize, config.workspace_limit, overlap=False)
     for n0, nb, p0, rows in plan.chunks(spec):
         col = _im2col.im2col_cpu(x[n0:n0 + nb], spec, p0, rows).astype(cdt, copy=False)
         col = col.reshape(nb, g, crs_g, rows * spec.q)

@@ -174,8 +174,10 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     torch.Size([1, 2, 5, 6])
     """
     for name, t in (("input", input), ("weight", weight), ("bias", bias)):
-        if t is not None and not isinstance(t, torch.Tensor):
+        if not isinstance(t, torch.Tensor) and not (name == "bias" and t is None):
             raise TypeError(f"conv2d(): argument '{name}' must be Tensor, not {type(t).__name__}")
+    if not isinstance(algo, str):
+        raise TypeError(f"conv2d(): argument 'algo' must be str, not {type(algo).__name__}")
     if input.dim() not in (3, 4):
         raise ValueError(f"Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of "
                          f"size: {list(input.shape)}")
@@ -194,8 +196,13 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
         raise ValueError(f"Given weight of size {list(weight.shape)}, expected bias to be 1-dimensional with "
                          f"{weight.shape[0]} elements, but got bias of size {list(bias.shape)} instead")
-    if not isinstance(algo, str) or (algo != "auto" and algo not in algorithms()):
+    if algo != "auto" and algo not in algorithms():
         raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {algorithms()}")
+    if torch.is_autocast_enabled(input.device.type):
+        # autocast casts convolutions to its lower precision, as it does for torch.nn.Conv2d
+        low = torch.get_autocast_dtype(input.device.type)
+        input, weight = input.to(low), weight.to(low)
+        bias = None if bias is None else bias.to(low)
     unbatched = input.dim() == 3
     x = input.unsqueeze(0) if unbatched else input
     spec = ConvSpec.from_args(x.shape, weight.shape, stride, padding, dilation, groups)

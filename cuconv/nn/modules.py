@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..registry import algorithms
 from . import functional as F
 
 __all__ = ["Conv2d", "convert"]
@@ -33,6 +34,8 @@ class Conv2d(torch.nn.Conv2d):
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
                  bias=True, padding_mode="zeros", device=None, dtype=None, *, algo: str = "auto"):
+        if algo != "auto" and algo not in algorithms():
+            raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {algorithms()}")
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
                          padding_mode, device, dtype)
         self.algo = algo
