@@ -143,15 +143,15 @@ def dgrad_spec(weight, grad_output, spec: ConvSpec, algo: str, precision: str):
     """dgrad for validated 4-D arrays of one library whose geometry is ``spec``; returns a new array."""
     on_gpu = _backend.is_cupy_array(weight)
     xp = __import__("cupy") if on_gpu else numpy
-    name = _registry.resolve(algo, spec, weight.dtype, precision, on_gpu)
+    name = _registry.resolve(algo, spec, weight.dtype, precision, on_gpu, "dgrad")
     dx = xp.empty(spec.input_shape, dtype=weight.dtype)
     if _degenerate(spec):
         dx.fill(0)
     elif on_gpu:
-        _registry.get(name).dgrad_gpu(xp.ascontiguousarray(grad_output), xp.ascontiguousarray(weight), spec, dx,
-                                      precision)
+        _registry.entry(name, "dgrad")(xp.ascontiguousarray(grad_output), xp.ascontiguousarray(weight), spec, dx,
+                                       precision)
     else:
-        _registry.get(name).dgrad_cpu(xp.ascontiguousarray(grad_output), xp.ascontiguousarray(weight), spec, dx)
+        _registry.cpu().dgrad_cpu(xp.ascontiguousarray(grad_output), xp.ascontiguousarray(weight), spec, dx)
     return dx
 
 
@@ -159,15 +159,15 @@ def wgrad_spec(x, grad_output, spec: ConvSpec, algo: str, precision: str):
     """wgrad for validated 4-D arrays of one library whose geometry is ``spec``; returns a new array."""
     on_gpu = _backend.is_cupy_array(x)
     xp = __import__("cupy") if on_gpu else numpy
-    name = _registry.resolve(algo, spec, x.dtype, precision, on_gpu)
+    name = _registry.resolve(algo, spec, x.dtype, precision, on_gpu, "wgrad")
     dw = xp.empty(spec.weight_shape, dtype=x.dtype)
     if _degenerate(spec):
         dw.fill(0)
     elif on_gpu:
-        _registry.get(name).wgrad_gpu(xp.ascontiguousarray(x), xp.ascontiguousarray(grad_output), spec, dw,
-                                      precision)
+        _registry.entry(name, "wgrad")(xp.ascontiguousarray(x), xp.ascontiguousarray(grad_output), spec, dw,
+                                       precision)
     else:
-        _registry.get(name).wgrad_cpu(xp.ascontiguousarray(x), xp.ascontiguousarray(grad_output), spec, dw)
+        _registry.cpu().wgrad_cpu(xp.ascontiguousarray(x), xp.ascontiguousarray(grad_output), spec, dw)
     return dw
 
 

@@ -46,7 +46,8 @@ def _parse(argv):
     unknown = [n for n in names if n not in _BY_NAME]
     if unknown:
         ap.error(f"unknown problem(s) {unknown}; choose from {sorted(_BY_NAME)}")
-    algos = registry.algorithms() if args.algo == "all" else (args.algo,)
+    algos = (tuple(dict.fromkeys(n for p in registry.PASSES for n in registry.algorithms(p)))
+             if args.algo == "all" else (args.algo,))
     for a in algos:
         if a != "auto" and a not in registry.algorithms():
             ap.error(f"unknown algo {a!r}; choose 'auto', 'all' or one of {registry.algorithms()}")
@@ -232,7 +233,8 @@ def _measure(args, prob, spec, pass_, algos, rate, bandwidth, progress):
         ms = _time_gpu(lambda: pass_.ours(algo), args.reps, args.warmup)
         host_us = _host_overhead_us(lambda: pass_.ours(algo))
         dtype = numpy.dtype(args.dtype)
-        chosen = registry.select_algorithm(spec, dtype, args.precision, True) if algo == "auto" else algo
+        chosen = (registry.select_algorithm(spec, dtype, args.precision, True, pass_.name) if algo == "auto"
+                  else algo)
         row = dict(problem=prob.name, pass_=pass_.name, algo=chosen, dtype=args.dtype, precision=args.precision,
                    ms=ms, tflops=spec.flops / (ms * 1e-3) / 1e12, floor_ms=floor_ms,
                    pct_floor=100 * floor_ms / ms, cudnn_ms=t_ms, ratio=t_ms / ms, rel_err=err,

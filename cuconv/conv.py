@@ -180,11 +180,10 @@ def _run(xp, name, x, weight, bias, spec, out, result_shape, precision, on_gpu):
         else:
             x = xp.ascontiguousarray(x)
             weight = xp.ascontiguousarray(weight)
-            algo = _registry.get(name)
             if on_gpu:
-                algo.forward_gpu(x, weight, bias, spec, y, precision)
+                _registry.entry(name, "fprop")(x, weight, bias, spec, y, precision)
             else:
-                algo.forward_cpu(x, weight, bias, spec, y)
+                _registry.cpu().forward_cpu(x, weight, bias, spec, y)
     y = y.reshape(result_shape)
     if out is None:
         return y

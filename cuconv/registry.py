@@ -1,8 +1,17 @@
-"""The registry of forward algorithms and the pure function that chooses among them.
+"""The registry of GPU algorithms and the pure function that chooses among them.
 
-Each algorithm names a module with ``forward_gpu(x, w, bias, spec, out, precision)`` and
-``forward_cpu(x, w, bias, spec, out)`` (bias fused: added before the result is rounded), and a ``reason_unsupported(spec, dtype)`` that returns why it cannot
-serve a case (``None`` when it can). ``select_algorithm`` never picks one that refuses.
+An algorithm is a module with, for each pass it implements, a GPU entry point:
+
+- ``forward_gpu(x, w, bias, spec, out, precision)``: out (+)= conv, bias fused (added before rounding);
+- ``dgrad_gpu(dy, w, spec, dx, precision)``;
+- ``wgrad_gpu(x, dy, spec, dw, precision)``;
+
+all on C-contiguous CuPy arrays, CuPy's current stream and device. An optional
+``reason_unsupported(spec, dtype, pass_) -> str | None`` says why it cannot serve a case; ``auto`` never
+picks it there and forcing it raises ``NotImplementedError`` with that reason.
+
+NumPy arrays always run the one CPU implementation (``im2col_gemm``'s NumPy twin): algorithms are GPU
+strategies, and every one of them computes the same function.
 """
 
 from __future__ import annotations
@@ -12,44 +21,81 @@ from typing import Optional
 from .spec import ConvSpec
 from . import im2col_gemm
 
-__all__ = ["algorithms", "select_algorithm", "resolve", "get"]
+__all__ = ["PASSES", "algorithms", "select_algorithm", "resolve", "get", "cpu", "reason_unsupported"]
 
+PASSES = ("fprop", "dgrad", "wgrad")
+_ENTRY = {"fprop": "forward_gpu", "dgrad": "dgrad_gpu", "wgrad": "wgrad_gpu"}
+
+# In order of preference for `auto` where nothing more specific applies.
 _REGISTRY = {
     "im2col_gemm": im2col_gemm,
 }
 
 
-def algorithms() -> tuple:
-    """Names of the forward algorithms available; any of them may be forced with ``algo=``."""
-    return tuple(_REGISTRY)
+def algorithms(pass_: str = "fprop") -> tuple:
+    """Names of the algorithms that implement ``pass_`` ("fprop", "dgrad" or "wgrad")."""
+    _check_pass(pass_)
+    return tuple(name for name, mod in _REGISTRY.items() if hasattr(mod, _ENTRY[pass_]))
 
 
 def get(name: str):
     return _REGISTRY[name]
 
 
-def _reason_unsupported(name: str, spec: ConvSpec, dtype) -> Optional[str]:
-    check = getattr(_REGISTRY[name], "reason_unsupported", None)
-    return check(spec, dtype) if check is not None else None
+def entry(name: str, pass_: str):
+    """The GPU function of algorithm ``name`` for ``pass_``."""
+    return getattr(_REGISTRY[name], _ENTRY[pass_])
 
 
-def select_algorithm(spec: ConvSpec, dtype, precision: str, on_gpu: bool) -> str:
-    """The algorithm ``algo="auto"`` runs for this problem: a pure function of its arguments."""
-    for name in _REGISTRY:  # in order of preference; only one family exists so far
-        if _reason_unsupported(name, spec, dtype) is None:
+def cpu():
+    """The module holding the NumPy implementation of every pass."""
+    return im2col_gemm
+
+
+def _check_pass(pass_: str) -> None:
+    if pass_ not in PASSES:
+        raise ValueError(f"cuconv: unknown pass {pass_!r}; expected one of {PASSES}")
+
+
+def reason_unsupported(name: str, spec: ConvSpec, dtype, pass_: str = "fprop") -> Optional[str]:
+    """Why algorithm ``name`` cannot run this case, or None when it can."""
+    module = _REGISTRY[name]
+    if not hasattr(module, _ENTRY[pass_]):
+        return f"it implements no {pass_}"
+    check = getattr(module, "reason_unsupported", None)
+    return check(spec, dtype, pass_) if check is not None else None
+
+
+def select_algorithm(spec: ConvSpec, dtype, precision: str = "ieee", on_gpu: bool = True,
+                     pass_: str = "fprop") -> str:
+    """The algorithm ``algo="auto"`` runs for this problem and pass: a pure function of its arguments."""
+    _check_pass(pass_)
+    for name in _preference(spec, pass_):
+        if name in _REGISTRY and reason_unsupported(name, spec, dtype, pass_) is None:
             return name
-    raise NotImplementedError(f"cuconv: no algorithm supports {spec} in {dtype}")  # pragma: no cover
+    raise NotImplementedError(f"cuconv: no algorithm supports {spec} in {dtype} for {pass_}")  # pragma: no cover
 
 
-def resolve(algo: str, spec: ConvSpec, dtype, precision: str, on_gpu: bool) -> str:
-    """Validate a user's ``algo=`` and turn ``"auto"`` into a concrete name."""
+def _preference(spec: ConvSpec, pass_: str):
+    """Candidates, best first, from what each family is good at (see README "Algorithms")."""
+    depthwise = spec.groups == spec.c and spec.groups > 1 and spec.c_per_group == 1
+    if depthwise:
+        yield "depthwise"  # memory-bound: a tiny GEMM per group wastes im2col_gemm
+    yield "im2col_gemm"
+    yield from _REGISTRY  # anything else that serves the case
+
+
+def resolve(algo: str, spec: ConvSpec, dtype, precision: str, on_gpu: bool, pass_: str = "fprop") -> str:
+    """Validate a user's ``algo=`` and turn ``"auto"`` into a concrete name for ``pass_``."""
     if not isinstance(algo, str):
         raise TypeError(f"conv2d(): argument 'algo' must be str, not {type(algo).__name__}")
     if algo == "auto":
-        return select_algorithm(spec, dtype, precision, on_gpu)
+        return select_algorithm(spec, dtype, precision, on_gpu, pass_)
     if algo not in _REGISTRY:
-        raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {algorithms()}")
-    reason = _reason_unsupported(algo, spec, dtype)
+        raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {tuple(_REGISTRY)}")
+    if not on_gpu:
+        return algo  # the CPU path serves every algorithm name
+    reason = reason_unsupported(algo, spec, dtype, pass_)
     if reason is not None:
-        raise NotImplementedError(f"cuconv: algo {algo!r} cannot run this convolution: {reason}")
+        raise NotImplementedError(f"cuconv: algo {algo!r} cannot run this {pass_}: {reason}")
     return algo

@@ -131,15 +131,24 @@ def _setup_context(ctx, inputs, output):
     ctx.geometry = (stride, padding, dilation, groups, algo, precision)
 
 
+def _backward_geometry(geometry, pass_: str):
+    """The forward's geometry and algo for a backward pass; ``auto`` if that algo has no such pass."""
+    stride, padding, dilation, groups, algo, precision = geometry
+    if algo != "auto" and algo not in algorithms(pass_):
+        algo = "auto"
+    return stride, padding, dilation, groups, algo, precision
+
+
 def _backward_formula(ctx, grad_output):
     x, weight = ctx.saved_tensors
-    geometry = ctx.geometry
     grad_output = grad_output.contiguous()
     dx = dw = db = None
     if ctx.needs_input_grad[0]:
-        dx = torch.ops.cuconv.conv2d_input(list(x.shape), weight, grad_output, *geometry)
+        dx = torch.ops.cuconv.conv2d_input(list(x.shape), weight, grad_output,
+                                           *_backward_geometry(ctx.geometry, "dgrad"))
     if ctx.needs_input_grad[1]:
-        dw = torch.ops.cuconv.conv2d_weight(x, list(weight.shape), grad_output, *geometry)
+        dw = torch.ops.cuconv.conv2d_weight(x, list(weight.shape), grad_output,
+                                            *_backward_geometry(ctx.geometry, "wgrad"))
     if ctx.needs_input_grad[2]:
         db = torch.ops.cuconv.conv2d_bias_grad(grad_output)
     return dx, dw, db, None, None, None, None, None, None
