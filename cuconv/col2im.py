@@ -22,8 +22,8 @@ def _col_ctype(t: str) -> str:
     return "float" if t in ("__half", "__nv_bfloat16") else t
 
 
-NAME_EXPRESSIONS = tuple(f"col2im<{_col_ctype(t)},{t},{unit}>" for t in _dtypes.ALL_CTYPE_NAMES
-                         for unit in ("true", "false"))
+NAME_EXPRESSIONS = tuple(f"col2im<{_col_ctype(t)},{t},{unit},{index}>" for t in _dtypes.ALL_CTYPE_NAMES
+                         for unit in ("true", "false") for index in ("int", "long long"))
 
 
 def touched_rows(spec: ConvSpec, p0: int, rows: int):
@@ -49,7 +49,8 @@ def col2im_gpu(col, spec: ConvSpec, p0: int, rows: int, dx, accumulate: bool) ->
         return
     t = _dtypes.ctype_of(dx.dtype)
     unit = "true" if spec.stride == (1, 1) else "false"
-    name = f"col2im<{_col_ctype(t)},{t},{unit}>"
+    index = "int" if total < 2**30 else "long long"  # 32-bit decode where idx + grid stride < 2^31
+    name = f"col2im<{_col_ctype(t)},{t},{unit},{index}>"
     fn = _loader.get_function(STEM, NAME_EXPRESSIONS, name)
     grid = (min(_MAX_BLOCKS, -(-total // _THREADS)), 1, 1)
     block = (_THREADS, 1, 1)

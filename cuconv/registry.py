@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Optional
 
 from .spec import ConvSpec
-from . import im2col_gemm
+from . import depthwise, direct, direct_smem, im2col_gemm
 
 __all__ = ["PASSES", "algorithms", "select_algorithm", "resolve", "get", "cpu", "reason_unsupported"]
 
@@ -29,6 +29,9 @@ _ENTRY = {"fprop": "forward_gpu", "dgrad": "dgrad_gpu", "wgrad": "wgrad_gpu"}
 # In order of preference for `auto` where nothing more specific applies.
 _REGISTRY = {
     "im2col_gemm": im2col_gemm,
+    "depthwise": depthwise,
+    "direct": direct,
+    "direct_smem": direct_smem,
 }
 
 

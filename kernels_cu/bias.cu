@@ -12,9 +12,9 @@ using cuconv::i64;
 
 template <typename T>
 __global__ void bias_fill(T* __restrict__ out, const T* __restrict__ bias, i64 K, i64 PQ) {
-    const i64 plane = blockIdx.x;
-    const T b = bias[plane % K];
-    T* __restrict__ dst = out + plane * PQ;
+    const int plane = blockIdx.x;  // grid.x < 2^31: 32-bit modulo (64-bit is a software routine)
+    const T b = bias[plane % static_cast<int>(K)];
+    T* __restrict__ dst = out + static_cast<i64>(plane) * PQ;
     for (i64 j = static_cast<i64>(blockIdx.y) * blockDim.x + threadIdx.x; j < PQ;
          j += static_cast<i64>(gridDim.y) * blockDim.x) {
         dst[j] = b;

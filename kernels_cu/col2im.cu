@@ -1,10 +1,12 @@
 // col2im: the adjoint of im2col, written as a gather: each input pixel sums its own contributions.
 //
-// Kernel   col2im<Tcol, T, kUnitStride>(col, dx, ...)
+// Kernel   col2im<Tcol, T, kUnitStride, Index>(col, dx, ...)
 //   Tcol   type of the column matrix (float for half-precision T, so the GEMM's fp32 result is summed
 //          before the single rounding to T; otherwise T itself).
 //   T      type of dx.
 //   kUnitStride  stride (1, 1): every tap lands on an output position, no division or modulo needed.
+//   Index  int when the launch covers < 2^31 elements, else long long: the per-element decode divides,
+//          and a 64-bit division is a software routine several times the cost of a 32-bit one.
 //
 // Layouts: col is (nb, C*R*S, ld) for output rows [p0, p0 + rows) of nb samples, columns p*Q + q
 // (p local to the chunk), row pitch ld; dx is (nb, C, H, W) contiguous.
@@ -20,19 +22,20 @@
 
 using cuconv::i64;
 
-template <typename Tcol, typename T, bool kUnitStride>
+template <typename Tcol, typename T, bool kUnitStride, typename Index>
 __global__ void __launch_bounds__(256)
 col2im(const Tcol* __restrict__ col, T* __restrict__ dx, i64 total,
        i64 C, i64 H, i64 W, i64 R, i64 S, i64 Q, i64 p0, i64 rows, i64 ld, i64 h0, i64 h_rows,
        i64 stride_h, i64 stride_w, i64 pad_top, i64 pad_left, i64 dil_h, i64 dil_w, int accumulate) {
     typedef typename cuconv::Acc<T>::type Acc;
-    for (i64 idx = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-         idx += static_cast<i64>(gridDim.x) * blockDim.x) {
-        const int w = static_cast<int>(idx % W);
-        const int h = static_cast<int>(h0 + (idx / W) % h_rows);
-        const i64 nc = idx / (W * h_rows);  // n * C + c
-        const int c = static_cast<int>(nc % C);
-        const i64 n = nc / C;
+    const Index Wx = static_cast<Index>(W), rows_x = static_cast<Index>(h_rows), Cx = static_cast<Index>(C);
+    for (Index idx = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; idx < static_cast<Index>(total);
+         idx += static_cast<Index>(gridDim.x) * blockDim.x) {
+        const int w = static_cast<int>(idx % Wx);
+        const int h = static_cast<int>(h0 + (idx / Wx) % rows_x);
+        const i64 nc = idx / (Wx * rows_x);  // n * C + c
+        const int c = static_cast<int>(nc % Cx);
+        const i64 n = nc / Cx;
         const Tcol* __restrict__ col_c = col + ((n * C + c) * R * S) * ld;
         Acc sum = 0;
         for (int r = 0; r < R; ++r) {

@@ -29,11 +29,13 @@ im2col(const T* __restrict__ x, T* __restrict__ col,
        i64 C, i64 H, i64 W, i64 R, i64 S, i64 Q, i64 p0, i64 L, i64 ld,
        i64 stride_h, i64 stride_w, i64 pad_top, i64 pad_left, i64 dil_h, i64 dil_w) {
     constexpr int V = cuconv::VecWidth<T>::value;
-    const i64 row = blockIdx.x;
-    const int s = static_cast<int>(row % S);
-    const int r = static_cast<int>((row / S) % R);
-    const T* __restrict__ plane = x + (row / (R * S)) * H * W;  // (n*C + c)-th input plane
-    T* __restrict__ out = col + row * ld;
+    // 32-bit decode (grid.x < 2^31): a 64-bit division is a ~100-instruction routine per thread.
+    const int row = blockIdx.x;
+    const int Si = static_cast<int>(S), RSi = static_cast<int>(R * S);
+    const int s = row % Si;
+    const int r = (row / Si) % static_cast<int>(R);
+    const T* __restrict__ plane = x + static_cast<i64>(row / RSi) * H * W;  // (n*C + c)-th input plane
+    T* __restrict__ out = col + static_cast<i64>(row) * ld;
 
     const int Hi = static_cast<int>(H), Wi = static_cast<int>(W), Qi = static_cast<int>(Q);
     const int Li = static_cast<int>(L);

@@ -118,3 +118,32 @@ def noncontiguous(a, xp=numpy):
     view = wide[..., ::2]
     assert not view.flags.c_contiguous or a.shape[-1] <= 1
     return view
+
+
+def algo_cases(params, pass_="fprop"):
+    """(case, algorithm) pairs for every registered algorithm that serves the case in ``pass_``."""
+    from cuconv import registry
+    from cuconv.spec import ConvSpec
+
+    out = []
+    for param in params:
+        case = param.values[0]
+        x_shape = case.x_shape if len(case.x_shape) == 4 else (1,) + case.x_shape
+        spec = ConvSpec.from_args(x_shape, case.w_shape, **case.kwargs)
+        for algo in registry.algorithms(pass_):
+            if registry.reason_unsupported(algo, spec, numpy.float64, pass_) is None:
+                out.append(pytest.param(case, algo, id=f"{param.id}-{algo}"))
+    return out
+
+
+# Wider than one direct_smem tile (128 output columns in float, 64 in double, 4 or 2 rows, 32 channels),
+# several chunks of input channels, k tiles with a tail, and a kernel whose one staged channel needs more
+# than the default 48 KB of shared memory: the case table's small images cross none of these boundaries.
+TILING_CASES = [
+    _p("q_tiles_tail", (2, 5, 13, 300), (40, 5, 3, 5), padding=(1, 2)),
+    _p("chunks_groups_k_tail", (1, 50, 11, 140), (72, 25, 5, 9), groups=2, dilation=(1, 2), padding=(2, 3)),
+    _p("stride_dilation_wide", (2, 6, 30, 700), (33, 6, 3, 3), stride=(2, 3), dilation=(2, 2), padding=(3, 1)),
+    _p("big_kernel_smem_optin", (2, 3, 30, 40), (5, 3, 21, 21), padding=5),
+    _p("depthwise_mult2_wide", (2, 4, 9, 260), (8, 1, 3, 3), groups=4, padding=1),
+    _p("batch1_q256_no_bias", (1, 3, 3, 257), (4, 3, 3, 2), bias=False),
+]

@@ -8,7 +8,7 @@ import numpy
 import pytest
 
 import cuconv
-from cases import CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, bound, make_inputs, rel_err
+from cases import CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, algo_cases, bound, make_inputs, rel_err
 from test_conv_gpu import MODE_IDS, MODES, _dtype, _to_gpu
 
 pytestmark = pytest.mark.gpu
@@ -47,17 +47,27 @@ def _inputs(case, seed, dtype, integer=False):
     return q(x), q(w), q(dy)
 
 
+# every algorithm with a dgrad also has a wgrad (checked below), so one table serves both passes
+_BACKWARD_CASES = algo_cases(CASES + PROBLEM_CASES, "dgrad")
+
+
+def test_backward_algorithms_have_both_passes():
+    assert cuconv.registry.algorithms("dgrad") == cuconv.registry.algorithms("wgrad")
+
+
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
-@pytest.mark.parametrize("case", CASES + PROBLEM_CASES)
-def test_grads_match_oracle(case, mode):
+@pytest.mark.parametrize("case,algo", _BACKWARD_CASES)
+def test_grads_match_oracle(case, algo, mode):
     import cupy
 
     dtype_name, precision = mode
     dtype = _dtype(dtype_name)
     x, w, dy = _inputs(case, 11, dtype)
     ref_dx, ref_dw = _oracle_grads(x, w, dy, case.kwargs)
-    dx = cuconv.conv2d_input(x.shape, _to_gpu(w, dtype), _to_gpu(dy, dtype), precision=precision, **case.kwargs)
-    dw = cuconv.conv2d_weight(_to_gpu(x, dtype), w.shape, _to_gpu(dy, dtype), precision=precision, **case.kwargs)
+    dx = cuconv.conv2d_input(x.shape, _to_gpu(w, dtype), _to_gpu(dy, dtype), precision=precision, algo=algo,
+                             **case.kwargs)
+    dw = cuconv.conv2d_weight(_to_gpu(x, dtype), w.shape, _to_gpu(dy, dtype), precision=precision, algo=algo,
+                              **case.kwargs)
     assert dx.dtype == dtype and dw.dtype == dtype
     got_dx, got_dw = cupy.asnumpy(dx).astype(numpy.float64), cupy.asnumpy(dw).astype(numpy.float64)
     for got, ref, what in ((got_dx, ref_dx, "dgrad"), (got_dw, ref_dw, "wgrad")):
@@ -71,8 +81,8 @@ def test_grads_match_oracle(case, mode):
 
 
 @pytest.mark.parametrize("dtype_name", ["float64", "float32"])
-@pytest.mark.parametrize("case", CASES + PROBLEM_CASES)
-def test_gpu_grads_equal_cpu_exactly_on_integers(case, dtype_name):
+@pytest.mark.parametrize("case,algo", _BACKWARD_CASES)
+def test_gpu_grads_equal_cpu_exactly_on_integers(case, algo, dtype_name):
     import cupy
 
     dtype = numpy.dtype(dtype_name)
@@ -80,8 +90,9 @@ def test_gpu_grads_equal_cpu_exactly_on_integers(case, dtype_name):
     kw = dict(case.kwargs)
     cpu_dx = cuconv.conv2d_input(x.shape, w.astype(dtype), dy.astype(dtype), **kw)
     cpu_dw = cuconv.conv2d_weight(x.astype(dtype), w.shape, dy.astype(dtype), **kw)
-    gpu_dx = cuconv.conv2d_input(x.shape, _to_gpu(w, dtype), _to_gpu(dy, dtype), precision="ieee", **kw)
-    gpu_dw = cuconv.conv2d_weight(_to_gpu(x, dtype), w.shape, _to_gpu(dy, dtype), precision="ieee", **kw)
+    gpu_dx = cuconv.conv2d_input(x.shape, _to_gpu(w, dtype), _to_gpu(dy, dtype), precision="ieee", algo=algo, **kw)
+    gpu_dw = cuconv.conv2d_weight(_to_gpu(x, dtype), w.shape, _to_gpu(dy, dtype), precision="ieee", algo=algo,
+                                  **kw)
     numpy.testing.assert_array_equal(cupy.asnumpy(gpu_dx), cpu_dx)
     numpy.testing.assert_array_equal(cupy.asnumpy(gpu_dw), cpu_dw)
 

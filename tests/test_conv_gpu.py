@@ -8,8 +8,8 @@ import pytest
 import cuconv
 from cuconv import _dtypes
 from cuconv.im2col_gemm import chunk_bytes, plan_chunks
-from cases import (CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, bound, make_inputs, noncontiguous, reference,
-                   rel_err, tolerance)
+from cases import (CASES, PROBLEM_CASES, TILING_CASES, TORCH_ERROR_FACTOR, algo_cases, bound, make_inputs,
+                   noncontiguous, reference, rel_err, tolerance)
 
 pytestmark = pytest.mark.gpu
 
@@ -44,10 +44,9 @@ def _torch_error(x, w, b, dtype_name, precision, kwargs, ref):
         torch.backends.cudnn.allow_tf32 = False
 
 
-@pytest.mark.parametrize("algo", cuconv.algorithms())
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
-@pytest.mark.parametrize("case", CASES + PROBLEM_CASES)
-def test_matches_oracle(case, mode, algo):
+@pytest.mark.parametrize("case,algo", algo_cases(CASES + PROBLEM_CASES))
+def test_matches_oracle(case, algo, mode):
     import cupy
 
     dtype_name, precision = mode
@@ -97,16 +96,16 @@ def test_noncontiguous_out_is_written_in_place():
 
 
 @pytest.mark.parametrize("dtype_name", ["float64", "float32"])
-@pytest.mark.parametrize("case", CASES + PROBLEM_CASES)
-def test_gpu_equals_cpu_exactly_on_integers(case, dtype_name):
-    """Integer-valued inputs make every partial sum exact: GPU and CPU paths must agree bit for bit."""
+@pytest.mark.parametrize("case,algo", algo_cases(CASES + PROBLEM_CASES))
+def test_gpu_equals_cpu_exactly_on_integers(case, algo, dtype_name):
+    """Integer-valued inputs make every partial sum exact: each algorithm equals the CPU path bit for bit."""
     import cupy
 
     x, w, b = make_inputs(case, seed=5, integer=True)
     dtype = numpy.dtype(dtype_name)
     cpu = cuconv.conv2d(x.astype(dtype), w.astype(dtype), None if b is None else b.astype(dtype),
                         **case.kwargs)
-    gpu = cuconv.conv2d(_to_gpu(x, dtype), _to_gpu(w, dtype), _to_gpu(b, dtype), precision="ieee",
+    gpu = cuconv.conv2d(_to_gpu(x, dtype), _to_gpu(w, dtype), _to_gpu(b, dtype), precision="ieee", algo=algo,
                         **case.kwargs)
     numpy.testing.assert_array_equal(cupy.asnumpy(gpu), cpu)
 
@@ -324,3 +323,54 @@ def test_column_chunk_past_2_31_elements():
         ref = ref[:, :, :8] if rows_out.start == 0 else ref[:, :, -8:]
         err = rel_err(cupy.asnumpy(y[:, :, rows_out]), ref.cpu().numpy())
         assert err <= tolerance(numpy.float16)
+
+
+def test_depthwise_wgrad_many_chunks_and_big_taps_is_deterministic():
+    """The wgrad partial sums split N·P·Q into many chunks; two runs agree bit for bit, and with the oracle."""
+    import cupy
+
+    from cases import Case
+
+    case = Case((6, 4, 40, 37), (8, 1, 7, 5), dict(padding=(3, 2), dilation=(1, 2), groups=4), False)
+    x, w, _ = make_inputs(case, seed=31)
+    ref_out = reference(x, w, **case.kwargs)
+    dy = numpy.random.default_rng(32).standard_normal(ref_out.shape)
+    import torch
+
+    xt, wt = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
+    torch.nn.functional.conv2d(xt, wt, **case.kwargs).backward(torch.from_numpy(dy))
+    runs = [cupy.asnumpy(cuconv.conv2d_weight(cupy.asarray(x), w.shape, cupy.asarray(dy), algo="depthwise",
+                                              **case.kwargs)) for _ in range(2)]
+    numpy.testing.assert_array_equal(runs[0], runs[1])
+    assert rel_err(runs[0], wt.grad.numpy()) <= tolerance(numpy.float64)
+
+
+_EXACT_DTYPES = ["float64", "float32", "float16"] + (["bfloat16"] if _dtypes.bfloat16 is not None else [])
+
+
+@pytest.mark.parametrize("algo", ["direct", "direct_smem"])
+@pytest.mark.parametrize("dtype_name", _EXACT_DTYPES)
+@pytest.mark.parametrize("case", TILING_CASES)
+def test_direct_tiles_equal_cpu_exactly_on_integers(case, dtype_name, algo):
+    """Across direct_smem's tile, chunk and shared-memory boundaries (TILING_CASES), on integer inputs: every
+    sum is exact in the float32/float64 accumulator, so each dtype equals the CPU path bit for bit (the half
+    types round the same exact sum once, on both sides)."""
+    import cupy
+
+    x, w, b = make_inputs(case, seed=12, integer=True)
+    dtype = _dtype(dtype_name)
+    cpu = cuconv.conv2d(x.astype(dtype), w.astype(dtype), None if b is None else b.astype(dtype), **case.kwargs)
+    out = cupy.full(cpu.shape, numpy.nan, dtype=dtype)
+    cuconv.conv2d(_to_gpu(x, dtype), _to_gpu(w, dtype), _to_gpu(b, dtype), algo=algo, out=out, **case.kwargs)
+    numpy.testing.assert_array_equal(cupy.asnumpy(out).astype(numpy.float64), cpu.astype(numpy.float64))
+
+
+def test_direct_smem_refuses_a_window_beyond_the_device_shared_memory():
+    import cupy
+
+    x = cupy.zeros((1, 1, 401, 2001), dtype=numpy.float32)
+    w = cupy.zeros((2, 1, 3, 3), dtype=numpy.float32)
+    with pytest.raises(NotImplementedError, match=r"algo 'direct_smem' cannot run this fprop: .* bytes of shared "
+                                                  r"memory .* the device allows"):
+        cuconv.conv2d(x, w, dilation=(200, 1000), algo="direct_smem")
+    assert cuconv.conv2d(x, w, dilation=(200, 1000), algo="direct").shape == (1, 2, 1, 1)

@@ -1,0 +1,183 @@
+"""Algorithm ``depthwise``: Python twin of ``kernels_cu/depthwise.cu`` (forward, dgrad and wgrad).
+
+Serves ``groups == C`` with one input channel per group (``K = m·C``, channel multiplier ``m``), any kernel,
+stride, padding and dilation, every dtype. These convolutions do ~R·S multiply-adds per element moved, so
+they are memory-bound: im2col + GEMM would write and re-read R·S copies of the input and run one tiny GEMM
+per group. The forward tile is 32×64 outputs; its input window (``forward_smem``) opts into more than 48 KB
+of shared memory when a large or dilated kernel needs it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy
+
+from . import _dtypes, _loader
+from .spec import ConvSpec
+
+__all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "forward_smem", "NAME_EXPRESSIONS",
+           "STEM"]
+
+STEM = "depthwise"
+_THREADS = 256
+_SMEM_LIMIT = 48 << 10       # default dynamic shared memory per block, no attribute needed
+_SMEM_OPT_IN = 227 << 10     # Hopper's limit once the kernel opts in (max_dynamic_shared_size_bytes)
+_MAX_GRID_Y = 65535
+
+
+def _acc(t: str) -> str:
+    return "double" if t == "double" else "float"
+
+
+NAME_EXPRESSIONS = tuple(
+    [f"depthwise_fwd<{t},{r},{s},{u}>" for t in _dtypes.ALL_CTYPE_NAMES
+     for r, s, u in [(r, s, u) for r, s in ((3, 3), (5, 5), (7, 7)) for u in ("true", "false")] + [(0, 0, "false")]]
+    + [f"depthwise_dgrad<{t},{u},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for u in ("true", "false")
+       for i in ("int", "long long")]
+    + [f"depthwise_wgrad_partial<{t},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for i in ("int", "long long")]
+    + [f"depthwise_wgrad_reduce<{t}>" for t in _dtypes.ALL_CTYPE_NAMES])
+
+
+def _is_depthwise(spec: ConvSpec) -> bool:
+    return spec.groups == spec.c and spec.c_per_group == 1
+
+
+def _acc_size(dtype) -> int:
+    return 8 if numpy.dtype(dtype) == numpy.float64 else 4
+
+
+_TILE_P, _TILE_Q = 32, 64  # kTileP, kTileQ in depthwise.cu
+_FIXED_KERNELS = ((3, 3), (5, 5), (7, 7))  # compiled with unrolled tap loops
+
+
+def forward_smem(spec: ConvSpec, itemsize: int, acc_size: int = 4) -> int:
+    """Dynamic shared memory of one forward block: the R·S weights and the input tile with its halo."""
+    rows = (_TILE_P - 1) * spec.stride[0] + (spec.r - 1) * spec.dilation[0] + 1
+    cols = (_TILE_Q - 1) * spec.stride[1] + (spec.s - 1) * spec.dilation[1] + 1
+    return -(-spec.r * spec.s * acc_size // 16) * 16 + rows * cols * itemsize
+
+
+def _wgrad_threads(spec: ConvSpec, acc_size: int) -> int:
+    """Largest power-of-two block whose per-thread tap accumulators fit in 48 KB (0: none fits)."""
+    for threads in (256, 128, 64, 32):
+        if spec.r * spec.s * threads * acc_size <= _SMEM_LIMIT:
+            return threads
+    return 0
+
+
+def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop"):
+    if not _is_depthwise(spec):
+        return (f"not a depthwise convolution (needs groups == C with one input channel per group; got "
+                f"groups={spec.groups}, C={spec.c})")
+    acc = _acc_size(dtype)
+    if pass_ == "fprop":
+        smem = forward_smem(spec, numpy.dtype(dtype).itemsize, acc)
+        if smem > _SMEM_OPT_IN:
+            return f"a 32x64 output tile's input window needs {smem} bytes of shared memory (> {_SMEM_OPT_IN})"
+    if pass_ == "wgrad" and _wgrad_threads(spec, acc) == 0:
+        return f"{spec.r}x{spec.s} taps do not fit per-thread accumulators in {_SMEM_LIMIT} bytes"
+    return None
+
+
+def _index_type(total: int) -> str:
+    """C++ index type for an element count: 32-bit decodes when they cannot overflow."""
+    return "int" if total < 2**30 else "long long"  # idx plus a grid stride (< 2^28) stays below 2^31
+
+
+def _fn(name: str):
+    return _loader.get_function(STEM, NAME_EXPRESSIONS, name)
+
+
+def _geometry(spec: ConvSpec):
+    i64 = numpy.int64
+    return (i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.r), i64(spec.s), i64(spec.p),
+            i64(spec.q), i64(spec.k // spec.c), i64(spec.stride[0]), i64(spec.stride[1]), i64(spec.pad[0]),
+            i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]))
+
+
+_opted_in = {}
+
+
+def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
+    """out = depthwise conv(x, w) + bias on C-contiguous CuPy arrays (precision: FFMA, none to choose)."""
+    import cupy
+
+    smem = forward_smem(spec, x.dtype.itemsize, _acc_size(x.dtype))
+    tiles_q = -(-spec.q // _TILE_Q)
+    tiles = -(-spec.p // _TILE_P) * tiles_q
+    if tiles > _MAX_GRID_Y:
+        raise NotImplementedError(f"cuconv: depthwise needs {tiles} tiles per plane (> {_MAX_GRID_Y})")
+    kr, ks = (spec.r, spec.s) if (spec.r, spec.s) in _FIXED_KERNELS else (0, 0)
+    unit = "true" if kr and spec.stride == (1, 1) and spec.dilation == (1, 1) else "false"
+    name = f"depthwise_fwd<{_dtypes.ctype_of(x.dtype)},{kr},{ks},{unit}>"
+    fn = _fn(name)
+    if smem > _SMEM_LIMIT:  # opt in once per (device, kernel, size)
+        key = (cupy.cuda.runtime.getDevice(), name)
+        if _opted_in.get(key, 0) < smem:
+            fn.max_dynamic_shared_size_bytes = smem
+            _opted_in[key] = smem
+    grid = (spec.n * spec.k, tiles, 1)
+    block = (32, 8, 1)
+    args = (x, w, bias, out) + _geometry(spec) + (numpy.int64(tiles_q),)
+    _loader.launch(fn, name, grid, block, args, shared_mem=smem)
+
+
+def _dgrad_as_forward(spec: ConvSpec):
+    """The forward depthwise convolution of dy that computes dx, where one exists (stride 1, multiplier 1,
+    padding within the dilated kernel): the kernel flipped, the padding its complement; else None."""
+    (pt, pb, pl, pr), (dh, dw) = spec.pad, spec.dilation
+    pads = (dh * (spec.r - 1) - pt, dh * (spec.r - 1) - pb, dw * (spec.s - 1) - pl, dw * (spec.s - 1) - pr)
+    if spec.stride != (1, 1) or spec.k != spec.c or min(pads) < 0:
+        return None
+    return ConvSpec(spec.n, spec.k, spec.p, spec.q, spec.c, spec.r, spec.s, (1, 1), pads, spec.dilation, spec.k)
+
+
+def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
+    """dx = conv2d_input for a depthwise convolution: the forward kernel on dy with the flipped kernel where
+    that is the same convolution (stride 1, multiplier 1), else a gather per dx element (no atomics)."""
+    import cupy
+
+    transposed = _dgrad_as_forward(spec)
+    if transposed is not None and reason_unsupported(transposed, dy.dtype) is None:
+        forward_gpu(dy, cupy.ascontiguousarray(w[:, :, ::-1, ::-1]), None, transposed, dx, precision)
+        return
+    total = dx.size
+    unit = "true" if spec.stride == (1, 1) else "false"
+    name = f"depthwise_dgrad<{_dtypes.ctype_of(dx.dtype)},{unit},{_index_type(total)}>"
+    grid = (min(1 << 20, -(-total // _THREADS)), 1, 1)
+    block = (_THREADS, 1, 1)
+    _loader.launch(_fn(name), name, grid, block, (dy, w, dx, numpy.int64(total)) + _geometry(spec))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: int) -> int:
+    import cupy
+
+    return cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
+
+
+def wgrad_gpu(x, dy, spec: ConvSpec, dw, precision: str) -> None:
+    """dw = conv2d_weight for a depthwise convolution: per-chunk partial sums, then an ordered sum."""
+    import cupy
+
+    acc_dtype = numpy.float64 if x.dtype == numpy.float64 else numpy.float32
+    threads = _wgrad_threads(spec, numpy.dtype(acc_dtype).itemsize)
+    taps = spec.r * spec.s
+    total = spec.n * spec.p * spec.q
+    sms = _sm_count(cupy.cuda.runtime.getDevice())
+    chunks = max(1, min(-(-total // (8 * threads)), -(-4 * sms // spec.k), _MAX_GRID_Y))
+    chunk = -(-total // chunks)
+    chunks = -(-total // chunk)
+    partial = cupy.empty(spec.k * chunks * taps, dtype=acc_dtype)
+    t = _dtypes.ctype_of(x.dtype)
+    i64 = numpy.int64
+    name = f"depthwise_wgrad_partial<{t},{_index_type(total)}>"
+    grid = (spec.k, chunks, 1)
+    block = (threads, 1, 1)
+    _loader.launch(_fn(name), name, grid, block, (x, dy, partial) + _geometry(spec) + (i64(total), i64(chunk)),
+                   shared_mem=taps * threads * numpy.dtype(acc_dtype).itemsize)
+    name = f"depthwise_wgrad_reduce<{t}>"
+    grid = (min(1 << 16, -(-(spec.k * taps) // _THREADS)), 1, 1)
+    block = (_THREADS, 1, 1)
+    _loader.launch(_fn(name), name, grid, block, (partial, dw, i64(spec.k), i64(taps), i64(chunks)))

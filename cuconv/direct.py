@@ -1,0 +1,49 @@
+"""Algorithm ``direct``: Python twin of ``kernels_cu/direct.cu``, one thread per output element.
+
+The simple baseline: every output sums its group's ``C/groups · R · S`` taps straight from global memory,
+so it needs no workspace and serves every geometry and dtype, but it reloads each input value once per
+tap and output channel that reads it. Faster families are measured against it; ``direct_smem`` is the
+same loop with the operands staged in shared memory and register tiles.
+"""
+
+from __future__ import annotations
+
+import numpy
+
+from . import _dtypes, _loader
+from .spec import ConvSpec
+
+__all__ = ["forward_gpu", "reason_unsupported", "NAME_EXPRESSIONS", "STEM"]
+
+STEM = "direct"
+_THREADS = 256
+_MAX_BLOCKS = 1 << 20  # the grid-stride loop covers the rest
+
+NAME_EXPRESSIONS = tuple(f"direct<{t}>" for t in _dtypes.ALL_CTYPE_NAMES)
+
+NULL = numpy.uint64(0)  # a null pointer argument: the kernel then adds no bias
+
+
+def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop"):
+    """Why ``direct`` cannot run this case, or None: it has a forward pass only, for every geometry."""
+    if pass_ != "fprop":
+        return f"it implements no {pass_}"
+    return None
+
+
+def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
+    """out = conv(x, w) + bias on C-contiguous CuPy arrays, current stream (``precision``: FFMA, nothing
+    to choose; half types sum in float32)."""
+    total = spec.n * spec.k * spec.p * spec.q
+    if total == 0:
+        return
+    name = f"direct<{_dtypes.ctype_of(x.dtype)}>"
+    fn = _loader.get_function(STEM, NAME_EXPRESSIONS, name)
+    grid = (min(_MAX_BLOCKS, -(-total // _THREADS)), 1, 1)
+    block = (_THREADS, 1, 1)
+    i64 = numpy.int64
+    args = (x, w, NULL if bias is None else bias, out,
+            i64(spec.n), i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q),
+            i64(spec.r), i64(spec.s), i64(spec.groups), i64(spec.stride[0]), i64(spec.stride[1]),
+            i64(spec.pad[0]), i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]))
+    _loader.launch(fn, name, grid, block, args)

@@ -1,0 +1,198 @@
+"""Algorithm ``direct_smem``: Python twin of ``kernels_cu/direct_smem.cu``, direct convolution from
+shared-memory tiles with a register tile per thread.
+
+A block of 256 threads computes ``TK`` output channels × ``TP`` output rows × ``TQ`` output columns of one
+sample and group. Per chunk of ``ct`` input channels it stages the input window those outputs read (halo,
+stride and dilation included) and the chunk's ``TK × R × S`` weights in shared memory, then each thread
+accumulates a ``KT × QT`` tile in registers: per tap ``QT`` input loads and ``KT/4`` (float) 16-byte
+weight loads feed ``KT·QT`` FMAs. No workspace besides a transposed copy of the weights.
+
+Tile (template arguments, per accumulation type)::
+
+    float accumulation (half, bfloat16, float): KT=16, QT=4, WK=2 -> TK=32, TP=4, TQ=128
+    double:                                     KT=8,  QT=2, WK=4 -> TK=32, TP=2, TQ=64
+
+Why these, for the large problems (K/groups = 64 or 128, Q = 250..1022, R·S = 9..45): per tap a warp of
+16 × 4 tiles issues 4 conflict-free loads of x and 4 broadcast 16-byte loads of w (one shared-memory
+wavefront each) for 64 FFMA: 8 FFMA per wavefront, twice the 4 at which an SM's shared memory (one
+wavefront per clock) and FFMA pipes (four warp instructions per clock) balance, so the loop is FFMA-bound;
+it fits 126 registers without spills (2 blocks of 256 threads per SM). TK = 32 divides K/groups = 64 and
+128, and 128 columns waste at most 3% of Q there. Double keeps 16 accumulators per thread (8 × 2): 8 × 4
+spills at the 128-register cap. ``ct`` is as large as fits the default 48 KB of dynamic shared memory;
+where one channel needs more (very large kernels or dilations), the launcher opts into up to the device's
+limit, and past that ``reason_unsupported`` says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy
+
+from . import _backend, _dtypes, _loader
+from .spec import ConvSpec
+
+__all__ = ["forward_gpu", "reason_unsupported", "plan", "Plan", "Tile", "TILES", "NAME_EXPRESSIONS", "STEM"]
+
+STEM = "direct_smem"
+_THREADS = 256  # kThreads in direct_smem.cu
+_WARPS = _THREADS // 32
+_SMEM_DEFAULT = 48 << 10  # dynamic shared memory a block gets without opting in
+_SMEM_OPTIN_FALLBACK = 227 << 10  # H100/H200, where no device can be asked
+_MAX_GRID_X = 2**31 - 1
+_MAX_GRID_Y = 65535
+_MAX_POSITION = 2**31 - 1  # positions inside a plane are int in the kernel
+
+NULL = numpy.uint64(0)  # a null pointer argument: the kernel then adds no bias
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    """Template arguments of one kernel instance: a thread computes ``kt`` output channels × ``qt`` output
+    columns (32 apart); ``warps_k`` warps split the block's channels, the other warps take a row each."""
+
+    kt: int
+    qt: int
+    warps_k: int
+
+    @property
+    def tk(self) -> int:
+        """Output channels per block."""
+        return self.warps_k * self.kt
+
+    @property
+    def tp(self) -> int:
+        """Output rows per block."""
+        return _WARPS // self.warps_k
+
+    @property
+    def tq(self) -> int:
+        """Output columns per block."""
+        return 32 * self.qt
+
+    def kernel_name(self, ctype: str) -> str:
+        return f"direct_smem<{ctype},{self.kt},{self.qt},{self.warps_k}>"
+
+
+# By accumulation type: the half types accumulate in float.
+TILES = {"float": Tile(kt=16, qt=4, warps_k=2), "double": Tile(kt=8, qt=2, warps_k=4)}
+
+
+def _acc_ctype(ctype: str) -> str:
+    return "double" if ctype == "double" else "float"
+
+
+NAME_EXPRESSIONS = tuple(TILES[_acc_ctype(t)].kernel_name(t) for t in _dtypes.ALL_CTYPE_NAMES)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How ``direct_smem`` walks one problem: its tile, the input channels staged per chunk (``ct``), the
+    staged input window (``x_rows`` × ``x_cols``, halo included) and the grid."""
+
+    tile: Tile
+    ct: int
+    x_rows: int
+    x_cols: int
+    channel_bytes: int  # shared memory of one staged input channel: TK×R×S weights and its input window
+    tiles_p: int
+    tiles_q: int
+    tiles_k: int
+    grid: tuple
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.ct * self.channel_bytes
+
+
+def plan(spec: ConvSpec, dtype, smem_target: int = _SMEM_DEFAULT) -> Plan:
+    """The tile of ``dtype`` and as many input channels per chunk as fit ``smem_target`` (at least one),
+    balanced over the chunks (C/groups = 16 with room for 11 becomes 8 + 8)."""
+    dtype = numpy.dtype(dtype)
+    acc_size = 8 if dtype == numpy.float64 else 4
+    tile = TILES["double" if acc_size == 8 else "float"]
+    (sh, sw), (dh, dw) = spec.stride, spec.dilation
+    x_rows = (tile.tp - 1) * sh + (spec.r - 1) * dh + 1
+    x_cols = (tile.tq - 1) * sw + (spec.s - 1) * dw + 1
+    channel_bytes = (spec.r * spec.s * tile.tk + x_rows * x_cols) * acc_size
+    cpg = max(1, spec.c_per_group)
+    ct = max(1, min(cpg, smem_target // channel_bytes))
+    ct = -(-cpg // -(-cpg // ct))
+    tiles_p, tiles_q, tiles_k = -(-spec.p // tile.tp), -(-spec.q // tile.tq), -(-spec.k_per_group // tile.tk)
+    grid = (spec.n * tiles_p * tiles_q, spec.groups * tiles_k, 1)
+    return Plan(tile, ct, x_rows, x_cols, channel_bytes, tiles_p, tiles_q, tiles_k, grid)
+
+
+_smem_limits = {}
+
+
+def _smem_limit() -> int:
+    """Dynamic shared memory a block may opt into on the current device; 227 KB (H100/H200) without one."""
+    if not _backend.gpu_available():
+        return _SMEM_OPTIN_FALLBACK
+    import cupy
+
+    runtime = cupy.cuda.runtime
+    dev = runtime.getDevice()
+    limit = _smem_limits.get(dev)
+    if limit is None:
+        limit = _smem_limits[dev] = runtime.deviceGetAttribute(runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                                               dev)
+    return limit
+
+
+def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop"):
+    """Why ``direct_smem`` cannot run this case, or None."""
+    if pass_ != "fprop":
+        return f"it implements no {pass_}"
+    pl = plan(spec, dtype)
+    limit = _smem_limit()
+    if pl.smem_bytes > limit:
+        return (f"one input channel's tile needs {pl.smem_bytes} bytes of shared memory (an {pl.x_rows}x"
+                f"{pl.x_cols} input window and {pl.tile.tk}x{spec.r}x{spec.s} weights); the device allows "
+                f"{limit}")
+    if pl.grid[0] > _MAX_GRID_X or pl.grid[1] > _MAX_GRID_Y:
+        return f"its grid {pl.grid} exceeds the CUDA limits ({_MAX_GRID_X}, {_MAX_GRID_Y}, 1)"
+    if max(spec.h + spec.pad[0] + spec.pad[1] + pl.x_rows,
+           spec.w + spec.pad[2] + spec.pad[3] + pl.x_cols) > _MAX_POSITION:
+        return "the padded input is too large for the kernel's 32-bit positions inside a plane"
+    return None
+
+
+_smem_allowed = {}
+
+
+def _allow_smem(fn, name: str, nbytes: int) -> None:
+    """Opt ``fn`` into ``nbytes`` of dynamic shared memory (> 48 KB) on the current device, once."""
+    import cupy
+
+    key = (cupy.cuda.runtime.getDevice(), name)
+    if _smem_allowed.get(key, 0) < nbytes:
+        fn.max_dynamic_shared_size_bytes = nbytes
+        _smem_allowed[key] = nbytes
+
+
+def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
+    """out = conv(x, w) + bias on C-contiguous CuPy arrays, current stream (``precision``: FFMA, nothing to
+    choose; half types sum in float32)."""
+    import cupy
+
+    pl = plan(spec, x.dtype)
+    if spec.n * spec.k * spec.p * spec.q == 0:
+        return
+    name = pl.tile.kernel_name(_dtypes.ctype_of(x.dtype))
+    fn = _loader.get_function(STEM, NAME_EXPRESSIONS, name)
+    smem = pl.smem_bytes
+    if smem > _SMEM_DEFAULT:
+        _allow_smem(fn, name, smem)
+    # (groups, C/g·R·S, K/g) = (groups, K/g, C/g·R·S)ᵀ: one tap's k tile is contiguous.
+    w_gck = cupy.ascontiguousarray(w.reshape(spec.groups, spec.k_per_group, spec.crs_per_group).transpose(0, 2, 1))
+    grid = pl.grid
+    block = (_THREADS, 1, 1)
+    i64 = numpy.int64
+    args = (x, w_gck, NULL if bias is None else bias, out,
+            i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q), i64(spec.r),
+            i64(spec.s), i64(spec.groups), i64(spec.stride[0]), i64(spec.stride[1]), i64(spec.pad[0]),
+            i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]),
+            i64(pl.tiles_p), i64(pl.tiles_q), i64(pl.tiles_k), i64(pl.ct), i64(pl.x_rows), i64(pl.x_cols))
+    _loader.launch(fn, name, grid, block, args, shared_mem=smem)

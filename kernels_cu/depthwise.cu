@@ -1,0 +1,222 @@
+// depthwise: convolutions with groups == C (one input channel per group, K = m·C output channels with
+// channel multiplier m), any kernel size, stride, padding and dilation. Memory-bound: every kernel here
+// aims to move each input and output element through DRAM about once.
+//
+// Kernels (T: storage type; sums in cuconv::Acc<T>, i.e. float for half types, rounded once):
+//   depthwise_fwd<T, KR, KS>(x, w, bias, out, ...)
+//       blockIdx.x = one output plane (n, k), blockIdx.y = one 32×64 tile of it; 32×8 threads. The block
+//       stages its input tile, halo and dilation included ((32-1)·sh + (R-1)·dh + 1 rows × (64-1)·sw +
+//       (S-1)·dw + 1 columns, zeros where the tile hangs over the padding; 12 loads in flight per thread)
+//       and the R·S weights in dynamic shared memory; each thread then keeps 4×2 outputs in registers
+//       (rows ty + 8i, columns tx + 32j: conflict-free reads, coalesced stores). KR×KS = 3×3, 5×5, 7×7 are
+//       compiled with unrolled tap loops (and, for stride = dilation = 1, compile-time tile offsets), 0×0
+//       reads R, S at run time. Bias is added in the sum.
+//   depthwise_dgrad<T, kUnitStride, Index>(dy, w, dx, ...)   (Index: int when the tensor has < 2^31
+//       elements, else long long — 64-bit division is a software routine, so decode in 32 bits if possible)
+//       one thread per dx element (n, c, h, w): the gather dx = Σ_{j<m} Σ_{r,s} w[c·m+j, r, s] ·
+//       dy[n, c·m+j, p, q] over the (p, q) that read (h, w); dy comes through L1/L2.
+//   depthwise_wgrad_partial<T, Index>(x, dy, partial, ...) and depthwise_wgrad_reduce<T>(partial, dw, ...)
+//       blockIdx.x = output channel k, blockIdx.y = one chunk of the flattened (n, p, q) space. Each thread
+//       accumulates all R·S taps in its own shared-memory column, the block reduces each tap in a fixed
+//       tree, and a second kernel sums the chunks in order: deterministic, no atomics.
+// Layouts: x (N, C, H, W), w (K, 1, R, S), out/dy (N, K, P, Q), all contiguous; 64-bit plane offsets.
+#include "common.cuh"
+
+using cuconv::i64;
+
+// Forward tile: kRowsPerThread × 8 rows and kColsPerThread × 32 columns of one output plane; a block of
+// 32 × 8 threads, each computing kRowsPerThread × kColsPerThread outputs held in registers.
+constexpr int kRowsPerThread = 4;
+constexpr int kColsPerThread = 2;
+constexpr int kTileP = 8 * kRowsPerThread;
+constexpr int kTileQ = 32 * kColsPerThread;
+constexpr int kLoads = 12;  // input-tile elements each thread loads per batch (34 x 66 = 2244 < 12 x 256)
+
+// KR, KS > 0: the kernel size is known at compile time (tap loops unrolled); 0: read R, S at run time.
+// kUnit: stride and dilation are 1, so with KR, KS the tile's shape and every shared-memory offset are
+// compile-time constants (ncu showed the general kernel issue-bound on index arithmetic, DRAM at 25%).
+template <typename T, int KR, int KS, bool kUnit>
+__global__ void __launch_bounds__(256)
+depthwise_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ out,
+              i64 C, i64 H, i64 W, i64 K, i64 R_rt, i64 S_rt, i64 P, i64 Q, i64 mult,
+              i64 stride_h, i64 stride_w, i64 pad_top, i64 pad_left, i64 dil_h, i64 dil_w, i64 tiles_q) {
+    typedef typename cuconv::Acc<T>::type Acc;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int R = KR > 0 ? KR : static_cast<int>(R_rt);
+    const int S = KS > 0 ? KS : static_cast<int>(S_rt);
+    const int taps = R * S;
+    Acc* w_s = reinterpret_cast<Acc*>(smem_raw);
+    T* tile = reinterpret_cast<T*>(smem_raw + ((taps * sizeof(Acc) + 15) / 16) * 16);
+
+    // 32-bit decode: a 64-bit division is a ~100-instruction routine that every thread would run.
+    const int plane = blockIdx.x;  // n * K + k (grid.x < 2^31)
+    const int k = plane % static_cast<int>(K);
+    const int n = plane / static_cast<int>(K);
+    const T* __restrict__ x_plane = x + (static_cast<i64>(n) * C + k / static_cast<int>(mult)) * H * W;
+    const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 32 + tx;
+    const int p0 = static_cast<int>(blockIdx.y) / static_cast<int>(tiles_q) * kTileP;
+    const int q0 = static_cast<int>(blockIdx.y) % static_cast<int>(tiles_q) * kTileQ;
+    const int sh = kUnit ? 1 : static_cast<int>(stride_h), sw = kUnit ? 1 : static_cast<int>(stride_w);
+    const int dh = kUnit ? 1 : static_cast<int>(dil_h), dw = kUnit ? 1 : static_cast<int>(dil_w);
+    const int Hi = static_cast<int>(H), Wi = static_cast<int>(W);
+    const int tile_h = (kTileP - 1) * sh + (R - 1) * dh + 1;
+    const int tile_w = (kTileQ - 1) * sw + (S - 1) * dw + 1;
+    const int ih0 = p0 * sh - static_cast<int>(pad_top);
+    const int iw0 = q0 * sw - static_cast<int>(pad_left);
+
+    for (int i = tid; i < taps; i += 256) w_s[i] = cuconv::to_acc(w[static_cast<i64>(k) * taps + i]);
+    // Stage the input tile: kLoads elements per thread per batch, all loads in flight before any store
+    // (one batch covers the whole tile of a 3x3 stride-1 kernel).
+    const int tile_size = tile_h * tile_w;
+    const int step_r = 256 / tile_w, step_c = 256 - step_r * tile_w;  // (row, col) advance of 256 elements
+    for (int base = 0; base < tile_size; base += kLoads * 256) {
+        T v[kLoads];
+        int r = (base + tid) / tile_w, c = (base + tid) - r * tile_w;
+#pragma unroll
+        for (int j = 0; j < kLoads; ++j) {
+            const int ih = ih0 + r, iw = iw0 + c;
+            const bool inside = r < tile_h && ih >= 0 && ih < Hi && iw >= 0 && iw < Wi;
+            v[j] = inside ? x_plane[static_cast<i64>(ih) * W + iw] : cuconv::zero<T>();
+            r += step_r;
+            c += step_c;
+            if (c >= tile_w) { c -= tile_w; ++r; }
+        }
+#pragma unroll
+        for (int j = 0; j < kLoads; ++j) {
+            const int i = base + j * 256 + tid;
+            if (i < tile_size) tile[i] = v[j];
+        }
+    }
+    __syncthreads();
+
+    const Acc b = bias != nullptr ? cuconv::to_acc(bias[k]) : Acc(0);
+    Acc acc[kRowsPerThread][kColsPerThread];
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i)
+#pragma unroll
+        for (int j = 0; j < kColsPerThread; ++j) acc[i][j] = b;
+#pragma unroll
+    for (int r = 0; r < (KR > 0 ? KR : 1); ++r) {
+        for (int rr = (KR > 0 ? r : 0); rr < (KR > 0 ? r + 1 : R); ++rr) {
+#pragma unroll
+            for (int s = 0; s < (KS > 0 ? KS : 1); ++s) {
+                for (int ss = (KS > 0 ? s : 0); ss < (KS > 0 ? s + 1 : S); ++ss) {
+                    const Acc wv = w_s[rr * S + ss];
+                    const T* __restrict__ src = tile + (ty * sh + rr * dh) * tile_w + tx * sw + ss * dw;
+#pragma unroll
+                    for (int i = 0; i < kRowsPerThread; ++i)
+#pragma unroll
+                        for (int j = 0; j < kColsPerThread; ++j)
+                            acc[i][j] += wv * cuconv::to_acc(src[(8 * i * sh) * tile_w + 32 * j * sw]);
+                }
+            }
+        }
+    }
+    T* __restrict__ out_plane = out + static_cast<i64>(plane) * P * Q;
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+        const int p = p0 + ty + 8 * i;
+#pragma unroll
+        for (int j = 0; j < kColsPerThread; ++j) {
+            const int q = q0 + tx + 32 * j;
+            if (p < P && q < Q) out_plane[static_cast<i64>(p) * Q + q] = cuconv::from_acc<T>(acc[i][j]);
+        }
+    }
+}
+
+template <typename T, bool kUnitStride, typename Index>
+__global__ void __launch_bounds__(256)
+depthwise_dgrad(const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx, i64 total,
+                i64 C, i64 H, i64 W, i64 K, i64 R, i64 S, i64 P, i64 Q, i64 mult,
+                i64 stride_h, i64 stride_w, i64 pad_top, i64 pad_left, i64 dil_h, i64 dil_w) {
+    typedef typename cuconv::Acc<T>::type Acc;
+    const int sh = static_cast<int>(stride_h), sw = static_cast<int>(stride_w);
+    const Index Wx = static_cast<Index>(W), Hx = static_cast<Index>(H), Cx = static_cast<Index>(C);
+    for (Index idx = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; idx < static_cast<Index>(total);
+         idx += static_cast<Index>(gridDim.x) * blockDim.x) {
+        const int wi = static_cast<int>(idx % Wx);
+        const int h = static_cast<int>((idx / Wx) % Hx);
+        const Index nc = idx / (Hx * Wx);
+        const i64 c = nc % Cx, n = nc / Cx;
+        Acc acc = 0;
+        for (i64 j = 0; j < mult; ++j) {
+            const i64 k = c * mult + j;
+            const T* __restrict__ dy_plane = dy + (n * K + k) * P * Q;
+            const T* __restrict__ w_k = w + k * R * S;
+            for (int r = 0; r < R; ++r) {
+                const int hp = h + static_cast<int>(pad_top - r * dil_h);
+                if (hp < 0 || (!kUnitStride && hp % sh != 0)) continue;
+                const int p = kUnitStride ? hp : hp / sh;
+                if (p >= P) continue;
+                for (int s = 0; s < S; ++s) {
+                    const int wq = wi + static_cast<int>(pad_left - s * dil_w);
+                    if (wq < 0 || (!kUnitStride && wq % sw != 0)) continue;
+                    const int q = kUnitStride ? wq : wq / sw;
+                    if (q >= Q) continue;
+                    acc += cuconv::to_acc(w_k[r * S + s]) * cuconv::to_acc(dy_plane[static_cast<i64>(p) * Q + q]);
+                }
+            }
+        }
+        dx[idx] = cuconv::from_acc<T>(acc);
+    }
+}
+
+template <typename T, typename Index>
+__global__ void depthwise_wgrad_partial(const T* __restrict__ x, const T* __restrict__ dy,
+                                        typename cuconv::Acc<T>::type* __restrict__ partial,
+                                        i64 C, i64 H, i64 W, i64 K, i64 R, i64 S, i64 P, i64 Q, i64 mult,
+                                        i64 stride_h, i64 stride_w, i64 pad_top, i64 pad_left,
+                                        i64 dil_h, i64 dil_w, i64 total, i64 chunk) {
+    typedef typename cuconv::Acc<T>::type Acc;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Acc* acc = reinterpret_cast<Acc*>(smem_raw);  // acc[tap * blockDim.x + thread]
+    const int taps = static_cast<int>(R * S), Si = static_cast<int>(S);
+    const int nt = blockDim.x, t = threadIdx.x;
+    for (int tap = 0; tap < taps; ++tap) acc[tap * nt + t] = 0;
+
+    const int k = blockIdx.x;
+    const i64 c = k / static_cast<int>(mult);
+    const Index begin = static_cast<Index>(blockIdx.y) * static_cast<Index>(chunk);
+    const Index end = min(static_cast<Index>(total), begin + static_cast<Index>(chunk));
+    const Index PQ = static_cast<Index>(P * Q);
+    const int Qi = static_cast<int>(Q);
+    for (Index idx = begin + t; idx < end; idx += nt) {  // idx over (n, p, q)
+        const Index n = idx / PQ;
+        const int pq = static_cast<int>(idx - n * PQ);
+        const int p = pq / Qi, q = pq - (pq / Qi) * Qi;
+        const Acc g = cuconv::to_acc(dy[(static_cast<i64>(n) * K + k) * (P * Q) + pq]);
+        const T* __restrict__ x_plane = x + (static_cast<i64>(n) * C + c) * H * W;
+        const int ih0 = p * static_cast<int>(stride_h) - static_cast<int>(pad_top);
+        const int iw0 = q * static_cast<int>(stride_w) - static_cast<int>(pad_left);
+        for (int r = 0; r < R; ++r) {
+            const int ih = ih0 + r * static_cast<int>(dil_h);
+            if (ih < 0 || ih >= H) continue;
+            for (int s = 0; s < Si; ++s) {
+                const int iw = iw0 + s * static_cast<int>(dil_w);
+                if (iw < 0 || iw >= W) continue;
+                acc[(r * Si + s) * nt + t] += g * cuconv::to_acc(x_plane[static_cast<i64>(ih) * W + iw]);
+            }
+        }
+    }
+    __syncthreads();
+    for (int half = nt / 2; half > 0; half /= 2) {  // fixed tree: deterministic
+        if (t < half)
+            for (int tap = 0; tap < taps; ++tap) acc[tap * nt + t] += acc[tap * nt + t + half];
+        __syncthreads();
+    }
+    for (int tap = t; tap < taps; tap += nt)
+        partial[(static_cast<i64>(k) * gridDim.y + blockIdx.y) * taps + tap] = acc[tap * nt];
+}
+
+template <typename T>
+__global__ void depthwise_wgrad_reduce(const typename cuconv::Acc<T>::type* __restrict__ partial,
+                                       T* __restrict__ dw, i64 K, i64 taps, i64 chunks) {
+    typedef typename cuconv::Acc<T>::type Acc;
+    for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < K * taps;
+         i += static_cast<i64>(gridDim.x) * blockDim.x) {
+        const i64 k = i / taps, tap = i % taps;
+        Acc sum = 0;
+        for (i64 j = 0; j < chunks; ++j) sum += partial[(k * chunks + j) * taps + tap];  // in order
+        dw[i] = cuconv::from_acc<T>(sum);
+    }
+}

@@ -1,0 +1,120 @@
+"""direct_smem's plan (tile, staged input window, channels per chunk, grid) and the limits it reports.
+
+No GPU needed: the kernels themselves run in test_conv_gpu.py (the case table, ``TILING_CASES``, and the
+integer-exact comparisons with the CPU path for every algorithm).
+"""
+
+import numpy
+import pytest
+
+from cases import CASES, PROBLEM_CASES, TILING_CASES
+from cuconv import _dtypes, direct, direct_smem
+from cuconv.direct_smem import NAME_EXPRESSIONS, plan
+from cuconv.problems import PROBLEMS, SUITES
+from cuconv.spec import ConvSpec
+
+SMEM_DEFAULT = 48 << 10
+
+
+def _spec(case):
+    x_shape = case.x_shape if len(case.x_shape) == 4 else (1,) + case.x_shape
+    return ConvSpec.from_args(x_shape, case.w_shape, **case.kwargs)
+
+
+def _random_specs(count, seed):
+    rng = numpy.random.default_rng(seed)
+    specs = []
+    while len(specs) < count:
+        groups = int(rng.choice([1, 2, 3]))
+        n, cpg, kpg = (int(v) for v in rng.integers(1, 40, size=3))
+        h, w = (int(v) for v in rng.integers(1, 300, size=2))
+        r, s = (int(v) for v in rng.integers(1, 12, size=2))
+        stride = tuple(int(v) for v in rng.integers(1, 4, size=2))
+        dilation = tuple(int(v) for v in rng.integers(1, 4, size=2))
+        pad = tuple(int(v) for v in rng.integers(0, 4, size=4))
+        spec = ConvSpec(n, cpg * groups, h, w, kpg * groups, r, s, stride, pad, dilation, groups)
+        if spec.p >= 1 and spec.q >= 1:
+            specs.append(spec)
+    return specs
+
+
+ALL_SPECS = ([_spec(p.values[0]) for p in CASES + PROBLEM_CASES + TILING_CASES if 0 not in p.values[0].x_shape]
+             + [p.spec() for p in PROBLEMS] + _random_specs(300, seed=21))
+
+
+def test_every_kernel_instance_serves_a_dtype():
+    """One tile per accumulation type: each name expression is the kernel of one storage type."""
+    names = {plan(ConvSpec(1, 1, 8, 8, 1, 3, 3), dtype).tile.kernel_name(ctype)
+             for dtype, ctype in _dtypes.CTYPES.items()}
+    assert names <= set(NAME_EXPRESSIONS)
+    if _dtypes.bfloat16 is not None:
+        assert names == set(NAME_EXPRESSIONS)
+
+
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
+def test_plan_invariants(dtype):
+    for spec in ALL_SPECS:
+        pl = plan(spec, dtype)
+        t = pl.tile
+        acc = numpy.dtype(dtype).itemsize
+        (sh, sw), (dh, dw) = spec.stride, spec.dilation
+        # Every input position a tile's outputs read lies in the staged window (relative to (ih0, iw0)).
+        assert (t.tp - 1) * sh + (spec.r - 1) * dh < pl.x_rows
+        assert (t.tq - 1) * sw + (spec.s - 1) * dw < pl.x_cols
+        assert pl.channel_bytes == (spec.r * spec.s * t.tk + pl.x_rows * pl.x_cols) * acc
+        # Chunks of input channels: at least one, within the default 48 KB unless one channel needs more,
+        # and balanced (no chunk much smaller than the others).
+        cpg = spec.c_per_group
+        assert 1 <= pl.ct <= cpg
+        assert pl.smem_bytes <= SMEM_DEFAULT or pl.ct == 1
+        chunks = -(-cpg // pl.ct)
+        assert pl.ct == -(-cpg // chunks)
+        # xs starts 16-byte aligned after ws (the kernel reads ws as 16-byte vectors).
+        assert (pl.ct * spec.r * spec.s * t.tk * acc) % 16 == 0 and (t.kt * acc) % 16 == 0
+        # The grid covers every output exactly: tiles of TP rows, TQ columns, TK channels of a group.
+        assert (pl.tiles_p - 1) * t.tp < spec.p <= pl.tiles_p * t.tp
+        assert (pl.tiles_q - 1) * t.tq < spec.q <= pl.tiles_q * t.tq
+        assert (pl.tiles_k - 1) * t.tk < spec.k_per_group <= pl.tiles_k * t.tk
+        assert pl.grid == (spec.n * pl.tiles_p * pl.tiles_q, spec.groups * pl.tiles_k, 1)
+
+
+def test_large_problems_fit_the_default_shared_memory_in_several_channels():
+    for name in SUITES["large"]:
+        spec = next(p for p in PROBLEMS if p.name == name).spec()
+        for dtype in (numpy.float16, numpy.float32, numpy.float64):
+            pl = plan(spec, dtype)
+            assert pl.smem_bytes <= SMEM_DEFAULT and pl.ct >= 2, (name, dtype, pl)
+            assert direct_smem.reason_unsupported(spec, dtype) is None
+
+
+def test_tiling_cases_cross_the_boundaries_they_name():
+    plans = {p.id: (_spec(p.values[0]), plan(_spec(p.values[0]), numpy.float32)) for p in TILING_CASES}
+    spec, pl = plans["q_tiles_tail"]
+    assert pl.tiles_q > 2 and spec.q % pl.tile.tq and spec.p % pl.tile.tp
+    spec, pl = plans["chunks_groups_k_tail"]
+    assert spec.c_per_group > 2 * pl.ct and spec.c_per_group % pl.ct and pl.tiles_k > 1
+    assert spec.k_per_group % pl.tile.tk and spec.groups > 1
+    spec, pl = plans["big_kernel_smem_optin"]
+    assert pl.ct == 1 and pl.smem_bytes > SMEM_DEFAULT
+    assert plan(spec, numpy.float64).smem_bytes > SMEM_DEFAULT
+    spec, pl = plans["batch1_q256_no_bias"]
+    assert spec.n == 1 and spec.q == 2 * pl.tile.tq
+
+
+@pytest.mark.parametrize("dtype", [numpy.float16, numpy.float32, numpy.float64])
+def test_reasons(dtype):
+    for spec in ALL_SPECS:
+        assert direct_smem.reason_unsupported(spec, dtype) is None, spec
+        assert direct.reason_unsupported(spec, dtype) is None, spec
+    spec = ALL_SPECS[0]
+    for pass_ in ("dgrad", "wgrad"):
+        assert direct_smem.reason_unsupported(spec, dtype, pass_) == f"it implements no {pass_}"
+        assert direct.reason_unsupported(spec, dtype, pass_) == f"it implements no {pass_}"
+    # A 3x3 kernel dilated (200, 1000): one channel's input window alone is 400+ rows of 2000+ columns.
+    huge = ConvSpec.from_args((1, 1, 401, 2001), (2, 1, 3, 3), dilation=(200, 1000))
+    reason = direct_smem.reason_unsupported(huge, dtype)
+    assert reason is not None and "bytes of shared memory" in reason and "the device allows" in reason
+    assert direct.reason_unsupported(huge, dtype) is None
+    # 70000 groups of one channel: more k tiles than gridDim.y allows.
+    many = ConvSpec.from_args((1, 70000, 3, 3), (70000, 1, 3, 3), groups=70000)
+    assert "exceeds the CUDA limits" in direct_smem.reason_unsupported(many, dtype)
