@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 
 __all__ = ["config", "PRECISIONS"]
@@ -21,6 +22,13 @@ class _Config:
     workspace_limit : int
         Upper bound in bytes on the temporary buffers (the column matrix) one call may allocate.
         Default 1 GiB. Large problems are chunked over the batch, then over output rows, to stay below it.
+    benchmark : bool
+        Like ``torch.backends.cudnn.benchmark``: with ``algo="auto"``, the first GPU call of each problem
+        signature times every eligible algorithm and later calls run the fastest (default False: a
+        heuristic choice, no timing).
+    benchmark_cache : str or None
+        A JSON file where ``benchmark`` winners are kept across processes, keyed by device name, dtype,
+        precision, pass and geometry (default None: in memory only).
     """
 
     _lock = threading.Lock()
@@ -28,6 +36,28 @@ class _Config:
     def __init__(self):
         self._precision = "ieee"
         self._workspace_limit = 1 << 30
+        self._benchmark = False
+        self._benchmark_cache = None
+
+    @property
+    def benchmark(self) -> bool:
+        return self._benchmark
+
+    @benchmark.setter
+    def benchmark(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"benchmark must be a bool, got {type(value).__name__}")
+        self._benchmark = value
+
+    @property
+    def benchmark_cache(self):
+        return self._benchmark_cache
+
+    @benchmark_cache.setter
+    def benchmark_cache(self, value) -> None:
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"benchmark_cache must be a path or None, got {type(value).__name__}")
+        self._benchmark_cache = None if value is None else os.fspath(value)
 
     @property
     def precision(self) -> str:
@@ -52,7 +82,7 @@ class _Config:
     @contextlib.contextmanager
     def __call__(self, **changes):
         """Temporarily change defaults: ``with cuconv.config(workspace_limit=1 << 28): ...``."""
-        unknown = set(changes) - {"precision", "workspace_limit"}
+        unknown = set(changes) - {"precision", "workspace_limit", "benchmark", "benchmark_cache"}
         if unknown:
             raise TypeError(f"config() got unexpected keyword argument(s) {sorted(unknown)}")
         with self._lock:
@@ -72,7 +102,8 @@ class _Config:
                     setattr(self, name, value)
 
     def __repr__(self) -> str:
-        return f"cuconv.config(precision={self.precision!r}, workspace_limit={self.workspace_limit})"
+        return (f"cuconv.config(precision={self.precision!r}, workspace_limit={self.workspace_limit}, "
+                f"benchmark={self.benchmark}, benchmark_cache={self.benchmark_cache!r})")
 
 
 config = _Config()

@@ -10,7 +10,7 @@ import numbers
 
 import numpy
 
-from . import _backend, registry as _registry
+from . import _backend, autotune, registry as _registry
 from .conv import _array_kind, _check_same_device, _check_dtypes, _resolve_precision
 from .spec import ConvSpec
 
@@ -148,8 +148,12 @@ def dgrad_spec(weight, grad_output, spec: ConvSpec, algo: str, precision: str):
     if _degenerate(spec):
         dx.fill(0)
     elif on_gpu:
-        _registry.entry(name, "dgrad")(xp.ascontiguousarray(grad_output), xp.ascontiguousarray(weight), spec, dx,
-                                       precision)
+        dy, w = xp.ascontiguousarray(grad_output), xp.ascontiguousarray(weight)
+
+        def run(algo_name):
+            _registry.entry(algo_name, "dgrad")(dy, w, spec, dx, precision)
+
+        run(autotune.pick(algo, name, spec, weight.dtype, precision, "dgrad", run))
     else:
         _registry.cpu().dgrad_cpu(xp.ascontiguousarray(grad_output), xp.ascontiguousarray(weight), spec, dx)
     return dx
@@ -164,8 +168,12 @@ def wgrad_spec(x, grad_output, spec: ConvSpec, algo: str, precision: str):
     if _degenerate(spec):
         dw.fill(0)
     elif on_gpu:
-        _registry.entry(name, "wgrad")(xp.ascontiguousarray(x), xp.ascontiguousarray(grad_output), spec, dw,
-                                       precision)
+        xc, dy = xp.ascontiguousarray(x), xp.ascontiguousarray(grad_output)
+
+        def run(algo_name):
+            _registry.entry(algo_name, "wgrad")(xc, dy, spec, dw, precision)
+
+        run(autotune.pick(algo, name, spec, x.dtype, precision, "wgrad", run))
     else:
         _registry.cpu().wgrad_cpu(xp.ascontiguousarray(x), xp.ascontiguousarray(grad_output), spec, dw)
     return dw

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy
 
-from . import _backend, _dtypes, registry as _registry
+from . import _backend, _dtypes, autotune, registry as _registry
 from ._config import PRECISIONS, config
 from .spec import ConvSpec
 
@@ -153,8 +153,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
         import cupy as xp
 
         with x.device:
-            return _run(xp, name, x, weight, bias, spec, out, result_shape, precision, on_gpu)
-    return _run(numpy, name, x, weight, bias, spec, out, result_shape, precision, on_gpu)
+            return _run(xp, name, x, weight, bias, spec, out, result_shape, precision, on_gpu, algo)
+    return _run(numpy, name, x, weight, bias, spec, out, result_shape, precision, on_gpu, algo)
 
 
 def forward_spec(x, weight, bias, spec: ConvSpec, out, algo: str, precision: str) -> None:
@@ -165,10 +165,10 @@ def forward_spec(x, weight, bias, spec: ConvSpec, out, algo: str, precision: str
     on_gpu = _backend.is_cupy_array(x)
     name = _registry.resolve(algo, spec, x.dtype, precision, on_gpu)
     xp = __import__("cupy") if on_gpu else numpy
-    _run(xp, name, x, weight, bias, spec, out, spec.output_shape, precision, on_gpu)
+    _run(xp, name, x, weight, bias, spec, out, spec.output_shape, precision, on_gpu, algo)
 
 
-def _run(xp, name, x, weight, bias, spec, out, result_shape, precision, on_gpu):
+def _run(xp, name, x, weight, bias, spec, out, result_shape, precision, on_gpu, requested="auto"):
     # Compute into `out` directly when it is C-contiguous, else into a fresh array copied over at the end.
     direct = out is not None and out.flags.c_contiguous
     y = out.reshape(spec.output_shape) if direct else xp.empty(spec.output_shape, dtype=x.dtype)
@@ -181,7 +181,10 @@ def _run(xp, name, x, weight, bias, spec, out, result_shape, precision, on_gpu):
             x = xp.ascontiguousarray(x)
             weight = xp.ascontiguousarray(weight)
             if on_gpu:
-                _registry.entry(name, "fprop")(x, weight, bias, spec, y, precision)
+                def run(algo_name, x=x, weight=weight, bias=bias):
+                    _registry.entry(algo_name, "fprop")(x, weight, bias, spec, y, precision)
+
+                run(autotune.pick(requested, name, spec, x.dtype, precision, "fprop", run))
             else:
                 _registry.cpu().forward_cpu(x, weight, bias, spec, y)
     y = y.reshape(result_shape)

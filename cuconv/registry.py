@@ -73,17 +73,31 @@ def select_algorithm(spec: ConvSpec, dtype, precision: str = "ieee", on_gpu: boo
                      pass_: str = "fprop") -> str:
     """The algorithm ``algo="auto"`` runs for this problem and pass: a pure function of its arguments."""
     _check_pass(pass_)
-    for name in _preference(spec, pass_):
+    for name in _preference(spec, dtype, precision, pass_):
         if name in _REGISTRY and reason_unsupported(name, spec, dtype, pass_) is None:
             return name
     raise NotImplementedError(f"cuconv: no algorithm supports {spec} in {dtype} for {pass_}")  # pragma: no cover
 
 
-def _preference(spec: ConvSpec, pass_: str):
-    """Candidates, best first, from what each family is good at (see README "Algorithms")."""
+def _preference(spec: ConvSpec, dtype, precision: str, pass_: str):
+    """Candidates, best first, from what each family is good at (measured on an H200; README "Algorithms").
+
+    - depthwise layers: ``depthwise`` (memory-bound; im2col_gemm runs one tiny GEMM per group, 4-7x slower);
+    - plain-FFMA arithmetic (fp32 "ieee", fp64) on large layers with many taps and few filters per group:
+      ``direct_smem`` (no column matrix; square_5x9 10.9 ms and dilated_padded_5x9 11.3 ms against 12.9 and
+      12.6 for im2col_gemm), while at K/groups = 128 or 9 taps cuBLAS's larger GEMMs win (rect_5x7,
+      square_3x3_1024), and with tensor cores (TF32, fp16, bf16) im2col_gemm wins by 2.6-3.6x;
+    - otherwise ``im2col_gemm``.
+    """
+    import numpy
+
     depthwise = spec.groups == spec.c and spec.groups > 1 and spec.c_per_group == 1
     if depthwise:
-        yield "depthwise"  # memory-bound: a tiny GEMM per group wastes im2col_gemm
+        yield "depthwise"
+    ffma = numpy.dtype(dtype) == numpy.float64 or (numpy.dtype(dtype) == numpy.float32 and precision == "ieee")
+    large = spec.n * spec.p * spec.q >= (1 << 20)
+    if pass_ == "fprop" and ffma and large and spec.r * spec.s >= 25 and spec.k_per_group <= 64:
+        yield "direct_smem"
     yield "im2col_gemm"
     yield from _REGISTRY  # anything else that serves the case
 

@@ -374,3 +374,24 @@ def test_direct_smem_refuses_a_window_beyond_the_device_shared_memory():
                                                   r"memory .* the device allows"):
         cuconv.conv2d(x, w, dilation=(200, 1000), algo="direct_smem")
     assert cuconv.conv2d(x, w, dilation=(200, 1000), algo="direct").shape == (1, 2, 1, 1)
+
+
+def test_benchmark_mode_times_and_remembers_the_fastest(tmp_path):
+    import cupy
+
+    from cuconv import autotune
+
+    case = PROBLEM_CASES[0].values[0]
+    x, w, b = make_inputs(case, seed=41)
+    ref = reference(x, w, b, **case.kwargs)
+    autotune.clear()
+    path = tmp_path / "winners.json"
+    with cuconv.config(benchmark=True, benchmark_cache=path):
+        y = cuconv.conv2d(*(cupy.asarray(a) for a in (x, w, b)), **case.kwargs)
+        dx = cuconv.conv2d_input(x.shape, cupy.asarray(w), cupy.asarray(y), **case.kwargs)
+    assert rel_err(cupy.asnumpy(y), ref) <= tolerance(numpy.float64)
+    assert dx.shape == x.shape
+    import json
+
+    passes = sorted(key.split("|")[3] for key in json.loads(path.read_text()))
+    assert passes == ["dgrad", "fprop"]

@@ -1,0 +1,128 @@
+"""``cuconv.config.benchmark``: time every eligible algorithm once per problem and remember the fastest.
+
+Like ``torch.backends.cudnn.benchmark``: the first call with a given signature (device name, dtype,
+precision, pass and the full geometry ``ConvSpec``) runs each algorithm that can serve it on the real
+inputs, timed with CUDA events on the current stream, and every later call with that signature runs the
+winner. Winners live in memory for the process and, where ``cuconv.config.benchmark_cache`` names a file,
+also on disk (JSON), so a later process on the same kind of device skips the timing. Entries carry the
+device name: another device misses and times again. During CUDA-graph capture nothing is timed (that would
+synchronise): the heuristic choice runs instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import threading
+from typing import Callable, Dict, Optional
+
+from . import registry
+from ._config import config
+from .spec import ConvSpec
+
+__all__ = ["choose", "signature", "clear"]
+
+_winners: Dict[str, str] = {}
+_lock = threading.Lock()
+
+
+def signature(device_name: str, dtype, precision: str, pass_: str, spec: ConvSpec) -> str:
+    """The cache key: stable text, the same across processes."""
+    import numpy
+
+    fields = ",".join(f"{k}={v}" for k, v in sorted(vars(spec).items()))
+    return f"{device_name}|{numpy.dtype(dtype).name}|{precision}|{pass_}|{fields}"
+
+
+def clear() -> None:
+    """Forget every winner held in memory (the disk cache is left alone)."""
+    with _lock:
+        _winners.clear()
+
+
+def _load_disk(path: str) -> Dict[str, str]:
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _store_disk(path: str, key: str, name: str) -> None:
+    data = _load_disk(path)
+    data[key] = name
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+    os.replace(tmp, path)  # atomic: concurrent processes never read half a file
+
+
+def _time_cuda(run: Callable[[], None], reps: int = 3) -> float:
+    """Median milliseconds of ``run`` on CuPy's current stream after one warm-up run."""
+    import cupy
+
+    stream = cupy.cuda.get_current_stream()
+    run()
+    times = []
+    for _ in range(reps):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(stream)
+        run()
+        stop.record(stream)
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop))
+    return statistics.median(times)
+
+
+def choose(spec: ConvSpec, dtype, precision: str, pass_: str, run: Callable[[str], None],
+           device_name: str, timer: Optional[Callable[[Callable[[], None]], float]] = None) -> str:
+    """The fastest algorithm for this signature, timing the candidates (``run(name)``) on a miss."""
+    key = signature(device_name, dtype, precision, pass_, spec)
+    with _lock:
+        name = _winners.get(key)
+    path = config.benchmark_cache
+    if name is None and path:
+        name = _load_disk(path).get(key)
+    if name is not None and registry.reason_unsupported(name, spec, dtype, pass_) is None:
+        with _lock:
+            _winners[key] = name
+        return name
+    candidates = [a for a in registry.algorithms(pass_) if registry.reason_unsupported(a, spec, dtype, pass_) is None]
+    timer = timer or _time_cuda
+    timings = {a: timer(lambda a=a: run(a)) for a in candidates}
+    name = min(timings, key=timings.get)
+    with _lock:
+        _winners[key] = name
+    if path:
+        _store_disk(path, key, name)
+    return name
+
+
+_device_names: Dict[int, str] = {}
+
+
+def _device_name() -> str:
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    name = _device_names.get(dev)
+    if name is None:
+        raw = cupy.cuda.runtime.getDeviceProperties(dev)["name"]
+        name = _device_names[dev] = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return name
+
+
+def pick(requested: str, heuristic: str, spec: ConvSpec, dtype, precision: str, pass_: str,
+         run: Callable[[str], None]) -> str:
+    """The algorithm a GPU call runs: ``heuristic`` unless ``auto`` was asked with ``config.benchmark`` on
+    (and the stream is not being captured into a CUDA graph), in which case the timed winner."""
+    if requested != "auto" or not config.benchmark:
+        return heuristic
+    import cupy
+
+    stream = cupy.cuda.get_current_stream().ptr
+    if stream and cupy.cuda.runtime.streamIsCapturing(stream) != 0:
+        return heuristic
+    return choose(spec, dtype, precision, pass_, run, _device_name())

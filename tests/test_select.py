@@ -1,0 +1,138 @@
+"""Algorithm choice: the pure heuristic (a table) and the benchmark autotuner (with an injected timer)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy
+import pytest
+
+import cuconv
+from cuconv import autotune, registry
+from cuconv.problems import PROBLEMS
+
+_P = {p.name: p.spec() for p in PROBLEMS}
+_F32, _F16, _F64 = numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), numpy.dtype(numpy.float64)
+
+
+@pytest.mark.parametrize("problem,dtype,precision,pass_,expected", [
+    pytest.param("depthwise_3x3", _F32, "ieee", "fprop", "depthwise", id="depthwise_fprop"),
+    pytest.param("depthwise_3x3", _F16, "ieee", "dgrad", "depthwise", id="depthwise_dgrad_fp16"),
+    pytest.param("depthwise_3x3", _F32, "tf32", "wgrad", "depthwise", id="depthwise_wgrad"),
+    pytest.param("square_5x9", _F32, "ieee", "fprop", "direct_smem", id="many_taps_fp32_ieee"),
+    pytest.param("dilated_padded_5x9", _F64, "ieee", "fprop", "direct_smem", id="many_taps_fp64"),
+    pytest.param("square_5x9", _F32, "tf32", "fprop", "im2col_gemm", id="many_taps_tf32_tensor_cores"),
+    pytest.param("square_5x9", _F16, "ieee", "fprop", "im2col_gemm", id="many_taps_fp16_tensor_cores"),
+    pytest.param("square_5x9", _F32, "ieee", "dgrad", "im2col_gemm", id="direct_smem_has_no_dgrad"),
+    pytest.param("rect_5x7", _F32, "ieee", "fprop", "im2col_gemm", id="k128_per_group"),
+    pytest.param("square_3x3_1024", _F32, "ieee", "fprop", "im2col_gemm", id="nine_taps"),
+    pytest.param("resnet_3x3_64", _F32, "ieee", "fprop", "im2col_gemm", id="small_layer"),
+    pytest.param("resnet_1x1_256", _F16, "ieee", "fprop", "im2col_gemm", id="pointwise"),
+    pytest.param("stem_7x7_s2", _F32, "ieee", "fprop", "im2col_gemm", id="stem_few_channels"),
+])
+def test_select_algorithm(problem, dtype, precision, pass_, expected):
+    assert cuconv.select_algorithm(_P[problem], dtype, precision, True, pass_) == expected
+
+
+@pytest.mark.parametrize("pass_", registry.PASSES)
+@pytest.mark.parametrize("problem", sorted(_P))
+def test_selection_always_serves_the_case(problem, pass_):
+    for dtype in (_F16, _F32, _F64):
+        name = cuconv.select_algorithm(_P[problem], dtype, "ieee", True, pass_)
+        assert registry.reason_unsupported(name, _P[problem], dtype, pass_) is None
+
+
+def test_unknown_pass_is_refused():
+    with pytest.raises(ValueError, match="unknown pass 'bwd'"):
+        cuconv.select_algorithm(_P["square_5x9"], _F32, "ieee", True, "bwd")
+
+
+class _FakeTimer:
+    """Times candidates from a table instead of the GPU, counting the calls."""
+
+    def __init__(self, ms):
+        self.ms, self.timed = ms, []
+
+    def __call__(self, run):
+        run()
+        return self.ms[self.timed[-1]]
+
+
+def _choose(timer, spec=_P["square_5x9"], device="NVIDIA H200", dtype=_F32):
+    def run(name):
+        timer.timed.append(name)
+
+    return autotune.choose(spec, dtype, "ieee", "fprop", run, device, timer=timer)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_autotuner():
+    autotune.clear()
+    yield
+    autotune.clear()
+
+
+def test_autotune_times_every_eligible_algorithm_once_then_hits():
+    timer = _FakeTimer({"im2col_gemm": 12.9, "direct": 141.0, "direct_smem": 10.9})
+    assert _choose(timer) == "direct_smem"
+    assert sorted(timer.timed) == ["direct", "direct_smem", "im2col_gemm"]  # depthwise is not eligible
+    timer.timed.clear()
+    assert _choose(timer) == "direct_smem"
+    assert timer.timed == [], "a hit must not time anything"
+
+
+def test_autotune_misses_on_another_device_dtype_or_geometry():
+    timer = _FakeTimer({"im2col_gemm": 1.0, "direct": 3.0, "direct_smem": 2.0})
+    _choose(timer)
+    for kwargs in (dict(device="NVIDIA H100 80GB HBM3"), dict(dtype=_F64), dict(spec=_P["rect_5x7"])):
+        timer.timed.clear()
+        assert _choose(timer, **kwargs) == "im2col_gemm"
+        assert timer.timed, f"{kwargs} should have missed the cache"
+
+
+def test_autotune_disk_cache_round_trip_and_device_invalidation(tmp_path):
+    path = tmp_path / "winners.json"
+    timer = _FakeTimer({"im2col_gemm": 5.0, "direct": 9.0, "direct_smem": 4.0})
+    with cuconv.config(benchmark_cache=path):
+        assert _choose(timer) == "direct_smem"
+        stored = json.loads(path.read_text())
+        assert list(stored.values()) == ["direct_smem"]
+        assert next(iter(stored)).startswith("NVIDIA H200|float32|ieee|fprop|")
+        autotune.clear()  # a new process: only the disk remembers
+        timer.timed.clear()
+        assert _choose(timer) == "direct_smem" and timer.timed == []
+        timer.timed.clear()
+        _choose(timer, device="NVIDIA H100 80GB HBM3")
+        assert timer.timed, "another device name must be timed again"
+        assert len(json.loads(path.read_text())) == 2
+
+
+def test_autotune_ignores_an_unreadable_or_stale_disk_cache(tmp_path):
+    path = tmp_path / "winners.json"
+    path.write_text("{not json")
+    timer = _FakeTimer({"im2col_gemm": 1.0, "direct": 2.0, "direct_smem": 3.0})
+    with cuconv.config(benchmark_cache=str(path)):
+        assert _choose(timer) == "im2col_gemm"
+        key = next(iter(json.loads(path.read_text())))
+        path.write_text(json.dumps({key: "depthwise"}))  # a winner that cannot serve this case
+        autotune.clear()
+        timer.timed.clear()
+        assert _choose(timer) == "im2col_gemm" and timer.timed
+
+
+def test_benchmark_settings_are_checked():
+    with pytest.raises(TypeError, match="benchmark must be a bool"):
+        cuconv.config.benchmark = 1
+    with pytest.raises(TypeError, match="benchmark_cache must be a path or None"):
+        cuconv.config.benchmark_cache = 3
+    with cuconv.config(benchmark=True):
+        assert cuconv.config.benchmark is True
+    assert cuconv.config.benchmark is False
+
+
+def test_benchmark_has_no_effect_on_the_cpu_path():
+    x = numpy.random.default_rng(0).standard_normal((1, 2, 6, 6))
+    w = numpy.random.default_rng(1).standard_normal((3, 2, 3, 3))
+    with cuconv.config(benchmark=True):
+        y = cuconv.conv2d(x, w)
+    numpy.testing.assert_array_equal(y, cuconv.conv2d(x, w))
