@@ -387,7 +387,7 @@ def test_benchmark_mode_times_and_remembers_the_fastest(tmp_path):
     autotune.clear()
     path = tmp_path / "winners.json"
     with cuconv.config(benchmark=True, benchmark_cache=path):
-        y = cuconv.conv2d(*(cupy.asarray(a) for a in (x, w, b)), **case.kwargs)
+        y = cuconv.conv2d(cupy.asarray(x), cupy.asarray(w), None if b is None else cupy.asarray(b), **case.kwargs)
         dx = cuconv.conv2d_input(x.shape, cupy.asarray(w), cupy.asarray(y), **case.kwargs)
     assert rel_err(cupy.asnumpy(y), ref) <= tolerance(numpy.float64)
     assert dx.shape == x.shape
