@@ -21,7 +21,7 @@ from . import registry
 from ._config import config
 from .spec import ConvSpec
 
-__all__ = ["choose", "signature", "clear"]
+__all__ = ["choose", "pick", "signature", "clear", "time_cuda"]
 
 _winners: Dict[str, str] = {}
 _lock = threading.Lock()
@@ -59,12 +59,16 @@ def _store_disk(path: str, key: str, name: str) -> None:
     os.replace(tmp, path)  # atomic: concurrent processes never read half a file
 
 
-def _time_cuda(run: Callable[[], None], reps: int = 3) -> float:
-    """Median milliseconds of ``run`` on CuPy's current stream after one warm-up run."""
+def time_cuda(run: Callable[[], None], reps: int = 3, warmup: int = 1) -> float:
+    """Median milliseconds of ``run`` on CuPy's current stream, timed with CUDA events after warm-up.
+
+    The one timer of cuconv: the autotuner and ``python -m cuconv bench`` both use it.
+    """
     import cupy
 
     stream = cupy.cuda.get_current_stream()
-    run()
+    for _ in range(warmup):
+        run()
     times = []
     for _ in range(reps):
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
@@ -90,7 +94,7 @@ def choose(spec: ConvSpec, dtype, precision: str, pass_: str, run: Callable[[str
             _winners[key] = name
         return name
     candidates = [a for a in registry.algorithms(pass_) if registry.reason_unsupported(a, spec, dtype, pass_) is None]
-    timer = timer or _time_cuda
+    timer = timer or time_cuda
     timings = {a: timer(lambda a=a: run(a)) for a in candidates}
     name = min(timings, key=timings.get)
     with _lock:

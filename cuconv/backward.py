@@ -141,42 +141,32 @@ def conv2d_weight(x, weight_size, grad_output, stride=1, padding=0, dilation=1, 
 
 def dgrad_spec(weight, grad_output, spec: ConvSpec, algo: str, precision: str):
     """dgrad for validated 4-D arrays of one library whose geometry is ``spec``; returns a new array."""
-    on_gpu = _backend.is_cupy_array(weight)
-    xp = __import__("cupy") if on_gpu else numpy
-    name = _registry.resolve(algo, spec, weight.dtype, precision, on_gpu, "dgrad")
-    dx = xp.empty(spec.input_shape, dtype=weight.dtype)
-    if _degenerate(spec):
-        dx.fill(0)
-    elif on_gpu:
-        dy, w = xp.ascontiguousarray(grad_output), xp.ascontiguousarray(weight)
-
-        def run(algo_name):
-            _registry.entry(algo_name, "dgrad")(dy, w, spec, dx, precision)
-
-        run(autotune.pick(algo, name, spec, weight.dtype, precision, "dgrad", run))
-    else:
-        _registry.cpu().dgrad_cpu(xp.ascontiguousarray(grad_output), xp.ascontiguousarray(weight), spec, dx)
-    return dx
+    return _run_pass("dgrad", spec.input_shape, grad_output, weight, spec, algo, precision)
 
 
 def wgrad_spec(x, grad_output, spec: ConvSpec, algo: str, precision: str):
     """wgrad for validated 4-D arrays of one library whose geometry is ``spec``; returns a new array."""
-    on_gpu = _backend.is_cupy_array(x)
+    return _run_pass("wgrad", spec.weight_shape, x, grad_output, spec, algo, precision)
+
+
+def _run_pass(pass_: str, result_shape, first, second, spec: ConvSpec, algo: str, precision: str):
+    """Run ``pass_`` (its entry points take ``(first, second, spec, result[, precision])``) into a new array."""
+    on_gpu = _backend.is_cupy_array(first)
     xp = __import__("cupy") if on_gpu else numpy
-    name = _registry.resolve(algo, spec, x.dtype, precision, on_gpu, "wgrad")
-    dw = xp.empty(spec.weight_shape, dtype=x.dtype)
+    dtype = first.dtype
+    name = _registry.resolve(algo, spec, dtype, precision, on_gpu, pass_)
+    result = xp.empty(result_shape, dtype=dtype)
+    first, second = xp.ascontiguousarray(first), xp.ascontiguousarray(second)
     if _degenerate(spec):
-        dw.fill(0)
+        result.fill(0)
     elif on_gpu:
-        xc, dy = xp.ascontiguousarray(x), xp.ascontiguousarray(grad_output)
-
         def run(algo_name):
-            _registry.entry(algo_name, "wgrad")(xc, dy, spec, dw, precision)
+            _registry.entry(algo_name, pass_)(first, second, spec, result, precision)
 
-        run(autotune.pick(algo, name, spec, x.dtype, precision, "wgrad", run))
+        run(autotune.pick(algo, name, spec, dtype, precision, pass_, run))
     else:
-        _registry.cpu().wgrad_cpu(xp.ascontiguousarray(x), xp.ascontiguousarray(grad_output), spec, dw)
-    return dw
+        getattr(_registry.cpu(), f"{pass_}_cpu")(first, second, spec, result)
+    return result
 
 
 def _degenerate(spec: ConvSpec) -> bool:

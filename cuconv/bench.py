@@ -59,20 +59,9 @@ def _parse(argv):
 # ----------------------------------------------------------------------------------------------------
 def _time_gpu(fn, reps, warmup):
     """Median milliseconds of ``fn()`` over ``reps`` runs, timed with CUDA events on CuPy's stream."""
-    import cupy
+    from .autotune import time_cuda
 
-    for _ in range(warmup):
-        fn()
-    stream = cupy.cuda.get_current_stream()
-    times = []
-    for _ in range(reps):
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record(stream)
-        fn()
-        stop.record(stream)
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
-    return statistics.median(times)
+    return time_cuda(fn, reps, warmup)
 
 
 def _host_overhead_us(fn, reps=20):
