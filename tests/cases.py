@@ -147,3 +147,37 @@ TILING_CASES = [
     _p("depthwise_mult2_wide", (2, 4, 9, 260), (8, 1, 3, 3), groups=4, padding=1),
     _p("batch1_q256_no_bias", (1, 3, 3, 257), (4, 3, 3, 2), bias=False),
 ]
+
+
+def _gather(id_, n, c, h, w, r, s, stride=(1, 1), pad=(0, 0, 0, 0), dilation=(1, 1)):
+    from cuconv.spec import ConvSpec
+
+    # K and groups do not enter the gather (im2col) or its adjoint (col2im).
+    return pytest.param(ConvSpec(n, c, h, w, 2, r, s, stride, pad, dilation), id=id_)
+
+
+# Geometries for the exact gather tests: every padding side, stride and dilation per axis, 1x1 with gaps.
+GATHER_GEOMETRIES = [
+    _gather("k3x3", 1, 2, 6, 7, 3, 3),
+    _gather("k3x3_pad1_batch3", 3, 2, 5, 6, 3, 3, pad=(1, 1, 1, 1)),
+    _gather("k5x2_rect", 2, 1, 9, 5, 5, 2),
+    _gather("k3x4_s2x3_d2x1_asym_pad", 2, 3, 11, 13, 3, 4, stride=(2, 3), pad=(2, 0, 1, 3), dilation=(2, 1)),
+    _gather("k2x3_d3x2_same_even", 2, 2, 8, 7, 2, 3, pad=(1, 2, 2, 2), dilation=(3, 2)),
+    _gather("k3x3_s2_d2_pad3", 2, 2, 9, 8, 3, 3, stride=(2, 2), pad=(3, 3, 3, 3), dilation=(2, 2)),
+    _gather("k3x2_s2_uncovered_tail", 2, 2, 8, 9, 3, 2, stride=(2, 2)),
+    _gather("k1x1", 2, 3, 4, 5, 1, 1),
+    _gather("k1x1_s3_gaps", 2, 3, 7, 8, 1, 1, stride=(3, 3)),
+    _gather("k1x1_s2_pad1", 2, 3, 5, 5, 1, 1, stride=(2, 2), pad=(1, 1, 1, 1)),
+    _gather("kernel_equals_input", 2, 2, 4, 3, 4, 3),
+    _gather("pad_only_bottom_right", 1, 2, 5, 5, 3, 3, pad=(0, 2, 0, 2)),
+]
+
+
+def row_ranges(p):
+    """(p0, rows): the whole output, the first row, the last row, a tail, and a band touching neither end."""
+    ranges = {(0, p), (p - 1, 1)}
+    if p > 1:
+        ranges |= {(0, 1), (1, p - 1)}
+    if p > 2:
+        ranges.add((1, p - 2))
+    return sorted(ranges)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import cuconv
-from cases import (CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, Case, bound, make_inputs, noncontiguous,
-                   rel_err, tolerance)
+from cases import (CASES, GATHER_GEOMETRIES, PROBLEM_CASES, TORCH_ERROR_FACTOR, Case, bound, make_inputs,
+                   noncontiguous, rel_err, row_ranges, tolerance)
 from cuconv.col2im import col2im_cpu
 from cuconv.im2col import im2col_cpu
 from cuconv.im2col_gemm import chunk_bytes, plan_chunks
@@ -192,36 +192,6 @@ def test_forced_algo_and_tf32_equal_auto(case):
 
 
 # ----- col2im: the exact adjoint of im2col ---------------------------------------------------------------
-def _geometry(id_, n, c, h, w, r, s, stride=(1, 1), pad=(0, 0, 0, 0), dilation=(1, 1)):
-    # K and groups do not enter the gather or its adjoint.
-    return pytest.param(ConvSpec(n, c, h, w, 2, r, s, stride, pad, dilation), id=id_)
-
-
-GEOMETRIES = [
-    _geometry("k3x3", 1, 2, 6, 7, 3, 3),
-    _geometry("k3x3_pad1_batch3", 3, 2, 5, 6, 3, 3, pad=(1, 1, 1, 1)),
-    _geometry("k5x2_rect", 2, 1, 9, 5, 5, 2),
-    _geometry("k3x4_s2x3_d2x1_asym_pad", 2, 3, 11, 13, 3, 4, stride=(2, 3), pad=(2, 0, 1, 3), dilation=(2, 1)),
-    _geometry("k2x3_d3x2_same_even", 2, 2, 8, 7, 2, 3, pad=(1, 2, 2, 2), dilation=(3, 2)),
-    _geometry("k3x3_s2_d2_pad3", 2, 2, 9, 8, 3, 3, stride=(2, 2), pad=(3, 3, 3, 3), dilation=(2, 2)),
-    _geometry("k3x2_s2_uncovered_tail", 2, 2, 8, 9, 3, 2, stride=(2, 2)),
-    _geometry("k1x1_s3_gaps", 2, 3, 7, 8, 1, 1, stride=(3, 3)),
-    _geometry("k1x1_s2_pad1", 2, 3, 5, 5, 1, 1, stride=(2, 2), pad=(1, 1, 1, 1)),
-    _geometry("kernel_equals_input", 2, 2, 4, 3, 4, 3),
-    _geometry("pad_only_bottom_right", 1, 2, 5, 5, 3, 3, pad=(0, 2, 0, 2)),
-]
-
-
-def _row_ranges(p):
-    """(p0, rows): the whole output, the first row, the last row, a tail, and a band touching neither end."""
-    ranges = {(0, p), (p - 1, 1)}
-    if p > 1:
-        ranges |= {(0, 1), (1, p - 1)}
-    if p > 2:
-        ranges.add((1, p - 2))
-    return sorted(ranges)
-
-
 def _ints(rng, shape, dtype):
     return rng.integers(-4, 5, size=shape).astype(dtype)
 
@@ -232,12 +202,12 @@ def _col2im(col, spec, p0, rows, dx):
 
 
 @pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32], ids=lambda d: numpy.dtype(d).name)
-@pytest.mark.parametrize("spec", GEOMETRIES)
+@pytest.mark.parametrize("spec", GATHER_GEOMETRIES)
 def test_col2im_is_adjoint_of_im2col(spec, dtype):
     # <im2col(x), y> == <x, col2im(y)> for every x and y; small integers make both sides exact.
     rng = numpy.random.default_rng(7)
     x_nchw = _ints(rng, spec.input_shape, dtype)
-    for p0, rows in _row_ranges(spec.p):
+    for p0, rows in row_ranges(spec.p):
         col_crs_pq = _ints(rng, (spec.n, spec.crs, rows * spec.q), dtype)
         dx = _col2im(col_crs_pq, spec, p0, rows, numpy.zeros(spec.input_shape, dtype=dtype))
         lhs = numpy.sum(im2col_cpu(x_nchw, spec, p0, rows).astype(numpy.float64) * col_crs_pq)
@@ -245,7 +215,7 @@ def test_col2im_is_adjoint_of_im2col(spec, dtype):
         assert lhs == rhs, f"p0={p0} rows={rows}"
 
 
-@pytest.mark.parametrize("spec", GEOMETRIES)
+@pytest.mark.parametrize("spec", GATHER_GEOMETRIES)
 def test_col2im_adds_and_row_chunks_sum_to_whole(spec):
     # col2im adds into dx; the row chunks of one column matrix, added one after another, give the whole.
     rng = numpy.random.default_rng(8)
