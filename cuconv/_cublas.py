@@ -23,7 +23,7 @@ import threading
 
 import numpy
 
-__all__ = ["gemm"]
+__all__ = ["gemm", "gemm_batched"]
 
 # cublasComputeType_t, cudaDataType_t, cublasOperation_t, cublasMath_t values (fixed by the CUDA ABI).
 _CUDA_R_16F, _CUDA_R_32F, _CUDA_R_64F, _CUDA_R_16BF = 2, 0, 1, 14
@@ -64,6 +64,8 @@ def _lib():
         "cublasSetPointerMode_v2": [vp, i32],
         "cublasGemmStridedBatchedEx": [vp, i32, i32, i32, i32, i32, vp, vp, i32, i32, i64, vp, i32, i32, i64,
                                        vp, vp, i32, i32, i64, i32, i32, i32],
+        "cublasGemmBatchedEx": [vp, i32, i32, i32, i32, i32, vp, vp, i32, i32, vp, i32, i32, vp, vp, i32, i32,
+                                i32, i32, i32],
     }
     for name, argtypes in protos.items():
         fn = getattr(lib, name)
@@ -135,18 +137,46 @@ def gemm(dtype, precision: str, m: int, n: int, k: int,
     With ``beta == 0`` C is never read, so a NaN-poisoned output is fully overwritten. Runs on CuPy's
     current stream of the current device.
     """
+    lib, handle, alpha, beta_s, data_type, c_type, compute = _prepare(
+        dtype, precision, c_dtype, beta, (m, n, k, lda, ldb, ldc, batch))
+    if min(m, n, batch) == 0:
+        return
+    _check(lib.cublasGemmStridedBatchedEx(
+        handle, _OP[trans_a], _OP[trans_b], m, n, k,
+        alpha.ctypes.data, a_ptr, data_type, lda, stride_a,
+        b_ptr, data_type, ldb, stride_b,
+        beta_s.ctypes.data, c_ptr, c_type, ldc, stride_c,
+        batch, compute, _GEMM_DEFAULT), f"cublasGemmStridedBatchedEx(m={m}, n={n}, k={k}, batch={batch})")
+
+
+def gemm_batched(dtype, precision: str, m: int, n: int, k: int, a_ptrs: int, lda: int, b_ptrs: int, ldb: int,
+                 c_ptrs: int, ldc: int, batch: int, beta: float = 0.0, *, trans_a: str = "N", trans_b: str = "N",
+                 c_dtype=None) -> None:
+    """As :func:`gemm`, with operands given by device arrays of ``batch`` pointers (``cublasGemmBatchedEx``):
+    for batches that no single stride describes, such as (sample, group) pairs."""
+    lib, handle, alpha, beta_s, data_type, c_type, compute = _prepare(
+        dtype, precision, c_dtype, beta, (m, n, k, lda, ldb, ldc, batch))
+    if min(m, n, batch) == 0:
+        return
+    _check(lib.cublasGemmBatchedEx(
+        handle, _OP[trans_a], _OP[trans_b], m, n, k,
+        alpha.ctypes.data, a_ptrs, data_type, lda, b_ptrs, data_type, ldb,
+        beta_s.ctypes.data, c_ptrs, c_type, ldc,
+        batch, compute, _GEMM_DEFAULT), f"cublasGemmBatchedEx(m={m}, n={n}, k={k}, batch={batch})")
+
+
+def _prepare(dtype, precision, c_dtype, beta, dims):
+    """Checks and per-call state shared by both GEMM entry points: the handle on the current stream with
+    this stream's workspace, host scalars, data and compute types."""
     import cupy
 
     dtype = numpy.dtype(dtype)
     c_dtype = dtype if c_dtype is None else numpy.dtype(c_dtype)
-    if max(m, n, k, lda, ldb, ldc, batch) >= 2**31:
+    if max(dims) >= 2**31:
+        m, n, k, lda, ldb, ldc, batch = dims
         raise NotImplementedError(f"cuconv: GEMM dimension exceeds cuBLAS's 32-bit limit "
                                   f"(m={m}, n={n}, k={k}, lda={lda}, ldb={ldb}, ldc={ldc}, batch={batch})")
-    if min(m, n, batch) == 0:
-        return
     compute, scalar_type = _compute_type(dtype, precision)
-    alpha = _SCALARS[(scalar_type, 1.0)]
-    beta_s = _SCALARS[(scalar_type, float(beta))]
     lib = _lib()
     device = cupy.cuda.runtime.getDevice()
     stream = cupy.cuda.get_current_stream().ptr
@@ -154,10 +184,5 @@ def gemm(dtype, precision: str, m: int, n: int, k: int,
     _check(lib.cublasSetStream_v2(handle, stream), "cublasSetStream")
     ws_ptr, ws_bytes = _workspace(device, stream)
     _check(lib.cublasSetWorkspace_v2(handle, ws_ptr, ws_bytes), "cublasSetWorkspace")
-    data_type = _DATA_TYPES[dtype.name]
-    _check(lib.cublasGemmStridedBatchedEx(
-        handle, _OP[trans_a], _OP[trans_b], m, n, k,
-        alpha.ctypes.data, a_ptr, data_type, lda, stride_a,
-        b_ptr, data_type, ldb, stride_b,
-        beta_s.ctypes.data, c_ptr, _DATA_TYPES[c_dtype.name], ldc, stride_c,
-        batch, compute, _GEMM_DEFAULT), f"cublasGemmStridedBatchedEx(m={m}, n={n}, k={k}, batch={batch})")
+    return (lib, handle, _SCALARS[(scalar_type, 1.0)], _SCALARS[(scalar_type, float(beta))],
+            _DATA_TYPES[dtype.name], _DATA_TYPES[c_dtype.name], compute)

@@ -222,9 +222,10 @@ def _measure(args, prob, spec, pass_, algos, rate, bandwidth, progress):
         ms = _time_gpu(lambda: pass_.ours(algo), args.reps, args.warmup)
         host_us = _host_overhead_us(lambda: pass_.ours(algo))
         dtype = numpy.dtype(args.dtype)
-        chosen = (registry.select_algorithm(spec, dtype, args.precision, True, pass_.name) if algo == "auto"
-                  else algo)
-        row = dict(problem=prob.name, pass_=pass_.name, algo=chosen, dtype=args.dtype, precision=args.precision,
+        auto_algo = registry.select_algorithm(spec, dtype, args.precision, True, pass_.name)
+        chosen = auto_algo if algo == "auto" else algo
+        row = dict(problem=prob.name, pass_=pass_.name, algo=chosen, auto_algo=auto_algo, dtype=args.dtype,
+                   precision=args.precision,
                    ms=ms, tflops=spec.flops / (ms * 1e-3) / 1e12, floor_ms=floor_ms,
                    pct_floor=100 * floor_ms / ms, cudnn_ms=t_ms, ratio=t_ms / ms, rel_err=err,
                    torch_rel_err=torch_err, host_us=host_us, workspace_mib=workspace / 2**20)
@@ -285,6 +286,23 @@ def _bench_gpu(args, names, algos):
     return meta, rows
 
 
+def _print_auto_vs_best(rows):
+    """With several algorithms timed per problem (``--algo all``): what ``auto`` picks against the fastest."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["problem"], r["pass_"]), []).append(r)
+    if all(len(g) < 2 for g in groups.values()):
+        return
+    print("\nauto (heuristic, config.benchmark off) against the fastest algorithm:")
+    for (problem, pass_), group in groups.items():
+        best = min(group, key=lambda r: r["ms"])
+        chosen = next((r for r in group if r["algo"] == group[0].get("auto_algo")), None)
+        if chosen is None:
+            continue
+        print(f"  {problem:<20} {pass_:<6} auto={chosen['algo']:<12} {chosen['ms']:>9.3f} ms  "
+              f"best={best['algo']:<12} {best['ms']:>9.3f} ms  auto/best {chosen['ms'] / best['ms']:.2f}x")
+
+
 def _print_table(meta, rows):
     print(f"\n{meta['device']}, {meta['date']}, dtype {meta['dtype']}, precision {meta['precision']} "
           f"(both sides); torch {meta['torch']}, cuDNN {meta['cudnn']}, cudnn.benchmark=True")
@@ -296,6 +314,7 @@ def _print_table(meta, rows):
         print(f"{r['problem']:<20} {r['pass_']:<6} {r['algo']:<12} {r['ms']:>9.3f} {r['tflops']:>8.1f} {r['pct_floor']:>6.0f}% "
               f"{r['cudnn_ms']:>9.3f} {r['ratio']:>5.2f}x {r['rel_err']:>8.1e} {r['torch_rel_err']:>9.1e} "
               f"{r['host_us']:>8.0f} {r['workspace_mib']:>7.0f}")
+    _print_auto_vs_best(rows)
     for pass_ in ("fprop", "dgrad", "wgrad"):
         ratios = [r["ratio"] for r in rows if r["pass_"] == pass_]
         if ratios:

@@ -27,6 +27,7 @@ from ._config import config
 from .spec import ConvSpec
 from . import col2im as _col2im
 from . import im2col as _im2col
+from .gemm_ptrs import batched_pointers
 from .im2col import row_pitch
 
 __all__ = ["ChunkPlan", "plan_chunks", "chunk_bytes", "forward_gpu", "forward_cpu", "dgrad_gpu", "dgrad_cpu",
@@ -166,23 +167,23 @@ def _gemm_chunk(cublas, dtype, precision, spec, nb, length, col_ptr, col_ld, w_p
     """out[n, g] (K/g, L) = W[g] (K/g, CRS/g) @ col[n, g] (CRS/g, L) for the nb samples of a chunk.
 
     Column-major for cuBLAS: out[n, g]ᵀ (L × K/g, ld P·Q) = col[n, g]ᵀ (L × CRS/g, ld col_ld) @ W[g]ᵀ.
-    One batched call per group (batch = samples) or per sample (batch = groups), whichever is fewer.
+    One GEMM call: strided over samples (one group) or groups (one sample), else over (sample, group) pairs
+    through device-built pointer arrays.
     """
     item = numpy.dtype(dtype).itemsize
     g, kg, crs_g, pq = spec.groups, spec.k_per_group, spec.crs_per_group, spec.p * spec.q
     sample_col = spec.crs * col_ld
-    if g <= nb:
-        for gi in range(g):
-            cublas.gemm(dtype, precision, length, kg, crs_g,
-                        col_ptr + gi * crs_g * col_ld * item, col_ld, sample_col,
-                        w_ptr + gi * kg * crs_g * item, crs_g, 0,
-                        out_ptr + gi * kg * pq * item, pq, spec.k * pq, nb, beta)
-    else:
-        for ni in range(nb):
-            cublas.gemm(dtype, precision, length, kg, crs_g,
-                        col_ptr + ni * sample_col * item, col_ld, crs_g * col_ld,
-                        w_ptr, crs_g, kg * crs_g,
-                        out_ptr + ni * spec.k * pq * item, pq, kg * pq, g, beta)
+    if g == 1 or nb == 1:
+        by_sample = g == 1
+        cublas.gemm(dtype, precision, length, kg, crs_g,
+                    col_ptr, col_ld, sample_col if by_sample else crs_g * col_ld,
+                    w_ptr, crs_g, 0 if by_sample else kg * crs_g,
+                    out_ptr, pq, spec.k * pq if by_sample else kg * pq, nb if by_sample else g, beta)
+        return
+    a, b, c = batched_pointers(nb, g, col_ptr, sample_col * item, crs_g * col_ld * item,
+                               w_ptr, kg * crs_g * item, out_ptr, spec.k * pq * item, kg * pq * item)
+    cublas.gemm_batched(dtype, precision, length, kg, crs_g, a.data.ptr, col_ld, b.data.ptr, crs_g,
+                        c.data.ptr, pq, nb * g, beta)
 
 
 def _compute_dtype(dtype: numpy.dtype) -> numpy.dtype:
@@ -244,7 +245,7 @@ def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
 
 
 def _dgrad_gemm(cublas, dtype, precision, spec, nb, length, dy_ptr, col_ptr, col_ld, w_ptr, col_dtype):
-    """col[n, g] (CRS/g, L) = W[g]ᵀ @ dY[n, g] (K/g, L) for nb samples.
+    """col[n, g] (CRS/g, L) = W[g]ᵀ @ dY[n, g] (K/g, L) for nb samples, in one GEMM call.
 
     Column-major: col[n, g]ᵀ (L × CRS/g, ld col_ld) = dY[n, g]ᵀ (L × K/g, ld P·Q) @ W[g] (K/g × CRS/g),
     W[g] being the transpose of its row-major (K/g, CRS/g) storage read column-major.
@@ -252,20 +253,18 @@ def _dgrad_gemm(cublas, dtype, precision, spec, nb, length, dy_ptr, col_ptr, col
     item, col_item = numpy.dtype(dtype).itemsize, numpy.dtype(col_dtype).itemsize
     g, kg, crs_g, pq = spec.groups, spec.k_per_group, spec.crs_per_group, spec.p * spec.q
     sample_col = spec.crs * col_ld
-    if g <= nb:
-        for gi in range(g):
-            cublas.gemm(dtype, precision, length, crs_g, kg,
-                        dy_ptr + gi * kg * pq * item, pq, spec.k * pq,
-                        w_ptr + gi * kg * crs_g * item, crs_g, 0,
-                        col_ptr + gi * crs_g * col_ld * col_item, col_ld, sample_col, nb,
-                        trans_b="T", c_dtype=col_dtype)
-    else:
-        for ni in range(nb):
-            cublas.gemm(dtype, precision, length, crs_g, kg,
-                        dy_ptr + ni * spec.k * pq * item, pq, kg * pq,
-                        w_ptr, crs_g, kg * crs_g,
-                        col_ptr + ni * sample_col * col_item, col_ld, crs_g * col_ld, g,
-                        trans_b="T", c_dtype=col_dtype)
+    if g == 1 or nb == 1:
+        by_sample = g == 1
+        cublas.gemm(dtype, precision, length, crs_g, kg,
+                    dy_ptr, pq, spec.k * pq if by_sample else kg * pq,
+                    w_ptr, crs_g, 0 if by_sample else kg * crs_g,
+                    col_ptr, col_ld, sample_col if by_sample else crs_g * col_ld, nb if by_sample else g,
+                    trans_b="T", c_dtype=col_dtype)
+        return
+    a, b, c = batched_pointers(nb, g, dy_ptr, spec.k * pq * item, kg * pq * item, w_ptr, kg * crs_g * item,
+                               col_ptr, sample_col * col_item, crs_g * col_ld * col_item)
+    cublas.gemm_batched(dtype, precision, length, crs_g, kg, a.data.ptr, pq, b.data.ptr, crs_g,
+                        c.data.ptr, col_ld, nb * g, trans_b="T", c_dtype=col_dtype)
 
 
 def wgrad_gpu(x, dy, spec: ConvSpec, dw, precision: str) -> None:
