@@ -75,7 +75,9 @@ class _Config:
 
     @workspace_limit.setter
     def workspace_limit(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"workspace_limit must be a positive int (bytes), got {type(value).__name__} {value!r}")
+        if value <= 0:
             raise ValueError(f"workspace_limit must be a positive int (bytes), got {value!r}")
         self._workspace_limit = value
 
