@@ -26,10 +26,6 @@ _SMEM_OPT_IN = 227 << 10     # Hopper's limit once the kernel opts in (max_dynam
 _MAX_GRID_Y = 65535
 
 
-def _acc(t: str) -> str:
-    return "double" if t == "double" else "float"
-
-
 NAME_EXPRESSIONS = tuple(
     [f"depthwise_fwd<{t},{r},{s},{u}>" for t in _dtypes.ALL_CTYPE_NAMES
      for r, s, u in [(r, s, u) for r, s in ((3, 3), (5, 5), (7, 7)) for u in ("true", "false")] + [(0, 0, "false")]]
