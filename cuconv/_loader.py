@@ -14,7 +14,10 @@ import pathlib
 import threading
 
 __all__ = ["KERNEL_DIR", "kernel_dir", "kernel_source", "compile_options", "load", "get_function",
-           "KernelLaunchError"]
+           "KernelLaunchError", "launch", "smem_limit", "SMEM_DEFAULT"]
+
+SMEM_DEFAULT = 48 << 10  # dynamic shared memory a block gets without opting in
+_SMEM_OPTIN_FALLBACK = 227 << 10  # H100/H200, used where no device can be asked (CPU-only planning)
 
 _HERE = pathlib.Path(__file__).resolve().parent
 
@@ -93,9 +96,44 @@ class KernelLaunchError(RuntimeError):
     """A cuconv kernel failed to launch; the message names the kernel."""
 
 
+_smem_limits = {}
+_smem_opted_in = {}
+
+
+def smem_limit() -> int:
+    """Dynamic shared memory a block may opt into on the current device; 227 KB (H100/H200) without one."""
+    from . import _backend
+
+    if not _backend.gpu_available():
+        return _SMEM_OPTIN_FALLBACK
+    import cupy
+
+    runtime = cupy.cuda.runtime
+    dev = runtime.getDevice()
+    limit = _smem_limits.get(dev)
+    if limit is None:
+        limit = _smem_limits[dev] = runtime.deviceGetAttribute(runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                                               dev)
+    return limit
+
+
+def _opt_in(fn, name: str, nbytes: int) -> None:
+    """Raise ``fn``'s dynamic shared-memory limit to ``nbytes`` (> 48 KB) on the current device, once."""
+    import cupy
+
+    key = (cupy.cuda.runtime.getDevice(), name)
+    if _smem_opted_in.get(key, 0) < nbytes:
+        fn.max_dynamic_shared_size_bytes = nbytes
+        _smem_opted_in[key] = nbytes
+
+
 def launch(fn, name: str, grid, block, args, shared_mem: int = 0) -> None:
-    """Launch ``fn`` on CuPy's current stream, turning a CUDA error into an exception naming the kernel."""
+    """Launch ``fn`` on CuPy's current stream, turning a CUDA error into an exception naming the kernel.
+
+    More than 48 KB of dynamic shared memory is opted into here, once per (device, kernel, size)."""
     try:
+        if shared_mem > SMEM_DEFAULT:
+            _opt_in(fn, name, shared_mem)
         fn(grid, block, args, shared_mem=shared_mem)
     except Exception as exc:  # CUDADriverError and friends
         raise KernelLaunchError(f"cuconv: launching kernel {name} with grid={grid}, block={block} "

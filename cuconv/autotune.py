@@ -89,11 +89,12 @@ def choose(spec: ConvSpec, dtype, precision: str, pass_: str, run: Callable[[str
     path = config.benchmark_cache
     if name is None and path:
         name = _load_disk(path).get(key)
-    if name is not None and registry.reason_unsupported(name, spec, dtype, pass_) is None:
+    if name is not None and registry.reason_unsupported(name, spec, dtype, pass_, precision) is None:
         with _lock:
             _winners[key] = name
         return name
-    candidates = [a for a in registry.algorithms(pass_) if registry.reason_unsupported(a, spec, dtype, pass_) is None]
+    candidates = [a for a in registry.algorithms(pass_)
+                  if registry.reason_unsupported(a, spec, dtype, pass_, precision) is None]
     timer = timer or time_cuda
     timings = {a: timer(lambda a=a: run(a)) for a in candidates}
     name = min(timings, key=timings.get)

@@ -19,7 +19,7 @@ import time
 
 import numpy
 
-from . import registry
+from . import _dtypes, registry
 from .problems import PROBLEMS, SUITES
 
 __all__ = ["main"]
@@ -32,7 +32,7 @@ def _parse(argv):
     ap.add_argument("--suite", choices=sorted(SUITES), default="all", help="problem set (default all)")
     ap.add_argument("--problem", action="append", default=[], metavar="NAME",
                     help="run only these problems (repeatable, or comma-separated)")
-    ap.add_argument("--dtype", choices=("float32", "float16", "float64"), default="float32")
+    ap.add_argument("--dtype", choices=("float32", "float16", "bfloat16", "float64"), default="float32")
     ap.add_argument("--precision", choices=("ieee", "tf32"), default="ieee",
                     help="float32 arithmetic on both sides (default ieee)")
     ap.add_argument("--algo", default="auto", help="'auto', 'all', or one of cuconv.algorithms()")
@@ -40,6 +40,9 @@ def _parse(argv):
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--backward", action="store_true",
                     help="also time dgrad and wgrad against cuDNN's backward (aten.convolution_backward)")
+    ap.add_argument("--cudnn-layout", choices=("nchw", "nhwc"), default="nchw",
+                    help="memory format of torch's tensors (nhwc: torch.channels_last, cuDNN's fastest for "
+                         "half types); cuconv always takes NCHW")
     ap.add_argument("--json", metavar="PATH", help="also write all figures to this JSON file")
     args = ap.parse_args(argv)
     names = [n for item in args.problem for n in item.split(",") if n] or list(SUITES[args.suite])
@@ -162,6 +165,8 @@ def _passes(args, prob, spec, x, w, dy):
 
     kw = prob.conv_kwargs
     xt, wt = torch.from_dlpack(x), torch.from_dlpack(w)
+    if args.cudnn_layout == "nhwc":  # torch's copies only: cuconv keeps reading the NCHW arrays
+        xt, wt = (t.contiguous(memory_format=torch.channels_last) for t in (xt, wt))
     idx = [0, spec.n - 1] if spec.n > 1 else [0]  # samples checked (both batch ends: chunking errors)
     item = x.dtype.itemsize
     out_bytes = spec.n * spec.k * spec.p * spec.q * item
@@ -177,6 +182,8 @@ def _passes(args, prob, spec, x, w, dy):
     if dy is None:
         return
     dyt = torch.from_dlpack(dy)
+    if args.cudnn_layout == "nhwc":
+        dyt = dyt.contiguous(memory_format=torch.channels_last)
     backward = torch.ops.aten.convolution_backward
 
     def dgrad(algo):
@@ -221,7 +228,7 @@ def _measure(args, prob, spec, pass_, algos, rate, bandwidth, progress):
         del result
         ms = _time_gpu(lambda: pass_.ours(algo), args.reps, args.warmup)
         host_us = _host_overhead_us(lambda: pass_.ours(algo))
-        dtype = numpy.dtype(args.dtype)
+        dtype = _dtypes.bfloat16 if args.dtype == "bfloat16" else numpy.dtype(args.dtype)
         auto_algo = registry.select_algorithm(spec, dtype, args.precision, True, pass_.name)
         chosen = auto_algo if algo == "auto" else algo
         row = dict(problem=prob.name, pass_=pass_.name, algo=chosen, auto_algo=auto_algo, dtype=args.dtype,
@@ -250,7 +257,9 @@ def _bench_gpu(args, names, algos):
     conv_backend = getattr(torch.backends.cudnn, "conv", None)
     if conv_backend is not None and hasattr(conv_backend, "fp32_precision"):
         conv_backend.fp32_precision = "tf32" if tf32 else "ieee"
-    dtype = numpy.dtype(args.dtype)
+    dtype = _dtypes.bfloat16 if args.dtype == "bfloat16" else numpy.dtype(args.dtype)
+    if dtype is None:
+        raise SystemExit("bench: bfloat16 needs ml_dtypes installed (CuPy's bfloat16 arrays)")
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
     device_name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
 
@@ -260,7 +269,9 @@ def _bench_gpu(args, names, algos):
           file=sys.stderr)
     print("measuring device ceilings ...", file=sys.stderr, flush=True)
     rates, bandwidth = measure_ceilings()
-    rate_key = {"float32": "float32/tf32" if tf32 else "float32/ieee"}.get(args.dtype, args.dtype)
+    # bfloat16 runs on the same tensor cores at the same rate as float16
+    rate_key = {"float32": "float32/tf32" if tf32 else "float32/ieee", "bfloat16": "float16"}.get(args.dtype,
+                                                                                                   args.dtype)
     rate = rates[rate_key]
     print(f"ceilings: GEMM {', '.join(f'{k} {v:.0f}' for k, v in rates.items())} TFLOP/s; "
           f"copy {bandwidth:.2f} TB/s (read+write)", file=sys.stderr, flush=True)
@@ -282,7 +293,7 @@ def _bench_gpu(args, names, algos):
         torch.cuda.empty_cache()
     meta = dict(device=device_name, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
                 cuconv=cuconv.__version__, dtype=args.dtype, precision=args.precision,
-                gemm_tflops=rates, copy_tbs=bandwidth, date=time.strftime("%Y-%m-%d"))
+                cudnn_layout=args.cudnn_layout, gemm_tflops=rates, copy_tbs=bandwidth, date=time.strftime("%Y-%m-%d"))
     return meta, rows
 
 

@@ -13,7 +13,7 @@ import functools
 
 import numpy
 
-from . import _dtypes, _loader
+from . import _dtypes, _loader, dgrad_forward
 from .spec import ConvSpec
 
 __all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "forward_smem", "NAME_EXPRESSIONS",
@@ -21,8 +21,7 @@ __all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "forwa
 
 STEM = "depthwise"
 _THREADS = 256
-_SMEM_LIMIT = 48 << 10       # default dynamic shared memory per block, no attribute needed
-_SMEM_OPT_IN = 227 << 10     # Hopper's limit once the kernel opts in (max_dynamic_shared_size_bytes)
+_SMEM_LIMIT = _loader.SMEM_DEFAULT  # wgrad's per-thread accumulators stay within the default
 _MAX_GRID_Y = 65535
 
 
@@ -62,15 +61,16 @@ def _wgrad_threads(spec: ConvSpec, acc_size: int) -> int:
     return 0
 
 
-def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop"):
+def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
     if not _is_depthwise(spec):
         return (f"not a depthwise convolution (needs groups == C with one input channel per group; got "
                 f"groups={spec.groups}, C={spec.c})")
     acc = _acc_size(dtype)
     if pass_ == "fprop":
         smem = forward_smem(spec, numpy.dtype(dtype).itemsize, acc)
-        if smem > _SMEM_OPT_IN:
-            return f"a 32x64 output tile's input window needs {smem} bytes of shared memory (> {_SMEM_OPT_IN})"
+        if smem > _loader.smem_limit():
+            return (f"a 32x64 output tile's input window needs {smem} bytes of shared memory "
+                    f"(> {_loader.smem_limit()})")
     if pass_ == "wgrad" and _wgrad_threads(spec, acc) == 0:
         return f"{spec.r}x{spec.s} taps do not fit per-thread accumulators in {_SMEM_LIMIT} bytes"
     return None
@@ -92,12 +92,8 @@ def _geometry(spec: ConvSpec):
             i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]))
 
 
-_opted_in = {}
-
-
 def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
     """out = depthwise conv(x, w) + bias on C-contiguous CuPy arrays (precision: FFMA, none to choose)."""
-    import cupy
 
     smem = forward_smem(spec, x.dtype.itemsize, _acc_size(x.dtype))
     tiles_q = -(-spec.q // _TILE_Q)
@@ -108,35 +104,18 @@ def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
     unit = "true" if kr and spec.stride == (1, 1) and spec.dilation == (1, 1) else "false"
     name = f"depthwise_fwd<{_dtypes.ctype_of(x.dtype)},{kr},{ks},{unit}>"
     fn = _fn(name)
-    if smem > _SMEM_LIMIT:  # opt in once per (device, kernel, size)
-        key = (cupy.cuda.runtime.getDevice(), name)
-        if _opted_in.get(key, 0) < smem:
-            fn.max_dynamic_shared_size_bytes = smem
-            _opted_in[key] = smem
     grid = (spec.n * spec.k, tiles, 1)
     block = (32, 8, 1)
     args = (x, w, bias, out) + _geometry(spec) + (numpy.int64(tiles_q),)
     _loader.launch(fn, name, grid, block, args, shared_mem=smem)
 
 
-def _dgrad_as_forward(spec: ConvSpec):
-    """The forward depthwise convolution of dy that computes dx, where one exists (stride 1, multiplier 1,
-    padding within the dilated kernel): the kernel flipped, the padding its complement; else None."""
-    (pt, pb, pl, pr), (dh, dw) = spec.pad, spec.dilation
-    pads = (dh * (spec.r - 1) - pt, dh * (spec.r - 1) - pb, dw * (spec.s - 1) - pl, dw * (spec.s - 1) - pr)
-    if spec.stride != (1, 1) or spec.k != spec.c or min(pads) < 0:
-        return None
-    return ConvSpec(spec.n, spec.k, spec.p, spec.q, spec.c, spec.r, spec.s, (1, 1), pads, spec.dilation, spec.k)
-
-
 def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
     """dx = conv2d_input for a depthwise convolution: the forward kernel on dy with the flipped kernel where
     that is the same convolution (stride 1, multiplier 1), else a gather per dx element (no atomics)."""
-    import cupy
-
-    transposed = _dgrad_as_forward(spec)
+    transposed = dgrad_forward.forward_spec(spec)
     if transposed is not None and reason_unsupported(transposed, dy.dtype) is None:
-        forward_gpu(dy, cupy.ascontiguousarray(w[:, :, ::-1, ::-1]), None, transposed, dx, precision)
+        dgrad_forward.run(forward_gpu, dy, w, spec, dx, precision)
         return
     total = dx.size
     unit = "true" if spec.stride == (1, 1) else "false"

@@ -24,7 +24,7 @@ NAME_EXPRESSIONS = tuple(f"direct<{t}>" for t in _dtypes.ALL_CTYPE_NAMES)
 NULL = numpy.uint64(0)  # a null pointer argument: the kernel then adds no bias
 
 
-def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop"):
+def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
     """Why ``direct`` cannot run this case, or None: it has a forward pass only, for every geometry."""
     if pass_ != "fprop":
         return f"it implements no {pass_}"

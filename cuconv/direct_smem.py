@@ -29,16 +29,14 @@ import dataclasses
 
 import numpy
 
-from . import _backend, _dtypes, _loader
+from . import _dtypes, _loader, dgrad_forward
 from .spec import ConvSpec
 
-__all__ = ["forward_gpu", "reason_unsupported", "plan", "Plan", "Tile", "TILES", "NAME_EXPRESSIONS", "STEM"]
+__all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "Tile", "TILES", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "direct_smem"
 _THREADS = 256  # kThreads in direct_smem.cu
 _WARPS = _THREADS // 32
-_SMEM_DEFAULT = 48 << 10  # dynamic shared memory a block gets without opting in
-_SMEM_OPTIN_FALLBACK = 227 << 10  # H100/H200, where no device can be asked
 _MAX_GRID_X = 2**31 - 1
 _MAX_GRID_Y = 65535
 _MAX_POSITION = 2**31 - 1  # positions inside a plane are int in the kernel
@@ -105,7 +103,7 @@ class Plan:
         return self.ct * self.channel_bytes
 
 
-def plan(spec: ConvSpec, dtype, smem_target: int = _SMEM_DEFAULT) -> Plan:
+def plan(spec: ConvSpec, dtype, smem_target: int = _loader.SMEM_DEFAULT) -> Plan:
     """The tile of ``dtype`` and as many input channels per chunk as fit ``smem_target`` (at least one),
     balanced over the chunks (C/groups = 16 with room for 11 becomes 8 + 8)."""
     dtype = numpy.dtype(dtype)
@@ -123,30 +121,18 @@ def plan(spec: ConvSpec, dtype, smem_target: int = _SMEM_DEFAULT) -> Plan:
     return Plan(tile, ct, x_rows, x_cols, channel_bytes, tiles_p, tiles_q, tiles_k, grid)
 
 
-_smem_limits = {}
-
-
-def _smem_limit() -> int:
-    """Dynamic shared memory a block may opt into on the current device; 227 KB (H100/H200) without one."""
-    if not _backend.gpu_available():
-        return _SMEM_OPTIN_FALLBACK
-    import cupy
-
-    runtime = cupy.cuda.runtime
-    dev = runtime.getDevice()
-    limit = _smem_limits.get(dev)
-    if limit is None:
-        limit = _smem_limits[dev] = runtime.deviceGetAttribute(runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                                               dev)
-    return limit
-
-
-def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop"):
+def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
     """Why ``direct_smem`` cannot run this case, or None."""
+    if pass_ == "dgrad":
+        fspec = dgrad_forward.forward_spec(spec)
+        if fspec is None:
+            return ("its dgrad is a forward convolution of grad_output, which needs stride 1 and padding "
+                    "no wider than the dilated kernel")
+        return reason_unsupported(fspec, dtype, "fprop")
     if pass_ != "fprop":
         return f"it implements no {pass_}"
     pl = plan(spec, dtype)
-    limit = _smem_limit()
+    limit = _loader.smem_limit()
     if pl.smem_bytes > limit:
         return (f"one input channel's tile needs {pl.smem_bytes} bytes of shared memory (an {pl.x_rows}x"
                 f"{pl.x_cols} input window and {pl.tile.tk}x{spec.r}x{spec.s} weights); the device allows "
@@ -157,19 +143,6 @@ def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop"):
            spec.w + spec.pad[2] + spec.pad[3] + pl.x_cols) > _MAX_POSITION:
         return "the padded input is too large for the kernel's 32-bit positions inside a plane"
     return None
-
-
-_smem_allowed = {}
-
-
-def _allow_smem(fn, name: str, nbytes: int) -> None:
-    """Opt ``fn`` into ``nbytes`` of dynamic shared memory (> 48 KB) on the current device, once."""
-    import cupy
-
-    key = (cupy.cuda.runtime.getDevice(), name)
-    if _smem_allowed.get(key, 0) < nbytes:
-        fn.max_dynamic_shared_size_bytes = nbytes
-        _smem_allowed[key] = nbytes
 
 
 def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
@@ -183,8 +156,6 @@ def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
     name = pl.tile.kernel_name(_dtypes.ctype_of(x.dtype))
     fn = _loader.get_function(STEM, NAME_EXPRESSIONS, name)
     smem = pl.smem_bytes
-    if smem > _SMEM_DEFAULT:
-        _allow_smem(fn, name, smem)
     # (groups, C/g·R·S, K/g) = (groups, K/g, C/g·R·S)ᵀ: one tap's k tile is contiguous.
     w_gck = cupy.ascontiguousarray(w.reshape(spec.groups, spec.k_per_group, spec.crs_per_group).transpose(0, 2, 1))
     grid = pl.grid
@@ -196,3 +167,8 @@ def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
             i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]),
             i64(pl.tiles_p), i64(pl.tiles_q), i64(pl.tiles_k), i64(pl.ct), i64(pl.x_rows), i64(pl.x_cols))
     _loader.launch(fn, name, grid, block, args, shared_mem=smem)
+
+
+def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
+    """dx = conv2d_input(dy, w) as this algorithm's forward convolution of dy (stride 1; ``dgrad_forward``)."""
+    dgrad_forward.run(forward_gpu, dy, w, spec, dx, precision)

@@ -7,8 +7,8 @@ An algorithm is a module with, for each pass it implements, a GPU entry point:
 - ``wgrad_gpu(x, dy, spec, dw, precision)``;
 
 all on C-contiguous CuPy arrays, CuPy's current stream and device. An optional
-``reason_unsupported(spec, dtype, pass_) -> str | None`` says why it cannot serve a case; ``auto`` never
-picks it there and forcing it raises ``NotImplementedError`` with that reason.
+``reason_unsupported(spec, dtype, pass_, precision) -> str | None`` says why it cannot serve a case; ``auto``
+never picks it there and forcing it raises ``NotImplementedError`` with that reason.
 
 NumPy arrays always run the one CPU implementation (``im2col_gemm``'s NumPy twin): algorithms are GPU
 strategies, and every one of them computes the same function.
@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Optional
 
 from .spec import ConvSpec
-from . import depthwise, direct, direct_smem, im2col_gemm
+from . import depthwise, direct, direct_smem, im2col_gemm, implicit_gemm
 
 __all__ = ["PASSES", "algorithms", "select_algorithm", "resolve", "get", "cpu", "reason_unsupported"]
 
@@ -32,6 +32,7 @@ _REGISTRY = {
     "depthwise": depthwise,
     "direct": direct,
     "direct_smem": direct_smem,
+    "implicit_gemm": implicit_gemm,
 }
 
 
@@ -60,13 +61,14 @@ def _check_pass(pass_: str) -> None:
         raise ValueError(f"cuconv: unknown pass {pass_!r}; expected one of {PASSES}")
 
 
-def reason_unsupported(name: str, spec: ConvSpec, dtype, pass_: str = "fprop") -> Optional[str]:
-    """Why algorithm ``name`` cannot run this case, or None when it can."""
+def reason_unsupported(name: str, spec: ConvSpec, dtype, pass_: str = "fprop",
+                       precision: str = "ieee") -> Optional[str]:
+    """Why algorithm ``name`` cannot run this case (float32 at ``precision``), or None when it can."""
     module = _REGISTRY[name]
     if not hasattr(module, _ENTRY[pass_]):
         return f"it implements no {pass_}"
     check = getattr(module, "reason_unsupported", None)
-    return check(spec, dtype, pass_) if check is not None else None
+    return check(spec, dtype, pass_, precision) if check is not None else None
 
 
 def select_algorithm(spec: ConvSpec, dtype, precision: str = "ieee", on_gpu: bool = True,
@@ -74,7 +76,7 @@ def select_algorithm(spec: ConvSpec, dtype, precision: str = "ieee", on_gpu: boo
     """The algorithm ``algo="auto"`` runs for this problem and pass: a pure function of its arguments."""
     _check_pass(pass_)
     for name in _preference(spec, dtype, precision, pass_):
-        if name in _REGISTRY and reason_unsupported(name, spec, dtype, pass_) is None:
+        if name in _REGISTRY and reason_unsupported(name, spec, dtype, pass_, precision) is None:
             return name
     raise NotImplementedError(f"cuconv: no algorithm supports {spec} in {dtype} for {pass_}")  # pragma: no cover
 
@@ -86,7 +88,12 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str):
     - plain-FFMA arithmetic (fp32 "ieee", fp64) on large layers with many taps and few filters per group:
       ``direct_smem`` (no column matrix; square_5x9 10.9 ms and dilated_padded_5x9 11.3 ms against 12.9 and
       12.6 for im2col_gemm), while at K/groups = 128 or 9 taps cuBLAS's larger GEMMs win (rect_5x7,
-      square_3x3_1024), and with tensor cores (TF32, fp16, bf16) im2col_gemm wins by 2.6-3.6x;
+      square_3x3_1024), and with tensor cores (TF32, fp16, bf16) im2col_gemm wins by 2.6-3.6x. dgrad at
+      stride 1 is a forward convolution with C/groups filters (``dgrad_forward``): the same rule applies
+      with C/groups in place of K/groups, against im2col_gemm's dgrad whose GEMM reduces over K/groups only;
+    - tensor-core arithmetic (float32 "tf32", float16, bfloat16), forward and stride-1 dgrad, except 1x1
+      stride-1 unpadded layers (a plain GEMM for im2col_gemm): ``implicit_gemm``, which never writes the
+      column matrix (TF32 square_5x9 2.8 ms against 7-8 ms for im2col_gemm; stem_7x7_s2 1.5x cuDNN);
     - otherwise ``im2col_gemm``.
     """
     import numpy
@@ -95,8 +102,13 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str):
     if depthwise:
         yield "depthwise"
     ffma = numpy.dtype(dtype) == numpy.float64 or (numpy.dtype(dtype) == numpy.float32 and precision == "ieee")
-    large = spec.n * spec.p * spec.q >= (1 << 20)
-    if pass_ == "fprop" and ffma and large and spec.r * spec.s >= 25 and spec.k_per_group <= 64:
+    if not ffma and pass_ in ("fprop", "dgrad") and not spec.is_pointwise_identity:
+        yield "implicit_gemm"
+    # the pass's output: a dgrad is a forward convolution producing dx
+    pixels = spec.n * (spec.h * spec.w if pass_ == "dgrad" else spec.p * spec.q)
+    large = pixels >= (1 << 20)
+    filters = {"fprop": spec.k_per_group, "dgrad": spec.c_per_group}.get(pass_)
+    if filters is not None and ffma and large and spec.r * spec.s >= 25 and filters <= 64:
         yield "direct_smem"
     yield "im2col_gemm"
     yield from _REGISTRY  # anything else that serves the case
@@ -112,7 +124,7 @@ def resolve(algo: str, spec: ConvSpec, dtype, precision: str, on_gpu: bool, pass
         raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {tuple(_REGISTRY)}")
     if not on_gpu:
         return algo  # the CPU path serves every algorithm name
-    reason = reason_unsupported(algo, spec, dtype, pass_)
+    reason = reason_unsupported(algo, spec, dtype, pass_, precision)
     if reason is not None:
         raise NotImplementedError(f"cuconv: algo {algo!r} cannot run this {pass_}: {reason}")
     return algo

@@ -136,6 +136,27 @@ def algo_cases(params, pass_="fprop"):
     return out
 
 
+def algo_mode_cases(params, modes, pass_="fprop"):
+    """(case, algorithm, mode) triples for every registered algorithm serving the case in ``pass_`` at that
+    mode ((dtype name, precision)): tensor-core algorithms serve float32 at "tf32" only, and no float64."""
+    from cuconv import _dtypes, registry
+    from cuconv.spec import ConvSpec
+
+    out = []
+    for param in params:
+        case = param.values[0]
+        x_shape = case.x_shape if len(case.x_shape) == 4 else (1,) + case.x_shape
+        spec = ConvSpec.from_args(x_shape, case.w_shape, **case.kwargs)
+        for algo in registry.algorithms(pass_):
+            for dtype_name, precision in modes:
+                dtype = _dtypes.bfloat16 if dtype_name == "bfloat16" else numpy.dtype(dtype_name)
+                if registry.reason_unsupported(algo, spec, dtype, pass_, precision) is None:
+                    mode_id = f"{dtype_name}-{precision}" if dtype_name == "float32" else dtype_name
+                    out.append(pytest.param(case, algo, (dtype_name, precision),
+                                            id=f"{param.id}-{algo}-{mode_id}"))
+    return out
+
+
 # Wider than one direct_smem tile (128 output columns in float, 64 in double, 4 or 2 rows, 32 channels),
 # several chunks of input channels, k tiles with a tail, and a kernel whose one staged channel needs more
 # than the default 48 KB of shared memory: the case table's small images cross none of these boundaries.
@@ -146,6 +167,8 @@ TILING_CASES = [
     _p("big_kernel_smem_optin", (2, 3, 30, 40), (5, 3, 21, 21), padding=5),
     _p("depthwise_mult2_wide", (2, 4, 9, 260), (8, 1, 3, 3), groups=4, padding=1),
     _p("batch1_q256_no_bias", (1, 3, 3, 257), (4, 3, 3, 2), bias=False),
+    # implicit_gemm: two 128-filter tiles with a tail, k tiles crossing taps (C = 40), odd sizes
+    _p("k200_c40_odd", (2, 40, 19, 33), (200, 40, 3, 3), padding=1),
 ]
 
 

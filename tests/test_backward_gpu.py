@@ -8,8 +8,8 @@ import numpy
 import pytest
 
 import cuconv
-from cases import CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, algo_cases, bound, make_inputs, rel_err
-from test_conv_gpu import MODE_IDS, MODES, _dtype, _to_gpu
+from cases import CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, algo_cases, algo_mode_cases, bound, make_inputs, rel_err
+from test_conv_gpu import MODES, _dtype, _to_gpu
 
 pytestmark = pytest.mark.gpu
 
@@ -47,54 +47,60 @@ def _inputs(case, seed, dtype, integer=False):
     return q(x), q(w), q(dy)
 
 
-# every algorithm with a dgrad also has a wgrad (checked below), so one table serves both passes
-_BACKWARD_CASES = algo_cases(CASES + PROBLEM_CASES, "dgrad")
+# (case, algorithm, pass) for every algorithm serving each backward pass (direct_smem and implicit_gemm have a
+# dgrad only), with the modes each serves for the oracle test
+_BACKWARD_CASES = [pytest.param(*param.values, pass_, id=f"{param.id}-{pass_}")
+                   for pass_ in ("dgrad", "wgrad") for param in algo_cases(CASES + PROBLEM_CASES, pass_)]
+_BACKWARD_MODE_CASES = [pytest.param(*param.values, pass_, id=f"{param.id}-{pass_}")
+                        for pass_ in ("dgrad", "wgrad")
+                        for param in algo_mode_cases(CASES + PROBLEM_CASES, MODES, pass_)]
 
 
-def test_backward_algorithms_have_both_passes():
-    assert cuconv.registry.algorithms("dgrad") == cuconv.registry.algorithms("wgrad")
-
-
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
-@pytest.mark.parametrize("case,algo", _BACKWARD_CASES)
-def test_grads_match_oracle(case, algo, mode):
+def _grad(pass_, x, w, dy, dtype, precision, algo, kwargs):
+    """One gradient on the GPU: dx (dgrad) or dw (wgrad), as a float64 NumPy array."""
     import cupy
 
+    if pass_ == "dgrad":
+        got = cuconv.conv2d_input(x.shape, _to_gpu(w, dtype), _to_gpu(dy, dtype), precision=precision,
+                                  algo=algo, **kwargs)
+    else:
+        got = cuconv.conv2d_weight(_to_gpu(x, dtype), w.shape, _to_gpu(dy, dtype), precision=precision,
+                                   algo=algo, **kwargs)
+    assert got.dtype == dtype
+    return cupy.asnumpy(got).astype(numpy.float64)
+
+
+def test_every_backward_pass_has_algorithms():
+    assert "im2col_gemm" in cuconv.registry.algorithms("dgrad")
+    assert "im2col_gemm" in cuconv.registry.algorithms("wgrad")
+
+
+@pytest.mark.parametrize("case,algo,mode,pass_", _BACKWARD_MODE_CASES)
+def test_grads_match_oracle(case, algo, mode, pass_):
     dtype_name, precision = mode
     dtype = _dtype(dtype_name)
     x, w, dy = _inputs(case, 11, dtype)
-    ref_dx, ref_dw = _oracle_grads(x, w, dy, case.kwargs)
-    dx = cuconv.conv2d_input(x.shape, _to_gpu(w, dtype), _to_gpu(dy, dtype), precision=precision, algo=algo,
-                             **case.kwargs)
-    dw = cuconv.conv2d_weight(_to_gpu(x, dtype), w.shape, _to_gpu(dy, dtype), precision=precision, algo=algo,
-                              **case.kwargs)
-    assert dx.dtype == dtype and dw.dtype == dtype
-    got_dx, got_dw = cupy.asnumpy(dx).astype(numpy.float64), cupy.asnumpy(dw).astype(numpy.float64)
-    for got, ref, what in ((got_dx, ref_dx, "dgrad"), (got_dw, ref_dw, "wgrad")):
-        err = rel_err(got, ref)
-        assert err <= bound(ref, dtype, precision), f"{what} {err:.2e}"
+    which = 0 if pass_ == "dgrad" else 1
+    ref = _oracle_grads(x, w, dy, case.kwargs)[which]
+    got = _grad(pass_, x, w, dy, dtype, precision, algo, case.kwargs)
+    err = rel_err(got, ref)
+    assert err <= bound(ref, dtype, precision), f"{pass_} {err:.2e}"
     if dtype_name in ("float16", "bfloat16"):
-        t_dx, t_dw = _torch_gpu_grads(x, w, dy, dtype_name, case.kwargs)
-        for ours, theirs, ref, what in ((got_dx, t_dx, ref_dx, "dgrad"), (got_dw, t_dw, ref_dw, "wgrad")):
-            torch_err = rel_err(theirs, ref)
-            assert rel_err(ours, ref) <= max(TORCH_ERROR_FACTOR * torch_err, 1e-7), f"{what} vs torch {torch_err:.2e}"
+        torch_err = rel_err(_torch_gpu_grads(x, w, dy, dtype_name, case.kwargs)[which], ref)
+        assert err <= max(TORCH_ERROR_FACTOR * torch_err, 1e-7), f"{pass_} vs torch {torch_err:.2e}"
 
 
 @pytest.mark.parametrize("dtype_name", ["float64", "float32"])
-@pytest.mark.parametrize("case,algo", _BACKWARD_CASES)
-def test_gpu_grads_equal_cpu_exactly_on_integers(case, algo, dtype_name):
-    import cupy
-
+@pytest.mark.parametrize("case,algo,pass_", _BACKWARD_CASES)
+def test_gpu_grads_equal_cpu_exactly_on_integers(case, algo, pass_, dtype_name):
     dtype = numpy.dtype(dtype_name)
     x, w, dy = _inputs(case, 12, dtype, integer=True)
     kw = dict(case.kwargs)
-    cpu_dx = cuconv.conv2d_input(x.shape, w.astype(dtype), dy.astype(dtype), **kw)
-    cpu_dw = cuconv.conv2d_weight(x.astype(dtype), w.shape, dy.astype(dtype), **kw)
-    gpu_dx = cuconv.conv2d_input(x.shape, _to_gpu(w, dtype), _to_gpu(dy, dtype), precision="ieee", algo=algo, **kw)
-    gpu_dw = cuconv.conv2d_weight(_to_gpu(x, dtype), w.shape, _to_gpu(dy, dtype), precision="ieee", algo=algo,
-                                  **kw)
-    numpy.testing.assert_array_equal(cupy.asnumpy(gpu_dx), cpu_dx)
-    numpy.testing.assert_array_equal(cupy.asnumpy(gpu_dw), cpu_dw)
+    if pass_ == "dgrad":
+        cpu = cuconv.conv2d_input(x.shape, w.astype(dtype), dy.astype(dtype), **kw)
+    else:
+        cpu = cuconv.conv2d_weight(x.astype(dtype), w.shape, dy.astype(dtype), **kw)
+    numpy.testing.assert_array_equal(_grad(pass_, x, w, dy, dtype, "ieee", algo, kw), cpu)
 
 
 @pytest.mark.parametrize("rows", [1, 2], ids=["one_row_chunks", "two_row_chunks"])

@@ -8,8 +8,8 @@ import pytest
 import cuconv
 from cuconv import _dtypes
 from cuconv.im2col_gemm import chunk_bytes, plan_chunks
-from cases import (CASES, PROBLEM_CASES, TILING_CASES, TORCH_ERROR_FACTOR, algo_cases, bound, make_inputs,
-                   noncontiguous, reference, rel_err, tolerance)
+from cases import (CASES, PROBLEM_CASES, TILING_CASES, TORCH_ERROR_FACTOR, algo_cases, algo_mode_cases, bound,
+                   make_inputs, noncontiguous, reference, rel_err, tolerance)
 
 pytestmark = pytest.mark.gpu
 
@@ -17,7 +17,6 @@ pytestmark = pytest.mark.gpu
 MODES = [("float64", "ieee"), ("float32", "ieee"), ("float32", "tf32"), ("float16", "ieee")]
 if _dtypes.bfloat16 is not None:
     MODES.append(("bfloat16", "ieee"))
-MODE_IDS = [f"{d}-{p}" if d == "float32" else d for d, p in MODES]
 
 
 def _dtype(name):
@@ -44,8 +43,7 @@ def _torch_error(x, w, b, dtype_name, precision, kwargs, ref):
         torch.backends.cudnn.allow_tf32 = False
 
 
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
-@pytest.mark.parametrize("case,algo", algo_cases(CASES + PROBLEM_CASES))
+@pytest.mark.parametrize("case,algo,mode", algo_mode_cases(CASES + PROBLEM_CASES, MODES))
 def test_matches_oracle(case, algo, mode):
     import cupy
 
@@ -363,6 +361,41 @@ def test_direct_tiles_equal_cpu_exactly_on_integers(case, dtype_name, algo):
     out = cupy.full(cpu.shape, numpy.nan, dtype=dtype)
     cuconv.conv2d(_to_gpu(x, dtype), _to_gpu(w, dtype), _to_gpu(b, dtype), algo=algo, out=out, **case.kwargs)
     numpy.testing.assert_array_equal(cupy.asnumpy(out).astype(numpy.float64), cpu.astype(numpy.float64))
+
+
+def _implicit_gemm_tile_cases():
+    from cuconv import implicit_gemm
+    from cuconv.spec import ConvSpec
+
+    out = []
+    for param in TILING_CASES + [c for c in CASES if c.id in ("k5x9_d2x3_p2x4", "stride2_dil2_pad3", "same_even_dil3")]:
+        case = param.values[0]
+        x_shape = case.x_shape if len(case.x_shape) == 4 else (1,) + case.x_shape
+        spec = ConvSpec.from_args(x_shape, case.w_shape, **case.kwargs)
+        if implicit_gemm.reason_unsupported(spec, numpy.float16) is None:
+            out += [pytest.param(case, t, id=f"{param.id}-{t}") for t in implicit_gemm.TILES]
+    return out
+
+
+@pytest.mark.parametrize("dtype_name", [d for d in _EXACT_DTYPES if d != "float64"])
+@pytest.mark.parametrize("case,tile", _implicit_gemm_tile_cases())
+def test_implicit_gemm_tiles_equal_cpu_exactly_on_integers(case, tile, dtype_name):
+    """Every tile instance of implicit_gemm, across M, N and k tile tails: small integers are exact in TF32,
+    fp16 and bf16 and every fp32 partial sum is exact, so each dtype equals the CPU path bit for bit."""
+    import cupy
+
+    from cuconv import implicit_gemm
+
+    x, w, b = make_inputs(case, seed=16, integer=True)
+    dtype = _dtype(dtype_name)
+    cpu = cuconv.conv2d(x.astype(dtype), w.astype(dtype), None if b is None else b.astype(dtype), **case.kwargs)
+    x4 = x if x.ndim == 4 else x[None]
+    spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
+    out = cupy.full(spec.output_shape, numpy.nan, dtype=dtype)
+    implicit_gemm.forward_gpu(_to_gpu(x4, dtype), _to_gpu(w, dtype), _to_gpu(b, dtype), spec, out, "tf32",
+                              tile=implicit_gemm.TILES[tile])
+    numpy.testing.assert_array_equal(cupy.asnumpy(out).astype(numpy.float64).reshape(cpu.shape),
+                                     cpu.astype(numpy.float64))
 
 
 def test_direct_smem_refuses_a_window_beyond_the_device_shared_memory():

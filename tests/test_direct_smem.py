@@ -108,8 +108,15 @@ def test_reasons(dtype):
         assert direct.reason_unsupported(spec, dtype) is None, spec
     spec = ALL_SPECS[0]
     for pass_ in ("dgrad", "wgrad"):
-        assert direct_smem.reason_unsupported(spec, dtype, pass_) == f"it implements no {pass_}"
         assert direct.reason_unsupported(spec, dtype, pass_) == f"it implements no {pass_}"
+    assert direct_smem.reason_unsupported(spec, dtype, "wgrad") == "it implements no wgrad"
+    # dgrad is the forward of grad_output: stride 1 and padding inside the dilated kernel only
+    assert direct_smem.reason_unsupported(ConvSpec.from_args((1, 2, 9, 9), (3, 2, 3, 3), padding=1), dtype,
+                                          "dgrad") is None
+    for kwargs in (dict(stride=2), dict(padding=3)):
+        reason = direct_smem.reason_unsupported(ConvSpec.from_args((1, 2, 9, 9), (3, 2, 3, 3), **kwargs), dtype,
+                                                "dgrad")
+        assert "needs stride 1 and padding no wider than the dilated kernel" in reason
     # A 3x3 kernel dilated (200, 1000): one channel's input window alone is 400+ rows of 2000+ columns.
     huge = ConvSpec.from_args((1, 1, 401, 2001), (2, 1, 3, 3), dilation=(200, 1000))
     reason = direct_smem.reason_unsupported(huge, dtype)

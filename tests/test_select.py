@@ -21,9 +21,18 @@ _F32, _F16, _F64 = numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), numpy
     pytest.param("depthwise_3x3", _F32, "tf32", "wgrad", "depthwise", id="depthwise_wgrad"),
     pytest.param("square_5x9", _F32, "ieee", "fprop", "direct_smem", id="many_taps_fp32_ieee"),
     pytest.param("dilated_padded_5x9", _F64, "ieee", "fprop", "direct_smem", id="many_taps_fp64"),
-    pytest.param("square_5x9", _F32, "tf32", "fprop", "im2col_gemm", id="many_taps_tf32_tensor_cores"),
-    pytest.param("square_5x9", _F16, "ieee", "fprop", "im2col_gemm", id="many_taps_fp16_tensor_cores"),
-    pytest.param("square_5x9", _F32, "ieee", "dgrad", "im2col_gemm", id="direct_smem_has_no_dgrad"),
+    pytest.param("square_5x9", _F32, "tf32", "fprop", "implicit_gemm", id="tf32_tensor_cores"),
+    pytest.param("square_5x9", _F16, "ieee", "fprop", "implicit_gemm", id="fp16_tensor_cores"),
+    pytest.param("rect_5x7", _F16, "ieee", "dgrad", "implicit_gemm", id="fp16_dgrad_as_forward"),
+    pytest.param("square_3x3_1024", _F32, "tf32", "wgrad", "im2col_gemm", id="implicit_gemm_has_no_wgrad"),
+    pytest.param("stem_7x7_s2", _F32, "tf32", "dgrad", "im2col_gemm", id="strided_dgrad_tf32"),
+    pytest.param("stem_7x7_s2", _F16, "ieee", "fprop", "implicit_gemm", id="stem_fp16"),
+    pytest.param("resnet_1x1_256", _F32, "tf32", "fprop", "im2col_gemm", id="pointwise_tf32_plain_gemm"),
+    pytest.param("square_5x9", _F64, "tf32", "fprop", "direct_smem", id="fp64_ignores_tf32"),
+    pytest.param("square_5x9", _F32, "ieee", "dgrad", "direct_smem", id="dgrad_as_forward_fp32_ieee"),
+    pytest.param("rect_5x7", _F32, "ieee", "dgrad", "direct_smem", id="dgrad_as_forward_c64"),
+    pytest.param("square_3x3_1024", _F32, "ieee", "dgrad", "im2col_gemm", id="dgrad_nine_taps"),
+    pytest.param("square_5x9", _F32, "ieee", "wgrad", "im2col_gemm", id="direct_smem_has_no_wgrad"),
     pytest.param("rect_5x7", _F32, "ieee", "fprop", "im2col_gemm", id="k128_per_group"),
     pytest.param("square_3x3_1024", _F32, "ieee", "fprop", "im2col_gemm", id="nine_taps"),
     pytest.param("resnet_3x3_64", _F32, "ieee", "fprop", "im2col_gemm", id="small_layer"),
@@ -38,8 +47,9 @@ def test_select_algorithm(problem, dtype, precision, pass_, expected):
 @pytest.mark.parametrize("problem", sorted(_P))
 def test_selection_always_serves_the_case(problem, pass_):
     for dtype in (_F16, _F32, _F64):
-        name = cuconv.select_algorithm(_P[problem], dtype, "ieee", True, pass_)
-        assert registry.reason_unsupported(name, _P[problem], dtype, pass_) is None
+        for precision in ("ieee", "tf32"):
+            name = cuconv.select_algorithm(_P[problem], dtype, precision, True, pass_)
+            assert registry.reason_unsupported(name, _P[problem], dtype, pass_, precision) is None
 
 
 def test_unknown_pass_is_refused():
@@ -136,3 +146,32 @@ def test_benchmark_has_no_effect_on_the_cpu_path():
     with cuconv.config(benchmark=True):
         y = cuconv.conv2d(x, w)
     numpy.testing.assert_array_equal(y, cuconv.conv2d(x, w))
+
+
+def test_implicit_gemm_tile_choice():
+    from cuconv import implicit_gemm
+
+    assert implicit_gemm.choose_tile(_P["rect_5x7"], _F16) is implicit_gemm.TILES["128x128"]
+    assert implicit_gemm.choose_tile(_P["square_5x9"], _F32) is implicit_gemm.TILES["128x64"]
+    assert implicit_gemm.choose_tile(_P["stem_7x7_s2"], _F32) is implicit_gemm.TILES["128x64_k64"]
+    for tile in implicit_gemm.TILES.values():  # every tile fits the device and its epilogue fits the pipeline
+        assert tile.smem_bytes <= 227 << 10
+        assert tile.bn * (tile.bm + 4) * 4 <= tile.stages * (tile.bm + tile.bn) * tile.pitch
+
+
+def test_implicit_gemm_reasons():
+    from cuconv import implicit_gemm
+    from cuconv.spec import ConvSpec
+
+    spec = _P["square_5x9"]
+    assert implicit_gemm.reason_unsupported(spec, _F32, "fprop", "tf32") is None
+    assert "precision='tf32'" in implicit_gemm.reason_unsupported(spec, _F32, "fprop", "ieee")
+    assert "float64" in implicit_gemm.reason_unsupported(spec, _F64, "fprop", "ieee")
+    assert implicit_gemm.reason_unsupported(spec, _F16, "wgrad") == "it implements no wgrad"
+    assert "groups=2" in implicit_gemm.reason_unsupported(ConvSpec.from_args((1, 4, 8, 8), (4, 2, 3, 3), groups=2),
+                                                          _F16)
+    assert "stride 1" in implicit_gemm.reason_unsupported(_P["stem_7x7_s2"], _F16, "dgrad")
+    assert "16-bit pixel" in implicit_gemm.reason_unsupported(ConvSpec.from_args((1, 1, 1, 40000), (1, 1, 1, 3)),
+                                                              _F16)
+    with cuconv.config(workspace_limit=1 << 20):
+        assert "workspace_limit" in implicit_gemm.reason_unsupported(spec, _F16)

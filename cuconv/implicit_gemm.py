@@ -1,0 +1,221 @@
+"""Algorithm ``implicit_gemm``: Python twin of ``kernels_cu/implicit_gemm.cu``, tensor-core implicit GEMM.
+
+Forward (and dgrad at stride 1, as the forward convolution of ``dy``, ``dgrad_forward``) for float32 at
+``precision="tf32"``, float16 and bfloat16, fp32 accumulation. Per chunk of samples:
+
+1. ``pack_nhwc`` copies the input to NHWC with channels padded to ``cp`` (a multiple of one 16-byte vector),
+   rounding float32 to TF32 on the way (the only workspace: ``n·H·W·cp`` elements per chunk, bounded by
+   ``cuconv.config.workspace_limit``);
+2. ``implicit_gemm_fprop`` computes ``out (n·P·Q, K) = A (n·P·Q, R·S·cp) @ Wpᵀ`` without ever writing A:
+   each block gathers its A tile with cp.async straight from the packed input, feeds ``mma.sync`` through
+   ``ldmatrix`` and writes NCHW rows through shared memory, bias fused.
+
+The weight is packed once per call (``pack_weight``: (Kp, R·S·cp) zero-padded to whole tiles). Tiles
+(``Tile``) are template instances; ``choose_tile`` picks one from the filters and reduction length. float32 "ieee" and
+float64 are refused (they need FFMA arithmetic: ``direct_smem`` / ``im2col_gemm``), as are grouped
+convolutions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy
+
+from . import _dtypes, _loader, dgrad_forward
+from ._config import config
+from .spec import ConvSpec
+
+__all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "Tile", "TILES", "choose_tile", "Plan", "plan",
+           "NAME_EXPRESSIONS", "STEM"]
+
+STEM = "implicit_gemm"
+_INT_MAX = 2**31 - 1
+_MAX_GRID_Z = 65535     # pack_nhwc runs one sample per grid z
+_MAX_SIDE = 2**15 - 1    # input rows and columns (padding included) are 16-bit in the loader
+NULL = numpy.uint64(0)   # a null bias pointer
+
+# dtype -> (C++ type, whether float32 is rounded to TF32 when packed)
+_TENSOR_CORE_TYPES = ("float", "__half", "__nv_bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    """One kernel instance: a block computes ``bm`` output pixels × ``bn`` output channels with
+    ``warps_m × warps_n`` warps and a ``stages``-deep cp.async pipeline."""
+
+    bm: int
+    bn: int
+    warps_m: int
+    warps_n: int
+    stages: int
+    kbytes: int = 128  # k bytes per shared-memory row and per k tile
+
+    @property
+    def pitch(self) -> int:
+        return self.kbytes + 16
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+    @property
+    def smem_bytes(self) -> int:
+        """The pipeline's tiles, or the epilogue's fp32 [bn][bm + 4] staging if larger."""
+        return max(self.stages * (self.bm + self.bn) * self.pitch, self.bn * (self.bm + 4) * 4)
+
+    def kernel_name(self, ctype: str) -> str:
+        return (f"implicit_gemm_fprop<{ctype},{self.bm},{self.bn},{self.warps_m},{self.warps_n},{self.stages},"
+                f"{self.kbytes}>")
+
+
+# Measured on an H200 (docs/perf-notes.md, "implicit_gemm"): of ten candidates these three were the fastest
+# somewhere. 8 warps of 64x32 on 128 filters; 4 warps of 64x32 on 64 filters, with 128-byte k tiles for long
+# reductions and 64-byte ones (61 KB, three blocks per SM) for short ones. Warp tiles of 64x64 (fewer
+# warps per SM) and 64-row blocks were slower everywhere.
+TILES = {
+    "128x128": Tile(128, 128, 2, 4, 3),
+    "128x64": Tile(128, 64, 2, 2, 4),
+    "128x64_k64": Tile(128, 64, 2, 2, 4, 64),
+}
+
+NAME_EXPRESSIONS = tuple(
+    [t.kernel_name(c) for c in _TENSOR_CORE_TYPES for t in TILES.values()]
+    + [f"{k}<{c},{'true' if c == 'float' else 'false'}>" for k in ("pack_nhwc", "pack_weight")
+       for c in _TENSOR_CORE_TYPES])
+
+
+def _tf32(ctype: str) -> str:
+    return "true" if ctype == "float" else "false"
+
+
+def choose_tile(spec: ConvSpec, dtype) -> Tile:
+    """128 filters per block where K/groups > 64; else 64, with 128-byte k tiles where the reduction
+    (R·S·C/groups bytes) spans at least 32 of them and 64-byte tiles (more blocks per SM) below."""
+    if spec.k_per_group > 64:
+        return TILES["128x128"]
+    reduction = spec.r * spec.s * spec.c_per_group * numpy.dtype(dtype).itemsize
+    return TILES["128x64"] if reduction >= 4096 else TILES["128x64_k64"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How one problem runs: the tile, padded channels ``cp``, the k tiles, packed weight rows (``kp`` ×
+    ``w_row``) and samples per chunk."""
+
+    tile: Tile
+    cp: int
+    k_tiles: int
+    w_row: int
+    kp: int
+    samples: int
+
+    def sample_bytes(self, spec: ConvSpec, itemsize: int) -> int:
+        return spec.h * spec.w * self.cp * itemsize
+
+
+def plan(spec: ConvSpec, dtype, tile: Tile = None, workspace_limit: int = None) -> Plan:
+    itemsize = numpy.dtype(dtype).itemsize
+    vec = 16 // itemsize
+    cp = -(-spec.c_per_group // vec) * vec
+    tile = tile or choose_tile(spec, dtype)
+    tile_k = tile.kbytes // itemsize
+    k_tiles = -(-(spec.r * spec.s * cp) // tile_k)
+    kp = -(-spec.k_per_group // tile.bn) * tile.bn
+    limit = config.workspace_limit if workspace_limit is None else workspace_limit
+    per_sample = max(1, spec.h * spec.w * cp)
+    # int offsets in the kernel: a chunk's packed input and its GEMM rows stay below 2^31
+    samples = max(1, min(spec.n, limit // (per_sample * itemsize), _INT_MAX // per_sample,
+                         _INT_MAX // max(1, spec.p * spec.q), _MAX_GRID_Z))
+    return Plan(tile, cp, k_tiles, k_tiles * tile_k, kp, samples)
+
+
+def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
+    """Why ``implicit_gemm`` cannot run this case, or None."""
+    if pass_ == "dgrad":
+        fspec = dgrad_forward.forward_spec(spec)
+        if fspec is None:
+            return ("its dgrad is a forward convolution of grad_output, which needs stride 1 and padding "
+                    "no wider than the dilated kernel")
+        return reason_unsupported(fspec, dtype, "fprop", precision)
+    if pass_ != "fprop":
+        return f"it implements no {pass_}"
+    dtype = numpy.dtype(dtype)
+    if dtype not in _dtypes.CTYPES or _dtypes.ctype_of(dtype) not in _TENSOR_CORE_TYPES:
+        return f"it runs on tensor cores, which have no {dtype} arithmetic here (float64 uses FFMA algorithms)"
+    if _dtypes.ctype_of(dtype) == "float" and precision != "tf32":
+        return ("float32 with precision='ieee' needs plain fp32 arithmetic; its tensor cores compute TF32 "
+                "(precision='tf32')")
+    if spec.groups != 1:
+        return f"grouped convolutions (groups={spec.groups}) are not implemented"
+    pl = plan(spec, dtype)
+    padded_h, padded_w = spec.h + spec.pad[0] + spec.pad[1], spec.w + spec.pad[2] + spec.pad[3]
+    if max(padded_h, padded_w) > _MAX_SIDE:
+        return f"its padded image ({padded_h} x {padded_w}) exceeds the kernel's 16-bit pixel coordinates"
+    if padded_h * padded_w * pl.cp > _INT_MAX:
+        return "one sample's padded image is too large for the kernel's 32-bit in-sample offsets"
+    if pl.sample_bytes(spec, dtype.itemsize) > config.workspace_limit:
+        return (f"one sample packed to NHWC needs {pl.sample_bytes(spec, dtype.itemsize)} bytes, more than "
+                f"cuconv.config.workspace_limit ({config.workspace_limit})")
+    return None
+
+
+def _fn(name: str):
+    return _loader.get_function(STEM, NAME_EXPRESSIONS, name)
+
+
+def pack_weight(w, spec: ConvSpec, pl: Plan):
+    """(Kp, w_row) zero-padded, k index (r·S + s)·cp + c; TF32-rounded for float32."""
+    import cupy
+
+    ctype = _dtypes.ctype_of(w.dtype)
+    out = cupy.empty((pl.kp, pl.w_row), dtype=w.dtype)
+    name = f"pack_weight<{ctype},{_tf32(ctype)}>"
+    i32 = numpy.int32
+    grid = (min(4096, -(-out.size // 256)), 1, 1)
+    _loader.launch(_fn(name), name, grid, (256, 1, 1),
+                   (w, out, i32(spec.k), i32(spec.c_per_group), i32(pl.cp), i32(spec.r * spec.s),
+                    numpy.int64(pl.w_row), numpy.int64(out.size)))
+    return out
+
+
+def pack_input(x, spec: ConvSpec, cp: int, out):
+    """x (n, C, H, W) -> out (n, H, W, cp), pad channels zero; TF32-rounded for float32."""
+    ctype = _dtypes.ctype_of(x.dtype)
+    name = f"pack_nhwc<{ctype},{_tf32(ctype)}>"
+    hw = spec.h * spec.w
+    tiles = -(-hw // 32)
+    grid = (min(tiles, 512), -(-cp // 32), x.shape[0])
+    i32 = numpy.int32
+    _loader.launch(_fn(name), name, grid, (32, 8, 1), (x, out, i32(spec.c), i32(cp), i32(hw), i32(tiles)))
+
+
+def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, tile: Tile = None) -> None:
+    """out = conv(x, w) + bias on C-contiguous CuPy arrays, current stream (float32 computes TF32)."""
+    import cupy
+
+    if spec.n * spec.k * spec.p * spec.q == 0:
+        return
+    pl = plan(spec, x.dtype, tile)
+    t = pl.tile
+    ctype = _dtypes.ctype_of(x.dtype)
+    name = t.kernel_name(ctype)
+    fn = _fn(name)
+    wp = pack_weight(w, spec, pl)
+    packed = cupy.empty(pl.samples * spec.h * spec.w * pl.cp, dtype=x.dtype)
+    i32 = numpy.int32
+    for n0 in range(0, spec.n, pl.samples):
+        nb = min(pl.samples, spec.n - n0)
+        pack_input(x[n0:n0 + nb], spec, pl.cp, packed)
+        m = nb * spec.p * spec.q
+        grid = (-(-m // t.bm), pl.kp // t.bn, 1)
+        args = (packed, wp, NULL if bias is None else bias, out[n0:n0 + nb],
+                i32(spec.h), i32(spec.w), i32(pl.cp), i32(spec.k), i32(spec.p), i32(spec.q), i32(spec.r),
+                i32(spec.s), i32(spec.stride[0]), i32(spec.stride[1]), i32(spec.pad[0]), i32(spec.pad[2]),
+                i32(spec.dilation[0]), i32(spec.dilation[1]), i32(m), i32(pl.k_tiles), numpy.int64(pl.w_row))
+        _loader.launch(fn, name, grid, (t.threads, 1, 1), args, shared_mem=t.smem_bytes)
+
+
+def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
+    """dx = conv2d_input(dy, w) as this algorithm's forward convolution of dy (stride 1; ``dgrad_forward``)."""
+    dgrad_forward.run(forward_gpu, dy, w, spec, dx, precision)
