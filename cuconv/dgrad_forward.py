@@ -14,7 +14,7 @@ from typing import Optional
 
 from .spec import ConvSpec
 
-__all__ = ["forward_spec", "forward_weight", "run"]
+__all__ = ["forward_spec", "forward_weight", "run", "reason_unsupported"]
 
 
 def forward_spec(spec: ConvSpec) -> Optional[ConvSpec]:
@@ -38,3 +38,12 @@ def run(forward_gpu, dy, w, spec: ConvSpec, dx, precision: str) -> None:
     """dx = conv2d_input(dy, w) through ``forward_gpu`` (the caller checked :func:`forward_spec` exists)."""
     fspec = forward_spec(spec)
     forward_gpu(dy, forward_weight(w, spec), None, fspec, dx, precision)
+
+
+def reason_unsupported(spec: ConvSpec, dtype, precision: str, forward_reason) -> Optional[str]:
+    """Why a dgrad through a forward algorithm (whose check is ``forward_reason``) cannot run, or None."""
+    fspec = forward_spec(spec)
+    if fspec is None:
+        return ("its dgrad is a forward convolution of grad_output, which needs stride 1 and padding no wider "
+                "than the dilated kernel")
+    return forward_reason(fspec, dtype, "fprop", precision)

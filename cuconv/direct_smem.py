@@ -124,11 +124,7 @@ def plan(spec: ConvSpec, dtype, smem_target: int = _loader.SMEM_DEFAULT) -> Plan
 def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
     """Why ``direct_smem`` cannot run this case, or None."""
     if pass_ == "dgrad":
-        fspec = dgrad_forward.forward_spec(spec)
-        if fspec is None:
-            return ("its dgrad is a forward convolution of grad_output, which needs stride 1 and padding "
-                    "no wider than the dilated kernel")
-        return reason_unsupported(fspec, dtype, "fprop")
+        return dgrad_forward.reason_unsupported(spec, dtype, precision, reason_unsupported)
     if pass_ != "fprop":
         return f"it implements no {pass_}"
     pl = plan(spec, dtype)

@@ -133,11 +133,7 @@ def plan(spec: ConvSpec, dtype, tile: Tile = None, workspace_limit: int = None) 
 def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
     """Why ``implicit_gemm`` cannot run this case, or None."""
     if pass_ == "dgrad":
-        fspec = dgrad_forward.forward_spec(spec)
-        if fspec is None:
-            return ("its dgrad is a forward convolution of grad_output, which needs stride 1 and padding "
-                    "no wider than the dilated kernel")
-        return reason_unsupported(fspec, dtype, "fprop", precision)
+        return dgrad_forward.reason_unsupported(spec, dtype, precision, reason_unsupported)
     if pass_ != "fprop":
         return f"it implements no {pass_}"
     dtype = numpy.dtype(dtype)

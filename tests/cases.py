@@ -120,16 +120,22 @@ def noncontiguous(a, xp=numpy):
     return view
 
 
+def case_spec(case):
+    """The ConvSpec of a case (an unbatched input counts as a batch of one)."""
+    from cuconv.spec import ConvSpec
+
+    x_shape = case.x_shape if len(case.x_shape) == 4 else (1,) + case.x_shape
+    return ConvSpec.from_args(x_shape, case.w_shape, **case.kwargs)
+
+
 def algo_cases(params, pass_="fprop"):
     """(case, algorithm) pairs for every registered algorithm that serves the case in ``pass_``."""
     from cuconv import registry
-    from cuconv.spec import ConvSpec
 
     out = []
     for param in params:
         case = param.values[0]
-        x_shape = case.x_shape if len(case.x_shape) == 4 else (1,) + case.x_shape
-        spec = ConvSpec.from_args(x_shape, case.w_shape, **case.kwargs)
+        spec = case_spec(case)
         for algo in registry.algorithms(pass_):
             if registry.reason_unsupported(algo, spec, numpy.float64, pass_) is None:
                 out.append(pytest.param(case, algo, id=f"{param.id}-{algo}"))
@@ -140,13 +146,11 @@ def algo_mode_cases(params, modes, pass_="fprop"):
     """(case, algorithm, mode) triples for every registered algorithm serving the case in ``pass_`` at that
     mode ((dtype name, precision)): tensor-core algorithms serve float32 at "tf32" only, and no float64."""
     from cuconv import _dtypes, registry
-    from cuconv.spec import ConvSpec
 
     out = []
     for param in params:
         case = param.values[0]
-        x_shape = case.x_shape if len(case.x_shape) == 4 else (1,) + case.x_shape
-        spec = ConvSpec.from_args(x_shape, case.w_shape, **case.kwargs)
+        spec = case_spec(case)
         for algo in registry.algorithms(pass_):
             for dtype_name, precision in modes:
                 dtype = _dtypes.bfloat16 if dtype_name == "bfloat16" else numpy.dtype(dtype_name)

@@ -9,7 +9,7 @@ import cuconv
 from cuconv import _dtypes
 from cuconv.im2col_gemm import chunk_bytes, plan_chunks
 from cases import (CASES, PROBLEM_CASES, TILING_CASES, TORCH_ERROR_FACTOR, algo_cases, algo_mode_cases, bound,
-                   make_inputs, noncontiguous, reference, rel_err, tolerance)
+                   case_spec, make_inputs, noncontiguous, reference, rel_err, tolerance)
 
 pytestmark = pytest.mark.gpu
 
@@ -365,14 +365,11 @@ def test_direct_tiles_equal_cpu_exactly_on_integers(case, dtype_name, algo):
 
 def _implicit_gemm_tile_cases():
     from cuconv import implicit_gemm
-    from cuconv.spec import ConvSpec
 
     out = []
     for param in TILING_CASES + [c for c in CASES if c.id in ("k5x9_d2x3_p2x4", "stride2_dil2_pad3", "same_even_dil3")]:
         case = param.values[0]
-        x_shape = case.x_shape if len(case.x_shape) == 4 else (1,) + case.x_shape
-        spec = ConvSpec.from_args(x_shape, case.w_shape, **case.kwargs)
-        if implicit_gemm.reason_unsupported(spec, numpy.float16) is None:
+        if implicit_gemm.reason_unsupported(case_spec(case), numpy.float16) is None:
             out += [pytest.param(case, t, id=f"{param.id}-{t}") for t in implicit_gemm.TILES]
     return out
 
