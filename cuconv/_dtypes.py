@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy
 
-__all__ = ["CTYPES", "SUPPORTED", "ctype_of", "check_float_dtype", "bfloat16"]
+__all__ = ["CTYPES", "SUPPORTED", "ctype_of", "check_float_dtype", "bfloat16", "by_name"]
 
 try:  # optional: NumPy has no bfloat16 of its own
     from ml_dtypes import bfloat16 as _bf16
@@ -30,6 +30,11 @@ SUPPORTED = tuple(CTYPES)
 # Every C++ type a kernel template is instantiated for, whether or not this process can make such
 # arrays (the compile check in CI builds all of them).
 ALL_CTYPE_NAMES = ("__half", "__nv_bfloat16", "float", "double")
+
+
+def by_name(name: str):
+    """The dtype called ``name`` ("float32", "bfloat16", ...); None for bfloat16 without ml_dtypes."""
+    return bfloat16 if name == "bfloat16" else numpy.dtype(name)
 
 
 def ctype_of(dtype) -> str:

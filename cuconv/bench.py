@@ -228,7 +228,7 @@ def _measure(args, prob, spec, pass_, algos, rate, bandwidth, progress):
         del result
         ms = _time_gpu(lambda: pass_.ours(algo), args.reps, args.warmup)
         host_us = _host_overhead_us(lambda: pass_.ours(algo))
-        dtype = _dtypes.bfloat16 if args.dtype == "bfloat16" else numpy.dtype(args.dtype)
+        dtype = _dtypes.by_name(args.dtype)
         auto_algo = registry.select_algorithm(spec, dtype, args.precision, True, pass_.name)
         chosen = auto_algo if algo == "auto" else algo
         row = dict(problem=prob.name, pass_=pass_.name, algo=chosen, auto_algo=auto_algo, dtype=args.dtype,
@@ -257,7 +257,7 @@ def _bench_gpu(args, names, algos):
     conv_backend = getattr(torch.backends.cudnn, "conv", None)
     if conv_backend is not None and hasattr(conv_backend, "fp32_precision"):
         conv_backend.fp32_precision = "tf32" if tf32 else "ieee"
-    dtype = _dtypes.bfloat16 if args.dtype == "bfloat16" else numpy.dtype(args.dtype)
+    dtype = _dtypes.by_name(args.dtype)
     if dtype is None:
         raise SystemExit("bench: bfloat16 needs ml_dtypes installed (CuPy's bfloat16 arrays)")
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
@@ -293,7 +293,8 @@ def _bench_gpu(args, names, algos):
         torch.cuda.empty_cache()
     meta = dict(device=device_name, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
                 cuconv=cuconv.__version__, dtype=args.dtype, precision=args.precision,
-                cudnn_layout=args.cudnn_layout, gemm_tflops=rates, copy_tbs=bandwidth, date=time.strftime("%Y-%m-%d"))
+                cudnn_layout=args.cudnn_layout, gemm_tflops=rates, copy_tbs=bandwidth,
+                date=time.strftime("%Y-%m-%d"))
     return meta, rows
 
 

@@ -32,7 +32,8 @@ import numpy
 from . import _dtypes, _loader, dgrad_forward
 from .spec import ConvSpec
 
-__all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "Tile", "TILES", "NAME_EXPRESSIONS", "STEM"]
+__all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "Tile", "TILES", "NAME_EXPRESSIONS",
+           "STEM"]
 
 STEM = "direct_smem"
 _THREADS = 256  # kThreads in direct_smem.cu

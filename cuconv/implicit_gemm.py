@@ -11,8 +11,8 @@ Forward (and dgrad at stride 1, as the forward convolution of ``dy``, ``dgrad_fo
    ``ldmatrix`` and writes NCHW rows through shared memory, bias fused.
 
 The weight is packed once per call (``pack_weight``: (Kp, R·S·cp) zero-padded to whole tiles). Tiles
-(``Tile``) are template instances; ``choose_tile`` picks one from the filters and reduction length. float32 "ieee" and
-float64 are refused (they need FFMA arithmetic: ``direct_smem`` / ``im2col_gemm``), as are grouped
+(``Tile``) are template instances; ``choose_tile`` picks one from the filters and reduction length.
+float32 "ieee" and float64 are refused (they need FFMA arithmetic: ``direct_smem`` / ``im2col_gemm``), as are grouped
 convolutions.
 """
 
@@ -35,8 +35,13 @@ _MAX_GRID_Z = 65535     # pack_nhwc runs one sample per grid z
 _MAX_SIDE = 2**15 - 1    # input rows and columns (padding included) are 16-bit in the loader
 NULL = numpy.uint64(0)   # a null bias pointer
 
-# dtype -> (C++ type, whether float32 is rounded to TF32 when packed)
+# C++ storage types with tensor-core arithmetic here (float means TF32: rounded when packed)
 _TENSOR_CORE_TYPES = ("float", "__half", "__nv_bfloat16")
+
+
+def _tf32(ctype: str) -> str:
+    """The pack kernels' kTf32 template argument: float32 is rounded to TF32 once, when packed."""
+    return "true" if ctype == "float" else "false"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,12 +86,7 @@ TILES = {
 
 NAME_EXPRESSIONS = tuple(
     [t.kernel_name(c) for c in _TENSOR_CORE_TYPES for t in TILES.values()]
-    + [f"{k}<{c},{'true' if c == 'float' else 'false'}>" for k in ("pack_nhwc", "pack_weight")
-       for c in _TENSOR_CORE_TYPES])
-
-
-def _tf32(ctype: str) -> str:
-    return "true" if ctype == "float" else "false"
+    + [f"{k}<{c},{_tf32(c)}>" for k in ("pack_nhwc", "pack_weight") for c in _TENSOR_CORE_TYPES])
 
 
 def choose_tile(spec: ConvSpec, dtype) -> Tile:

@@ -88,12 +88,12 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str):
     - plain-FFMA arithmetic (fp32 "ieee", fp64) on large layers with many taps and few filters per group:
       ``direct_smem`` (no column matrix; square_5x9 10.9 ms and dilated_padded_5x9 11.3 ms against 12.9 and
       12.6 for im2col_gemm), while at K/groups = 128 or 9 taps cuBLAS's larger GEMMs win (rect_5x7,
-      square_3x3_1024), and with tensor cores (TF32, fp16, bf16) im2col_gemm wins by 2.6-3.6x. dgrad at
+      square_3x3_1024); with tensor cores (TF32, fp16, bf16) FFMA kernels are out of the race. dgrad at
       stride 1 is a forward convolution with C/groups filters (``dgrad_forward``): the same rule applies
       with C/groups in place of K/groups, against im2col_gemm's dgrad whose GEMM reduces over K/groups only;
     - tensor-core arithmetic (float32 "tf32", float16, bfloat16), forward and stride-1 dgrad, except 1x1
       stride-1 unpadded layers (a plain GEMM for im2col_gemm): ``implicit_gemm``, which never writes the
-      column matrix (TF32 square_5x9 2.8 ms against 7-8 ms for im2col_gemm; stem_7x7_s2 1.5x cuDNN);
+      column matrix (TF32 square_5x9 3.0 ms against 6.9 ms for im2col_gemm; stem_7x7_s2 1.2x cuDNN);
     - otherwise ``im2col_gemm``.
     """
     import numpy

@@ -153,7 +153,7 @@ def algo_mode_cases(params, modes, pass_="fprop"):
         spec = case_spec(case)
         for algo in registry.algorithms(pass_):
             for dtype_name, precision in modes:
-                dtype = _dtypes.bfloat16 if dtype_name == "bfloat16" else numpy.dtype(dtype_name)
+                dtype = _dtypes.by_name(dtype_name)
                 if registry.reason_unsupported(algo, spec, dtype, pass_, precision) is None:
                     mode_id = f"{dtype_name}-{precision}" if dtype_name == "float32" else dtype_name
                     out.append(pytest.param(case, algo, (dtype_name, precision),

@@ -20,7 +20,7 @@ if _dtypes.bfloat16 is not None:
 
 
 def _dtype(name):
-    return _dtypes.bfloat16 if name == "bfloat16" else numpy.dtype(name)
+    return _dtypes.by_name(name)
 
 
 def _to_gpu(a, dtype):
