@@ -7,7 +7,7 @@ stride and dilation included) and the chunk's ``TK × R × S`` weights in shared
 accumulates a ``KT × QT`` tile in registers: per tap ``QT`` input loads and ``KT/4`` (float) 16-byte
 weight loads feed ``KT·QT`` FMAs. No workspace besides a transposed copy of the weights.
 
-Tile (template arguments, per accumulation type)::
+Tile (template arguments, per accumulation type; two blocks per SM)::
 
     float accumulation (half, bfloat16, float): KT=16, QT=4, WK=2 -> TK=32, TP=4, TQ=128
     double:                                     KT=8,  QT=2, WK=4 -> TK=32, TP=2, TQ=64
@@ -16,11 +16,17 @@ Why these, for the large problems (K/groups = 64 or 128, Q = 250..1022, R·S = 9
 16 × 4 tiles issues 4 conflict-free loads of x and 4 broadcast 16-byte loads of w (one shared-memory
 wavefront each) for 64 FFMA: 8 FFMA per wavefront, twice the 4 at which an SM's shared memory (one
 wavefront per clock) and FFMA pipes (four warp instructions per clock) balance, so the loop is FFMA-bound;
-it fits 126 registers without spills (2 blocks of 256 threads per SM). TK = 32 divides K/groups = 64 and
+it fits 128 registers without spills (2 blocks of 256 threads per SM). TK = 32 divides K/groups = 64 and
 128, and 128 columns waste at most 3% of Q there. Double keeps 16 accumulators per thread (8 × 2): 8 × 4
-spills at the 128-register cap. ``ct`` is as large as fits the default 48 KB of dynamic shared memory;
-where one channel needs more (very large kernels or dilations), the launcher opts into up to the device's
-limit, and past that ``reason_unsupported`` says so.
+spills at the 128-register cap. Measured (fp32, docs/perf-notes.md): 128-accumulator tiles at one block per
+SM (16 × 8, 32 × 4; up to 250 registers) are 7-10% slower: eight warps per SM hide less latency.
+
+Pipeline (``plan``): up to three shared-memory buffers of ``ct`` input channels each, so that staging chunk
+i + 2 (cp.async) overlaps the arithmetic of chunk i. The buffers of one block stay within ``_BLOCK_SMEM``
+so that two blocks share an SM; ``ct`` is small enough that the chunks outnumber the buffers twice over
+(a pipeline that is mostly prologue hides nothing). Where one channel's window needs more than a third
+(half) of that budget, fewer buffers; past it, one buffer of one channel up to the device's limit, staged
+and computed in turn; past the device's limit, ``reason_unsupported`` says so.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ _WARPS = _THREADS // 32
 _MAX_GRID_X = 2**31 - 1
 _MAX_GRID_Y = 65535
 _MAX_POSITION = 2**31 - 1  # positions inside a plane are int in the kernel
+_MAX_STAGES = 3  # the kernel waits on cp.async groups for 1, 2 or 3 buffers
+_BLOCK_SMEM = 112 << 10  # two blocks per SM (228 KB per SM on H100/H200, 1 KB of it reserved per block)
 
 NULL = numpy.uint64(0)  # a null pointer argument: the kernel then adds no bias
 
@@ -53,6 +61,7 @@ class Tile:
     kt: int
     qt: int
     warps_k: int
+    min_blocks: int = 2  # blocks per SM the kernel's registers must allow
 
     @property
     def tk(self) -> int:
@@ -70,7 +79,7 @@ class Tile:
         return 32 * self.qt
 
     def kernel_name(self, ctype: str) -> str:
-        return f"direct_smem<{ctype},{self.kt},{self.qt},{self.warps_k}>"
+        return f"direct_smem<{ctype},{self.kt},{self.qt},{self.warps_k},{self.min_blocks}>"
 
 
 # By accumulation type: the half types accumulate in float.
@@ -87,39 +96,60 @@ NAME_EXPRESSIONS = tuple(TILES[_acc_ctype(t)].kernel_name(t) for t in _dtypes.AL
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """How ``direct_smem`` walks one problem: its tile, the input channels staged per chunk (``ct``), the
-    staged input window (``x_rows`` × ``x_cols``, halo included) and the grid."""
+    number of chunk buffers in flight (``stages``), the staged input window (``x_rows`` × ``x_cols``, halo
+    included) and the grid."""
 
     tile: Tile
     ct: int
+    stages: int
     x_rows: int
     x_cols: int
+    x_phase_cols: int  # a staged row holds stride_w phases of this many columns (x_cols with stride 1)
     channel_bytes: int  # shared memory of one staged input channel: TK×R×S weights and its input window
     tiles_p: int
     tiles_q: int
     tiles_k: int
     grid: tuple
 
+    acc_size: int  # bytes of the arithmetic type staged in shared memory
+
+    taps: int  # R·S
+    x_pitch: int  # elements of one staged row: stride_w · x_phase_cols
+
+    @property
+    def stage_elems(self) -> int:
+        """Elements of one chunk buffer: ws, then xs rounded up to 16 bytes so that every buffer's ws (read
+        as 16-byte vectors) stays aligned."""
+        ws = self.ct * self.taps * self.tile.tk
+        xs = self.ct * self.x_rows * self.x_pitch
+        per_vector = 16 // self.acc_size
+        return ws + -(-xs // per_vector) * per_vector
+
     @property
     def smem_bytes(self) -> int:
-        return self.ct * self.channel_bytes
+        return self.stages * self.stage_elems * self.acc_size
 
 
-def plan(spec: ConvSpec, dtype, smem_target: int = _loader.SMEM_DEFAULT) -> Plan:
-    """The tile of ``dtype`` and as many input channels per chunk as fit ``smem_target`` (at least one),
-    balanced over the chunks (C/groups = 16 with room for 11 becomes 8 + 8)."""
+def plan(spec: ConvSpec, dtype) -> Plan:
+    """The tile of ``dtype``; as many chunk buffers (up to three) as fit ``_BLOCK_SMEM`` with one channel
+    each; then as many input channels per chunk as fit, at most an ``2·stages``-th of the channels, balanced
+    over the chunks (C/groups = 16 with room for 7 becomes 6 + 5 + 5)."""
     dtype = numpy.dtype(dtype)
     acc_size = 8 if dtype == numpy.float64 else 4
     tile = TILES["double" if acc_size == 8 else "float"]
     (sh, sw), (dh, dw) = spec.stride, spec.dilation
     x_rows = (tile.tp - 1) * sh + (spec.r - 1) * dh + 1
     x_cols = (tile.tq - 1) * sw + (spec.s - 1) * dw + 1
-    channel_bytes = (spec.r * spec.s * tile.tk + x_rows * x_cols) * acc_size
+    x_phase_cols = -(-x_cols // sw)
+    channel_bytes = (spec.r * spec.s * tile.tk + x_rows * sw * x_phase_cols) * acc_size
     cpg = max(1, spec.c_per_group)
-    ct = max(1, min(cpg, smem_target // channel_bytes))
+    stages = max(1, min(_MAX_STAGES, _BLOCK_SMEM // channel_bytes))
+    ct = max(1, min(cpg, _BLOCK_SMEM // (stages * channel_bytes), -(-cpg // (2 * stages))))
     ct = -(-cpg // -(-cpg // ct))
     tiles_p, tiles_q, tiles_k = -(-spec.p // tile.tp), -(-spec.q // tile.tq), -(-spec.k_per_group // tile.tk)
     grid = (spec.n * tiles_p * tiles_q, spec.groups * tiles_k, 1)
-    return Plan(tile, ct, x_rows, x_cols, channel_bytes, tiles_p, tiles_q, tiles_k, grid)
+    return Plan(tile, ct, stages, x_rows, x_cols, x_phase_cols, channel_bytes, tiles_p, tiles_q, tiles_k, grid,
+                acc_size, spec.r * spec.s, sw * x_phase_cols)
 
 
 def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
@@ -162,7 +192,8 @@ def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
             i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q), i64(spec.r),
             i64(spec.s), i64(spec.groups), i64(spec.stride[0]), i64(spec.stride[1]), i64(spec.pad[0]),
             i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]),
-            i64(pl.tiles_p), i64(pl.tiles_q), i64(pl.tiles_k), i64(pl.ct), i64(pl.x_rows), i64(pl.x_cols))
+            i64(pl.tiles_p), i64(pl.tiles_q), i64(pl.tiles_k), i64(pl.ct), i64(pl.stages),
+            i64(pl.stage_elems), i64(pl.x_rows), i64(pl.x_cols), i64(pl.x_phase_cols))
     _loader.launch(fn, name, grid, block, args, shared_mem=smem)
 
 

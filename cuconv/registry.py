@@ -85,10 +85,11 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str):
     """Candidates, best first, from what each family is good at (measured on an H200; README "Algorithms").
 
     - depthwise layers: ``depthwise`` (memory-bound; im2col_gemm runs one tiny GEMM per group, 4-7x slower);
-    - plain-FFMA arithmetic (fp32 "ieee", fp64) on large layers with many taps and few filters per group:
-      ``direct_smem`` (no column matrix; square_5x9 10.9 ms and dilated_padded_5x9 11.3 ms against 12.9 and
-      12.6 for im2col_gemm), while at K/groups = 128 or 9 taps cuBLAS's larger GEMMs win (rect_5x7,
-      square_3x3_1024); with tensor cores (TF32, fp16, bf16) FFMA kernels are out of the race. dgrad at
+    - plain-FFMA arithmetic (fp32 "ieee", fp64) on large layers with many taps and up to 128 filters per
+      group: ``direct_smem`` (no column matrix; square_5x9 9.7 ms, dilated_padded_5x9 10.0 ms and rect_5x7
+      15.4 ms against 12.9, 12.6 and 15.8 for im2col_gemm), while with 9 taps cuBLAS's GEMM wins
+      (square_3x3_1024: 17.9 against 22.9 ms); with tensor cores (TF32, fp16, bf16) FFMA kernels are out of
+      the race. dgrad at
       stride 1 is a forward convolution with C/groups filters (``dgrad_forward``): the same rule applies
       with C/groups in place of K/groups, against im2col_gemm's dgrad whose GEMM reduces over K/groups only;
     - tensor-core arithmetic (float32 "tf32", float16, bfloat16), forward and stride-1 dgrad, except 1x1
@@ -106,9 +107,9 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str):
         yield "implicit_gemm"
     # the pass's output: a dgrad is a forward convolution producing dx
     pixels = spec.n * (spec.h * spec.w if pass_ == "dgrad" else spec.p * spec.q)
-    large = pixels >= (1 << 20)
+    large = pixels >= (1 << 19)
     filters = {"fprop": spec.k_per_group, "dgrad": spec.c_per_group}.get(pass_)
-    if filters is not None and ffma and large and spec.r * spec.s >= 25 and filters <= 64:
+    if filters is not None and ffma and large and spec.r * spec.s >= 25 and filters <= 128:
         yield "direct_smem"
     yield "im2col_gemm"
     yield from _REGISTRY  # anything else that serves the case

@@ -41,4 +41,31 @@ template <typename T> struct __align__(16) Vec16 {
     T v[VecWidth<T>::value];
 };
 
+// ---- cp.async (sm_80+): global -> shared copies that bypass registers, in commit groups ----------------
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// Bytes = 4, 8 or 16, through L1. valid == false reads nothing (src-size 0) and zero-fills the destination:
+// the padding of a convolution costs no branch.
+template <int Bytes>
+__device__ __forceinline__ void cp_async_ca(unsigned dst, const void* src, bool valid) {
+    static_assert(Bytes == 4 || Bytes == 8 || Bytes == 16, "cp.async.ca copies 4, 8 or 16 bytes");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(Bytes),
+                 "r"(valid ? Bytes : 0));
+}
+
+// 16 bytes bypassing L1 (operands read once per block).
+__device__ __forceinline__ void cp_async_cg16(unsigned dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Wait until at most N of this thread's most recent commit groups are still in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
 }  // namespace cuconv

@@ -1,6 +1,6 @@
 // direct_smem: direct convolution from shared-memory tiles, with a register tile per thread.
 //
-// Kernel   direct_smem<T, KT, QT, WK>(x, w_gck, bias, out, ...)
+// Kernel   direct_smem<T, KT, QT, WK, MIN_BLOCKS>(x, w_gck, bias, out, ...)
 //   T      storage type. Operands are staged in shared memory as Acc = cuconv::Acc<T> (float for the half
 //          types, double for double), so the inner loop is plain FFMA (DFMA); the bias is added in Acc and
 //          the sum rounded to T once, at the store.
@@ -9,26 +9,43 @@
 //   QT     output columns per thread, 32 apart (lane, lane + 32, ...): a warp covers TQ = 32 * QT columns.
 //   WK     warps along the output channels; the kWarps / WK warps of each channel slice take one output
 //          row each.
+//   MIN_BLOCKS  blocks per SM the register allocation must allow (__launch_bounds__): 2 caps a thread at
+//          128 registers, 1 at 255.
 //
 // Mapping: a block of kThreads computes TK = WK*KT output channels of one group × TP = kWarps/WK output
 // rows × TQ output columns of one sample. blockIdx.x = (n, p tile, q tile) with q fastest, blockIdx.y =
 // (group, k tile). Warp w computes channels [(w % WK)*KT, +KT) of the tile's row w / WK; each thread a
-// KT × QT tile in registers. Per chunk of `ct` input channels of the group, the block stages
+// KT × QT tile in registers. The input channels of the group are walked in chunks of `ct_max`; for each
+// chunk (c0, ct channels) the block stages
 //   ws[c][r][s][kk] = w[k0 + kk, c0 + c, r, s]            (zero past K/groups)
 //   xs[c][row][col] = x[n, c0 + c, ih0 + row, iw0 + col]  (zero outside the image: the padding)
 // for rows [0, x_rows), x_rows = (TP-1)*stride_h + (R-1)*dil_h + 1, and columns [0, x_cols), x_cols =
-// (TQ-1)*stride_w + (S-1)*dil_w + 1 (halo, stride and dilation included; x_cols is also the row pitch),
-// where (ih0, iw0) is the input position of the tile's first output. Then every thread runs, over c, r, s
-// in that order,
-//   acc[j][i] += ws[c][r][s][kw*KT + j] * xs[c][pw*stride_h + r*dil_h][(lane + 32*i)*stride_w + s*dil_w]
-// that is, per tap, QT loads of x (consecutive lanes read consecutive words at stride 1: no bank
-// conflicts), KT/(16/sizeof(Acc)) warp-uniform 16-byte loads of w (broadcasts), and KT*QT FMAs.
+// (TQ-1)*stride_w + (S-1)*dil_w + 1 (halo, stride and dilation included), where (ih0, iw0) is the input
+// position of the tile's first output. A staged row is split by stride phase: column col sits at
+// col % stride_w * x_phase_cols + col / stride_w (x_phase_cols = ceil(x_cols / stride_w); with stride 1
+// that is just col), so that the columns one tap reads for a thread's outputs are 32 apart and those of
+// consecutive lanes adjacent, at any stride. Then every thread runs, over the taps t = (c, r, s) of the
+// chunk in that order,
+//   acc[j][i] += ws[c][r][s][kk] * xs[c][pw*stride_h + r*dil_h][(lane + 32*i)*stride_w + s*dil_w]
+// with kk = kw*KT + j, that is, per tap, QT loads of x (consecutive lanes read consecutive words: no
+// bank conflicts), KT/(16/sizeof(Acc)) warp-uniform 16-byte loads of w (broadcasts), and KT*QT FMAs.
+// The tap loop is unrolled twice so that the loads of one tap are issued among the FMAs of the other.
+//
+// Pipeline: `stages` (1 to 3, chosen by the launcher from what fits) buffers of one chunk each. With float
+// and double the chunk is staged by cp.async (4 or 8 bytes, zero-filled for the padding) while the block
+// computes the chunks before it, so the global-memory latency of staging hides behind the FMAs: chunk
+// i + stages - 1 is requested as soon as every warp has finished with chunk i - 1, whose buffer it takes.
+// The half types convert to float on the way in, through registers (cp.async copies bytes); their loads
+// still overlap the other block's arithmetic. One stage (a single channel as large as the device allows)
+// stages and computes in turn.
 //
 // Layouts: x (N, C, H, W); w_gck (groups, C/groups*R*S, K/groups), the weights transposed by the launcher
 // so that the k tile of one tap is contiguous (coalesced global reads, conflict-free shared stores);
-// out (N, K, P, Q); bias (K,) or a null pointer. Dynamic shared memory holds ws (ct_max*R*S*TK) then xs
-// (ct_max*x_rows*x_cols), both Acc; cuconv/direct_smem.py sizes it and passes ct_max, x_rows and x_cols.
-// Plane and output offsets are 64-bit; positions inside a plane and shared-memory indices are int.
+// out (N, K, P, Q); bias (K,) or a null pointer. Dynamic shared memory holds `stages` buffers, each ws
+// (ct_max*R*S*TK) then xs (ct_max*x_rows rows of stride_w*x_phase_cols, padded to 16 bytes), all Acc;
+// cuconv/direct_smem.py sizes it and passes ct_max, stages, stage_elems (one buffer), x_rows, x_cols and
+// x_phase_cols. Plane and output offsets are 64-bit;
+// positions inside a plane and shared-memory indices are int.
 #include "common.cuh"
 
 using cuconv::i64;
@@ -37,7 +54,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kLoads = 4;  // global loads in flight per thread while staging
 
 // dst[0, N) = src[0, N) from 16-byte aligned shared memory, as 16-byte vectors.
 template <int N>
@@ -64,16 +80,61 @@ __device__ __forceinline__ void load_vec16(double (&dst)[N], const double* src) 
     }
 }
 
+// *dst = valid ? *src : 0. Storage type == arithmetic type (float, double): an asynchronous copy, completed
+// by cp_async_wait. Half types: a load, a conversion and a store.
+template <typename T>
+__device__ __forceinline__ void stage_element(typename cuconv::Acc<T>::type* dst, const T* src, bool valid) {
+    typedef typename cuconv::Acc<T>::type Acc;
+    if constexpr (sizeof(T) == sizeof(Acc)) {
+        cuconv::cp_async_ca<sizeof(T)>(cuconv::smem_addr(dst), src, valid);
+    } else {
+        *dst = valid ? cuconv::to_acc(*src) : Acc(0);
+    }
+}
+
+// One (c, r) row of taps s = 0..S-1 for a thread's KT x QT outputs: acc[j][i] += w_row[s*TK + j] *
+// x_row[offset(s) + 32*i]. Tap s reads window column (lane + 32*i)*sw + s*dw, stored at phase (s*dw) % sw,
+// position lane + 32*i + (s*dw) / sw, so the x loads sit 32 apart (immediate offsets) at any stride; the
+// offset of tap s is kept incrementally: kUnit (stride 1) adds dw, otherwise tap_step, wrapping into the
+// next position (tap_wrap) when the phase passes sw. Unrolled twice so that one tap's loads issue among the
+// other's FMAs.
+template <bool kUnit, int TK, typename Acc, int KT, int QT>
+__device__ __forceinline__ void row_of_taps(Acc (&acc)[KT][QT], const Acc* x_row, const Acc* w_row, int S, int dw,
+                                            int sw, int tap_step, int tap_phase, int tap_wrap) {
+    int off = 0, phase = 0;
+#pragma unroll 2
+    for (int s = 0; s < S; ++s, w_row += TK) {
+        Acc xv[QT], wv[KT];
+#pragma unroll
+        for (int i = 0; i < QT; ++i) xv[i] = x_row[off + 32 * i];
+        load_vec16(wv, w_row);
+#pragma unroll
+        for (int j = 0; j < KT; ++j) {
+#pragma unroll
+            for (int i = 0; i < QT; ++i) acc[j][i] = fma(wv[j], xv[i], acc[j][i]);
+        }
+        if (kUnit) {
+            off += dw;
+        } else {
+            off += tap_step;
+            phase += tap_phase;
+            if (phase >= sw) { phase -= sw; off += tap_wrap; }
+        }
+    }
+}
+
 }  // namespace
 
-template <typename T, int KT, int QT, int WK>
-__global__ void __launch_bounds__(kThreads, 2)
+template <typename T, int KT, int QT, int WK, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
 direct_smem(const T* __restrict__ x, const T* __restrict__ w_gck, const T* __restrict__ bias,
             T* __restrict__ out, i64 C, i64 H, i64 W, i64 K, i64 P, i64 Q, i64 R, i64 S, i64 groups,
             i64 stride_h, i64 stride_w, i64 pad_top, i64 pad_left, i64 dil_h, i64 dil_w,
-            i64 tiles_p, i64 tiles_q, i64 tiles_k, i64 ct_max, i64 x_rows, i64 x_cols) {
+            i64 tiles_p, i64 tiles_q, i64 tiles_k, i64 ct_max, i64 stages, i64 stage_elems_, i64 x_rows,
+            i64 x_cols, i64 x_phase_cols) {
     typedef typename cuconv::Acc<T>::type Acc;
     static_assert(kWarps % WK == 0, "WK must divide the warps of a block");
+    static_assert(kThreads % (WK * KT) == 0, "the weight staging walks rows kThreads / TK apart");
     constexpr int TK = WK * KT;
     constexpr int TP = kWarps / WK;
     constexpr int TQ = 32 * QT;
@@ -83,11 +144,15 @@ direct_smem(const T* __restrict__ x, const T* __restrict__ w_gck, const T* __res
     const int sh = static_cast<int>(stride_h), sw = static_cast<int>(stride_w);
     const int dh = static_cast<int>(dil_h), dw = static_cast<int>(dil_w);
     const int rows = static_cast<int>(x_rows), cols = static_cast<int>(x_cols);
+    const int pcols = static_cast<int>(x_phase_cols), pitch = sw * pcols;  // a staged row: sw phases
     const int c_per_group = static_cast<int>(C / groups), k_per_group = static_cast<int>(K / groups);
+    const int ct_cap = static_cast<int>(ct_max), n_stages = static_cast<int>(stages);
+    const int ws_elems = ct_cap * RS * TK;  // a multiple of 16 bytes, as TK*sizeof(Acc)
+    const int stage_elems = static_cast<int>(stage_elems_);  // ws_elems + xs rounded up to 16 bytes
+    const int chunks = (c_per_group + ct_cap - 1) / ct_cap;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    Acc* __restrict__ ws = reinterpret_cast<Acc*>(smem_raw);
-    Acc* __restrict__ xs = ws + static_cast<int>(ct_max) * RS * TK;  // 16-byte aligned, as TK*sizeof(Acc)
+    Acc* __restrict__ smem = reinterpret_cast<Acc*>(smem_raw);
 
     // The tile: sample n, output rows [p0, p0 + TP), columns [q0, q0 + TQ), channels [k0, k0 + TK) of group g.
     i64 tile = blockIdx.x;
@@ -107,80 +172,100 @@ direct_smem(const T* __restrict__ x, const T* __restrict__ w_gck, const T* __res
     const T* __restrict__ x_group = x + (n * C + static_cast<i64>(g) * c_per_group) * H * W;
     const T* __restrict__ w_group = w_gck + static_cast<i64>(g) * c_per_group * RS * k_per_group + k0;
 
+    // Requests chunk `chunk` (if it exists) into buffer chunk % stages. The loops keep their indices
+    // incremental (no division per element): staging runs one copy per ~6 instructions.
+    auto stage_chunk = [&](int chunk) {
+        if (chunk >= chunks) return;
+        const int c0 = chunk * ct_cap;
+        const int ct = min(ct_cap, c_per_group - c0);
+        Acc* ws = smem + (chunk % n_stages) * stage_elems;
+        Acc* xs = ws + ws_elems;
+        // ws: ct*R*S rows of TK channels; row (c, r, s) of w_gck holds K/groups channels, we take [k0, +TK).
+        // kThreads is a multiple of TK: each thread keeps one channel kk and walks rows kThreads/TK apart.
+        {
+            constexpr int kRowStep = kThreads / TK;
+            const int kk = threadIdx.x % TK;
+            const bool valid = k0 + kk < k_per_group;
+            const i64 src_step = static_cast<i64>(kRowStep) * k_per_group;
+            const T* src = w_group + (static_cast<i64>(c0) * RS + threadIdx.x / TK) * k_per_group + kk;
+            Acc* dst = ws + threadIdx.x;
+            const T* src_ok = valid ? src : w_gck;  // a readable address when nothing is read
+            const i64 step = valid ? src_step : 0;
+            for (int row = threadIdx.x / TK; row < ct * RS; row += kRowStep, src_ok += step, dst += kThreads)
+                stage_element(dst, src_ok, valid);
+        }
+        // xs: ct*rows rows, a warp per row; column col of the window goes to phase col % sw, position
+        // col / sw (consecutive lanes on consecutive positions).
+        int c = warp / rows, row_in = warp % rows;  // of row `warp`; kWarps rows further each time
+        for (int row = warp; row < ct * rows; row += kWarps) {
+            const int ih = ih0 + row_in;
+            const bool inside_h = static_cast<unsigned>(ih) < static_cast<unsigned>(Hi);
+            const T* src = x_group + (static_cast<i64>(c0 + c) * H + (inside_h ? ih : 0)) * W;
+            Acc* dst = xs + row * pitch + lane;
+            if (sw == 1) {  // position == column: one counter
+                for (int col = lane; col < cols; col += 32, dst += 32) {
+                    const int iw = iw0 + col;
+                    const bool valid = inside_h && static_cast<unsigned>(iw) < static_cast<unsigned>(Wi);
+                    stage_element(dst, src + (valid ? iw : 0), valid);
+                }
+            } else {
+                for (int phase = 0; phase < sw; ++phase) {
+                    for (int pos = lane; pos < pcols; pos += 32) {
+                        const int col = pos * sw + phase;
+                        const int iw = iw0 + col;
+                        const bool valid =
+                            inside_h && col < cols && static_cast<unsigned>(iw) < static_cast<unsigned>(Wi);
+                        stage_element(dst + phase * pcols + pos - lane, src + (valid ? iw : 0), valid);
+                    }
+                }
+            }
+            row_in += kWarps;
+            while (row_in >= rows) { row_in -= rows; ++c; }
+        }
+    };
+
+    // Tap s of a row reads window column (lane + 32*i)*sw + s*dw: phase (s*dw) % sw, position lane + 32*i +
+    // (s*dw) / sw (see row_of_taps).
+    const int tap_step = dw / sw + (dw % sw) * pcols, tap_phase = dw % sw, tap_wrap = 1 - sw * pcols;
     Acc acc[KT][QT];
 #pragma unroll
     for (int j = 0; j < KT; ++j) {
 #pragma unroll
         for (int i = 0; i < QT; ++i) acc[j][i] = 0;
     }
-
-    for (int c0 = 0; c0 < c_per_group; c0 += static_cast<int>(ct_max)) {
-        const int ct = min(static_cast<int>(ct_max), c_per_group - c0);
-        __syncthreads();  // every warp has finished reading the previous chunk
-
-        // ws: ct*R*S rows of TK channels; row (c, r, s) of w_gck holds K/groups channels, we take [k0, +TK).
-        const T* __restrict__ w_chunk = w_group + static_cast<i64>(c0) * RS * k_per_group;
-        const int w_count = ct * RS * TK;
-        for (int e0 = threadIdx.x; e0 < w_count; e0 += kThreads * kLoads) {
-            Acc v[kLoads];
-#pragma unroll
-            for (int u = 0; u < kLoads; ++u) {
-                const int e = e0 + u * kThreads;
-                const int row = e / TK, kk = e % TK;
-                v[u] = e < w_count && k0 + kk < k_per_group
-                           ? cuconv::to_acc(w_chunk[static_cast<i64>(row) * k_per_group + kk]) : Acc(0);
-            }
-#pragma unroll
-            for (int u = 0; u < kLoads; ++u) {
-                const int e = e0 + u * kThreads;
-                if (e < w_count) ws[e] = v[u];
-            }
+    for (int s = 0; s < n_stages - 1; ++s) {
+        stage_chunk(s);
+        cuconv::cp_async_commit();
+    }
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+        if (n_stages == 1) {
+            __syncthreads();  // every warp has finished reading the previous chunk from the one buffer
+            stage_chunk(chunk);
+            cuconv::cp_async_commit();
         }
+        if (n_stages >= 3)
+            cuconv::cp_async_wait<1>();  // chunk `chunk` has landed; chunk + 1 may still be in flight
+        else
+            cuconv::cp_async_wait<0>();
+        __syncthreads();  // chunk `chunk` is visible to all; every warp is done with chunk - 1
+        if (n_stages > 1) stage_chunk(chunk + n_stages - 1);  // into chunk - 1's buffer
+        cuconv::cp_async_commit();
 
-        // xs: ct*rows rows of cols columns, a warp per row, consecutive lanes on consecutive columns.
-        for (int row = warp; row < ct * rows; row += kWarps) {
-            const int c = row / rows;
-            const int ih = ih0 + (row - c * rows);
-            const bool inside_h = ih >= 0 && ih < Hi;
-            const T* __restrict__ src = x_group + (static_cast<i64>(c0 + c) * H + (inside_h ? ih : 0)) * W;
-            Acc* __restrict__ dst = xs + row * cols;
-            for (int col0 = lane; col0 < cols; col0 += 32 * kLoads) {
-                Acc v[kLoads];
-#pragma unroll
-                for (int u = 0; u < kLoads; ++u) {
-                    const int col = col0 + 32 * u;
-                    const int iw = iw0 + col;
-                    v[u] = inside_h && col < cols && iw >= 0 && iw < Wi ? cuconv::to_acc(src[iw]) : Acc(0);
-                }
-#pragma unroll
-                for (int u = 0; u < kLoads; ++u) {
-                    const int col = col0 + 32 * u;
-                    if (col < cols) dst[col] = v[u];
-                }
-            }
-        }
-        __syncthreads();
-
-        const int q_step = 32 * sw;  // between a thread's output columns, in input columns
+        const int ct = min(ct_cap, c_per_group - chunk * ct_cap);
+        const Acc* ws = smem + (chunk % n_stages) * stage_elems;
+        const Acc* xs = ws + ws_elems;
         for (int c = 0; c < ct; ++c) {
             for (int r = 0; r < static_cast<int>(R); ++r) {
-                const Acc* x_row = xs + (c * rows + pw * sh + r * dh) * cols + lane * sw;
+                const Acc* x_row = xs + (c * rows + pw * sh + r * dh) * pitch + lane;
                 const Acc* w_row = ws + (c * RS + r * Si) * TK + kw * KT;
-                for (int s = 0; s < Si; ++s, x_row += dw, w_row += TK) {
-                    Acc xv[QT], wv[KT];
-#pragma unroll
-                    for (int i = 0; i < QT; ++i) xv[i] = x_row[i * q_step];
-                    load_vec16(wv, w_row);
-#pragma unroll
-                    for (int j = 0; j < KT; ++j) {
-#pragma unroll
-                        for (int i = 0; i < QT; ++i) acc[j][i] = fma(wv[j], xv[i], acc[j][i]);
-                    }
-                }
+                if (sw == 1)
+                    row_of_taps<true, TK>(acc, x_row, w_row, Si, dw, sw, tap_step, tap_phase, tap_wrap);
+                else
+                    row_of_taps<false, TK>(acc, x_row, w_row, Si, dw, sw, tap_step, tap_phase, tap_wrap);
             }
         }
     }
-
+    cuconv::cp_async_wait<0>();  // nothing is left in flight when the block exits (only empty groups remain)
     const int p = p0 + pw;
     if (p >= P) return;
 #pragma unroll

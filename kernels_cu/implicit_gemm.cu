@@ -30,20 +30,11 @@ __device__ __forceinline__ float round_tf32(float v) {
 template <typename T, bool kTf32> __device__ __forceinline__ T prepare(T v) { return v; }
 template <> __device__ __forceinline__ float prepare<float, true>(float v) { return round_tf32(v); }
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid, bool cache_l1) {
-    const int n = valid ? 16 : 0;  // src-size 0: nothing is read, the 16 bytes are zero-filled
     if (cache_l1)
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+        cp_async_ca<16>(dst, src, valid);
     else
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+        cp_async_cg16(dst, src, valid);
 }
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {

@@ -162,12 +162,14 @@ def algo_mode_cases(params, modes, pass_="fprop"):
 
 
 # Wider than one direct_smem tile (128 output columns in float, 64 in double, 4 or 2 rows, 32 channels),
-# several chunks of input channels, k tiles with a tail, and a kernel whose one staged channel needs more
-# than the default 48 KB of shared memory: the case table's small images cross none of these boundaries.
+# several chunks of input channels in three buffers, k tiles with a tail, two buffers of one channel (a
+# 15x15 kernel), and a kernel whose one staged channel needs more than the default 48 KB of shared memory
+# (one buffer): the case table's small images cross none of these boundaries.
 TILING_CASES = [
     _p("q_tiles_tail", (2, 5, 13, 300), (40, 5, 3, 5), padding=(1, 2)),
     _p("chunks_groups_k_tail", (1, 50, 11, 140), (72, 25, 5, 9), groups=2, dilation=(1, 2), padding=(2, 3)),
     _p("stride_dilation_wide", (2, 6, 30, 700), (33, 6, 3, 3), stride=(2, 3), dilation=(2, 2), padding=(3, 1)),
+    _p("k15_two_buffers", (1, 4, 20, 150), (6, 4, 15, 15), padding=3),
     _p("big_kernel_smem_optin", (2, 3, 30, 40), (5, 3, 21, 21), padding=5),
     _p("depthwise_mult2_wide", (2, 4, 9, 260), (8, 1, 3, 3), groups=4, padding=1),
     _p("batch1_q256_no_bias", (1, 3, 3, 257), (4, 3, 3, 2), bias=False),

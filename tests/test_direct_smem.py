@@ -14,6 +14,7 @@ from cuconv.problems import PROBLEMS, SUITES
 from cuconv.spec import ConvSpec
 
 SMEM_DEFAULT = 48 << 10
+TWO_BLOCKS_PER_SM = 113 << 10  # 228 KB per SM on H100/H200, 1 KB reserved per block
 
 
 def _spec(case):
@@ -61,16 +62,21 @@ def test_plan_invariants(dtype):
         # Every input position a tile's outputs read lies in the staged window (relative to (ih0, iw0)).
         assert (t.tp - 1) * sh + (spec.r - 1) * dh < pl.x_rows
         assert (t.tq - 1) * sw + (spec.s - 1) * dw < pl.x_cols
-        assert pl.channel_bytes == (spec.r * spec.s * t.tk + pl.x_rows * pl.x_cols) * acc
-        # Chunks of input channels: at least one, within the default 48 KB unless one channel needs more,
-        # and balanced (no chunk much smaller than the others).
+        assert pl.x_phase_cols == -(-pl.x_cols // sw) and pl.x_pitch == sw * pl.x_phase_cols >= pl.x_cols
+        assert pl.channel_bytes == (spec.r * spec.s * t.tk + pl.x_rows * pl.x_pitch) * acc
+        # Chunks of input channels: at least one, one to three buffers of them within two blocks per SM
+        # unless one channel needs more (then one buffer of one channel), balanced (no chunk much smaller
+        # than the others), and more chunks than buffers where there are enough channels.
         cpg = spec.c_per_group
-        assert 1 <= pl.ct <= cpg
-        assert pl.smem_bytes <= SMEM_DEFAULT or pl.ct == 1
+        assert 1 <= pl.ct <= cpg and 1 <= pl.stages <= 3
+        assert pl.smem_bytes <= TWO_BLOCKS_PER_SM or (pl.ct == 1 and pl.stages == 1)
+        assert pl.smem_bytes >= pl.stages * pl.ct * pl.channel_bytes
         chunks = -(-cpg // pl.ct)
         assert pl.ct == -(-cpg // chunks)
-        # xs starts 16-byte aligned after ws (the kernel reads ws as 16-byte vectors).
+        assert pl.ct <= -(-cpg // (2 * pl.stages))
+        # Every buffer's ws, and xs after it, start 16-byte aligned (the kernel reads ws as 16-byte vectors).
         assert (pl.ct * spec.r * spec.s * t.tk * acc) % 16 == 0 and (t.kt * acc) % 16 == 0
+        assert (pl.stage_elems * acc) % 16 == 0
         # The grid covers every output exactly: tiles of TP rows, TQ columns, TK channels of a group.
         assert (pl.tiles_p - 1) * t.tp < spec.p <= pl.tiles_p * t.tp
         assert (pl.tiles_q - 1) * t.tq < spec.q <= pl.tiles_q * t.tq
@@ -78,12 +84,13 @@ def test_plan_invariants(dtype):
         assert pl.grid == (spec.n * pl.tiles_p * pl.tiles_q, spec.groups * pl.tiles_k, 1)
 
 
-def test_large_problems_fit_the_default_shared_memory_in_several_channels():
+def test_large_problems_pipeline_three_buffers_of_several_channels():
     for name in SUITES["large"]:
         spec = next(p for p in PROBLEMS if p.name == name).spec()
         for dtype in (numpy.float16, numpy.float32, numpy.float64):
             pl = plan(spec, dtype)
-            assert pl.smem_bytes <= SMEM_DEFAULT and pl.ct >= 2, (name, dtype, pl)
+            assert pl.stages == 3 and pl.ct >= 2 and pl.smem_bytes <= TWO_BLOCKS_PER_SM, (name, dtype, pl)
+            assert -(-spec.c_per_group // pl.ct) >= 2 * pl.stages
             assert direct_smem.reason_unsupported(spec, dtype) is None
 
 
@@ -92,10 +99,12 @@ def test_tiling_cases_cross_the_boundaries_they_name():
     spec, pl = plans["q_tiles_tail"]
     assert pl.tiles_q > 2 and spec.q % pl.tile.tq and spec.p % pl.tile.tp
     spec, pl = plans["chunks_groups_k_tail"]
-    assert spec.c_per_group > 2 * pl.ct and spec.c_per_group % pl.ct and pl.tiles_k > 1
+    assert spec.c_per_group > 2 * pl.ct and spec.c_per_group % pl.ct and pl.tiles_k > 1 and pl.stages == 3
     assert spec.k_per_group % pl.tile.tk and spec.groups > 1
+    spec, pl = plans["k15_two_buffers"]
+    assert pl.stages == 2 and spec.c_per_group > pl.stages * pl.ct
     spec, pl = plans["big_kernel_smem_optin"]
-    assert pl.ct == 1 and pl.smem_bytes > SMEM_DEFAULT
+    assert pl.ct == 1 and pl.stages == 1 and pl.smem_bytes > SMEM_DEFAULT and spec.c_per_group > 1
     assert plan(spec, numpy.float64).smem_bytes > SMEM_DEFAULT
     spec, pl = plans["batch1_q256_no_bias"]
     assert spec.n == 1 and spec.q == 2 * pl.tile.tq
