@@ -3,8 +3,11 @@
 Serves ``groups == C`` with one input channel per group (``K = m·C``, channel multiplier ``m``), any kernel,
 stride, padding and dilation, every dtype. These convolutions do ~R·S multiply-adds per element moved, so
 they are memory-bound: im2col + GEMM would write and re-read R·S copies of the input and run one tiny GEMM
-per group. The forward tile is 32×64 outputs; its input window (``forward_smem``) opts into more than 48 KB
-of shared memory when a large or dilated kernel needs it.
+per group. Forward at stride = dilation = 1 with a 3×3, 5×5 or 7×7 kernel (and so dgrad at stride 1 with
+multiplier 1) runs ``depthwise_fwd_strips``: a thread walks a column strip of output rows (``strips_plan``)
+with its input rows in registers, no shared memory (depthwise_3x3 fp32: 0.153 → 0.12 ms). Otherwise the
+forward tile is 32×64 outputs; its input window (``forward_smem``) opts into more than 48 KB of shared
+memory when a large or dilated kernel needs it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ _MAX_GRID_Y = 65535
 NAME_EXPRESSIONS = tuple(
     [f"depthwise_fwd<{t},{r},{s},{u}>" for t in _dtypes.ALL_CTYPE_NAMES
      for r, s, u in [(r, s, u) for r, s in ((3, 3), (5, 5), (7, 7)) for u in ("true", "false")] + [(0, 0, "false")]]
+    + [f"depthwise_fwd_strips<{t},{r},{s}>" for t in _dtypes.ALL_CTYPE_NAMES for r, s in ((3, 3), (5, 5), (7, 7))]
     + [f"depthwise_dgrad<{t},{u},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for u in ("true", "false")
        for i in ("int", "long long")]
     + [f"depthwise_wgrad_partial<{t},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for i in ("int", "long long")]
@@ -44,6 +48,7 @@ def _acc_size(dtype) -> int:
 
 _TILE_P, _TILE_Q = 32, 64  # kTileP, kTileQ in depthwise.cu
 _FIXED_KERNELS = ((3, 3), (5, 5), (7, 7))  # compiled with unrolled tap loops
+_STRIP_ROWS = (4, 16)  # output rows per thread in depthwise_fwd_strips, shortest and longest
 
 
 def forward_smem(spec: ConvSpec, itemsize: int, acc_size: int = 4) -> int:
@@ -92,8 +97,34 @@ def _geometry(spec: ConvSpec):
             i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]))
 
 
+def strips_plan(spec: ConvSpec):
+    """(rows per strip, strips per plane, blocks per plane) for ``depthwise_fwd_strips``, or None where that
+    kernel does not apply (it needs stride = dilation = 1 and a 3×3, 5×5 or 7×7 kernel). The strip length,
+    4 to 16 rows, wastes the fewest thread-rows in a plane's last block; ties go to longer strips (fewer
+    reloaded halo rows)."""
+    if spec.stride != (1, 1) or spec.dilation != (1, 1) or (spec.r, spec.s) not in _FIXED_KERNELS:
+        return None
+    best = None
+    for rows in range(_STRIP_ROWS[1], _STRIP_ROWS[0] - 1, -1):
+        strips = -(-spec.p // rows)
+        blocks = -(-strips * spec.q // _THREADS)
+        slots = blocks * _THREADS * rows
+        if best is None or slots < best[0]:
+            best = (slots, rows, strips, blocks)
+    return best[1:]
+
+
 def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
     """out = depthwise conv(x, w) + bias on C-contiguous CuPy arrays (precision: FFMA, none to choose)."""
+    strips = strips_plan(spec)
+    if strips is not None and strips[2] <= _MAX_GRID_Y:
+        rows, count, blocks = strips
+        name = f"depthwise_fwd_strips<{_dtypes.ctype_of(x.dtype)},{spec.r},{spec.s}>"
+        i64 = numpy.int64
+        args = (x, w, bias, out, i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q),
+                i64(spec.k // spec.c), i64(spec.pad[0]), i64(spec.pad[2]), i64(rows), i64(count))
+        _loader.launch(_fn(name), name, (spec.n * spec.k, blocks, 1), (_THREADS, 1, 1), args)
+        return
 
     smem = forward_smem(spec, x.dtype.itemsize, _acc_size(x.dtype))
     tiles_q = -(-spec.q // _TILE_Q)

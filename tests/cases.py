@@ -172,6 +172,10 @@ TILING_CASES = [
     _p("k15_two_buffers", (1, 4, 20, 150), (6, 4, 15, 15), padding=3),
     _p("big_kernel_smem_optin", (2, 3, 30, 40), (5, 3, 21, 21), padding=5),
     _p("depthwise_mult2_wide", (2, 4, 9, 260), (8, 1, 3, 3), groups=4, padding=1),
+    # depthwise column strips (stride 1): 5x5 with uneven padding and strips of rows that end mid-plane,
+    # 7x7 wider than the padding on a plane narrower than the kernel's reach
+    _p("depthwise_5x5_strips", (2, 3, 37, 45), (3, 1, 5, 5), groups=3, padding=(0, 2)),
+    _p("depthwise_7x7_narrow", (1, 2, 9, 5), (4, 1, 7, 7), groups=2, padding=3),
     _p("batch1_q256_no_bias", (1, 3, 3, 257), (4, 3, 3, 2), bias=False),
     # implicit_gemm: two 128-filter tiles with a tail, k tiles crossing taps (C = 40), odd sizes
     _p("k200_c40_odd", (2, 40, 19, 33), (200, 40, 3, 3), padding=1),
