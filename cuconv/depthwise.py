@@ -3,8 +3,8 @@
 Serves ``groups == C`` with one input channel per group (``K = m·C``, channel multiplier ``m``), any kernel,
 stride, padding and dilation, every dtype. These convolutions do ~R·S multiply-adds per element moved, so
 they are memory-bound: im2col + GEMM would write and re-read R·S copies of the input and run one tiny GEMM
-per group. Forward at stride = dilation = 1 with a 3×3, 5×5 or 7×7 kernel (and so dgrad at stride 1 with
-multiplier 1) runs ``depthwise_fwd_strips``: a thread walks a column strip of output rows (``strips_plan``)
+per group. Forward at stride = dilation = 1 with a 3×3, 5×5 or 7×7 kernel (and so dgrad of such a layer at
+multiplier 1, the same convolution with the flipped kernel) runs ``depthwise_fwd_strips``: a thread walks a column strip of output rows (``strips_plan``)
 with its input rows in registers, no shared memory (depthwise_3x3 fp32: 0.153 → 0.12 ms). Otherwise the
 forward tile is 32×64 outputs; its input window (``forward_smem``) opts into more than 48 KB of shared
 memory when a large or dilated kernel needs it.

@@ -131,9 +131,11 @@ class Plan:
 
 
 def plan(spec: ConvSpec, dtype) -> Plan:
-    """The tile of ``dtype``; as many chunk buffers (up to three) as fit ``_BLOCK_SMEM`` with one channel
-    each; then as many input channels per chunk as fit, at most an ``2·stages``-th of the channels, balanced
-    over the chunks (C/groups = 16 with room for 7 becomes 6 + 5 + 5)."""
+    """The tile of ``dtype``; as many chunk buffers (up to three) as fit the block budget (``_BLOCK_SMEM``,
+    or less where the device allows less) with one channel each; then as many input channels per chunk as
+    fit, at most a ``2·stages``-th of the channels; then the smallest chunk that needs no more chunks than
+    that (the kernel walks chunks of ``ct`` with a shorter last one: C/groups = 16 with room for 7 in one
+    buffer becomes 6 + 6 + 4, not 7 + 7 + 2)."""
     dtype = numpy.dtype(dtype)
     acc_size = 8 if dtype == numpy.float64 else 4
     tile = TILES["double" if acc_size == 8 else "float"]
@@ -143,8 +145,10 @@ def plan(spec: ConvSpec, dtype) -> Plan:
     x_phase_cols = -(-x_cols // sw)
     channel_bytes = (spec.r * spec.s * tile.tk + x_rows * sw * x_phase_cols) * acc_size
     cpg = max(1, spec.c_per_group)
-    stages = max(1, min(_MAX_STAGES, _BLOCK_SMEM // channel_bytes))
-    ct = max(1, min(cpg, _BLOCK_SMEM // (stages * channel_bytes), -(-cpg // (2 * stages))))
+    # 64 bytes of slack for the 16-byte rounding of each buffer
+    budget = min(_BLOCK_SMEM, _loader.smem_limit() - 64)
+    stages = max(1, min(_MAX_STAGES, budget // channel_bytes))
+    ct = max(1, min(cpg, budget // (stages * channel_bytes), -(-cpg // (2 * stages))))
     ct = -(-cpg // -(-cpg // ct))
     tiles_p, tiles_q, tiles_k = -(-spec.p // tile.tp), -(-spec.q // tile.tq), -(-spec.k_per_group // tile.tk)
     grid = (spec.n * tiles_p * tiles_q, spec.groups * tiles_k, 1)
