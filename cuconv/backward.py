@@ -79,10 +79,9 @@ def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=
     spec = ConvSpec.from_args(input_size, weight.shape, stride, padding, dilation, groups)
     _check_grad_output(grad_output, spec, False)
     precision = _resolve_precision(precision)
-    if kind == "cupy":
-        _check_same_device(grad_output, "grad_output", weight=weight)
     result_shape = input_size[1:] if unbatched else input_size
     if kind == "cupy":
+        _check_same_device(grad_output, "grad_output", weight=weight)
         with grad_output.device:
             return dgrad_spec(weight, grad_output, spec, algo, precision).reshape(result_shape)
     return dgrad_spec(weight, grad_output, spec, algo, precision).reshape(result_shape)
@@ -133,7 +132,6 @@ def conv2d_weight(x, weight_size, grad_output, stride=1, padding=0, dilation=1, 
     precision = _resolve_precision(precision)
     if kind == "cupy":
         _check_same_device(x, grad_output=grad_output)
-    if kind == "cupy":
         with x.device:
             return wgrad_spec(x, grad_output, spec, algo, precision)
     return wgrad_spec(x, grad_output, spec, algo, precision)

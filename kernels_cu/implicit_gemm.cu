@@ -30,13 +30,6 @@ __device__ __forceinline__ float round_tf32(float v) {
 template <typename T, bool kTf32> __device__ __forceinline__ T prepare(T v) { return v; }
 template <> __device__ __forceinline__ float prepare<float, true>(float v) { return round_tf32(v); }
 
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid, bool cache_l1) {
-    if (cache_l1)
-        cp_async_ca<16>(dst, src, valid);
-    else
-        cp_async_cg16(dst, src, valid);
-}
-
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -204,13 +197,13 @@ implicit_gemm_fprop(const T* __restrict__ x, const T* __restrict__ wp, const T* 
             const int ih = (a_hw[i] >> 16) + dr, iw = ((a_hw[i] << 16) >> 16) + ds;
             const bool ok = k_valid && static_cast<unsigned>(ih) < static_cast<unsigned>(g.h) &&
                             static_cast<unsigned>(iw) < static_cast<unsigned>(g.w);
-            cp_async16(a_dst + i * kRowsPerPass * kPitch, x + (ok ? a_off[i] + offset : 0), ok, true);
+            cp_async_ca<16>(a_dst + i * kRowsPerPass * kPitch, x + (ok ? a_off[i] + offset : 0), ok);
         }
         unsigned b_dst = smem_addr(b_smem + (stage * BN + row0) * kPitch + vec * 16);
 #pragma unroll
         for (int i = 0; i < B_ITERS; ++i)
-            cp_async16(b_dst + i * kRowsPerPass * kPitch, b_ptr + static_cast<long long>(i) * kRowsPerPass * g.w_row,
-                       true, false);
+            cp_async_cg16(b_dst + i * kRowsPerPass * kPitch,
+                          b_ptr + static_cast<long long>(i) * kRowsPerPass * g.w_row, true);
         b_ptr += kTileK;
         kc += kTileK;
         while (kc >= g.cp) { kc -= g.cp; if (++ks == g.s) { ks = 0; ++kr; } }
