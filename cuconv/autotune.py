@@ -24,6 +24,9 @@ from .spec import ConvSpec
 __all__ = ["choose", "pick", "signature", "clear", "time_cuda"]
 
 _winners: Dict[str, str] = {}
+# The winners again by (device, dtype, precision, pass, spec, workspace limit, which decides what may run):
+# a hit costs no text key and no re-validation.
+_chosen: Dict[tuple, str] = {}
 _lock = threading.Lock()
 
 
@@ -39,6 +42,7 @@ def clear() -> None:
     """Forget every winner held in memory (the disk cache is left alone)."""
     with _lock:
         _winners.clear()
+        _chosen.clear()
 
 
 def _load_disk(path: str) -> Dict[str, str]:
@@ -83,6 +87,19 @@ def time_cuda(run: Callable[[], None], reps: int = 3, warmup: int = 1) -> float:
 def choose(spec: ConvSpec, dtype, precision: str, pass_: str, run: Callable[[str], None],
            device_name: str, timer: Optional[Callable[[Callable[[], None]], float]] = None) -> str:
     """The fastest algorithm for this signature, timing the candidates (``run(name)``) on a miss."""
+    import numpy
+
+    fast_key = (device_name, numpy.dtype(dtype), precision, pass_, spec, config.workspace_limit)
+    name = _chosen.get(fast_key)
+    if name is not None:
+        return name
+    name = _choose(spec, dtype, precision, pass_, run, device_name, timer)
+    with _lock:
+        _chosen[fast_key] = name
+    return name
+
+
+def _choose(spec, dtype, precision, pass_, run, device_name, timer) -> str:
     key = signature(device_name, dtype, precision, pass_, spec)
     with _lock:
         name = _winners.get(key)

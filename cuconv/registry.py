@@ -16,10 +16,14 @@ strategies, and every one of them computes the same function.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
+import numpy
+
+from ._config import config
 from .spec import ConvSpec
-from . import depthwise, direct, direct_smem, im2col_gemm, implicit_gemm
+from . import _loader, depthwise, direct, direct_smem, im2col_gemm, implicit_gemm
 
 __all__ = ["PASSES", "algorithms", "select_algorithm", "resolve", "get", "cpu", "reason_unsupported"]
 
@@ -63,7 +67,16 @@ def _check_pass(pass_: str) -> None:
 
 def reason_unsupported(name: str, spec: ConvSpec, dtype, pass_: str = "fprop",
                        precision: str = "ieee") -> Optional[str]:
-    """Why algorithm ``name`` cannot run this case (float32 at ``precision``), or None when it can."""
+    """Why algorithm ``name`` cannot run this case (float32 at ``precision``), or None when it can.
+
+    Memoized with what else the answers depend on, the device's shared-memory limit and
+    ``cuconv.config.workspace_limit``: a layer called again costs a lookup."""
+    return _reason_unsupported(name, spec, numpy.dtype(dtype), pass_, precision, _loader.smem_limit(),
+                               config.workspace_limit)
+
+
+@functools.lru_cache(maxsize=4096)
+def _reason_unsupported(name, spec, dtype, pass_, precision, smem_limit, workspace_limit) -> Optional[str]:
     module = _REGISTRY[name]
     if not hasattr(module, _ENTRY[pass_]):
         return f"it implements no {pass_}"
@@ -73,7 +86,15 @@ def reason_unsupported(name: str, spec: ConvSpec, dtype, pass_: str = "fprop",
 
 def select_algorithm(spec: ConvSpec, dtype, precision: str = "ieee", on_gpu: bool = True,
                      pass_: str = "fprop") -> str:
-    """The algorithm ``algo="auto"`` runs for this problem and pass: a pure function of its arguments."""
+    """The algorithm ``algo="auto"`` runs for this problem and pass: a pure function of its arguments (and
+    of the device's shared-memory limit and ``cuconv.config.workspace_limit``, through the algorithms'
+    limits; memoized with them)."""
+    return _select_algorithm(spec, numpy.dtype(dtype), precision, on_gpu, pass_, _loader.smem_limit(),
+                             config.workspace_limit)
+
+
+@functools.lru_cache(maxsize=4096)
+def _select_algorithm(spec, dtype, precision, on_gpu, pass_, smem_limit, workspace_limit) -> str:
     _check_pass(pass_)
     for name in _preference(spec, dtype, precision, pass_):
         if name in _REGISTRY and reason_unsupported(name, spec, dtype, pass_, precision) is None:

@@ -25,6 +25,24 @@ def output_size(in_size: int, kernel: int, stride: int, pad_lo: int, pad_hi: int
     return (in_size + pad_lo + pad_hi - extent) // stride + 1
 
 
+def _plain(v) -> bool:
+    """An argument whose value alone (not its type, which these exclude) determines the spec: an int, a str
+    or a tuple of ints. Booleans, floats, lists and NumPy scalars take the validating path every time."""
+    t = type(v)
+    if t is int or t is str:
+        return True
+    if t is not tuple:
+        return False
+    for e in v:
+        if type(e) is not int:
+            return False
+    return True
+
+
+_SPECS: dict = {}  # ConvSpec.from_args memo, keyed by plain arguments
+_SPECS_MAX = 4096
+
+
 def _is_int(v) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
@@ -136,8 +154,24 @@ class ConvSpec:
     def from_args(cls, input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1) -> "ConvSpec":
         """Validate torch-style arguments against 4-D shapes and return the spec.
 
-        Raises ``TypeError``/``ValueError`` with PyTorch's wording for every misuse of geometry.
+        Raises ``TypeError``/``ValueError`` with PyTorch's wording for every misuse of geometry. Arguments of
+        plain types (tuples of ints, ints, a padding string) are memoized: a layer called again with its
+        shapes costs a dictionary lookup, not a validation (host time per call matters for small layers).
         """
+        key = (input_shape, weight_shape, stride, padding, dilation, groups)
+        if (_plain(input_shape) and _plain(weight_shape) and _plain(stride) and _plain(padding)
+                and _plain(dilation) and _plain(groups)):
+            spec = _SPECS.get(key)
+            if spec is None:
+                spec = cls._validated(*key)
+                if len(_SPECS) >= _SPECS_MAX:
+                    _SPECS.clear()
+                _SPECS[key] = spec
+            return spec
+        return cls._validated(*key)
+
+    @classmethod
+    def _validated(cls, input_shape, weight_shape, stride, padding, dilation, groups) -> "ConvSpec":
         n, c, h, w = (int(v) for v in input_shape)
         k, c_g, r, s = (int(v) for v in weight_shape)
         stride = pair(stride, "stride")

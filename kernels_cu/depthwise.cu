@@ -17,6 +17,14 @@
 //       rows_per_strip consecutive output rows, walking down them with the KR input rows it reads held in
 //       registers (KS columns each): per output row, KS loads of one new input row (neighbouring lanes read
 //       neighbouring columns: coalesced, the overlap served by L1), KR·KS FMAs and one coalesced store.
+//   depthwise_fwd_plane<T, KR, KS>(x, w, bias, out, ..., rows_per_strip, strips, lead, pitch, stages)
+//       stride = dilation = 1 with a 3×3 (or, summing in float, 5×5) kernel, where a padded input plane fits
+//       in shared memory and its rows are 16-byte aligned: a persistent grid, block b convolving input
+//       planes (n, c) = b, b + gridDim.x, ... into their `mult` output planes each. Planes are staged whole
+//       by 16-byte cp.async copies, `stages` buffers deep (image column 0 at shared column `lead`, a
+//       multiple of 16 bytes, rows `pitch` apart; the zero halo written once), so that the loads of the
+//       next planes are in flight while one is convolved: each thread walks column strips of
+//       rows_per_strip output rows as depthwise_fwd_strips does, reading shared memory instead of L1.
 //   depthwise_dgrad<T, kUnitStride, Index>(dy, w, dx, ...)   (Index: int when the tensor has < 2^31
 //       elements, else long long — 64-bit division is a software routine, so decode in 32 bits if possible)
 //       one thread per dx element (n, c, h, w): the gather dx = Σ_{j<m} Σ_{r,s} w[c·m+j, r, s] ·
@@ -192,6 +200,133 @@ depthwise_fwd_strips(const T* __restrict__ x, const T* __restrict__ w, const T* 
         }
         out_col[static_cast<i64>(p) * Q] = cuconv::from_acc<T>(acc);
     }
+}
+
+// Blocks per SM its registers must allow: 4 for 3×3 kernels summing in float (54 registers), else 2
+// (5×5 in float: 96; 3×3 in double: 72).
+template <typename T, int KR>
+__host__ __device__ constexpr int plane_min_blocks() {
+    return KR <= 3 && sizeof(typename cuconv::Acc<T>::type) == 4 ? 4 : 2;
+}
+
+// Forward, stride = dilation = 1, compile-time KR × KS, whole input planes in shared memory (see top).
+template <typename T, int KR, int KS>
+__global__ void __launch_bounds__(256, plane_min_blocks<T, KR>())
+depthwise_fwd_plane(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                    T* __restrict__ out, i64 N, i64 C, i64 H, i64 W, i64 K, i64 P, i64 Q, i64 mult,
+                    i64 pad_top, i64 pad_left, i64 rows_per_strip, i64 strips, i64 lead, i64 pitch,
+                    i64 stages) {
+    typedef typename cuconv::Acc<T>::type Acc;
+    constexpr int V = cuconv::VecWidth<T>::value;  // elements of a 16-byte copy
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* __restrict__ bufs = reinterpret_cast<T*>(smem_raw);  // `stages` buffers of rows * pitch elements
+
+    const int Hi = static_cast<int>(H), Wi = static_cast<int>(W), Pi = static_cast<int>(P), Qi = static_cast<int>(Q);
+    const int pt = static_cast<int>(pad_top), pl = static_cast<int>(pad_left);
+    const int ld = static_cast<int>(lead), pch = static_cast<int>(pitch);
+    const int rows = Pi + KR - 1;  // window rows: image rows -pt .. P + KR - 2 - pt
+    const int buf_elems = rows * pch, n_stages = static_cast<int>(stages);
+    const int tid = threadIdx.x;
+    const i64 planes = N * C, grid = gridDim.x;
+
+    // The halo (rows above and below the image, columns left and right of it) is the same in every buffer
+    // and no copy ever writes it: zero it once.
+    for (int b = 0; b < n_stages; ++b) {
+        T* win = bufs + b * buf_elems;
+        for (int i = tid; i < pt * pch; i += 256) win[i] = cuconv::zero<T>();
+        for (int i = (pt + Hi) * pch + tid; i < buf_elems; i += 256) win[i] = cuconv::zero<T>();
+        const int side = pch - Wi;  // per image row: columns [0, lead) and [lead + W, pitch)
+        for (int i = tid; i < Hi * side; i += 256) {
+            const int r = i / side, col = i - r * side;
+            win[(r + pt) * pch + (col < ld ? col : col + Wi)] = cuconv::zero<T>();
+        }
+    }
+    // Requests input plane `plane` (if it exists) into buffer b, in 16-byte copies (the launcher's
+    // condition: 16-byte aligned rows; elsewhere the strips kernel, as fast without them, runs instead).
+    auto stage = [&](i64 plane, int b) {
+        if (plane >= planes) return;
+        T* win = bufs + b * buf_elems + pt * pch + ld;  // image (0, 0)
+        const T* __restrict__ x_plane = x + plane * H * W;
+        const int per_row = Wi / V;
+        for (int i = tid; i < Hi * per_row; i += 256) {
+            const int r = i / per_row, v = i - r * per_row;
+            cuconv::cp_async_cg16(cuconv::smem_addr(win + r * pch + v * V), x_plane + r * Wi + v * V, true);
+        }
+    };
+
+    // Pipeline over this block's planes blockIdx.x, + gridDim.x, ...: plane it + stages - 1 is requested
+    // while plane it is convolved (one commit group per plane, empty past the last).
+    for (int b = 0; b + 1 < n_stages; ++b) {
+        stage(blockIdx.x + b * grid, b);
+        cuconv::cp_async_commit();
+    }
+    const int m = static_cast<int>(mult);
+    const int rps = static_cast<int>(rows_per_strip), n_strips = static_cast<int>(strips);
+    // (n, c) of a plane: in 32 bits where the planes allow (a 64-bit division is a ~100-instruction routine)
+    const bool narrow = planes <= 0x7fffffff;
+    int it = 0;
+    for (i64 plane = blockIdx.x; plane < planes; plane += grid, ++it) {
+        stage(plane + (n_stages - 1) * grid, (it + n_stages - 1) % n_stages);  // the buffer of plane it - 1
+        cuconv::cp_async_commit();
+        if (n_stages >= 4)
+            cuconv::cp_async_wait<3>();
+        else if (n_stages == 3)
+            cuconv::cp_async_wait<2>();
+        else
+            cuconv::cp_async_wait<1>();
+        __syncthreads();  // plane it has landed for every thread (and the halo is zero)
+
+        // Each thread slot owns output column q and a strip of rows_per_strip rows, walking down it with
+        // the KR window rows it reads in registers (KS columns each): per output row, KS conflict-free
+        // shared-memory loads (neighbouring lanes, neighbouring columns), KR·KS FMAs, one coalesced store.
+        const T* __restrict__ win = bufs + (it % n_stages) * buf_elems + ld - pl;  // window (0, 0)
+        const int c = narrow ? static_cast<int>(static_cast<unsigned>(plane) % static_cast<unsigned>(C))
+                             : static_cast<int>(plane % C);
+        const i64 n = narrow ? static_cast<i64>(static_cast<unsigned>(plane) / static_cast<unsigned>(C)) : plane / C;
+
+        for (int j = 0; j < m; ++j) {
+            const int k = c * m + j;
+            Acc wr[KR][KS];
+#pragma unroll
+            for (int r = 0; r < KR; ++r) {
+#pragma unroll
+                for (int s = 0; s < KS; ++s) wr[r][s] = cuconv::to_acc(w[(static_cast<i64>(k) * KR + r) * KS + s]);
+            }
+            const Acc b = bias != nullptr ? cuconv::to_acc(bias[k]) : Acc(0);
+            T* __restrict__ out_plane = out + (n * K + k) * P * Q;
+            for (int idx = tid; idx < n_strips * Qi; idx += 256) {
+                const int strip = idx / Qi, q = idx - strip * Qi;
+                const int p0 = strip * rps, p1 = min(p0 + rps, Pi);
+                const T* __restrict__ src = win + p0 * pch + q;
+                Acc xw[KR][KS];
+#pragma unroll
+                for (int r = 0; r + 1 < KR; ++r) {
+#pragma unroll
+                    for (int s = 0; s < KS; ++s) xw[r + 1][s] = cuconv::to_acc(src[r * pch + s]);
+                }
+                src += (KR - 1) * pch;
+#pragma unroll 4
+                for (int p = p0; p < p1; ++p, src += pch) {
+#pragma unroll
+                    for (int r = 0; r + 1 < KR; ++r) {
+#pragma unroll
+                        for (int s = 0; s < KS; ++s) xw[r][s] = xw[r + 1][s];  // renamed away by the unrolling
+                    }
+#pragma unroll
+                    for (int s = 0; s < KS; ++s) xw[KR - 1][s] = cuconv::to_acc(src[s]);
+                    Acc acc = b;
+#pragma unroll
+                    for (int r = 0; r < KR; ++r) {
+#pragma unroll
+                        for (int s = 0; s < KS; ++s) acc = fma(wr[r][s], xw[r][s], acc);
+                    }
+                    out_plane[static_cast<i64>(p) * Q + q] = cuconv::from_acc<T>(acc);
+                }
+            }
+        }
+        __syncthreads();  // every thread is done with this buffer before it is staged into again
+    }
+    cuconv::cp_async_wait<0>();  // only empty groups remain; nothing in flight at exit
 }
 
 template <typename T, bool kUnitStride, typename Index>

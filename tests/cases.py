@@ -176,6 +176,12 @@ TILING_CASES = [
     # 7x7 wider than the padding on a plane narrower than the kernel's reach
     _p("depthwise_5x5_strips", (2, 3, 37, 45), (3, 1, 5, 5), groups=3, padding=(0, 2)),
     _p("depthwise_7x7_narrow", (1, 2, 9, 5), (4, 1, 7, 7), groups=2, padding=3),
+    # depthwise whole planes in shared memory (rows of 16-byte multiples): padding wider than the kernel
+    # needs (zero rows and columns, copies at a shifted lead), 5x5 with multiplier 2, and a plane too large
+    # for more than two buffers (float16) or for one block at all (float32, float64: column strips)
+    _p("depthwise_plane_wide_padding", (2, 3, 10, 16), (3, 1, 3, 3), groups=3, padding=(2, 3)),
+    _p("depthwise_5x5_plane_mult2", (2, 2, 20, 24), (4, 1, 5, 5), groups=2, padding=2),
+    _p("depthwise_3x3_big_plane", (1, 2, 150, 128), (2, 1, 3, 3), groups=2, padding=1),
     _p("batch1_q256_no_bias", (1, 3, 3, 257), (4, 3, 3, 2), bias=False),
     # implicit_gemm: two 128-filter tiles with a tail, k tiles crossing taps (C = 40), odd sizes
     _p("k200_c40_odd", (2, 40, 19, 33), (200, 40, 3, 3), padding=1),

@@ -1,6 +1,7 @@
-"""depthwise's column-strip plan (``strips_plan``): which cases take ``depthwise_fwd_strips`` and how a plane
-is cut. No GPU needed: the kernels run in test_conv_gpu.py and test_backward_gpu.py (case table, TILING_CASES)."""
+"""depthwise's plans: which cases take ``depthwise_fwd_plane`` (``plane_plan``: a whole padded plane in shared
+memory) or ``depthwise_fwd_strips`` (``strips_plan``), and how a plane is cut. No GPU needed: the kernels run in test_conv_gpu.py and test_backward_gpu.py (case table, TILING_CASES)."""
 
+import numpy
 import pytest
 
 from cuconv import depthwise
@@ -32,3 +33,42 @@ def test_depthwise_problem_fills_its_blocks():
     spec = next(p for p in PROBLEMS if p.name == "depthwise_3x3").spec()
     rows, strips, blocks = depthwise.strips_plan(spec)
     assert (rows, strips, blocks) == (14, 4, 1)  # 4 strips x 56 columns = 224 of 256 threads busy
+
+
+@pytest.mark.parametrize("dtype", [numpy.float16, numpy.float32, numpy.float64])
+@pytest.mark.parametrize("h,w,pad", [(56, 56, 1), (57, 57, 1), (10, 16, (2, 3)), (7, 300, 1), (1, 1, None)])
+@pytest.mark.parametrize("k", [3, 5])
+def test_plane_plan_stages_the_padded_plane_aligned(dtype, h, w, pad, k):
+    spec = ConvSpec.from_args((2, 4, h, w), (4, 1, k, k), groups=4, padding=k // 2 if pad is None else pad)
+    plan = depthwise.plane_plan(spec, dtype)
+    if k == 5 and dtype == numpy.float64:
+        assert plan is None  # its window and weights would spill registers
+        return
+    rows, strips, lead, pitch, stages, smem = plan
+    per_vector = 16 // numpy.dtype(dtype).itemsize
+    # image column 0 and every row start 16-byte aligned; the window's columns lie inside a row
+    assert lead % per_vector == 0 and pitch % per_vector == 0 and lead >= spec.pad[2]
+    assert lead - spec.pad[2] + spec.q + k - 1 <= pitch and lead + spec.w <= pitch
+    plane_bytes = (spec.p + k - 1) * pitch * numpy.dtype(dtype).itemsize
+    assert 2 <= stages <= 4 and smem == stages * plane_bytes
+    assert stages == 2 or smem <= 48 << 10
+    assert 4 <= rows <= 16 and (strips - 1) * rows < spec.p <= strips * rows
+
+
+def test_plane_plan_limits():
+    shapes = ((1, 4, 20, 20), (4, 1, 3, 3))
+    assert depthwise.plane_plan(ConvSpec.from_args(*shapes, groups=4, padding=1), numpy.float32) is not None
+    for kwargs in (dict(stride=2), dict(dilation=2)):
+        assert depthwise.plane_plan(ConvSpec.from_args(*shapes, groups=4, **kwargs), numpy.float32) is None
+    assert depthwise.plane_plan(ConvSpec.from_args((1, 4, 20, 20), (4, 1, 7, 7), groups=4), numpy.float32) is None
+    # two buffers in 96 KB at most: a 112x112 float plane (51 KB with its padding) is over, in float16 not
+    big = ConvSpec.from_args((1, 4, 112, 112), (4, 1, 3, 3), groups=4, padding=1)
+    assert depthwise.plane_plan(big, numpy.float32) is None
+    assert depthwise.plane_plan(big, numpy.float16)[4] == 2
+
+
+def test_depthwise_problem_is_staged_whole():
+    spec = next(p for p in PROBLEMS if p.name == "depthwise_3x3").spec()
+    for dtype in (numpy.float16, numpy.float32):
+        rows, strips, lead, pitch, stages, smem = depthwise.plane_plan(spec, dtype)
+        assert (rows, strips) == (14, 4) and stages >= 3 and smem <= 48 << 10

@@ -91,6 +91,18 @@ def test_autotune_times_every_eligible_algorithm_once_then_hits():
     assert timer.timed == [], "a hit must not time anything"
 
 
+def test_memoized_choices_follow_the_workspace_limit():
+    """The choices are memoized per call signature (host time of small layers) but a smaller
+    workspace_limit still changes what may run: implicit_gemm packs a whole sample into it."""
+    spec = _P["square_5x9"]
+    assert registry.select_algorithm(spec, _F16, "tf32") == "implicit_gemm"
+    assert registry.reason_unsupported("implicit_gemm", spec, _F16) is None
+    with cuconv.config(workspace_limit=1 << 20):
+        assert "workspace_limit" in registry.reason_unsupported("implicit_gemm", spec, _F16)
+        assert registry.select_algorithm(spec, _F16, "tf32") != "implicit_gemm"
+    assert registry.select_algorithm(spec, _F16, "tf32") == "implicit_gemm"
+
+
 def test_autotune_misses_on_another_device_dtype_or_geometry():
     timer = _FakeTimer({"im2col_gemm": 1.0, "direct": 3.0, "direct_smem": 2.0})
     _choose(timer)

@@ -174,3 +174,18 @@ def test_spec_is_frozen_and_hashable():
         a.stride = (1, 1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.n = 3
+
+
+def test_from_args_memo_keeps_validation_and_types():
+    """Plain arguments are memoized (one spec per signature); booleans, floats and lists still go through
+    validation every time, so a memoized (1, 1) never answers for (True, True) or 1.0."""
+    args = ((2, 3, 9, 9), (4, 3, 3, 3), (1, 1), 1, (1, 1), 1)
+    spec = ConvSpec.from_args(*args)
+    assert ConvSpec.from_args(*args) is spec
+    assert ConvSpec.from_args((2, 3, 9, 9), (4, 3, 3, 3), [1, 1], 1, [1, 1], 1) == spec
+    with pytest.raises(TypeError, match="'stride' must be an int or a tuple of 2 ints"):
+        ConvSpec.from_args((2, 3, 9, 9), (4, 3, 3, 3), (True, True), 1, (1, 1), 1)
+    with pytest.raises(TypeError, match="'padding' must be an int or a tuple of 2 ints"):
+        ConvSpec.from_args((2, 3, 9, 9), (4, 3, 3, 3), (1, 1), 1.0, (1, 1), 1)
+    with pytest.raises(ValueError, match="Kernel size can't be greater than actual input size"):
+        ConvSpec.from_args((2, 3, 2, 2), (4, 3, 3, 3), 1, 0, 1, 1)
