@@ -114,28 +114,35 @@ def _geometry(spec: ConvSpec):
             i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]))
 
 
-def strips_plan(spec: ConvSpec):
-    """(rows per strip, strips per plane, blocks per plane) for ``depthwise_fwd_strips``, or None where that
-    kernel does not apply (it needs stride = dilation = 1 and a 3×3, 5×5 or 7×7 kernel). The strip length,
-    4 to 16 rows, wastes the fewest thread-rows in a plane's last block; ties go to longer strips (fewer
-    reloaded halo rows)."""
-    if spec.stride != (1, 1) or spec.dilation != (1, 1) or (spec.r, spec.s) not in _FIXED_KERNELS:
-        return None
+def _strips(spec: ConvSpec):
+    """(rows per strip, strips per plane, passes of 256 threads over them) of the column-strip kernels: the
+    strip length, 4 to 16 rows, that wastes the fewest thread-rows in the last pass; ties go to longer
+    strips (fewer reloaded window rows)."""
     best = None
     for rows in range(_STRIP_ROWS[1], _STRIP_ROWS[0] - 1, -1):
         strips = -(-spec.p // rows)
-        blocks = -(-strips * spec.q // _THREADS)
-        slots = blocks * _THREADS * rows
+        passes = -(-strips * spec.q // _THREADS)
+        slots = passes * _THREADS * rows
         if best is None or slots < best[0]:
-            best = (slots, rows, strips, blocks)
+            best = (slots, rows, strips, passes)
     return best[1:]
+
+
+def strips_plan(spec: ConvSpec):
+    """(rows per strip, strips per plane, blocks per plane) for ``depthwise_fwd_strips`` (``_strips``), or
+    None where that kernel does not apply (it needs stride = dilation = 1 and a 3×3, 5×5 or 7×7 kernel)."""
+    if spec.stride != (1, 1) or spec.dilation != (1, 1) or (spec.r, spec.s) not in _FIXED_KERNELS:
+        return None
+    return _strips(spec)
 
 
 def plane_plan(spec: ConvSpec, dtype):
     """(rows per strip, strips per plane, lead, pitch, buffers, shared-memory bytes) for
     ``depthwise_fwd_plane``, or None where it does not apply: it needs stride = dilation = 1, a kernel of
-    ``_PLANE_KERNELS`` (3×3, and 5×5 where sums are in float) and two padded input planes within
-    ``_PLANE_SMEM`` and the device's limit.
+    ``_PLANE_KERNELS`` (3×3, and 5×5 where sums are in float), rows of a multiple of 16 bytes (its copies;
+    without them the strips kernel is as fast: H200, 57×57 fp32) and two padded input planes within
+    ``_PLANE_SMEM`` and the device's limit. The input's base address must be 16-byte aligned too (the
+    launcher's check).
 
     A staged plane has P + R - 1 rows of ``pitch`` elements; image column 0 sits at ``lead``, the left
     padding rounded up to 16 bytes, so that 16-byte copies land aligned; ``pitch`` covers the right
@@ -149,19 +156,16 @@ def plane_plan(spec: ConvSpec, dtype):
         return None
     itemsize = numpy.dtype(dtype).itemsize
     per_vector = 16 // itemsize
+    if spec.w % per_vector:
+        return None
     lead = -(-spec.pad[2] // per_vector) * per_vector
     pitch = -(-(lead + spec.w + spec.pad[3]) // per_vector) * per_vector
     plane_bytes = (spec.p + spec.r - 1) * pitch * itemsize
     if _PLANE_STAGES[0] * plane_bytes > min(_PLANE_SMEM, _loader.smem_limit()):
         return None
     stages = max(_PLANE_STAGES[0], min(_PLANE_STAGES[1], _PLANE_BLOCK_SMEM // plane_bytes))
-    best = None
-    for rows in range(_STRIP_ROWS[1], _STRIP_ROWS[0] - 1, -1):
-        strips = -(-spec.p // rows)
-        slots = -(-strips * spec.q // _THREADS) * _THREADS * rows
-        if best is None or slots < best[0]:
-            best = (slots, rows, strips)
-    return best[1], best[2], lead, pitch, stages, stages * plane_bytes
+    rows, strips, _ = _strips(spec)
+    return rows, strips, lead, pitch, stages, stages * plane_bytes
 
 
 def _plane_grid(spec: ConvSpec, dtype, smem: int) -> int:
@@ -193,8 +197,7 @@ def _forward_launch(spec: ConvSpec, dtype, aligned: bool, smem_limit: int, devic
     i64 = numpy.int64
     ctype = _dtypes.ctype_of(dtype)
     plane = plane_plan(spec, dtype)
-    # whole planes in 16-byte copies: aligned rows only (elsewhere strips, as fast: H200, 57x57 fp32)
-    if plane is not None and aligned and spec.w % (16 // dtype.itemsize) == 0:
+    if plane is not None and aligned:
         rows, count, lead, pitch, stages, smem = plane
         geometry = (i64(spec.n), i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q),
                     i64(spec.k // spec.c), i64(spec.pad[0]), i64(spec.pad[2]), i64(rows), i64(count), i64(lead),

@@ -36,7 +36,7 @@ def test_depthwise_problem_fills_its_blocks():
 
 
 @pytest.mark.parametrize("dtype", [numpy.float16, numpy.float32, numpy.float64])
-@pytest.mark.parametrize("h,w,pad", [(56, 56, 1), (57, 57, 1), (10, 16, (2, 3)), (7, 300, 1), (1, 1, None)])
+@pytest.mark.parametrize("h,w,pad", [(56, 56, 1), (57, 64, 1), (10, 16, (2, 3)), (7, 296, 1), (1, 8, None)])
 @pytest.mark.parametrize("k", [3, 5])
 def test_plane_plan_stages_the_padded_plane_aligned(dtype, h, w, pad, k):
     spec = ConvSpec.from_args((2, 4, h, w), (4, 1, k, k), groups=4, padding=k // 2 if pad is None else pad)
@@ -61,6 +61,9 @@ def test_plane_plan_limits():
     for kwargs in (dict(stride=2), dict(dilation=2)):
         assert depthwise.plane_plan(ConvSpec.from_args(*shapes, groups=4, **kwargs), numpy.float32) is None
     assert depthwise.plane_plan(ConvSpec.from_args((1, 4, 20, 20), (4, 1, 7, 7), groups=4), numpy.float32) is None
+    # rows of a multiple of 16 bytes only (57 floats are not; 20 halves are not, 20 floats are)
+    assert depthwise.plane_plan(ConvSpec.from_args((1, 4, 57, 57), (4, 1, 3, 3), groups=4), numpy.float32) is None
+    assert depthwise.plane_plan(ConvSpec.from_args(*shapes, groups=4), numpy.float16) is None
     # two buffers in 96 KB at most: a 112x112 float plane (51 KB with its padding) is over, in float16 not
     big = ConvSpec.from_args((1, 4, 112, 112), (4, 1, 3, 3), groups=4, padding=1)
     assert depthwise.plane_plan(big, numpy.float32) is None
