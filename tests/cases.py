@@ -128,8 +128,10 @@ def case_spec(case):
     return ConvSpec.from_args(x_shape, case.w_shape, **case.kwargs)
 
 
-def algo_cases(params, pass_="fprop"):
-    """(case, algorithm) pairs for every registered algorithm that serves the case in ``pass_``."""
+def exact_algo_cases(params, pass_="fprop"):
+    """(case, algorithm) pairs for every registered algorithm that serves the case in ``pass_`` and sums
+    integer-valued inputs exactly: all but those whose module says ``EXACT_ON_INTEGERS = False`` (winograd,
+    whose transforms multiply by fractions such as 1/6)."""
     from cuconv import registry
 
     out = []
@@ -137,6 +139,8 @@ def algo_cases(params, pass_="fprop"):
         case = param.values[0]
         spec = case_spec(case)
         for algo in registry.algorithms(pass_):
+            if not getattr(registry.get(algo), "EXACT_ON_INTEGERS", True):
+                continue
             if registry.reason_unsupported(algo, spec, numpy.float64, pass_) is None:
                 out.append(pytest.param(case, algo, id=f"{param.id}-{algo}"))
     return out

@@ -364,10 +364,10 @@ MISUSES = [
                  r"Calculated padded input size per channel: \(8 x 8\)\. Kernel size: \(9 x 3\)\.",
                  id="wgrad_kernel_larger_than_input"),
     # ----- algo and precision -----------------------------------------------------------------------------
-    pytest.param(_dgrad(algo="winograd"), ValueError,
-                 r"cuconv: unknown algo 'winograd'; expected 'auto' or one of \('im2col_gemm',",
+    pytest.param(_dgrad(algo="fft"), ValueError,
+                 r"cuconv: unknown algo 'fft'; expected 'auto' or one of \('im2col_gemm',",
                  id="dgrad_algo_unknown"),
-    pytest.param(_wgrad(algo="winograd"), ValueError, r"cuconv: unknown algo 'winograd'", id="wgrad_algo_unknown"),
+    pytest.param(_wgrad(algo="fft"), ValueError, r"cuconv: unknown algo 'fft'", id="wgrad_algo_unknown"),
     pytest.param(_dgrad(algo=None), TypeError, r"conv2d\(\): argument 'algo' must be str, not NoneType",
                  id="dgrad_algo_not_str"),
     pytest.param(_wgrad(precision="fp8"), ValueError,

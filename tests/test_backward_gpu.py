@@ -8,7 +8,8 @@ import numpy
 import pytest
 
 import cuconv
-from cases import CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, algo_cases, algo_mode_cases, bound, make_inputs, rel_err
+from cases import (CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, algo_mode_cases, bound, exact_algo_cases, make_inputs,
+                   rel_err)
 from test_conv_gpu import MODES, _dtype, _to_gpu
 
 pytestmark = pytest.mark.gpu
@@ -47,10 +48,10 @@ def _inputs(case, seed, dtype, integer=False):
     return q(x), q(w), q(dy)
 
 
-# (case, algorithm, pass) for every algorithm serving each backward pass (direct_smem and implicit_gemm have a
-# dgrad only), with the modes each serves for the oracle test
+# (case, algorithm, pass) for every algorithm serving each backward pass (direct_smem, implicit_gemm and winograd
+# have a dgrad only) and summing integers exactly, and with the modes each serves for the oracle test
 _BACKWARD_CASES = [pytest.param(*param.values, pass_, id=f"{param.id}-{pass_}")
-                   for pass_ in ("dgrad", "wgrad") for param in algo_cases(CASES + PROBLEM_CASES, pass_)]
+                   for pass_ in ("dgrad", "wgrad") for param in exact_algo_cases(CASES + PROBLEM_CASES, pass_)]
 _BACKWARD_MODE_CASES = [pytest.param(*param.values, pass_, id=f"{param.id}-{pass_}")
                         for pass_ in ("dgrad", "wgrad")
                         for param in algo_mode_cases(CASES + PROBLEM_CASES, MODES, pass_)]

@@ -140,8 +140,8 @@ MISUSES = [
                  TypeError, r"argument 'input' must be a NumPy or CuPy array, not Tensor; for torch tensors use "
                  r"cuconv\.nn\.functional\.conv2d", id="input_torch_tensor"),
     # ----- algo and precision -------------------------------------------------------------------------
-    pytest.param(_conv(algo="winograd"), ValueError,
-                 r"cuconv: unknown algo 'winograd'; expected 'auto' or one of \('im2col_gemm',", id="algo_unknown"),
+    pytest.param(_conv(algo="fft"), ValueError,
+                 r"cuconv: unknown algo 'fft'; expected 'auto' or one of \('im2col_gemm',", id="algo_unknown"),
     pytest.param(_conv(algo=None), TypeError, r"conv2d\(\): argument 'algo' must be str, not NoneType",
                  id="algo_not_str"),
     pytest.param(_conv(precision="fp8"), ValueError,

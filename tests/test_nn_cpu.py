@@ -230,8 +230,8 @@ MISUSES = [
                  r"Expected all tensors to be on the same device, but found input on cpu and weight on meta",
                  id="weight_on_other_device"),
     # ----- algo ------------------------------------------------------------------------------------------
-    pytest.param(_misuse(algo="winograd"), ValueError,
-                 r"cuconv: unknown algo 'winograd'; expected 'auto' or one of \('im2col_gemm',", id="algo_unknown"),
+    pytest.param(_misuse(algo="fft"), ValueError,
+                 r"cuconv: unknown algo 'fft'; expected 'auto' or one of \('im2col_gemm',", id="algo_unknown"),
     pytest.param(_misuse(algo=None), TypeError, r"conv2d\(\): argument 'algo' must be str, not NoneType",
                  id="algo_not_str"),
 ]

@@ -30,12 +30,15 @@ _F32, _F16, _F64 = numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), numpy
     pytest.param("resnet_1x1_256", _F32, "tf32", "fprop", "im2col_gemm", id="pointwise_tf32_plain_gemm"),
     pytest.param("square_5x9", _F64, "tf32", "fprop", "direct_smem", id="fp64_ignores_tf32"),
     pytest.param("square_5x9", _F32, "ieee", "dgrad", "direct_smem", id="dgrad_as_forward_fp32_ieee"),
-    pytest.param("rect_5x7", _F32, "ieee", "dgrad", "direct_smem", id="dgrad_as_forward_c64"),
-    pytest.param("square_3x3_1024", _F32, "ieee", "dgrad", "im2col_gemm", id="dgrad_nine_taps"),
+    pytest.param("rect_5x7", _F32, "ieee", "dgrad", "winograd", id="winograd_dgrad_5x7"),
+    pytest.param("rect_5x7", _F64, "ieee", "dgrad", "winograd", id="winograd_dgrad_fp64"),
+    pytest.param("square_3x3_1024", _F32, "ieee", "dgrad", "winograd", id="winograd_dgrad_3x3"),
+    pytest.param("rect_5x7", _F32, "tf32", "dgrad", "implicit_gemm", id="tf32_not_winograd"),
     pytest.param("square_5x9", _F32, "ieee", "wgrad", "im2col_gemm", id="direct_smem_has_no_wgrad"),
-    pytest.param("rect_5x7", _F32, "ieee", "fprop", "direct_smem", id="k128_per_group"),
-    pytest.param("square_3x3_1024", _F32, "ieee", "fprop", "im2col_gemm", id="nine_taps"),
-    pytest.param("resnet_3x3_64", _F32, "ieee", "fprop", "im2col_gemm", id="small_layer"),
+    pytest.param("rect_5x7", _F32, "ieee", "fprop", "winograd", id="winograd_5x7"),
+    pytest.param("square_3x3_1024", _F32, "ieee", "fprop", "winograd", id="winograd_16_channels"),
+    pytest.param("resnet_3x3_64", _F32, "ieee", "fprop", "winograd", id="winograd_small_layer"),
+    pytest.param("resnet_3x3_64", _F32, "ieee", "wgrad", "im2col_gemm", id="winograd_has_no_wgrad"),
     pytest.param("resnet_1x1_256", _F16, "ieee", "fprop", "im2col_gemm", id="pointwise"),
     pytest.param("stem_7x7_s2", _F32, "ieee", "fprop", "im2col_gemm", id="stem_few_channels"),
 ])
@@ -104,7 +107,7 @@ def test_memoized_choices_follow_the_workspace_limit():
 
 
 def test_autotune_misses_on_another_device_dtype_or_geometry():
-    timer = _FakeTimer({"im2col_gemm": 1.0, "direct": 3.0, "direct_smem": 2.0})
+    timer = _FakeTimer({"im2col_gemm": 1.0, "direct": 3.0, "direct_smem": 2.0, "winograd": 4.0})
     _choose(timer)
     for kwargs in (dict(device="NVIDIA H100 80GB HBM3"), dict(dtype=_F64), dict(spec=_P["rect_5x7"])):
         timer.timed.clear()

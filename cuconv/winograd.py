@@ -1,0 +1,197 @@
+"""Algorithm ``winograd``: Python twin of ``kernels_cu/winograd.cu``, a Winograd (Toom-Cook) convolution in
+plain float32 / float64 arithmetic with cuBLAS GEMMs (not fused: the transformed operands live in the
+workspace).
+
+Per axis a kernel of ``r`` taps gets output tiles of ``m`` positions, F(m, r), from ``m + r - 1`` input
+positions (``TILE_BY_TAPS``): 6 points for 2 to 5 taps, 7 for 6 and 8 for 7; an axis of 1 tap is left
+alone. A 5x7 kernel thus runs F(2x2, 5x7): 48 products per 2x2 outputs instead of 4·35 = 140 (2.9x fewer
+multiplications), 3x3 runs F(4x4, 3x3) (4x fewer). Per chunk of whole tile rows, three steps on the
+current stream:
+
+1. ``winograd_input``: every input tile (halo and padding included) to ``V (A, C, tiles)``, ``A = AH·AW``;
+2. cuBLAS: ``M[a] (K, tiles) = U[a] (K, C) @ V[a] (C, tiles)`` for the ``A`` points, one strided-batched
+   GEMM (``U``: the weights transformed once per call by ``winograd_weight``);
+3. ``winograd_output``: ``M`` back to output tiles, bias added, written to ``out`` (NCHW).
+
+Where it pays: many input and output channels (the GEMMs reduce over C and write K rows per point) and
+large images. Its traffic is ``A·(C + K)`` values per output tile against ``K·m_h·m_w`` outputs, so it
+loses to direct kernels where C or K is small.
+
+Accuracy: the transforms multiply by fractions (1/2, 1/6, 1/180, ...), so errors grow with the number of
+points. Normwise relative errors in float32 measured against float64 (NumPy model of these exact
+transforms, 64-512 channels): 1.3e-6 (3x3), 2.2e-6 (5x5), 2.8e-6 (5x7), 4.5e-6 (7x7), against 2-5e-7 for
+a direct sum: within cuconv's 1e-5 for float32, but up to ten times the direct error; float64 stays near
+1e-14. Integer-valued inputs are not summed exactly (the fractions), unlike every other algorithm.
+float32 runs its GEMMs in IEEE fp32 whatever ``precision`` says (TF32 on top of the transforms would
+leave the tf32 error budget); half precisions are refused.
+
+dgrad at stride 1 is the forward convolution of ``dy`` (``dgrad_forward``), so ``winograd`` serves it too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy
+
+from . import _cublas, _dtypes, _loader, dgrad_forward
+from ._config import config
+from .spec import ConvSpec
+
+__all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "TILE_BY_TAPS", "NAME_EXPRESSIONS",
+           "STEM", "EXACT_ON_INTEGERS"]
+
+STEM = "winograd"
+EXACT_ON_INTEGERS = False  # the transforms hold fractions: see the module docstring
+
+# Output positions per tile along an axis, by the axis's taps: F(m, r) on m + r - 1 <= 8 points.
+TILE_BY_TAPS = {1: 1, 2: 5, 3: 4, 4: 3, 5: 2, 6: 2, 7: 2}
+_THREADS = 256
+_MAX_GRID_Y = 65535  # channels are blockIdx.y
+_LD_ALIGN = 32  # elements: the GEMM operands' leading dimension, 128 bytes in float32
+_MAX_INT = 2**31 - 1
+
+_CTYPES = ("float", "double")
+_KERNELS = ("winograd_weight", "winograd_input", "winograd_output")
+
+
+def _names(ctype: str, r: int, s: int) -> tuple:
+    mh, mw = TILE_BY_TAPS[r], TILE_BY_TAPS[s]
+    return tuple(f"{kernel}<{ctype},{mh},{r},{mw},{s}>" for kernel in _KERNELS)
+
+
+# Every instance this module launches: (R, S) in 1..7 (but 1x1), float and double. Each kernel size is
+# compiled on first use, alone (``_loader.load`` keyed by its own names), so a process builds only the
+# sizes it runs; CI compiles them all.
+_SIZES = tuple((r, s) for r in TILE_BY_TAPS for s in TILE_BY_TAPS if r * s > 1)
+NAME_EXPRESSIONS = tuple(n for t in _CTYPES for r, s in _SIZES for n in _names(t, r, s))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Tiles of one problem and how they are chunked: ``m_h x m_w`` outputs per tile from ``a_h x a_w``
+    inputs, ``tiles_h x tiles_w`` tiles per image, ``rows`` tile rows (of every sample, in order) per chunk;
+    ``ld`` is the padded column count of the chunk's V and M."""
+
+    m_h: int
+    m_w: int
+    a_h: int
+    a_w: int
+    tiles_h: int
+    tiles_w: int
+    rows: int
+    ld: int
+    u_bytes: int
+    chunk_bytes: int
+
+    @property
+    def points(self) -> int:
+        return self.a_h * self.a_w
+
+
+def _round_up(v: int, to: int) -> int:
+    return -(-v // to) * to
+
+
+def plan(spec: ConvSpec, dtype, workspace_limit: int = None) -> Plan:
+    """Tiles and chunks for ``spec`` in ``dtype``: as many tile rows per chunk as the workspace limit holds
+    beside the transformed weights (at most every tile row of the batch), or 0 where not even one fits."""
+    limit = config.workspace_limit if workspace_limit is None else workspace_limit
+    item = numpy.dtype(dtype).itemsize
+    m_h, m_w = TILE_BY_TAPS.get(spec.r, 1), TILE_BY_TAPS.get(spec.s, 1)
+    a_h, a_w = m_h + spec.r - 1, m_w + spec.s - 1
+    tiles_h, tiles_w = -(-spec.p // m_h), -(-spec.q // m_w)
+    points = a_h * a_w
+    u_bytes = points * spec.k * spec.c * item
+    per_column = points * (spec.c + spec.k) * item  # one tile's V and M
+    total_rows = spec.n * tiles_h
+    rows = 0
+    if total_rows:
+        fit = (limit - u_bytes) // per_column  # columns
+        rows = max(0, min(total_rows, fit // tiles_w))
+        while rows and _round_up(rows * tiles_w, _LD_ALIGN) > fit:
+            rows -= 1
+        # equal chunks: 10 rows in chunks of 4 become 4 + 3 + 3, not 4 + 4 + 2
+        if rows:
+            rows = -(-total_rows // -(-total_rows // rows))
+    ld = _round_up(rows * tiles_w, _LD_ALIGN)
+    return Plan(m_h, m_w, a_h, a_w, tiles_h, tiles_w, rows, ld, u_bytes, ld * per_column)
+
+
+def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
+    """Why ``winograd`` cannot run this case, or None."""
+    if pass_ == "dgrad":
+        return dgrad_forward.reason_unsupported(spec, dtype, precision, reason_unsupported)
+    if pass_ != "fprop":
+        return f"it implements no {pass_}"
+    dtype = numpy.dtype(dtype)
+    if dtype not in (numpy.float32, numpy.float64):
+        return f"it computes in float32 or float64, not {dtype} (its transforms need the bits)"
+    if dtype == numpy.float32 and precision != "ieee":
+        return "it runs float32 at precision 'ieee' only: TF32 on top of its transforms' error leaves tf32's budget"
+    if spec.stride != (1, 1) or spec.dilation != (1, 1):
+        return "it needs stride 1 and dilation 1"
+    if spec.groups != 1:
+        return "it needs groups=1"
+    if spec.r not in TILE_BY_TAPS or spec.s not in TILE_BY_TAPS or spec.r * spec.s == 1:
+        return f"its kernels are 1 to 7 taps per axis and not 1x1, not {spec.r}x{spec.s}"
+    if spec.c == 0:
+        return "it needs at least one input channel"
+    if max(spec.c, spec.k) > _MAX_GRID_Y:
+        return f"its grids put channels on blockIdx.y (at most {_MAX_GRID_Y}), not C={spec.c}, K={spec.k}"
+    pl = plan(spec, dtype)
+    if spec.n and pl.rows == 0:
+        need = pl.u_bytes + _round_up(pl.tiles_w, _LD_ALIGN) * pl.points * (spec.c + spec.k) * dtype.itemsize
+        return (f"one row of {pl.tiles_w} tiles needs {need} bytes of workspace, above "
+                f"cuconv.config.workspace_limit={config.workspace_limit}")
+    if pl.ld > _MAX_INT:
+        return "a chunk's tiles exceed cuBLAS's 32-bit dimensions"
+    return None
+
+
+def _functions(ctype: str, r: int, s: int):
+    names = _names(ctype, r, s)
+    return [(_loader.get_function(STEM, names, name), name) for name in names]
+
+
+def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
+    """out = conv(x, w) + bias on C-contiguous CuPy arrays, current stream (float32 GEMMs in IEEE fp32)."""
+    import cupy
+
+    if spec.n * spec.k * spec.p * spec.q == 0:
+        return
+    dtype = x.dtype
+    pl = plan(spec, dtype)
+    (weight_fn, weight_name), (input_fn, input_name), (output_fn, output_name) = _functions(
+        _dtypes.ctype_of(dtype), spec.r, spec.s)
+    i64, i32 = numpy.int64, numpy.int32
+    block = (_THREADS, 1, 1)
+
+    u = cupy.empty((pl.points, spec.k, spec.c), dtype=dtype)
+    grid = (min(1 << 16, -(-(spec.k * spec.c) // _THREADS)), 1, 1)
+    _loader.launch(weight_fn, weight_name, grid, block, (w, u, i64(spec.k), i64(spec.c)))
+
+    v = cupy.empty((pl.points, spec.c, pl.ld), dtype=dtype)
+    m = cupy.empty((pl.points, spec.k, pl.ld), dtype=dtype)
+    bias_arg = numpy.uint64(0) if bias is None else bias
+    total_rows = spec.n * pl.tiles_h
+    for row0 in range(0, total_rows, pl.rows):
+        tiles = min(pl.rows, total_rows - row0) * pl.tiles_w
+        grid = (-(-tiles // _THREADS), spec.c, 1)
+        _loader.launch(input_fn, input_name, grid, block,
+                       (x, v, i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.pad[0]), i64(spec.pad[2]),
+                        i64(pl.tiles_h), i32(pl.tiles_w), i64(row0), i32(tiles), i64(pl.ld)))
+        # column-major: M[a]ᵀ (tiles × K) = V[a]ᵀ (tiles × C) @ U[a]ᵀ (C × K)
+        _cublas.gemm(dtype, "ieee", tiles, spec.k, spec.c,
+                     v.data.ptr, pl.ld, spec.c * pl.ld,
+                     u.data.ptr, spec.c, spec.k * spec.c,
+                     m.data.ptr, pl.ld, spec.k * pl.ld, pl.points)
+        grid = (-(-tiles // _THREADS), spec.k, 1)
+        _loader.launch(output_fn, output_name, grid, block,
+                       (m, bias_arg, out, i64(spec.k), i64(spec.p), i64(spec.q), i64(pl.tiles_h),
+                        i32(pl.tiles_w), i64(row0), i32(tiles), i64(pl.ld)))
+
+
+def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
+    """dx = conv2d_input(dy, w) as this algorithm's forward convolution of dy (stride 1; ``dgrad_forward``)."""
+    dgrad_forward.run(forward_gpu, dy, w, spec, dx, precision)

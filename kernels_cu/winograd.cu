@@ -1,0 +1,235 @@
+// winograd: the transforms of a Winograd (Toom-Cook) convolution; its GEMMs are cuBLAS's.
+//
+// Stride 1, dilation 1, one group. Per axis a kernel of R taps produces output tiles of M positions from
+// input tiles of A = M + R - 1 positions (M = 1 leaves the axis untransformed, with A = R = 1), through
+// the 1-D minimal filtering algorithm F(M, R):  y = AT · ((G · w) ⊙ (BT · d)),  built from the A - 1
+// interpolation points 0, 1, -1, 2, -2, 1/2, -1/2 (the first A - 1 of them) and infinity. In 2-D, with
+// tiles MH x MW over the output and AH x AW over the input:
+//   U[a, b, k, c] = (G_h · w[k, c] · G_wᵀ)[a, b]                           winograd_weight
+//   V[a, b, c, t] = (BT_h · d_t[c] · BT_wᵀ)[a, b]    d_t: the input tile t   winograd_input
+//   M[a, b, k, t] = Σ_c U[a, b, k, c] · V[a, b, c, t]   (AH·AW GEMMs, cuBLAS, strided-batched)
+//   y_t[k]        = AT_h · M[:, :, k, t] · AT_wᵀ  (+ bias[k])                 winograd_output
+// The matrices are computed at compile time from (M, R) (struct Axis below), so zeros cost nothing
+// and ones cost no multiply; the 2-D transforms stay in registers.
+//
+// Kernels (T: float or double; the transforms compute in T, the GEMMs in cuBLAS at T's full precision):
+//   winograd_weight<T, MH, RH, MW, RW>(w, u, K, C)         one thread per (k, c); w is (K, C, RH, RW)
+//   winograd_input<T, MH, RH, MW, RW>(x, v, ...)           one thread per (tile, c): blockIdx.y = c
+//   winograd_output<T, MH, RH, MW, RW>(m, bias, y, ...)    one thread per (tile, k): blockIdx.y = k
+// Tiles: output tile (th, tw) of sample n covers rows th·MH.. and columns tw·MW..; tiles are numbered
+// t = (n·tiles_h + th)·tiles_w + tw, and a launch covers the tiles of the tile rows n·tiles_h + th in
+// [row0, row0 + tiles / tiles_w) (a chunk of whole tile rows, so that the GEMM operands of one chunk fit
+// the workspace). V and M hold a chunk as (AH·AW, C or K, ld) with tile t at column t - row0·tiles_w
+// (ld ≥ tiles, padded for the GEMM's alignment).
+// Consecutive threads take consecutive tiles: V and M are read and written coalesced; x and y are read
+// and written at MW-element steps, each row of a tile by one instruction.
+#include "common.cuh"
+
+using cuconv::i64;
+
+namespace wino {
+
+// Interpolation points in the order they are taken; infinity is always the last point.
+__host__ __device__ constexpr double point(int i) {
+    return i == 0 ? 0.0 : i == 1 ? 1.0 : i == 2 ? -1.0 : i == 3 ? 2.0 : i == 4 ? -2.0 : i == 5 ? 0.5 : -0.5;
+}
+
+// The matrices of F(M, R) with A = M + R - 1 points (A - 1 finite ones and infinity):
+//   at[i][j] = p_j^i,  at[i][∞] = [i == M - 1]                     (M x A)
+//   g[j][k]  = p_j^k / Π_{l≠j} (p_j - p_l),  g[∞][k] = [k == R - 1]  (A x R)
+//   bt[j][i] = coefficient of x^i in Π_{l≠j} (x - p_l),  bt[∞][i] = that of Π_l (x - p_l)  (A x A)
+// (the transpose of the Toom-Cook product of polynomials: Lagrange interpolation at the points, the
+// leading coefficient at infinity). Exact in double except the divisions of g (rounded once).
+template <int M, int R>
+struct Axis {
+    static constexpr int A = M + R - 1;
+    static_assert(M >= 1 && R >= 1 && A <= 8, "F(M, R) needs M + R - 1 <= 8 points");
+    double at[M][A];
+    double g[A][R];
+    double bt[A][A];
+
+    __host__ __device__ constexpr Axis() : at{}, g{}, bt{} {
+        constexpr int finite = A - 1;
+        for (int i = 0; i < M; ++i) {
+            for (int j = 0; j < finite; ++j) {
+                double pj = 1.0;
+                for (int e = 0; e < i; ++e) pj *= point(j);
+                at[i][j] = pj;
+            }
+            at[i][A - 1] = (i == M - 1) ? 1.0 : 0.0;
+        }
+        for (int j = 0; j < finite; ++j) {
+            double f = 1.0;
+            for (int l = 0; l < finite; ++l)
+                if (l != j) f *= point(j) - point(l);
+            double pk = 1.0;
+            for (int k = 0; k < R; ++k) {
+                g[j][k] = pk / f;
+                pk *= point(j);
+            }
+        }
+        g[A - 1][R - 1] = 1.0;
+        for (int j = 0; j <= finite; ++j) {  // j == finite: the product over every finite point
+            double poly[8] = {1.0};
+            int degree = 0;
+            for (int l = 0; l < finite; ++l) {
+                if (l == j) continue;
+                // poly *= (x - p_l)
+                for (int e = degree + 1; e > 0; --e) poly[e] = poly[e - 1] - point(l) * poly[e];
+                poly[0] = -point(l) * poly[0];
+                ++degree;
+            }
+            for (int i = 0; i < A; ++i) bt[j][i] = i <= degree ? poly[i] : 0.0;
+        }
+    }
+};
+
+// out = Σ_i coef[i] · in[i] over a compile-time row of coefficients: zeros are skipped, ones and minus
+// ones are additions (the coefficients are constants once the loops that call this are unrolled).
+template <typename Acc>
+__device__ __forceinline__ Acc combine_term(Acc sum, double coef, Acc value) {
+    if (coef == 0.0) return sum;
+    if (coef == 1.0) return sum + value;
+    if (coef == -1.0) return sum - value;
+    return fma(static_cast<Acc>(coef), value, sum);
+}
+
+// One constant table per F(M, R), evaluated once by the front end.
+template <int M, int R>
+struct Table {
+    static constexpr Axis<M, R> value{};
+};
+
+}  // namespace wino
+
+template <typename T, int MH, int RH, int MW, int RW>
+__global__ void __launch_bounds__(256)
+winograd_weight(const T* __restrict__ w, T* __restrict__ u, i64 K, i64 C) {
+    constexpr const wino::Axis<MH, RH>& ah = wino::Table<MH, RH>::value;
+    constexpr const wino::Axis<MW, RW>& aw = wino::Table<MW, RW>::value;
+    constexpr int AH = ah.A, AW = aw.A;
+    const i64 total = K * C;
+    for (i64 idx = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+         idx += static_cast<i64>(gridDim.x) * blockDim.x) {
+        const T* __restrict__ src = w + idx * (RH * RW);  // idx = k·C + c
+        T taps[RH][RW];
+#pragma unroll
+        for (int i = 0; i < RH; ++i)
+#pragma unroll
+            for (int j = 0; j < RW; ++j) taps[i][j] = src[i * RW + j];
+        T rows[AH][RW];  // G_h · w
+#pragma unroll
+        for (int a = 0; a < AH; ++a)
+#pragma unroll
+            for (int j = 0; j < RW; ++j) {
+                T sum = 0;
+#pragma unroll
+                for (int i = 0; i < RH; ++i) sum = wino::combine_term(sum, ah.g[a][i], taps[i][j]);
+                rows[a][j] = sum;
+            }
+#pragma unroll
+        for (int a = 0; a < AH; ++a)
+#pragma unroll
+            for (int b = 0; b < AW; ++b) {
+                T sum = 0;
+#pragma unroll
+                for (int j = 0; j < RW; ++j) sum = wino::combine_term(sum, aw.g[b][j], rows[a][j]);
+                u[(a * AW + b) * total + idx] = sum;
+            }
+    }
+}
+
+template <typename T, int MH, int RH, int MW, int RW>
+__global__ void __launch_bounds__(256)
+winograd_input(const T* __restrict__ x, T* __restrict__ v, i64 C, i64 H, i64 W, i64 pad_top, i64 pad_left,
+               i64 tiles_h, int tiles_w, i64 row0, int tiles, i64 ld) {
+    constexpr const wino::Axis<MH, RH>& ah = wino::Table<MH, RH>::value;
+    constexpr const wino::Axis<MW, RW>& aw = wino::Table<MW, RW>::value;
+    constexpr int AH = ah.A, AW = aw.A;
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= tiles) return;
+    const int c = blockIdx.y;
+    const int tw = t % tiles_w;
+    const i64 row = row0 + t / tiles_w;  // n·tiles_h + th
+    const i64 n = row / tiles_h, th = row - n * tiles_h;
+    const T* __restrict__ plane = x + (n * C + c) * H * W;
+    const i64 h0 = th * MH - pad_top, w0 = static_cast<i64>(tw) * MW - pad_left;
+    T d[AH][AW];
+#pragma unroll
+    for (int i = 0; i < AH; ++i) {
+        const i64 h = h0 + i;
+        const bool row_in = h >= 0 && h < H;
+#pragma unroll
+        for (int j = 0; j < AW; ++j) {
+            const i64 wc = w0 + j;
+            d[i][j] = (row_in && wc >= 0 && wc < W) ? plane[h * W + wc] : T(0);
+        }
+    }
+    T rows[AH][AW];  // BT_h · d
+#pragma unroll
+    for (int a = 0; a < AH; ++a)
+#pragma unroll
+        for (int j = 0; j < AW; ++j) {
+            T sum = 0;
+#pragma unroll
+            for (int i = 0; i < AH; ++i) sum = wino::combine_term(sum, ah.bt[a][i], d[i][j]);
+            rows[a][j] = sum;
+        }
+    T* __restrict__ dst = v + c * ld + t;
+    const i64 point_stride = C * ld;
+#pragma unroll
+    for (int a = 0; a < AH; ++a)
+#pragma unroll
+        for (int b = 0; b < AW; ++b) {
+            T sum = 0;
+#pragma unroll
+            for (int j = 0; j < AW; ++j) sum = wino::combine_term(sum, aw.bt[b][j], rows[a][j]);
+            dst[(a * AW + b) * point_stride] = sum;
+        }
+}
+
+template <typename T, int MH, int RH, int MW, int RW>
+__global__ void __launch_bounds__(256)
+winograd_output(const T* __restrict__ m, const T* __restrict__ bias, T* __restrict__ y, i64 K, i64 P, i64 Q,
+                i64 tiles_h, int tiles_w, i64 row0, int tiles, i64 ld) {
+    constexpr const wino::Axis<MH, RH>& ah = wino::Table<MH, RH>::value;
+    constexpr const wino::Axis<MW, RW>& aw = wino::Table<MW, RW>::value;
+    constexpr int AH = ah.A, AW = aw.A;
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= tiles) return;
+    const int k = blockIdx.y;
+    const T* __restrict__ src = m + k * ld + t;
+    const i64 point_stride = K * ld;
+    T e[AH][AW];
+#pragma unroll
+    for (int a = 0; a < AH; ++a)
+#pragma unroll
+        for (int b = 0; b < AW; ++b) e[a][b] = src[(a * AW + b) * point_stride];
+    T rows[MH][AW];  // AT_h · e
+#pragma unroll
+    for (int i = 0; i < MH; ++i)
+#pragma unroll
+        for (int b = 0; b < AW; ++b) {
+            T sum = 0;
+#pragma unroll
+            for (int a = 0; a < AH; ++a) sum = wino::combine_term(sum, ah.at[i][a], e[a][b]);
+            rows[i][b] = sum;
+        }
+    const T add = bias != nullptr ? bias[k] : T(0);
+    const int tw = t % tiles_w;
+    const i64 row = row0 + t / tiles_w;
+    const i64 n = row / tiles_h, th = row - n * tiles_h;
+    T* __restrict__ plane = y + (n * K + k) * P * Q;
+    const i64 p0 = th * MH, q0 = static_cast<i64>(tw) * MW;
+#pragma unroll
+    for (int i = 0; i < MH; ++i) {
+        if (p0 + i >= P) break;
+#pragma unroll
+        for (int j = 0; j < MW; ++j) {
+            T sum = add;
+#pragma unroll
+            for (int b = 0; b < AW; ++b) sum = wino::combine_term(sum, aw.at[j][b], rows[i][b]);
+            if (q0 + j < Q) plane[(p0 + i) * Q + q0 + j] = sum;
+        }
+    }
+}
