@@ -3,8 +3,8 @@
 With stride 1, ``dx = conv2d(dy, w')`` where ``w'`` swaps each group's input and output channels and flips
 the kernel in both axes, and the padding is the complement of the forward padding inside the dilated
 kernel (``dilation·(R-1) - pad`` per side). The GEMM this forward runs reduces over ``K/g·R·S`` instead of
-``dgrad``'s short ``K/g``, so forward engines (direct_smem, implicit_gemm) serve dgrad at their forward
-speed. Strided convolutions (dx has holes no forward convolution of dy produces) and padding wider than
+``dgrad``'s short ``K/g``, so forward engines (direct_smem, implicit_gemm, winograd) serve dgrad at their
+forward speed. Strided convolutions (dx has holes no forward convolution of dy produces) and padding wider than
 the dilated kernel return None: callers use a gather instead.
 """
 

@@ -5,7 +5,7 @@ workspace).
 Per axis a kernel of ``r`` taps gets output tiles of ``m`` positions, F(m, r), from ``m + r - 1`` input
 positions (``TILE_BY_TAPS``): 6 points for 2 to 5 taps, 7 for 6 and 8 for 7; an axis of 1 tap is left
 alone. A 5x7 kernel thus runs F(2x2, 5x7): 48 products per 2x2 outputs instead of 4·35 = 140 (2.9x fewer
-multiplications), 3x3 runs F(4x4, 3x3) (4x fewer). Per chunk of whole tile rows, three steps on the
+multiplications), 3x3 runs F(4x4, 3x3) (4x fewer), 1x7 runs F(1x2, 1x7) (1.75x fewer). Per chunk of whole tile rows, three steps on the
 current stream:
 
 1. ``winograd_input``: every input tile (halo and padding included) to ``V (A, C, tiles)``, ``A = AH·AW``;
@@ -18,12 +18,14 @@ large images. Its traffic is ``A·(C + K)`` values per output tile against ``K·
 loses to direct kernels where C or K is small.
 
 Accuracy: the transforms multiply by fractions (1/2, 1/6, 1/180, ...), so errors grow with the number of
-points. Normwise relative errors in float32 measured against float64 (NumPy model of these exact
-transforms, 64-512 channels): 1.3e-6 (3x3), 2.2e-6 (5x5), 2.8e-6 (5x7), 4.5e-6 (7x7), against 2-5e-7 for
-a direct sum: within cuconv's 1e-5 for float32, but up to ten times the direct error; float64 stays near
-1e-14. Integer-valued inputs are not summed exactly (the fractions), unlike every other algorithm.
-float32 runs its GEMMs in IEEE fp32 whatever ``precision`` says (TF32 on top of the transforms would
-leave the tf32 error budget); half precisions are refused.
+points, and like any sum with the number of channels summed (about as their square root). Normwise
+relative errors in float32 against float64 on an H200, C = K = 512: 4.5e-6 (3x3), 5.1e-6 (5x5), 8.1e-6
+(6x6), 1.07e-5 (7x7; 1.53e-5 with 1024 channels), against 0.5-1e-6 for a direct sum; rect_5x7's dgrad
+(128 channels) 3.7e-6. float32 is therefore served up to ``FLOAT32_MAX_CHANNELS`` input channels per
+point count of the larger axis (512 with 6 points, 192 with 7, 128 with 8), where the error stays near
+half of cuconv's 1e-5; float64 stays near 1e-14 at any size. Integer-valued inputs are not summed exactly
+(the fractions), unlike every other algorithm. float32 runs its GEMMs in IEEE fp32 whatever ``precision``
+says (TF32 on top of the transforms would leave the tf32 error budget); half precisions are refused.
 
 dgrad at stride 1 is the forward convolution of ``dy`` (``dgrad_forward``), so ``winograd`` serves it too.
 """
@@ -36,16 +38,20 @@ import numpy
 
 from . import _cublas, _dtypes, _loader, dgrad_forward
 from ._config import config
+from .direct import NULL
+from .im2col_gemm import _balanced
 from .spec import ConvSpec
 
-__all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "TILE_BY_TAPS", "NAME_EXPRESSIONS",
-           "STEM", "EXACT_ON_INTEGERS"]
+__all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "TILE_BY_TAPS",
+           "FLOAT32_MAX_CHANNELS", "NAME_EXPRESSIONS", "STEM", "EXACT_ON_INTEGERS"]
 
 STEM = "winograd"
 EXACT_ON_INTEGERS = False  # the transforms hold fractions: see the module docstring
 
 # Output positions per tile along an axis, by the axis's taps: F(m, r) on m + r - 1 <= 8 points.
 TILE_BY_TAPS = {1: 1, 2: 5, 3: 4, 4: 3, 5: 2, 6: 2, 7: 2}
+# float32: most input channels per GEMM, by the points of the kernel's larger axis (errors above).
+FLOAT32_MAX_CHANNELS = {6: 512, 7: 192, 8: 128}
 _THREADS = 256
 _MAX_GRID_Y = 65535  # channels are blockIdx.y
 _LD_ALIGN = 32  # elements: the GEMM operands' leading dimension, 128 bytes in float32
@@ -107,13 +113,12 @@ def plan(spec: ConvSpec, dtype, workspace_limit: int = None) -> Plan:
     total_rows = spec.n * tiles_h
     rows = 0
     if total_rows:
-        fit = (limit - u_bytes) // per_column  # columns
+        fit = min((limit - u_bytes) // per_column, _MAX_INT - _LD_ALIGN)  # columns
         rows = max(0, min(total_rows, fit // tiles_w))
         while rows and _round_up(rows * tiles_w, _LD_ALIGN) > fit:
             rows -= 1
-        # equal chunks: 10 rows in chunks of 4 become 4 + 3 + 3, not 4 + 4 + 2
-        if rows:
-            rows = -(-total_rows // -(-total_rows // rows))
+        if rows:  # as few chunks as that allows, of equal length where they divide the rows
+            rows = _balanced(total_rows, rows)
     ld = _round_up(rows * tiles_w, _LD_ALIGN)
     return Plan(m_h, m_w, a_h, a_w, tiles_h, tiles_w, rows, ld, u_bytes, ld * per_column)
 
@@ -135,17 +140,18 @@ def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: s
         return "it needs groups=1"
     if spec.r not in TILE_BY_TAPS or spec.s not in TILE_BY_TAPS or spec.r * spec.s == 1:
         return f"its kernels are 1 to 7 taps per axis and not 1x1, not {spec.r}x{spec.s}"
-    if spec.c == 0:
-        return "it needs at least one input channel"
     if max(spec.c, spec.k) > _MAX_GRID_Y:
         return f"its grids put channels on blockIdx.y (at most {_MAX_GRID_Y}), not C={spec.c}, K={spec.k}"
     pl = plan(spec, dtype)
+    if dtype == numpy.float32:
+        cap = FLOAT32_MAX_CHANNELS[max(pl.a_h, pl.a_w, 6)]
+        if spec.c > cap:
+            return (f"in float32 its error with {spec.c} input channels would approach cuconv's 1e-5 (at most "
+                    f"{cap} with a {spec.r}x{spec.s} kernel); float64 has no such limit")
     if spec.n and pl.rows == 0:
-        need = pl.u_bytes + _round_up(pl.tiles_w, _LD_ALIGN) * pl.points * (spec.c + spec.k) * dtype.itemsize
-        return (f"one row of {pl.tiles_w} tiles needs {need} bytes of workspace, above "
-                f"cuconv.config.workspace_limit={config.workspace_limit}")
-    if pl.ld > _MAX_INT:
-        return "a chunk's tiles exceed cuBLAS's 32-bit dimensions"
+        row = _round_up(pl.tiles_w, _LD_ALIGN) * pl.points * (spec.c + spec.k) * dtype.itemsize
+        return (f"its transformed weights ({pl.u_bytes} bytes) and one row of {pl.tiles_w} tiles ({row} bytes) "
+                f"exceed cuconv.config.workspace_limit={config.workspace_limit}")
     return None
 
 
@@ -173,7 +179,7 @@ def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
 
     v = cupy.empty((pl.points, spec.c, pl.ld), dtype=dtype)
     m = cupy.empty((pl.points, spec.k, pl.ld), dtype=dtype)
-    bias_arg = numpy.uint64(0) if bias is None else bias
+    bias_arg = NULL if bias is None else bias
     total_rows = spec.n * pl.tiles_h
     for row0 in range(0, total_rows, pl.rows):
         tiles = min(pl.rows, total_rows - row0) * pl.tiles_w

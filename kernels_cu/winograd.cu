@@ -22,7 +22,7 @@
 // the workspace). V and M hold a chunk as (AH·AW, C or K, ld) with tile t at column t - row0·tiles_w
 // (ld ≥ tiles, padded for the GEMM's alignment).
 // Consecutive threads take consecutive tiles: V and M are read and written coalesced; x and y are read
-// and written at MW-element steps, each row of a tile by one instruction.
+// and written element by element, a warp's 32 accesses MW elements apart.
 #include "common.cuh"
 
 using cuconv::i64;

@@ -35,12 +35,18 @@ def _spec(case):
 
 # ---- CPU: plan and reasons ----------------------------------------------------------------------------
 
-def test_every_kernel_size_has_instances():
-    for r in range(1, 8):
-        for s in range(1, 8):
-            if r * s > 1:
-                for name in winograd._names("float", r, s) + winograd._names("double", r, s):
-                    assert name in winograd.NAME_EXPRESSIONS
+def test_every_kernel_size_served_has_compiled_instances():
+    """What reason_unsupported lets through is what CI compiles (NAME_EXPRESSIONS), and nothing more."""
+    served = set()
+    for r in range(1, 9):
+        for s in range(1, 9):
+            spec = ConvSpec.from_args((1, 2, 12, 12), (2, 2, r, s))
+            if winograd.reason_unsupported(spec, numpy.float64) is None:
+                served.add((r, s))
+                for ctype in ("float", "double"):
+                    assert set(winograd._names(ctype, r, s)) <= set(winograd.NAME_EXPRESSIONS)
+    assert served == {(r, s) for r in range(1, 8) for s in range(1, 8)} - {(1, 1)}
+    assert len(winograd.NAME_EXPRESSIONS) == 2 * 3 * len(served)
 
 
 @pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
@@ -55,9 +61,12 @@ def test_plan_chunks_fit_the_workspace(dtype, limit):
     assert pl.u_bytes + pl.chunk_bytes <= limit
     assert pl.ld % 32 == 0 and pl.ld >= pl.rows * pl.tiles_w
     assert pl.chunk_bytes == pl.ld * pl.points * (spec.c + spec.k) * item
-    chunks = -(-spec.n * pl.tiles_h // pl.rows)
-    # equal chunks: the last one is at most one row shorter than the others... or the only one
-    assert chunks * pl.rows - spec.n * pl.tiles_h < chunks
+    # as few chunks as the limit allows
+    per_column = pl.points * (spec.c + spec.k) * item
+    most = max(r for r in range(1, spec.n * pl.tiles_h + 1)
+               if pl.u_bytes + winograd._round_up(r * pl.tiles_w, 32) * per_column <= limit)
+    total = spec.n * pl.tiles_h
+    assert -(-total // pl.rows) == -(-total // most)
 
 
 def test_plan_tiles_by_taps():
@@ -83,6 +92,22 @@ def test_plan_tiles_by_taps():
 def test_reasons(kwargs, w_shape, dtype, precision, pass_, match):
     spec = ConvSpec.from_args((2, 3, 20, 20), w_shape, **kwargs)
     assert match in winograd.reason_unsupported(spec, dtype, pass_, precision)
+
+
+@pytest.mark.parametrize("r,s,cap", [(3, 3, 512), (5, 5, 512), (2, 2, 512), (6, 6, 192), (6, 3, 192),
+                                     (7, 7, 128), (5, 7, 128), (1, 7, 128)])
+def test_float32_channel_caps(r, s, cap):
+    """float32 stops at the input channels where its error nears half the tolerance; float64 goes on."""
+    for c, served in ((cap, True), (cap + 1, False)):
+        spec = ConvSpec.from_args((1, c, 16, 16), (8, c, r, s))
+        reason = winograd.reason_unsupported(spec, numpy.float32)
+        assert (reason is None) == served, reason
+        if not served:
+            assert f"at most {cap}" in reason and "1e-5" in reason
+        assert winograd.reason_unsupported(spec, numpy.float64) is None
+    # dgrad reduces over the forward's output channels
+    spec = ConvSpec.from_args((1, 8, 16, 16), (cap + 1, 8, r, s), padding=(r - 1, s - 1))
+    assert "1e-5" in winograd.reason_unsupported(spec, numpy.float32, "dgrad")
 
 
 def test_serves_float32_ieee_float64_and_stride_1_dgrad():
@@ -145,26 +170,44 @@ def test_dgrad_matches_oracle(case, dtype_name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 2, 4])
-def test_chunks_of_tile_rows_across_samples(rows):
-    """A workspace for a few tile rows: many chunks, some ending mid-image and crossing into the next
-    sample, against the oracle."""
+@pytest.mark.parametrize("dtype_name", ["float32", "float64"])
+@pytest.mark.parametrize("rows", [1, 2, 4, 14])
+def test_chunks_of_tile_rows_across_samples(rows, dtype_name):
+    """A workspace for ``rows`` rows of 32 tiles: chunks of one row up to 448 tiles (two blocks of the
+    transform kernels), ending mid-image and crossing into the next sample, against the oracle."""
     import cupy
 
-    case = Case((3, 6, 17, 22), (5, 6, 5, 7), dict(padding=(2, 3)), True)
+    dtype = numpy.dtype(dtype_name)
+    case = Case((3, 6, 17, 64), (5, 6, 5, 7), dict(padding=(2, 3)), True)
     spec = _spec(case)
-    whole = winograd.plan(spec, numpy.float32)
-    columns = winograd._round_up(rows * whole.tiles_w, 32)
-    limit = whole.u_bytes + columns * whole.points * (spec.c + spec.k) * 4
-    pl = winograd.plan(spec, numpy.float32, limit)
+    whole = winograd.plan(spec, dtype)
+    assert whole.tiles_w == 32
+    limit = whole.u_bytes + rows * whole.tiles_w * whole.points * (spec.c + spec.k) * dtype.itemsize
+    pl = winograd.plan(spec, dtype, limit)
     total = spec.n * pl.tiles_h
-    assert 1 <= pl.rows and pl.rows * pl.tiles_w <= columns and pl.rows < total
-    starts = range(0, total, pl.rows)
-    assert pl.rows == 1 or any(r0 // pl.tiles_h != (r0 + pl.rows - 1) // pl.tiles_h for r0 in starts)
-    x, w, b = (a.astype(numpy.float32).astype(numpy.float64) for a in make_inputs(case, seed=24))
+    assert pl.rows == rows < total
+    assert rows == 1 or any(r0 // pl.tiles_h != (r0 + rows - 1) // pl.tiles_h for r0 in range(0, total, rows))
+    x, w, b = (a.astype(dtype).astype(numpy.float64) for a in make_inputs(case, seed=24))
     ref = reference(x, w, b, **case.kwargs)
+    out = cupy.full(ref.shape, numpy.nan, dtype=dtype)
     with cuconv.config(workspace_limit=limit):
-        got = cuconv.conv2d(_gpu(x, numpy.float32), _gpu(w, numpy.float32), _gpu(b, numpy.float32),
-                            algo="winograd", precision="ieee", **case.kwargs)
+        cuconv.conv2d(_gpu(x, dtype), _gpu(w, dtype), _gpu(b, dtype), algo="winograd", precision="ieee", out=out,
+                      **case.kwargs)
+    err = rel_err(cupy.asnumpy(out), ref)
+    assert err <= tolerance(dtype), f"{err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("r,s,c", [(3, 3, 512), (5, 5, 512), (6, 6, 192), (7, 7, 128), (5, 7, 128)])
+def test_float32_error_at_the_channel_cap(r, s, c):
+    """The most input channels float32 is served with, per kernel size: within the float32 tolerance."""
+    import cupy
+
+    case = Case((2, c, 18, 20), (24, c, r, s), dict(padding=(r // 2, s // 2)), True)
+    assert winograd.reason_unsupported(_spec(case), numpy.float32) is None
+    x, w, b = (a.astype(numpy.float32).astype(numpy.float64) for a in make_inputs(case, seed=25))
+    ref = reference(x, w, b, **case.kwargs)
+    got = cuconv.conv2d(_gpu(x, numpy.float32), _gpu(w, numpy.float32), _gpu(b, numpy.float32), algo="winograd",
+                        precision="ieee", **case.kwargs)
     err = rel_err(cupy.asnumpy(got), ref)
     assert err <= tolerance(numpy.float32), f"{err:.2e}"
