@@ -63,8 +63,9 @@ def _store_disk(path: str, key: str, name: str) -> None:
     os.replace(tmp, path)  # atomic: concurrent processes never read half a file
 
 
-def time_cuda(run: Callable[[], None], reps: int = 3, warmup: int = 1) -> float:
-    """Median milliseconds of ``run`` on CuPy's current stream, timed with CUDA events after warm-up.
+def time_cuda(run: Callable[[], None], reps: int = 3, warmup: int = 1, calls: int = 1) -> float:
+    """Median milliseconds of ``run`` on CuPy's current stream, timed with CUDA events after warm-up; with
+    ``calls`` > 1, of ``calls`` runs back to back between the two events, per run.
 
     The one timer of cuconv: the autotuner and ``python -m cuconv bench`` both use it.
     """
@@ -77,10 +78,11 @@ def time_cuda(run: Callable[[], None], reps: int = 3, warmup: int = 1) -> float:
     for _ in range(reps):
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
         start.record(stream)
-        run()
+        for _ in range(calls):
+            run()
         stop.record(stream)
         stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
+        times.append(cupy.cuda.get_elapsed_time(start, stop) / calls)
     return statistics.median(times)
 
 

@@ -3,8 +3,8 @@
 Method (see README "Benchmark"): one process, same inputs for both sides, CUDA events around each call,
 warm-up first, median of many runs; torch with ``cudnn.benchmark = True`` and its TF32 switch set to the
 precision asked for. Each side is also timed per call in a loop of calls back to back (``loop ms``), where
-host time overlaps the previous call's GPU time as it does in a model. Device ceilings (cuBLAS GEMM rate per precision, device-to-device copy bandwidth)
-are measured in the same run; "floor" = max(FLOPs / GEMM rate, fewest bytes / copy bandwidth).
+host time overlaps the previous call's GPU time as it does in a model. Device ceilings (cuBLAS GEMM rate
+per precision, device-to-device copy bandwidth) are measured in the same run; "floor" = max(FLOPs / GEMM rate, fewest bytes / copy bandwidth).
 Correctness: normwise relative error of samples 0 and N-1 (of all of dW for wgrad) against torch in
 float64. ``--backward`` adds dgrad and wgrad, each against cuDNN's own (``aten.convolution_backward`` with
 the other outputs masked off) at the same precision.
@@ -73,22 +73,9 @@ def _time_loop(fn, call_ms, reps=5):
     a layer called in a loop, where the host enqueues the next call while the GPU runs this one. Equal to
     the single-call time for large problems; for small ones it drops the idle GPU time before the launch
     that a single timed call includes (whichever of host and GPU is slower sets it)."""
-    import cupy
+    from .autotune import time_cuda
 
-    calls = max(3, min(50, int(20.0 / max(call_ms, 1e-3))))
-    stream = cupy.cuda.get_current_stream()
-    fn()
-    stream.synchronize()
-    times = []
-    for _ in range(reps):
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record(stream)
-        for _ in range(calls):
-            fn()
-        stop.record(stream)
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop) / calls)
-    return statistics.median(times)
+    return time_cuda(fn, reps, 1, calls=max(3, min(50, int(20.0 / max(call_ms, 1e-3)))))
 
 
 def _host_overhead_us(fn, reps=20):

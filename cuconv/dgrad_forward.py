@@ -40,10 +40,15 @@ def run(forward_gpu, dy, w, spec: ConvSpec, dx, precision: str) -> None:
     forward_gpu(dy, forward_weight(w, spec), None, fspec, dx, precision)
 
 
-def reason_unsupported(spec: ConvSpec, dtype, precision: str, forward_reason) -> Optional[str]:
-    """Why a dgrad through a forward algorithm (whose check is ``forward_reason``) cannot run, or None."""
-    fspec = forward_spec(spec)
-    if fspec is None:
-        return ("its dgrad is a forward convolution of grad_output, which needs stride 1 and padding no wider "
-                "than the dilated kernel")
-    return forward_reason(fspec, dtype, "fprop", precision)
+def reason_unsupported(spec: ConvSpec, dtype, pass_: str, precision: str, forward_reason) -> Optional[str]:
+    """``reason_unsupported`` of an algorithm with a forward pass (checked by ``forward_reason(spec, dtype,
+    precision)``) that serves dgrad as a forward convolution of dy and has no wgrad."""
+    if pass_ == "dgrad":
+        fspec = forward_spec(spec)
+        if fspec is None:
+            return ("its dgrad is a forward convolution of grad_output, which needs stride 1 and padding no "
+                    "wider than the dilated kernel")
+        return forward_reason(fspec, dtype, precision)
+    if pass_ != "fprop":
+        return f"it implements no {pass_}"
+    return forward_reason(spec, dtype, precision)

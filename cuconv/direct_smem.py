@@ -158,10 +158,10 @@ def plan(spec: ConvSpec, dtype) -> Plan:
 
 def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
     """Why ``direct_smem`` cannot run this case, or None."""
-    if pass_ == "dgrad":
-        return dgrad_forward.reason_unsupported(spec, dtype, precision, reason_unsupported)
-    if pass_ != "fprop":
-        return f"it implements no {pass_}"
+    return dgrad_forward.reason_unsupported(spec, dtype, pass_, precision, _forward_reason)
+
+
+def _forward_reason(spec: ConvSpec, dtype, precision: str):
     pl = plan(spec, dtype)
     limit = _loader.smem_limit()
     if pl.smem_bytes > limit:

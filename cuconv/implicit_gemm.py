@@ -132,10 +132,10 @@ def plan(spec: ConvSpec, dtype, tile: Tile = None, workspace_limit: int = None) 
 
 def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
     """Why ``implicit_gemm`` cannot run this case, or None."""
-    if pass_ == "dgrad":
-        return dgrad_forward.reason_unsupported(spec, dtype, precision, reason_unsupported)
-    if pass_ != "fprop":
-        return f"it implements no {pass_}"
+    return dgrad_forward.reason_unsupported(spec, dtype, pass_, precision, _forward_reason)
+
+
+def _forward_reason(spec: ConvSpec, dtype, precision: str):
     dtype = numpy.dtype(dtype)
     if dtype not in _dtypes.CTYPES or _dtypes.ctype_of(dtype) not in _TENSOR_CORE_TYPES:
         return f"it runs on tensor cores, which have no {dtype} arithmetic here (float64 uses FFMA algorithms)"

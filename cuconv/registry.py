@@ -109,8 +109,9 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str):
     - depthwise layers: ``depthwise`` (memory-bound; im2col_gemm runs one tiny GEMM per group, 4-7x slower);
     - plain fp32 "ieee" and fp64 arithmetic, stride 1, no dilation, one group, kernels up to 7x7 with at
       least 16 input channels and 16 filters in the pass (and, in float32, at most 128-512 input channels:
-      its error limit): ``winograd`` (2.9x fewer multiplications for 5x7, 4x for 3x3; rect_5x7 fprop 8.6 ms against 15.3 for direct_smem, its dgrad 8.3 against 15.8;
-      resnet_3x3_64 0.18 ms against 0.41 for im2col_gemm; 0.5-0.9x of im2col_gemm with 3 input channels);
+      its error limit): ``winograd`` (2.9x fewer multiplications for 5x7, 4x for 3x3; rect_5x7 fprop 8.6 ms
+      against 15.3 for direct_smem, its dgrad 8.3 against 15.8; resnet_3x3_64 0.18 ms against 0.41 for
+      im2col_gemm; with 3 input channels it is slower than im2col_gemm, 0.27 against 0.16 ms);
     - plain-FFMA arithmetic (fp32 "ieee", fp64) on large layers with many taps and up to 128 filters per
       group: ``direct_smem`` (no column matrix; square_5x9 9.7 ms, dilated_padded_5x9 10.0 ms and rect_5x7
       15.4 ms against 12.9, 12.6 and 15.8 for im2col_gemm), while with 9 taps cuBLAS's GEMM wins

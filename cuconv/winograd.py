@@ -5,8 +5,8 @@ workspace).
 Per axis a kernel of ``r`` taps gets output tiles of ``m`` positions, F(m, r), from ``m + r - 1`` input
 positions (``TILE_BY_TAPS``): 6 points for 2 to 5 taps, 7 for 6 and 8 for 7; an axis of 1 tap is left
 alone. A 5x7 kernel thus runs F(2x2, 5x7): 48 products per 2x2 outputs instead of 4·35 = 140 (2.9x fewer
-multiplications), 3x3 runs F(4x4, 3x3) (4x fewer), 1x7 runs F(1x2, 1x7) (1.75x fewer). Per chunk of whole tile rows, three steps on the
-current stream:
+multiplications), 3x3 runs F(4x4, 3x3) (4x fewer), 1x7 runs F(1x2, 1x7) (1.75x fewer). Per chunk of whole
+tile rows, three steps on the current stream:
 
 1. ``winograd_input``: every input tile (halo and padding included) to ``V (A, C, tiles)``, ``A = AH·AW``;
 2. cuBLAS: ``M[a] (K, tiles) = U[a] (K, C) @ V[a] (C, tiles)`` for the ``A`` points, one strided-batched
@@ -125,10 +125,10 @@ def plan(spec: ConvSpec, dtype, workspace_limit: int = None) -> Plan:
 
 def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
     """Why ``winograd`` cannot run this case, or None."""
-    if pass_ == "dgrad":
-        return dgrad_forward.reason_unsupported(spec, dtype, precision, reason_unsupported)
-    if pass_ != "fprop":
-        return f"it implements no {pass_}"
+    return dgrad_forward.reason_unsupported(spec, dtype, pass_, precision, _forward_reason)
+
+
+def _forward_reason(spec: ConvSpec, dtype, precision: str):
     dtype = numpy.dtype(dtype)
     if dtype not in (numpy.float32, numpy.float64):
         return f"it computes in float32 or float64, not {dtype} (its transforms need the bits)"

@@ -100,6 +100,43 @@ struct Table {
     static constexpr Axis<M, R> value{};
 };
 
+// out = left · in · rightᵀ for a tile in registers: the 2-D transform of every kernel below (left and
+// right are Axis tables, constants once inlined and unrolled).
+template <int OH, int IH, int OW, int IW, typename T>
+__device__ __forceinline__ void transform(const double (&left)[OH][IH], const T (&in)[IH][IW],
+                                          const double (&right)[OW][IW], T (&out)[OH][OW]) {
+    T rows[OH][IW];  // left · in
+#pragma unroll
+    for (int a = 0; a < OH; ++a)
+#pragma unroll
+        for (int j = 0; j < IW; ++j) {
+            T sum = 0;
+#pragma unroll
+            for (int i = 0; i < IH; ++i) sum = combine_term(sum, left[a][i], in[i][j]);
+            rows[a][j] = sum;
+        }
+#pragma unroll
+    for (int a = 0; a < OH; ++a)
+#pragma unroll
+        for (int b = 0; b < OW; ++b) {
+            T sum = 0;
+#pragma unroll
+            for (int j = 0; j < IW; ++j) sum = combine_term(sum, right[b][j], rows[a][j]);
+            out[a][b] = sum;
+        }
+}
+
+// Sample and tile coordinates of tile t of a launch that starts at tile row row0 (= n·tiles_h + th).
+struct TileOrigin {
+    i64 n, th;
+    int tw;
+};
+__device__ __forceinline__ TileOrigin tile_origin(int t, i64 row0, int tiles_w, i64 tiles_h) {
+    const i64 row = row0 + t / tiles_w;
+    const i64 n = row / tiles_h;
+    return {n, row - n * tiles_h, t % tiles_w};
+}
+
 }  // namespace wino
 
 template <typename T, int MH, int RH, int MW, int RW>
@@ -117,25 +154,12 @@ winograd_weight(const T* __restrict__ w, T* __restrict__ u, i64 K, i64 C) {
         for (int i = 0; i < RH; ++i)
 #pragma unroll
             for (int j = 0; j < RW; ++j) taps[i][j] = src[i * RW + j];
-        T rows[AH][RW];  // G_h · w
+        T out[AH][AW];
+        wino::transform(ah.g, taps, aw.g, out);
 #pragma unroll
         for (int a = 0; a < AH; ++a)
 #pragma unroll
-            for (int j = 0; j < RW; ++j) {
-                T sum = 0;
-#pragma unroll
-                for (int i = 0; i < RH; ++i) sum = wino::combine_term(sum, ah.g[a][i], taps[i][j]);
-                rows[a][j] = sum;
-            }
-#pragma unroll
-        for (int a = 0; a < AH; ++a)
-#pragma unroll
-            for (int b = 0; b < AW; ++b) {
-                T sum = 0;
-#pragma unroll
-                for (int j = 0; j < RW; ++j) sum = wino::combine_term(sum, aw.g[b][j], rows[a][j]);
-                u[(a * AW + b) * total + idx] = sum;
-            }
+            for (int b = 0; b < AW; ++b) u[(a * AW + b) * total + idx] = out[a][b];
     }
 }
 
@@ -149,11 +173,9 @@ winograd_input(const T* __restrict__ x, T* __restrict__ v, i64 C, i64 H, i64 W, 
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= tiles) return;
     const int c = blockIdx.y;
-    const int tw = t % tiles_w;
-    const i64 row = row0 + t / tiles_w;  // n·tiles_h + th
-    const i64 n = row / tiles_h, th = row - n * tiles_h;
-    const T* __restrict__ plane = x + (n * C + c) * H * W;
-    const i64 h0 = th * MH - pad_top, w0 = static_cast<i64>(tw) * MW - pad_left;
+    const wino::TileOrigin o = wino::tile_origin(t, row0, tiles_w, tiles_h);
+    const T* __restrict__ plane = x + (o.n * C + c) * H * W;
+    const i64 h0 = o.th * MH - pad_top, w0 = static_cast<i64>(o.tw) * MW - pad_left;
     T d[AH][AW];
 #pragma unroll
     for (int i = 0; i < AH; ++i) {
@@ -165,27 +187,14 @@ winograd_input(const T* __restrict__ x, T* __restrict__ v, i64 C, i64 H, i64 W, 
             d[i][j] = (row_in && wc >= 0 && wc < W) ? plane[h * W + wc] : T(0);
         }
     }
-    T rows[AH][AW];  // BT_h · d
-#pragma unroll
-    for (int a = 0; a < AH; ++a)
-#pragma unroll
-        for (int j = 0; j < AW; ++j) {
-            T sum = 0;
-#pragma unroll
-            for (int i = 0; i < AH; ++i) sum = wino::combine_term(sum, ah.bt[a][i], d[i][j]);
-            rows[a][j] = sum;
-        }
+    T out[AH][AW];
+    wino::transform(ah.bt, d, aw.bt, out);
     T* __restrict__ dst = v + c * ld + t;
     const i64 point_stride = C * ld;
 #pragma unroll
     for (int a = 0; a < AH; ++a)
 #pragma unroll
-        for (int b = 0; b < AW; ++b) {
-            T sum = 0;
-#pragma unroll
-            for (int j = 0; j < AW; ++j) sum = wino::combine_term(sum, aw.bt[b][j], rows[a][j]);
-            dst[(a * AW + b) * point_stride] = sum;
-        }
+        for (int b = 0; b < AW; ++b) dst[(a * AW + b) * point_stride] = out[a][b];
 }
 
 template <typename T, int MH, int RH, int MW, int RW>
@@ -205,31 +214,15 @@ winograd_output(const T* __restrict__ m, const T* __restrict__ bias, T* __restri
     for (int a = 0; a < AH; ++a)
 #pragma unroll
         for (int b = 0; b < AW; ++b) e[a][b] = src[(a * AW + b) * point_stride];
-    T rows[MH][AW];  // AT_h · e
+    T out[MH][MW];
+    wino::transform(ah.at, e, aw.at, out);
+    const T add = bias != nullptr ? bias[k] : T(0);
+    const wino::TileOrigin o = wino::tile_origin(t, row0, tiles_w, tiles_h);
+    T* __restrict__ plane = y + (o.n * K + k) * P * Q;
+    const i64 p0 = o.th * MH, q0 = static_cast<i64>(o.tw) * MW;
 #pragma unroll
     for (int i = 0; i < MH; ++i)
 #pragma unroll
-        for (int b = 0; b < AW; ++b) {
-            T sum = 0;
-#pragma unroll
-            for (int a = 0; a < AH; ++a) sum = wino::combine_term(sum, ah.at[i][a], e[a][b]);
-            rows[i][b] = sum;
-        }
-    const T add = bias != nullptr ? bias[k] : T(0);
-    const int tw = t % tiles_w;
-    const i64 row = row0 + t / tiles_w;
-    const i64 n = row / tiles_h, th = row - n * tiles_h;
-    T* __restrict__ plane = y + (n * K + k) * P * Q;
-    const i64 p0 = th * MH, q0 = static_cast<i64>(tw) * MW;
-#pragma unroll
-    for (int i = 0; i < MH; ++i) {
-        if (p0 + i >= P) break;
-#pragma unroll
-        for (int j = 0; j < MW; ++j) {
-            T sum = add;
-#pragma unroll
-            for (int b = 0; b < AW; ++b) sum = wino::combine_term(sum, aw.at[j][b], rows[i][b]);
-            if (q0 + j < Q) plane[(p0 + i) * Q + q0 + j] = sum;
-        }
-    }
+        for (int j = 0; j < MW; ++j)
+            if (p0 + i < P && q0 + j < Q) plane[(p0 + i) * Q + q0 + j] = out[i][j] + add;
 }
