@@ -186,6 +186,12 @@ TILING_CASES = [
     _p("depthwise_plane_wide_padding", (2, 3, 10, 16), (3, 1, 3, 3), groups=3, padding=(2, 3)),
     _p("depthwise_5x5_plane_mult2", (2, 2, 20, 24), (4, 1, 5, 5), groups=2, padding=2),
     _p("depthwise_3x3_big_plane", (1, 2, 150, 128), (2, 1, 3, 3), groups=2, padding=1),
+    # depthwise 16-byte row vectors (centred padding left and right): rows of more than 32 vectors cut into
+    # segments (5x5: 66 float vectors in 3 segments, 33 half vectors in 2), padding above and below wider
+    # than the kernel's with a multiplier, and one vector per row (a warp of 32 planes' strips)
+    _p("depthwise_rows_segments_5x5", (2, 3, 13, 264), (6, 1, 5, 5), groups=3, padding=(1, 2)),
+    _p("depthwise_rows_tall_padding", (1, 2, 9, 16), (4, 1, 3, 3), groups=2, padding=(2, 1)),
+    _p("depthwise_rows_one_vector", (3, 5, 6, 8), (5, 1, 3, 3), groups=5, padding=1),
     _p("batch1_q256_no_bias", (1, 3, 3, 257), (4, 3, 3, 2), bias=False),
     # implicit_gemm: two 128-filter tiles with a tail, k tiles crossing taps (C = 40), odd sizes
     _p("k200_c40_odd", (2, 40, 19, 33), (200, 40, 3, 3), padding=1),

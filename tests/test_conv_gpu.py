@@ -363,6 +363,65 @@ def test_direct_tiles_equal_cpu_exactly_on_integers(case, dtype_name, algo):
     numpy.testing.assert_array_equal(cupy.asnumpy(out).astype(numpy.float64), cpu.astype(numpy.float64))
 
 
+def _depthwise_kernel_cases():
+    from cuconv import depthwise
+
+    out = []
+    for param in CASES + PROBLEM_CASES + TILING_CASES:
+        case = param.values[0]
+        spec = case_spec(case)
+        if depthwise.reason_unsupported(spec, numpy.float32) is not None:
+            continue
+        for dtype_name in _EXACT_DTYPES:
+            for kernel in depthwise.forward_kernels(spec, _dtype(dtype_name)):
+                out.append(pytest.param(case, kernel, dtype_name, id=f"{param.id}-{kernel}-{dtype_name}"))
+    return out
+
+
+@pytest.mark.parametrize("case,kernel,dtype_name", _depthwise_kernel_cases())
+def test_depthwise_forward_kernels_equal_cpu_exactly_on_integers(case, kernel, dtype_name):
+    """Each forward kernel of depthwise (rows, plane, strips, tiles) wherever it serves, on integer inputs:
+    every sum is exact in the float/double accumulator, so each dtype equals the CPU path bit for bit; the
+    outputs are poisoned with NaN first."""
+    import cupy
+
+    from cuconv import depthwise
+
+    x, w, b = make_inputs(case, seed=21, integer=True)
+    dtype = _dtype(dtype_name)
+    cpu = cuconv.conv2d(x.astype(dtype), w.astype(dtype), None if b is None else b.astype(dtype), **case.kwargs)
+    x4 = x if x.ndim == 4 else x[None]
+    spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
+    out = cupy.full(spec.output_shape, numpy.nan, dtype=dtype)
+    depthwise.forward_gpu(_to_gpu(x4, dtype), _to_gpu(w, dtype), _to_gpu(b, dtype), spec, out, "ieee", kernel=kernel)
+    numpy.testing.assert_array_equal(cupy.asnumpy(out).astype(numpy.float64).reshape(cpu.shape),
+                                     cpu.astype(numpy.float64))
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float16"])
+def test_depthwise_rows_fall_back_on_misaligned_tensors(dtype_name):
+    """16-byte vectors need 16-byte aligned input and output: contiguous views one element off their
+    allocation take another kernel, with the same result."""
+    import cupy
+
+    from cuconv import depthwise
+
+    dtype = _dtype(dtype_name)
+    case = next(p.values[0] for p in TILING_CASES if p.id == "depthwise_rows_tall_padding")
+    x, w, _ = make_inputs(case, seed=22, integer=True)
+    spec = cuconv.ConvSpec.from_args(x.shape, w.shape, groups=2, padding=(2, 1))
+    assert depthwise.rows_layout(spec, dtype) is not None
+    xs = cupy.empty(x.size + 1, dtype)[1:].reshape(x.shape)
+    xs[...] = cupy.asarray(x.astype(dtype))
+    want = cuconv.conv2d(x.astype(dtype), w.astype(dtype), groups=2, padding=(2, 1))
+    for x_off, out_off in ((1, 0), (0, 1)):
+        xg = xs if x_off else cupy.asarray(x.astype(dtype))
+        out = cupy.full(want.size + 1, numpy.nan, dtype)[out_off:out_off + want.size].reshape(want.shape)
+        assert (xg.data.ptr % 16 != 0) or (out.data.ptr % 16 != 0)
+        cuconv.conv2d(xg, cupy.asarray(w.astype(dtype)), groups=2, padding=(2, 1), out=out, algo="depthwise")
+        numpy.testing.assert_array_equal(cupy.asnumpy(out), want)
+
+
 def _implicit_gemm_tile_cases():
     from cuconv import implicit_gemm
 

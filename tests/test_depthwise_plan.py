@@ -75,3 +75,64 @@ def test_depthwise_problem_is_staged_whole():
     for dtype in (numpy.float16, numpy.float32):
         rows, strips, lead, pitch, stages, smem = depthwise.plane_plan(spec, dtype)
         assert (rows, strips) == (14, 4) and stages >= 3 and smem <= 48 << 10
+
+
+# ---- depthwise_fwd_rows: 16-byte vectors of rows --------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,w,want", [
+    (numpy.float32, 56, (1, 14, 2)), (numpy.float16, 56, (1, 7, 4)), (numpy.float64, 56, (1, 28, 1)),
+    (numpy.float32, 128, (1, 32, 1)), (numpy.float32, 132, (2, 17, 1)), (numpy.float32, 264, (3, 22, 1)),
+    (numpy.float16, 264, (2, 17, 1)), (numpy.float16, 8, (1, 1, 32)), (numpy.float32, 12, (1, 3, 10)),
+])
+def test_rows_layout_cuts_rows_into_even_segments(dtype, w, want):
+    spec = ConvSpec.from_args((2, 4, 9, w), (4, 1, 3, 3), groups=4, padding=1)
+    segs, lanes, per_warp = depthwise.rows_layout(spec, dtype)
+    assert (segs, lanes, per_warp) == want
+    vectors = w * numpy.dtype(dtype).itemsize // 16
+    assert lanes <= 32 and segs * lanes >= vectors > (segs - 1) * lanes and per_warp * lanes <= 32
+
+
+def test_rows_layout_limits():
+    shapes = ((1, 4, 20, 32), (4, 1, 3, 3))
+    assert depthwise.rows_layout(ConvSpec.from_args(*shapes, groups=4, padding=1), numpy.float32) is not None
+    assert depthwise.rows_layout(ConvSpec.from_args(*shapes, groups=4, padding=(3, 1)), numpy.float32) is not None
+    for kwargs in (dict(stride=2, padding=1), dict(dilation=2, padding=2), dict(padding=0), dict(padding=(1, 2)),
+                   dict(padding="same", dilation=(1, 2))):
+        assert depthwise.rows_layout(ConvSpec.from_args(*shapes, groups=4, **kwargs), numpy.float32) is None
+    # rows of whole 16-byte vectors only; 5x5 in double and 7x7 not compiled; groups == C only
+    assert depthwise.rows_layout(ConvSpec.from_args((1, 4, 20, 30), (4, 1, 3, 3), groups=4, padding=1),
+                                 numpy.float32) is None
+    assert depthwise.rows_layout(ConvSpec.from_args((1, 4, 20, 36), (4, 1, 3, 3), groups=4, padding=1),
+                                 numpy.float16) is None
+    five = ConvSpec.from_args((1, 4, 20, 32), (4, 1, 5, 5), groups=4, padding=2)
+    assert depthwise.rows_layout(five, numpy.float32) is not None
+    assert depthwise.rows_layout(five, numpy.float64) is None
+    assert depthwise.rows_layout(ConvSpec.from_args((1, 4, 20, 32), (4, 1, 7, 7), groups=4, padding=3),
+                                 numpy.float32) is None
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 7, 56, 57, 112, 1000])
+@pytest.mark.parametrize("planes,resident", [(1, 2112), (8192, 2112), (8192, 3168), (100000, 4224)])
+@pytest.mark.parametrize("k", [3, 5])
+def test_rows_strips_are_whole_steps_and_cover_every_row(p, planes, resident, k):
+    spec = ConvSpec(planes, 1, p + k - 1, 64, 1, k, k, groups=1)
+    rows, strips = depthwise.rows_strips(spec, 1, 2, resident)
+    assert rows % k == 0 and rows >= k
+    assert (strips - 1) * rows < p <= strips * rows
+
+
+def test_rows_strips_fill_the_grid_on_the_depthwise_problem():
+    spec = next(q for q in PROBLEMS if q.name == "depthwise_3x3").spec()
+    # 8192 planes of 56 rows, 2 float32 slots per warp: one strip each fills 4096 of 4224 resident warps
+    assert depthwise.rows_strips(spec, 1, 2, 132 * 32) == (57, 1)
+    # with 3168 warps resident: 4 rounds of 3 strips of 21 rows (+4 each) beat 2 rounds of 57 (+4)
+    assert depthwise.rows_strips(spec, 1, 2, 132 * 24) == (21, 3)
+
+
+def test_forward_kernels_by_preference_and_alignment():
+    spec = next(q for q in PROBLEMS if q.name == "depthwise_3x3").spec()
+    assert depthwise.forward_kernels(spec, numpy.float16) == ("rows", "plane", "strips", "tiles")
+    assert depthwise.forward_kernels(spec, numpy.float16, out_aligned=False) == ("plane", "strips", "tiles")
+    assert depthwise.forward_kernels(spec, numpy.float16, x_aligned=False) == ("strips", "tiles")
+    strided = ConvSpec.from_args((1, 4, 20, 32), (4, 1, 3, 3), groups=4, padding=1, stride=2)
+    assert depthwise.forward_kernels(strided, numpy.float32) == ("tiles",)
