@@ -152,10 +152,27 @@ def test_kernel_has_python_twin(stem):
     twin_name_expressions(stem)
 
 
+def compile_all(jobs, workers=None) -> dict:
+    """{(stem, arch): future of ``compile_kernel``} on a thread pool: NVRTC releases the GIL, so the
+    compiles run side by side (largest source first), one per core."""
+    import concurrent.futures
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1)
+    jobs = sorted(jobs, key=lambda job: -(REPO_KERNELS / f"{job[0]}.cu").stat().st_size)
+    futures = {job: pool.submit(compile_kernel, *job) for job in jobs}
+    pool.shutdown(wait=False)
+    return futures
+
+
+@pytest.fixture(scope="module")
+def compiled(nvrtc):
+    return compile_all([(stem, arch) for stem in KERNEL_STEMS for arch in ARCHS])
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("stem", KERNEL_STEMS)
-def test_kernel_compiles(nvrtc, stem, arch):
-    compile_kernel(stem, arch)
+def test_kernel_compiles(compiled, stem, arch):
+    compiled[(stem, arch)].result()
 
 
 def test_options_match_the_loader(nvrtc):

@@ -47,9 +47,9 @@ _SNIPPET = textwrap.dedent("""
         spec = importlib.util.spec_from_file_location("kernel_compile_check", args["helpers"])
         helpers = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(helpers)
-        for cu in sorted(_loader.KERNEL_DIR.glob("*.cu")):
-            for arch in args["archs"]:
-                report["compiled"][f"{cu.stem}-{arch}"] = helpers.compile_kernel(cu.stem, arch)
+        jobs = [(cu.stem, arch) for cu in sorted(_loader.KERNEL_DIR.glob("*.cu")) for arch in args["archs"]]
+        for (stem, arch), done in helpers.compile_all(jobs).items():
+            report["compiled"][f"{stem}-{arch}"] = done.result()
     print("REPORT", json.dumps(report), flush=True)
 """)
 
