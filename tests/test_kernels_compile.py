@@ -157,6 +157,8 @@ def compile_all(jobs, workers=None) -> dict:
     compiles run side by side (largest source first), one per core."""
     import concurrent.futures
 
+    from cuda.core import Program  # noqa: F401  imported here first: concurrent first imports race
+
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1)
     jobs = sorted(jobs, key=lambda job: -(REPO_KERNELS / f"{job[0]}.cu").stat().st_size)
     futures = {job: pool.submit(compile_kernel, *job) for job in jobs}
