@@ -86,6 +86,15 @@ def time_cuda(run: Callable[[], None], reps: int = 3, warmup: int = 1, calls: in
     return statistics.median(times)
 
 
+def _candidate_time(run: Callable[[], None]) -> float:
+    """The autotuner's time of one candidate: after two warm-up calls (compiles, allocations), the median
+    per-call time of calls back to back, as many as fill ~2 ms. A single call of a small layer is mostly
+    host time and its noise (H200, TF32: with one call per timing, the tuned choice for stem_7x7_s2 and
+    depthwise_3x3 ran 1.3x slower than the best algorithm)."""
+    one = time_cuda(run, reps=1, warmup=2)
+    return time_cuda(run, reps=3, warmup=0, calls=max(1, min(20, int(2.0 / max(one, 1e-3)))))
+
+
 def choose(spec: ConvSpec, dtype, precision: str, pass_: str, run: Callable[[str], None],
            device_name: str, timer: Optional[Callable[[Callable[[], None]], float]] = None) -> str:
     """The fastest algorithm for this signature, timing the candidates (``run(name)``) on a miss."""
@@ -114,7 +123,7 @@ def _choose(spec, dtype, precision, pass_, run, device_name, timer) -> str:
         return name
     candidates = [a for a in registry.algorithms(pass_)
                   if registry.reason_unsupported(a, spec, dtype, pass_, precision) is None]
-    timer = timer or time_cuda
+    timer = timer or _candidate_time
     timings = {a: timer(lambda a=a: run(a)) for a in candidates}
     name = min(timings, key=timings.get)
     with _lock:

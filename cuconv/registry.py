@@ -103,6 +103,11 @@ def _select_algorithm(spec, dtype, precision, on_gpu, pass_, smem_limit, workspa
     raise NotImplementedError(f"cuconv: no algorithm supports {spec} in {dtype} for {pass_}")  # pragma: no cover
 
 
+# implicit_gemm's narrowest tile holds 64 filters: with fewer than 32 in the pass most of it idles (TF32
+# square_3x3_1024 dgrad, 16 filters: 24.5 ms against 14.4 for im2col_gemm on an H200).
+_IMPLICIT_GEMM_MIN_FILTERS = 32
+
+
 def _preference(spec: ConvSpec, dtype, precision: str, pass_: str):
     """Candidates, best first, from what each family is good at (measured on an H200; README "Algorithms").
 
@@ -119,9 +124,10 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str):
       the race. dgrad at
       stride 1 is a forward convolution with C/groups filters (``dgrad_forward``): the same rule applies
       with C/groups in place of K/groups, against im2col_gemm's dgrad whose GEMM reduces over K/groups only;
-    - tensor-core arithmetic (float32 "tf32", float16, bfloat16), forward and stride-1 dgrad, except 1x1
-      stride-1 unpadded layers (a plain GEMM for im2col_gemm): ``implicit_gemm``, which never writes the
-      column matrix (TF32 square_5x9 3.0 ms against 6.9 ms for im2col_gemm; stem_7x7_s2 1.2x cuDNN);
+    - tensor-core arithmetic (float32 "tf32", float16, bfloat16), forward and stride-1 dgrad with at least
+      32 filters in the pass, except 1x1 stride-1 unpadded layers (a plain GEMM for im2col_gemm):
+      ``implicit_gemm``, which never writes the column matrix (TF32 square_5x9 3.0 ms against 6.9 ms for
+      im2col_gemm; stem_7x7_s2 1.2x cuDNN);
     - otherwise ``im2col_gemm``.
     """
     import numpy
@@ -130,13 +136,13 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str):
     if depthwise:
         yield "depthwise"
     ffma = numpy.dtype(dtype) == numpy.float64 or (numpy.dtype(dtype) == numpy.float32 and precision == "ieee")
-    if not ffma and pass_ in ("fprop", "dgrad") and not spec.is_pointwise_identity:
-        yield "implicit_gemm"
     # the pass's output: a dgrad is a forward convolution producing dx
     pixels = spec.n * (spec.h * spec.w if pass_ == "dgrad" else spec.p * spec.q)
     large = pixels >= (1 << 19)
     filters = {"fprop": spec.k_per_group, "dgrad": spec.c_per_group}.get(pass_)
     channels = {"fprop": spec.c_per_group, "dgrad": spec.k_per_group}.get(pass_)
+    if not ffma and filters is not None and filters >= _IMPLICIT_GEMM_MIN_FILTERS and not spec.is_pointwise_identity:
+        yield "implicit_gemm"
     if filters is not None and ffma and min(filters, channels) >= 16:
         yield "winograd"
     if filters is not None and ffma and large and spec.r * spec.s >= 25 and filters <= 128:
