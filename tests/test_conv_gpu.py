@@ -363,6 +363,23 @@ def test_direct_tiles_equal_cpu_exactly_on_integers(case, dtype_name, algo):
     numpy.testing.assert_array_equal(cupy.asnumpy(out).astype(numpy.float64), cpu.astype(numpy.float64))
 
 
+def _assert_forward_equals_cpu_on_integers(case, dtype_name, seed, forward):
+    """``forward(x, w, b, spec, out)``, one algorithm's forward_gpu with its options, on the case's integer
+    inputs in ``dtype_name`` (a batch of one for an unbatched case) into a NaN-poisoned ``out``, equals the
+    CPU path bit for bit."""
+    import cupy
+
+    x, w, b = make_inputs(case, seed=seed, integer=True)
+    dtype = _dtype(dtype_name)
+    cpu = cuconv.conv2d(x.astype(dtype), w.astype(dtype), None if b is None else b.astype(dtype), **case.kwargs)
+    x4 = x if x.ndim == 4 else x[None]
+    spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
+    out = cupy.full(spec.output_shape, numpy.nan, dtype=dtype)
+    forward(_to_gpu(x4, dtype), _to_gpu(w, dtype), _to_gpu(b, dtype), spec, out)
+    numpy.testing.assert_array_equal(cupy.asnumpy(out).astype(numpy.float64).reshape(cpu.shape),
+                                     cpu.astype(numpy.float64))
+
+
 def _depthwise_kernel_cases():
     from cuconv import depthwise
 
@@ -383,19 +400,11 @@ def test_depthwise_forward_kernels_equal_cpu_exactly_on_integers(case, kernel, d
     """Each forward kernel of depthwise (rows, plane, strips, tiles) wherever it serves, on integer inputs:
     every sum is exact in the float/double accumulator, so each dtype equals the CPU path bit for bit; the
     outputs are poisoned with NaN first."""
-    import cupy
-
     from cuconv import depthwise
 
-    x, w, b = make_inputs(case, seed=21, integer=True)
-    dtype = _dtype(dtype_name)
-    cpu = cuconv.conv2d(x.astype(dtype), w.astype(dtype), None if b is None else b.astype(dtype), **case.kwargs)
-    x4 = x if x.ndim == 4 else x[None]
-    spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
-    out = cupy.full(spec.output_shape, numpy.nan, dtype=dtype)
-    depthwise.forward_gpu(_to_gpu(x4, dtype), _to_gpu(w, dtype), _to_gpu(b, dtype), spec, out, "ieee", kernel=kernel)
-    numpy.testing.assert_array_equal(cupy.asnumpy(out).astype(numpy.float64).reshape(cpu.shape),
-                                     cpu.astype(numpy.float64))
+    _assert_forward_equals_cpu_on_integers(
+        case, dtype_name, 21, lambda x, w, b, spec, out: depthwise.forward_gpu(x, w, b, spec, out, "ieee",
+                                                                               kernel=kernel))
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "float16"])
@@ -438,20 +447,11 @@ def _implicit_gemm_tile_cases():
 def test_implicit_gemm_tiles_equal_cpu_exactly_on_integers(case, tile, dtype_name):
     """Every tile instance of implicit_gemm, across M, N and k tile tails: small integers are exact in TF32,
     fp16 and bf16 and every fp32 partial sum is exact, so each dtype equals the CPU path bit for bit."""
-    import cupy
-
     from cuconv import implicit_gemm
 
-    x, w, b = make_inputs(case, seed=16, integer=True)
-    dtype = _dtype(dtype_name)
-    cpu = cuconv.conv2d(x.astype(dtype), w.astype(dtype), None if b is None else b.astype(dtype), **case.kwargs)
-    x4 = x if x.ndim == 4 else x[None]
-    spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
-    out = cupy.full(spec.output_shape, numpy.nan, dtype=dtype)
-    implicit_gemm.forward_gpu(_to_gpu(x4, dtype), _to_gpu(w, dtype), _to_gpu(b, dtype), spec, out, "tf32",
-                              tile=implicit_gemm.TILES[tile])
-    numpy.testing.assert_array_equal(cupy.asnumpy(out).astype(numpy.float64).reshape(cpu.shape),
-                                     cpu.astype(numpy.float64))
+    _assert_forward_equals_cpu_on_integers(
+        case, dtype_name, 16, lambda x, w, b, spec, out: implicit_gemm.forward_gpu(x, w, b, spec, out, "tf32",
+                                                                                   tile=implicit_gemm.TILES[tile]))
 
 
 def test_direct_smem_refuses_a_window_beyond_the_device_shared_memory():
