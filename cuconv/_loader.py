@@ -50,9 +50,18 @@ def _headers_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def compile_options() -> tuple:
-    """NVRTC options we add; CuPy itself adds ``--std=c++17``, ``-ftz=true`` and ``-arch=sm_XX``."""
-    return (f"-I{KERNEL_DIR}", f"-DCUCONV_HEADERS_DIGEST=0x{_headers_digest()}")
+# Families with instructions of compute capability 9.0 only (wgmma): on such a device they compile for the
+# arch-specific target sm_90a. CuPy appends its own -arch=sm_90 after ours; NVRTC then builds for sm_90a.
+ARCH_SPECIFIC_STEMS = frozenset({"implicit_gemm"})
+
+
+def compile_options(stem: str = None, compute_capability: str = None) -> tuple:
+    """NVRTC options we add for ``kernels_cu/<stem>.cu`` on a device of ``compute_capability`` ("90");
+    CuPy itself adds ``--std=c++17``, ``-ftz=true`` and ``-arch=sm_XX``."""
+    options = (f"-I{KERNEL_DIR}", f"-DCUCONV_HEADERS_DIGEST=0x{_headers_digest()}")
+    if stem in ARCH_SPECIFIC_STEMS and compute_capability == "90":
+        options += ("-arch=sm_90a",)
+    return options
 
 
 # CuPy's own additions, mirrored by the compile check that runs without a GPU.
@@ -74,7 +83,8 @@ def load(stem: str, name_expressions: tuple):
         with _lock:
             module = _modules.get(key)
             if module is None:
-                module = cupy.RawModule(code=kernel_source(stem), options=compile_options(),
+                cc = cupy.cuda.Device(device).compute_capability
+                module = cupy.RawModule(code=kernel_source(stem), options=compile_options(stem, cc),
                                         name_expressions=name_expressions)
                 _modules[key] = module
     return module

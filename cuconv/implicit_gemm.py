@@ -3,15 +3,18 @@
 Forward (and dgrad at stride 1, as the forward convolution of ``dy``, ``dgrad_forward``) for float32 at
 ``precision="tf32"``, float16 and bfloat16, fp32 accumulation. Per chunk of samples:
 
-1. ``pack_nhwc`` copies the input to NHWC with channels padded to ``cp`` (a multiple of one 16-byte vector),
+1. ``pack_nhwc`` (``pack_nhwc_narrow`` for few channels) copies the input to NHWC with channels padded to ``cp`` (a multiple of one 16-byte vector),
    rounding float32 to TF32 on the way (the only workspace: ``n·H·W·cp`` elements per chunk, bounded by
    ``cuconv.config.workspace_limit``);
 2. ``implicit_gemm_fprop`` computes ``out (n·P·Q, K) = A (n·P·Q, R·S·cp) @ Wpᵀ`` without ever writing A:
    each block gathers its A tile with cp.async straight from the packed input, feeds ``mma.sync`` through
-   ``ldmatrix`` and writes NCHW rows through shared memory, bias fused.
+   ``ldmatrix`` and writes NCHW rows through shared memory, bias fused. On compute capability 9.0,
+   ``implicit_gemm_wgmma`` does the same with warpgroup MMAs reading both tiles from shared memory
+   (the loader compiles the file for sm_90a there).
 
 The weight is packed once per call (``pack_weight``: (Kp, R·S·cp) zero-padded to whole tiles). Tiles
-(``Tile``) are template instances; ``choose_tile`` picks one from the filters and reduction length.
+(``Tile``, ``WgmmaTile``) are template instances; ``choose_tile`` picks one from the device, the filters
+and the reduction length.
 float32 "ieee" and float64 are refused (they need FFMA arithmetic: ``direct_smem`` / ``im2col_gemm``), as are grouped
 convolutions.
 """
@@ -26,8 +29,8 @@ from . import _dtypes, _loader, dgrad_forward
 from ._config import config
 from .spec import ConvSpec
 
-__all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "Tile", "TILES", "choose_tile", "Plan", "plan",
-           "NAME_EXPRESSIONS", "STEM"]
+__all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "Tile", "WgmmaTile", "TILES", "wgmma_available",
+           "choose_tile", "Plan", "plan", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "implicit_gemm"
 _INT_MAX = 2**31 - 1
@@ -55,6 +58,7 @@ class Tile:
     warps_n: int
     stages: int
     kbytes: int = 128  # k bytes per shared-memory row and per k tile
+    wgmma = False      # an mma.sync instance (sm_80+)
 
     @property
     def pitch(self) -> int:
@@ -74,27 +78,93 @@ class Tile:
                 f"{self.kbytes}>")
 
 
-# Measured on an H200 (docs/perf-notes.md, "implicit_gemm"): of ten candidates these three were the fastest
-# somewhere. 8 warps of 64x32 on 128 filters; 4 warps of 64x32 on 64 filters, with 128-byte k tiles for long
-# reductions and 64-byte ones (61 KB, three blocks per SM) for short ones. Warp tiles of 64x64 (fewer
-# warps per SM) and 64-row blocks were slower everywhere.
+@dataclasses.dataclass(frozen=True)
+class WgmmaTile:
+    """One ``implicit_gemm_wgmma`` instance (sm_90a): a block computes ``bn`` filters × ``bm`` output pixels
+    with ``bn / 64 × wg_p`` warpgroups, each 64 filters × ``bm / wg_p`` pixels, through a ``stages``-deep
+    cp.async pipeline of 128-byte k tiles stored with the 128-byte swizzle."""
+
+    bn: int      # filters per block (the wgmma's M, 64 per warpgroup)
+    bm: int      # output pixels per block (the wgmma's N, 128 per instruction)
+    wg_p: int    # warpgroups along the pixels
+    stages: int
+    retire: bool = False  # retire each k tile's wgmmas before the next: loads run stages - 1 tiles ahead
+    kbytes = 128
+    wgmma = True
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.bn // 64) * self.wg_p
+
+    @property
+    def smem_bytes(self) -> int:
+        """The pipeline's slots or the epilogue's fp32 [bn][bm + 4] staging, if larger, plus 1024 bytes to
+        align them for the swizzle."""
+        return max(self.stages * (self.bm + self.bn) * self.kbytes, self.bn * (self.bm + 4) * 4) + 1024
+
+    def kernel_name(self, ctype: str) -> str:
+        return (f"implicit_gemm_wgmma<{ctype},{self.bn},{self.bm},{self.wg_p},{self.stages},"
+                f"{str(self.retire).lower()}>")
+
+
+# Measured on an H200 (docs/perf-notes.md, "implicit_gemm"). mma.sync (any sm_80+ device): of ten
+# candidates these three were the fastest somewhere; 8 warps of 64x32 on 128 filters; 4 warps of 64x32 on
+# 64 filters, with 128-byte k tiles for long reductions and 64-byte ones (61 KB, three blocks per SM) for
+# short ones. wgmma (compute capability 9.0): of eight candidates, blocks small enough for two or three per
+# SM won everywhere but TF32 rect_5x7 (long reduction, 128 filters: 128 x 256, one block per SM); blocks of
+# 256 and 512 pixels with two warpgroups were 10-40% slower.
 TILES = {
     "128x128": Tile(128, 128, 2, 4, 3),
     "128x64": Tile(128, 64, 2, 2, 4),
     "128x64_k64": Tile(128, 64, 2, 2, 4, 64),
+    "wg64x128": WgmmaTile(64, 128, 1, 4),          # 97 KB: two blocks per SM
+    "wg64x128s3": WgmmaTile(64, 128, 1, 3),        # 73 KB: three
+    "wg128x128r": WgmmaTile(128, 128, 1, 3, True),  # 97 KB: two, loads two tiles ahead
+    "wg128x256": WgmmaTile(128, 256, 1, 4),        # 193 KB: one
 }
 
 NAME_EXPRESSIONS = tuple(
     [t.kernel_name(c) for c in _TENSOR_CORE_TYPES for t in TILES.values()]
-    + [f"{k}<{c},{_tf32(c)}>" for k in ("pack_nhwc", "pack_weight") for c in _TENSOR_CORE_TYPES])
+    + [f"{k}<{c},{_tf32(c)}>" for k in ("pack_nhwc", "pack_nhwc_narrow", "pack_weight")
+       for c in _TENSOR_CORE_TYPES])
 
 
-def choose_tile(spec: ConvSpec, dtype) -> Tile:
-    """128 filters per block where K/groups > 64; else 64, with 128-byte k tiles where the reduction
-    (R·S·C/groups bytes) spans at least 32 of them and 64-byte tiles (more blocks per SM) below."""
+def wgmma_available() -> bool:
+    """Whether the current device runs the sm_90a wgmma kernels: compute capability 9.0 exactly."""
+    from . import _backend
+
+    if not _backend.gpu_available():
+        return False
+    import cupy
+
+    return cupy.cuda.Device().compute_capability == "90"
+
+
+def _padded_channels(spec: ConvSpec, itemsize: int) -> int:
+    """cp: the channels of a group rounded up to whole 16-byte vectors."""
+    vec = 16 // itemsize
+    return -(-spec.c_per_group // vec) * vec
+
+
+def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None):
+    """``wgmma`` defaults to whether the current device has it (compute capability 9.0). There: 64 filters
+    per block where K/groups <= 64, with four slots for float32 reductions of 16 k tiles or more and three
+    (three blocks per SM) otherwise; above 64 filters, 128 x 256 blocks for float32 reductions of 32 k tiles
+    or more and 128 x 128 ones (two per SM) otherwise. Elsewhere (mma.sync): 128 filters per block where
+    K/groups > 64; else 64, with 128-byte k tiles where the reduction (R·S·C/groups bytes) spans at least
+    32 of them and 64-byte tiles (more blocks per SM) below."""
+    if wgmma is None:
+        wgmma = wgmma_available()
+    itemsize = numpy.dtype(dtype).itemsize
+    if wgmma:
+        k_tiles = -(-(spec.r * spec.s * _padded_channels(spec, itemsize) * itemsize) // WgmmaTile.kbytes)
+        long_fp32 = itemsize == 4 and k_tiles >= (16 if spec.k_per_group <= 64 else 32)
+        if spec.k_per_group <= 64:
+            return TILES["wg64x128" if long_fp32 else "wg64x128s3"]
+        return TILES["wg128x256" if long_fp32 else "wg128x128r"]
     if spec.k_per_group > 64:
         return TILES["128x128"]
-    reduction = spec.r * spec.s * spec.c_per_group * numpy.dtype(dtype).itemsize
+    reduction = spec.r * spec.s * spec.c_per_group * itemsize
     return TILES["128x64"] if reduction >= 4096 else TILES["128x64_k64"]
 
 
@@ -116,8 +186,7 @@ class Plan:
 
 def plan(spec: ConvSpec, dtype, tile: Tile = None, workspace_limit: int = None) -> Plan:
     itemsize = numpy.dtype(dtype).itemsize
-    vec = 16 // itemsize
-    cp = -(-spec.c_per_group // vec) * vec
+    cp = _padded_channels(spec, itemsize)
     tile = tile or choose_tile(spec, dtype)
     tile_k = tile.kbytes // itemsize
     k_tiles = -(-(spec.r * spec.s * cp) // tile_k)
@@ -175,14 +244,26 @@ def pack_weight(w, spec: ConvSpec, pl: Plan):
     return out
 
 
+_NARROW_PIXEL_BYTES = 64  # pack_nhwc_narrow up to this many bytes per packed pixel
+_PACK_BLOCKS = 132 * 16   # pack_nhwc_narrow's grid: a few waves of 256-thread blocks, then a stride loop
+
+
 def pack_input(x, spec: ConvSpec, cp: int, out):
-    """x (n, C, H, W) -> out (n, H, W, cp), pad channels zero; TF32-rounded for float32."""
+    """x (n, C, H, W) -> out (n, H, W, cp), pad channels zero; TF32-rounded for float32. Narrow pixels
+    (cp · itemsize <= 64 bytes) take one thread per 16-byte output vector (``pack_nhwc_narrow``: 2-10x
+    faster there, where pack_nhwc's 32-channel tiles idle), wider ones 32 x 32 transposes in shared memory."""
     ctype = _dtypes.ctype_of(x.dtype)
-    name = f"pack_nhwc<{ctype},{_tf32(ctype)}>"
     hw = spec.h * spec.w
+    i32 = numpy.int32
+    if cp * x.dtype.itemsize <= _NARROW_PIXEL_BYTES:
+        name = f"pack_nhwc_narrow<{ctype},{_tf32(ctype)}>"
+        vecs = x.shape[0] * hw * cp * x.dtype.itemsize // 16
+        grid = (max(1, min(-(-vecs // 256), _PACK_BLOCKS)), 1, 1)
+        _loader.launch(_fn(name), name, grid, (256, 1, 1), (x, out, i32(spec.c), i32(cp), i32(hw), i32(vecs)))
+        return
+    name = f"pack_nhwc<{ctype},{_tf32(ctype)}>"
     tiles = -(-hw // 32)
     grid = (min(tiles, 512), -(-cp // 32), x.shape[0])
-    i32 = numpy.int32
     _loader.launch(_fn(name), name, grid, (32, 8, 1), (x, out, i32(spec.c), i32(cp), i32(hw), i32(tiles)))
 
 
@@ -192,6 +273,8 @@ def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, tile: Tile = No
 
     if spec.n * spec.k * spec.p * spec.q == 0:
         return
+    if tile is not None and tile.wgmma and not wgmma_available():
+        raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
     pl = plan(spec, x.dtype, tile)
     t = pl.tile
     ctype = _dtypes.ctype_of(x.dtype)

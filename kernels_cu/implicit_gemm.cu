@@ -1,8 +1,10 @@
-// implicit_gemm: forward convolution as an implicit GEMM on tensor cores (mma.sync), TF32 / FP16 / BF16.
+// implicit_gemm: forward convolution as an implicit GEMM on tensor cores, TF32 / FP16 / BF16: mma.sync on
+// any sm_80+ device (implicit_gemm_fprop), warpgroup MMAs on compute capability 9.0 (implicit_gemm_wgmma,
+// further down, with its own notes). Both share the packing, the tile loader and the NCHW store.
 //
 // GEMM view (one group): out (M = N·P·Q, K) = A (M, R·S·Cp) @ Bᵀ, A never materialised. The input is
 // first packed to NHWC with the channels padded to Cp (a multiple of one 16-byte vector: 4 floats, 8
-// halves) by `pack_nhwc`, and the weight to (Kp, R·S·Cp rounded up to a k tile) by `pack_weight`, both
+// halves) by `pack_nhwc` (`pack_nhwc_narrow` for narrow pixels), and the weight to (Kp, R·S·Cp rounded up to a k tile) by `pack_weight`, both
 // zero-filled, so that:
 //   - every 16-byte vector of an A row is 8 (or 4) consecutive channels of one input pixel at one tap:
 //     one cp.async with zero fill for padding, out-of-image taps, rows past M and k past R·S·Cp;
@@ -98,6 +100,27 @@ pack_nhwc(const T* __restrict__ src, T* __restrict__ dst, int c, int cp, int hw,
     }
 }
 
+// The same for narrow pixels (cp · sizeof(T) <= 64 bytes: up to 16 floats or 32 halves), where half or more
+// of pack_nhwc's 32-channel tile would idle: one thread per 16-byte output vector, its V channels read from
+// V planes. A warp's loads then cover 32 / (cp / V) consecutive pixels of each of its channels, whole
+// 32-byte sectors, and its stores 512 contiguous bytes. Chunks hold below 2^31 elements (Python twin).
+template <typename T, bool kTf32>
+__global__ void __launch_bounds__(256)
+pack_nhwc_narrow(const T* __restrict__ src, T* __restrict__ dst, int c, int cp, int hw, int total_vecs) {
+    constexpr int V = 16 / sizeof(T);
+    const int nvec = cp / V;
+    for (int i = blockIdx.x * 256 + threadIdx.x; i < total_vecs; i += gridDim.x * 256) {
+        const int pix = i / nvec;  // sample · hw + position
+        const int ch0 = (i - pix * nvec) * V;
+        const int img = pix / hw;
+        const T* s = src + (img * c + ch0) * hw + (pix - img * hw);
+        Vec16<T> v;
+#pragma unroll
+        for (int e = 0; e < V; ++e) v.v[e] = ch0 + e < c ? igemm::prepare<T, kTf32>(s[e * hw]) : zero<T>();
+        reinterpret_cast<Vec16<T>*>(dst)[i] = v;
+    }
+}
+
 // KCRS (k, c, r·s) -> (kp, row) with row index (r·s)·cp + ch, zero for k >= k_valid, ch >= c and past
 // r·s·cp (the last k tile's padding). Tiny; one thread per packed element.
 template <typename T, bool kTf32>
@@ -116,24 +139,132 @@ __global__ void pack_weight(const T* __restrict__ src, T* __restrict__ dst, int 
 }
 
 // ---------------------------------------------------------------------------------------------------
-// The GEMM. Block: WARPS_M x WARPS_N warps, each a (BM/WARPS_M) x (BN/WARPS_N) tile of m16n8 MMAs.
-// Grid: (ceil(M / BM), Kp / BN). Dynamic shared memory: igemm_smem_bytes below (the Python twin mirrors it).
+// What both GEMM kernels share: the geometry and the tile loader.
+
+namespace cuconv {
+namespace igemm {
+
+struct Geometry {
+    int h, w, cp, k, p, q, r, s, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, m, k_tiles;
+    long long w_row;
+};
+
+// One thread's share of a k tile: the 16-byte vector column `vec` of ROWS_A rows of A (output pixels,
+// gathered from the packed input) and ROWS_B rows of B (packed weight rows), every ROWS_PER_PASS-th row
+// from `row0`. The caller gives the shared address of its first A and B row at its vector column and the
+// distance between its rows, so one loader serves padded (mma.sync) and swizzled (wgmma) layouts.
+//
+// Per A row two registers: the element offset of the row's top-left input pixel (img, ih0, iw0) in the
+// packed chunk (int: the Python twin keeps chunks below 2^31 elements) and ih0, iw0 packed as 16-bit halves
+// (images below 32768 per side); ih0 = -32768 marks a row past M and fails every bounds check. The k
+// position (tap r, s and channel c of the vector) advances one tile at a time, without divisions.
+template <typename T, int ROWS_A, int ROWS_B, int ROWS_PER_PASS, int TILE_K>
+struct TileLoader {
+    static constexpr int A_ITERS = ROWS_A / ROWS_PER_PASS, B_ITERS = ROWS_B / ROWS_PER_PASS;
+    static_assert(ROWS_A % ROWS_PER_PASS == 0 && ROWS_B % ROWS_PER_PASS == 0, "tile rows must split over threads");
+    int a_off[A_ITERS], a_hw[A_ITERS];
+    int kc, ks, kr;
+    const T* b_ptr;
+
+    __device__ __forceinline__ TileLoader(const Geometry& g, const T* wp, int m0, int n0, int row0, int vec) {
+        const int pq = g.p * g.q;
+#pragma unroll
+        for (int i = 0; i < A_ITERS; ++i) {
+            const int m = m0 + row0 + i * ROWS_PER_PASS;
+            if (m < g.m) {
+                const int img = m / pq;
+                const int rem = m - img * pq;
+                const int op = rem / g.q;
+                const int oq = rem - op * g.q;
+                const int ih = op * g.stride_h - g.pad_h, iw = oq * g.stride_w - g.pad_w;
+                a_off[i] = ((img * g.h + ih) * g.w + iw) * g.cp;
+                a_hw[i] = (ih << 16) | (iw & 0xffff);
+            } else {
+                a_off[i] = 0;
+                a_hw[i] = static_cast<int>(0x80000000u);
+            }
+        }
+        kc = vec * (16 / static_cast<int>(sizeof(T)));
+        ks = 0;
+        kr = 0;
+        while (kc >= g.cp) { kc -= g.cp; if (++ks == g.s) { ks = 0; ++kr; } }
+        b_ptr = wp + static_cast<long long>(n0 + row0) * g.w_row + vec * (16 / static_cast<int>(sizeof(T)));
+    }
+
+    // Issue this thread's cp.asyncs of the next k tile; a_dst/b_dst: shared address of its first row.
+    __device__ __forceinline__ void load(const Geometry& g, const T* __restrict__ x, unsigned a_dst,
+                                         unsigned b_dst, int row_bytes) {
+        const bool k_valid = kr < g.r;
+        const int dr = kr * g.dil_h, ds = ks * g.dil_w;
+        const int offset = (dr * g.w + ds) * g.cp + kc;
+#pragma unroll
+        for (int i = 0; i < A_ITERS; ++i) {
+            const int ih = (a_hw[i] >> 16) + dr, iw = ((a_hw[i] << 16) >> 16) + ds;
+            const bool ok = k_valid && static_cast<unsigned>(ih) < static_cast<unsigned>(g.h) &&
+                            static_cast<unsigned>(iw) < static_cast<unsigned>(g.w);
+            cp_async_ca<16>(a_dst + i * ROWS_PER_PASS * row_bytes, x + (ok ? a_off[i] + offset : 0), ok);
+        }
+#pragma unroll
+        for (int i = 0; i < B_ITERS; ++i)
+            cp_async_cg16(b_dst + i * ROWS_PER_PASS * row_bytes,
+                          b_ptr + static_cast<long long>(i) * ROWS_PER_PASS * g.w_row, true);
+        b_ptr += TILE_K;
+        kc += TILE_K;
+        while (kc >= g.cp) { kc -= g.cp; if (++ks == g.s) { ks = 0; ++kr; } }
+    }
+};
+
+// The epilogue's second half, shared by both kernels: the block's fp32 tile, staged in shared memory as
+// c_smem[filter][pixel] (pitch BM + 4), goes to NCHW rows with bias added before the one rounding. A warp
+// writes one filter's BM pixels at a time, 32 consecutive pixels per store: whole 128-byte runs in fp32.
+template <typename T, int BM, int BN, int WARPS>
+__device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geometry& g, const T* __restrict__ bias,
+                                                T* __restrict__ y, int m0, int n0, int warp, int lane) {
+    constexpr int kCPitch = BM + 4;
+    constexpr int kCols = BM / 32;  // output pixels per lane per channel
+    const int pq = g.p * g.q;
+    long long out_off[kCols];
+    bool m_ok[kCols];
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+        const int m = m0 + lane + 32 * j;
+        m_ok[j] = m < g.m;
+        const int img = m_ok[j] ? m / pq : 0;
+        out_off[j] = static_cast<long long>(img) * g.k * pq + (m - img * pq);
+    }
+    for (int nl = warp; nl < BN; nl += WARPS) {
+        const int n = n0 + nl;
+        if (n >= g.k) break;
+        const float b = bias != nullptr ? to_acc(bias[n]) : 0.f;
+        T* yn = y + static_cast<long long>(n) * pq;
+#pragma unroll
+        for (int j = 0; j < kCols; ++j)
+            if (m_ok[j]) yn[out_off[j]] = from_acc<T>(c_smem[nl * kCPitch + lane + 32 * j] + b);
+    }
+}
+
+}  // namespace igemm
+}  // namespace cuconv
+
+#define CUCONV_IGEMM_PARAMS                                                                                  \
+    const T *__restrict__ x, const T *__restrict__ wp, const T *__restrict__ bias, T *__restrict__ y,         \
+        int in_h, int in_w, int cp,        /* packed input (n, in_h, in_w, cp), this chunk's samples */       \
+        int k_out, int out_p, int out_q,   /* output channels and size */                                     \
+        int kernel_r, int kernel_s, int stride_h, int stride_w, int pad_h, int pad_w, int dil_h, int dil_w,   \
+        int m_rows,                        /* n·p·q: the GEMM's M */                                          \
+        int k_tiles, long long w_row       /* ceil(r·s·cp / tile k); packed weight row length */
+#define CUCONV_IGEMM_GEOMETRY                                                                                \
+    {in_h, in_w, cp, k_out, out_p, out_q, kernel_r, kernel_s, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, \
+     m_rows, k_tiles, w_row}
+
+// ---------------------------------------------------------------------------------------------------
+// The GEMM on mma.sync (sm_80+). Block: WARPS_M x WARPS_N warps, each a (BM/WARPS_M) x (BN/WARPS_N) tile of
+// m16n8 MMAs. Grid: (ceil(M / BM), Kp / BN). Dynamic shared memory: Tile.smem_bytes in the Python twin.
 template <typename T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int KB>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
-implicit_gemm_fprop(const T* __restrict__ x, const T* __restrict__ wp, const T* __restrict__ bias,
-                    T* __restrict__ y,
-                    int in_h, int in_w, int cp,            // packed input (n, in_h, in_w, cp), this chunk's samples
-                    int k_out, int out_p, int out_q,       // output channels and size
-                    int kernel_r, int kernel_s, int stride_h, int stride_w, int pad_h, int pad_w, int dil_h,
-                    int dil_w,
-                    int m_rows,                            // n·p·q: the GEMM's M
-                    int k_tiles, long long w_row) {        // ceil(r·s·cp / tile k); packed weight row length
+implicit_gemm_fprop(CUCONV_IGEMM_PARAMS) {
     using namespace igemm;
-    const struct {
-        int h, w, cp, k, p, q, r, s, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, m, k_tiles;
-        long long w_row;
-    } g = {in_h, in_w, cp, k_out, out_p, out_q, kernel_r, kernel_s, stride_h, stride_w, pad_h, pad_w, dil_h,
-           dil_w, m_rows, k_tiles, w_row};
+    const Geometry g = CUCONV_IGEMM_GEOMETRY;
     constexpr int kRowBytes = KB;                // k bytes per smem row and per k tile (64 or 128)
     constexpr int kPitch = kRowBytes + 16;       // padded row: conflict-free ldmatrix (80 or 144 bytes)
     constexpr int kVecPerRow = kRowBytes / 16;   // 16-byte vectors per row
@@ -141,11 +272,7 @@ implicit_gemm_fprop(const T* __restrict__ x, const T* __restrict__ wp, const T* 
     constexpr int kThreads = WARPS_M * WARPS_N * 32;
     constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
     constexpr int MI = WTM / 16, NI = WTN / 8;
-    constexpr int kV = 16 / sizeof(T);                     // elements per 16-byte vector
-    constexpr int kTileK = kRowBytes / sizeof(T);          // k elements per tile
     constexpr int kRowsPerPass = kThreads / kVecPerRow;    // rows one pass of the block's threads covers
-    constexpr int A_ITERS = BM / kRowsPerPass, B_ITERS = BN / kRowsPerPass;
-    static_assert(BM % kRowsPerPass == 0 && BN % kRowsPerPass == 0, "tile rows must split over threads");
     static_assert(WTM % 16 == 0 && WTN % 16 == 0, "warp tile must be whole m16 x n16 blocks");
 
     extern __shared__ __align__(16) unsigned char smem[];
@@ -158,55 +285,12 @@ implicit_gemm_fprop(const T* __restrict__ x, const T* __restrict__ wp, const T* 
     const int m0 = blockIdx.x * BM;
     const int n0 = blockIdx.y * BN;
 
-    // ---- loader state: this thread's 16-byte vector column and its A rows (output pixels). Per row two
-    // registers: the element offset of the row's top-left input pixel (img, ih0, iw0) in the packed chunk
-    // (int: the Python twin keeps chunks below 2^31 elements) and ih0, iw0 packed as 16-bit halves
-    // (images below 32768 per side); ih0 = -32768 marks a row past M and fails every bounds check.
     const int vec = tid % kVecPerRow;
     const int row0 = tid / kVecPerRow;
-    int a_off[A_ITERS], a_hw[A_ITERS];
-    const int pq = g.p * g.q;
-#pragma unroll
-    for (int i = 0; i < A_ITERS; ++i) {
-        const int m = m0 + row0 + i * kRowsPerPass;
-        if (m < g.m) {
-            const int img = m / pq;
-            const int rem = m - img * pq;
-            const int op = rem / g.q;
-            const int oq = rem - op * g.q;
-            const int ih = op * g.stride_h - g.pad_h, iw = oq * g.stride_w - g.pad_w;
-            a_off[i] = ((img * g.h + ih) * g.w + iw) * g.cp;
-            a_hw[i] = (ih << 16) | (iw & 0xffff);
-        } else {
-            a_off[i] = 0;
-            a_hw[i] = static_cast<int>(0x80000000u);
-        }
-    }
-    // This thread's k position (tap r, s and channel c of its vector), advanced one tile at a time.
-    int kc = vec * kV, ks = 0, kr = 0;
-    while (kc >= g.cp) { kc -= g.cp; if (++ks == g.s) { ks = 0; ++kr; } }
-    const T* b_ptr = wp + static_cast<long long>(n0 + row0) * g.w_row + vec * kV;
-
+    TileLoader<T, BM, BN, kRowsPerPass, kRowBytes / sizeof(T)> loader(g, wp, m0, n0, row0, vec);
     auto load_tile = [&](int stage) {
-        const bool k_valid = kr < g.r;
-        const int dr = kr * g.dil_h, ds = ks * g.dil_w;
-        const int offset = (dr * g.w + ds) * g.cp + kc;
-        unsigned a_dst = smem_addr(a_smem + (stage * BM + row0) * kPitch + vec * 16);
-#pragma unroll
-        for (int i = 0; i < A_ITERS; ++i) {
-            const int ih = (a_hw[i] >> 16) + dr, iw = ((a_hw[i] << 16) >> 16) + ds;
-            const bool ok = k_valid && static_cast<unsigned>(ih) < static_cast<unsigned>(g.h) &&
-                            static_cast<unsigned>(iw) < static_cast<unsigned>(g.w);
-            cp_async_ca<16>(a_dst + i * kRowsPerPass * kPitch, x + (ok ? a_off[i] + offset : 0), ok);
-        }
-        unsigned b_dst = smem_addr(b_smem + (stage * BN + row0) * kPitch + vec * 16);
-#pragma unroll
-        for (int i = 0; i < B_ITERS; ++i)
-            cp_async_cg16(b_dst + i * kRowsPerPass * kPitch,
-                          b_ptr + static_cast<long long>(i) * kRowsPerPass * g.w_row, true);
-        b_ptr += kTileK;
-        kc += kTileK;
-        while (kc >= g.cp) { kc -= g.cp; if (++ks == g.s) { ks = 0; ++kr; } }
+        loader.load(g, x, smem_addr(a_smem + (stage * BM + row0) * kPitch + vec * 16),
+                    smem_addr(b_smem + (stage * BN + row0) * kPitch + vec * 16), kPitch);
     };
 
     float acc[MI][NI][4];
@@ -278,24 +362,198 @@ implicit_gemm_fprop(const T* __restrict__ x, const T* __restrict__ wp, const T* 
         }
     __syncthreads();
 
-    constexpr int kWarps = WARPS_M * WARPS_N;
-    constexpr int kCols = BM / 32;  // output pixels per lane per channel
-    long long out_off[kCols];
-    bool m_ok[kCols];
+    store_tile_nchw<T, BM, BN, WARPS_M * WARPS_N>(c_smem, g, bias, y, m0, n0, warp, lane);
+}
+
+
+// ---------------------------------------------------------------------------------------------------
+// The GEMM on warpgroup MMAs (wgmma, sm_90a only: the loader compiles this file with -arch=sm_90a on
+// compute capability 9.0; elsewhere the kernel is an empty instance that traps, and the Python twin never
+// launches it).
+//
+// Operands are swapped against implicit_gemm_fprop: the MMA's M is the filters (64 per warpgroup) and its
+// N the output pixels (128 per wgmma), D = W · Aᵀ, so that the long pixel tile is the operand wgmma reads
+// once per 64 filters and the short weight tile the one re-read: 10 KB of shared memory per m64n256k8
+// against 16 KB for the pixel-major m64n64k8 shape at the same FLOPs. Both operands are K-major (row =
+// pixel or filter, 128 bytes of k), the only layout wgmma accepts for TF32, stored with the 128-byte
+// swizzle: 16-byte chunk c of row r sits at chunk c ^ (r % 8), 8-row atoms of 1024 bytes, so the tensor
+// cores read them without bank conflicts. A k step (32 bytes: k = 8 for TF32, 16 for halves) moves the
+// descriptors' start address by 32 bytes inside the atom; the hardware applies the swizzle to the address.
+//
+// Pipeline: STAGES slots filled by cp.async (every thread loads; no warp specialisation), one barrier per k
+// tile. With RETIRE false one wgmma group stays in flight across the barrier: at the top of tile kt every
+// warpgroup has retired the wgmmas of tile kt - 2, so their slot takes tile kt + STAGES - 2. With RETIRE
+// true each tile's wgmmas are retired before the next barrier, so the slot of tile kt - 1 is free and the
+// loads run STAGES - 1 tiles ahead: with 3 slots, two tiles of loads in flight instead of one, for short
+// reductions where other blocks on the SM fill the tensor cores' gaps.
+//
+// Block: BF / 64 warpgroups along filters times WG_P along pixels; a warpgroup owns 64 filters and
+// BP / WG_P pixels, NW = BP / WG_P / 128 wgmmas of m64n128 per k step (64·NW fp32 accumulators a thread).
+// The epilogue stages the accumulators in the retired pipeline slots as [filter][pixel] and writes NCHW
+// rows of 32 consecutive pixels per warp store (store_tile_nchw, as implicit_gemm_fprop). Writing straight
+// from the accumulators (8 filters x 8 pixels per warp store) was 1.3x slower on square_3x3_1024, whose
+// 8.5 GB of output dominate.
+
+namespace cuconv {
+namespace igemm {
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define CUCONV_IGEMM_WGMMA 1
+#endif
+
+// Descriptor of a K-major tile with the 128-byte swizzle at shared address `addr` (1024-byte aligned rows
+// of 8): start address, leading byte offset unused (1), stride byte offset 1024 (one 8-row atom), all in
+// 16-byte units; layout type 1 = 128-byte swizzle.
+__device__ __forceinline__ unsigned long long wgmma_desc(unsigned addr) {
+    return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// cp.async writes through the generic proxy, wgmma reads through the async proxy.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Pin the accumulators at this point of the program: the compiler sees only the wgmma's asm statement
+// write them, not the asynchronous completion that wgmma_wait marks.
+__device__ __forceinline__ void fence_acc(float (&d)[64]) {
 #pragma unroll
-    for (int j = 0; j < kCols; ++j) {
-        const int m = m0 + lane + 32 * j;
-        m_ok[j] = m < g.m;
-        const int img = m_ok[j] ? m / pq : 0;
-        out_off[j] = static_cast<long long>(img) * g.k * pq + (m - img * pq);
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define CUCONV_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                     "+f"(d[i + 6]), "+f"(d[i + 7])
+#define CUCONV_D64 CUCONV_D8(0), CUCONV_D8(8), CUCONV_D8(16), CUCONV_D8(24), CUCONV_D8(32), CUCONV_D8(40), \
+                   CUCONV_D8(48), CUCONV_D8(56)
+#define CUCONV_D64_LIST "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define CUCONV_WGMMA_M64N128(shape_types, tail)                                                              \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                 \
+                 "wgmma.mma_async.sync.aligned.m64n128" shape_types " " CUCONV_D64_LIST ", %64, %65, p, 1, 1" \
+                 tail ";\n}\n"                                                                                \
+                 : CUCONV_D64                                                                                 \
+                 : "l"(a), "l"(b), "r"(1))
+
+// d (64 filters x 128 pixels, fp32) += A (64 x k step) · B (128 x k step)ᵀ, both from shared memory.
+template <typename T> struct Wgmma;
+template <> struct Wgmma<float> {
+    static __device__ __forceinline__ void run(float (&d)[64], unsigned long long a, unsigned long long b) {
+#ifdef CUCONV_IGEMM_WGMMA
+        CUCONV_WGMMA_M64N128("k8.f32.tf32.tf32", "");
+#endif
     }
-    for (int nl = warp; nl < BN; nl += kWarps) {
-        const int n = n0 + nl;
-        if (n >= g.k) break;
-        const float b = bias != nullptr ? to_acc(bias[n]) : 0.f;
-        T* yn = y + static_cast<long long>(n) * pq;
+};
+template <> struct Wgmma<__half> {
+    static __device__ __forceinline__ void run(float (&d)[64], unsigned long long a, unsigned long long b) {
+#ifdef CUCONV_IGEMM_WGMMA
+        CUCONV_WGMMA_M64N128("k16.f32.f16.f16", ", 0, 0");
+#endif
+    }
+};
+template <> struct Wgmma<__nv_bfloat16> {
+    static __device__ __forceinline__ void run(float (&d)[64], unsigned long long a, unsigned long long b) {
+#ifdef CUCONV_IGEMM_WGMMA
+        CUCONV_WGMMA_M64N128("k16.f32.bf16.bf16", ", 0, 0");
+#endif
+    }
+};
+
+}  // namespace igemm
+}  // namespace cuconv
+
+template <typename T, int BF, int BP, int WG_P, int STAGES, bool RETIRE>
+__global__ void __launch_bounds__(BF / 64 * WG_P * 128)
+implicit_gemm_wgmma(CUCONV_IGEMM_PARAMS) {
+#ifdef CUCONV_IGEMM_WGMMA
+    using namespace igemm;
+    const Geometry g = CUCONV_IGEMM_GEOMETRY;
+    constexpr int kThreads = BF / 64 * WG_P * 128;
+    constexpr int kRowBytes = 128;
+    constexpr int kRowsPerPass = kThreads / 8;                 // 8 vectors of 16 bytes per row
+    constexpr int kWgPixels = BP / WG_P;
+    constexpr int NW = kWgPixels / 128;
+    constexpr int kStageBytes = (BF + BP) * kRowBytes;
+    static_assert(BF % 64 == 0 && kWgPixels % 128 == 0 && kRowsPerPass % 8 == 0, "tile shape");
+
+    extern __shared__ __align__(1024) unsigned char smem[];
+    // [STAGES][BF weight rows, then BP pixel rows] of 128 bytes; the swizzle needs 1024-byte alignment
+    const unsigned base = (smem_addr(smem) + 1023u) & ~1023u;
+
+    const int tid = threadIdx.x;
+    const int m0 = blockIdx.x * BP;
+    const int n0 = blockIdx.y * BF;
+    const int vec = tid % 8;
+    const int row0 = tid / 8;
+    const unsigned swizzled = row0 * kRowBytes + ((vec ^ (row0 & 7)) << 4);
+    TileLoader<T, BP, BF, kRowsPerPass, kRowBytes / sizeof(T)> loader(g, wp, m0, n0, row0, vec);
+    auto load_tile = [&](int stage) {
+        const unsigned slot = base + stage * kStageBytes;
+        loader.load(g, x, slot + BF * kRowBytes + swizzled, slot + swizzled, kRowBytes);
+    };
+
+    const int wg = tid / 128;
+    const int wg_f = wg % (BF / 64), wg_p = wg / (BF / 64);
+    const unsigned a_off = wg_f * 64 * kRowBytes;                             // this warpgroup's filters
+    const unsigned b_off = (BF + wg_p * kWgPixels) * kRowBytes;               // and pixels
+
+    float acc[NW][64];
 #pragma unroll
-        for (int j = 0; j < kCols; ++j)
-            if (m_ok[j]) yn[out_off[j]] = from_acc<T>(c_smem[nl * kCPitch + lane + 32 * j] + b);
+    for (int n = 0; n < NW; ++n)
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[n][i] = 0.f;
+
+    constexpr int kAhead = RETIRE ? STAGES - 1 : STAGES - 2;  // tiles of loads in flight
+    static_assert(kAhead >= 1, "the pipeline needs a slot to load into");
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+        if (s < g.k_tiles) load_tile(s);
+        cp_async_commit();
     }
+    for (int kt = 0; kt < g.k_tiles; ++kt) {
+        cp_async_wait<kAhead - 1>();
+        fence_proxy_async();
+        __syncthreads();  // tile kt is visible; the wgmmas of tile kt - 2 (kt - 1 with RETIRE) are retired
+        if (kt + kAhead < g.k_tiles) load_tile((kt + kAhead) % STAGES);
+        cp_async_commit();
+
+        const unsigned slot = base + (kt % STAGES) * kStageBytes;
+        const unsigned long long da = wgmma_desc(slot + a_off);
+        const unsigned long long db = wgmma_desc(slot + b_off);
+        wgmma_fence();
+#pragma unroll
+        for (int step = 0; step < 4; ++step)
+#pragma unroll
+            for (int n = 0; n < NW; ++n)  // +2 per 32-byte k step; +1024 (64 in 16-byte units) per 8 rows
+                Wgmma<T>::run(acc[n], da + 2 * step, db + 2 * step + n * 128 * 8);
+        wgmma_commit();
+        wgmma_wait<RETIRE ? 0 : 1>();
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
+
+    // ---- epilogue: accumulators -> smem [filter][pixel] (the pipeline's slots, all retired) -> NCHW rows.
+    // Accumulator i of a thread: filter row (lane / 4) + 8·((i / 2) % 2) of its warp's 16, pixel column
+    // 2·(lane % 4) + (i % 2) + 8·(i / 4) of the wgmma's 128; pairs of columns go as one 8-byte store.
+    cp_async_wait<0>();
+    __syncthreads();
+    constexpr int kCPitch = BP + 4;  // rows 4 banks apart: a warp's 8 rows x 8 columns hit 32 banks
+    float* c_smem = reinterpret_cast<float*>(smem + (base - smem_addr(smem)));
+    const int lane = tid & 31, warp = tid / 32;
+    const int row = wg_f * 64 + (warp % 4) * 16 + lane / 4;
+#pragma unroll
+    for (int n = 0; n < NW; ++n)
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const int col = wg_p * kWgPixels + n * 128 + 8 * j + 2 * (lane % 4);
+            *reinterpret_cast<float2*>(&c_smem[row * kCPitch + col]) = make_float2(acc[n][4 * j], acc[n][4 * j + 1]);
+            *reinterpret_cast<float2*>(&c_smem[(row + 8) * kCPitch + col]) =
+                make_float2(acc[n][4 * j + 2], acc[n][4 * j + 3]);
+        }
+    __syncthreads();
+    store_tile_nchw<T, BP, BF, kThreads / 32>(c_smem, g, bias, y, m0, n0, warp, lane);
+#else
+    __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
+#endif
 }

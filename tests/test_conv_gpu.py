@@ -449,9 +449,32 @@ def test_implicit_gemm_tiles_equal_cpu_exactly_on_integers(case, tile, dtype_nam
     fp16 and bf16 and every fp32 partial sum is exact, so each dtype equals the CPU path bit for bit."""
     from cuconv import implicit_gemm
 
+    if implicit_gemm.TILES[tile].wgmma and not implicit_gemm.wgmma_available():
+        pytest.skip(f"tile {tile} runs wgmma, which needs compute capability 9.0")
     _assert_forward_equals_cpu_on_integers(
         case, dtype_name, 16, lambda x, w, b, spec, out: implicit_gemm.forward_gpu(x, w, b, spec, out, "tf32",
                                                                                    tile=implicit_gemm.TILES[tile]))
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("c", [1, 3, 8, 16, 20, 33, 64])
+def test_implicit_gemm_pack_is_nhwc_with_zero_channels(c, dtype_name):
+    """Both pack kernels (narrow pixels up to 64 bytes, 32 x 32 transposes above): NHWC with the channels
+    padded to cp with zeros, TF32-rounded for float32, over several samples and an odd image size."""
+    import cupy
+
+    from cuconv import implicit_gemm
+
+    dtype = _dtype(dtype_name)
+    spec = cuconv.ConvSpec.from_args((3, c, 13, 11), (4, c, 3, 3))
+    pl = implicit_gemm.plan(spec, dtype)
+    x = numpy.random.default_rng(c).integers(-8, 9, (3, c, 13, 11)).astype(dtype)
+    out = cupy.full(3 * 13 * 11 * pl.cp, numpy.nan, dtype=dtype)
+    implicit_gemm.pack_input(_to_gpu(x, dtype), spec, pl.cp, out)
+    want = numpy.zeros((3, 13, 11, pl.cp), dtype)
+    want[..., :c] = x.transpose(0, 2, 3, 1)
+    numpy.testing.assert_array_equal(cupy.asnumpy(out).reshape(want.shape).astype(numpy.float64),
+                                     want.astype(numpy.float64))
 
 
 def test_direct_smem_refuses_a_window_beyond_the_device_shared_memory():

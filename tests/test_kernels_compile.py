@@ -70,14 +70,17 @@ def cuda_include_dir() -> str:
 
 
 def nvrtc_options(arch: str, name: str):
-    """``ProgramOptions`` equivalent to what ``cupy.RawModule`` passes NVRTC for ``_loader.load``."""
+    """``ProgramOptions`` equivalent to what ``cupy.RawModule`` passes NVRTC for ``_loader.load`` of
+    ``kernels_cu/<name>.cu`` on a device of ``arch`` (the loader may name an arch-specific target)."""
     from cuda.core import ProgramOptions
 
     from cuconv import _loader
 
     include_path, define_macro = [], []
-    for opt in _loader.compile_options():
-        if opt.startswith("-I") and len(opt) > 2:
+    for opt in _loader.compile_options(name, arch.removeprefix("sm_")):
+        if opt.startswith("-arch=sm_"):  # an arch-specific target (sm_90a) of this family
+            arch = opt.removeprefix("-arch=")
+        elif opt.startswith("-I") and len(opt) > 2:
             include_path.append(opt[2:])
         elif opt.startswith("-D") and len(opt) > 2:
             macro, eq, value = opt[2:].partition("=")
@@ -187,6 +190,30 @@ def test_options_match_the_loader(nvrtc):
     for opt in _loader.compile_options():
         expected.append(("--include-path=" if opt.startswith("-I") else "--define-macro=") + opt[2:])
     assert sorted(flags) == sorted(expected)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_arch_specific_families_target_sm_90a_on_hopper_only(nvrtc, arch):
+    from cuconv import _loader
+
+    for stem in KERNEL_STEMS:
+        flags = [f.decode() for f in nvrtc_options(arch, stem).as_bytes("nvrtc")]
+        specific = stem in _loader.ARCH_SPECIFIC_STEMS and arch == "sm_90"
+        assert f"-arch={arch}a" in flags if specific else f"-arch={arch}" in flags, (stem, flags)
+
+
+def test_nvrtc_builds_sm_90a_when_cupy_appends_sm_90(nvrtc):
+    """CuPy adds its own -arch=sm_90 after the loader's -arch=sm_90a; NVRTC must still build sm_90a code."""
+    from cuda.bindings import nvrtc as nv
+
+    src = b"#ifndef __CUDA_ARCH_FEAT_SM90_ALL\n#error not sm_90a\n#endif\n__global__ void probe() {}\n"
+    err, prog = nv.nvrtcCreateProgram(src, b"probe.cu", 0, [], [])
+    assert err == nv.nvrtcResult.NVRTC_SUCCESS
+    try:
+        (result,) = nv.nvrtcCompileProgram(prog, 2, [b"-arch=sm_90a", b"-arch=sm_90"])
+        assert result == nv.nvrtcResult.NVRTC_SUCCESS
+    finally:
+        nv.nvrtcDestroyProgram(prog)
 
 
 def test_compile_error_names_the_file(nvrtc, tmp_path, monkeypatch):

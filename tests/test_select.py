@@ -169,12 +169,26 @@ def test_benchmark_has_no_effect_on_the_cpu_path():
 def test_implicit_gemm_tile_choice():
     from cuconv import implicit_gemm
 
-    assert implicit_gemm.choose_tile(_P["rect_5x7"], _F16) is implicit_gemm.TILES["128x128"]
-    assert implicit_gemm.choose_tile(_P["square_5x9"], _F32) is implicit_gemm.TILES["128x64"]
-    assert implicit_gemm.choose_tile(_P["stem_7x7_s2"], _F32) is implicit_gemm.TILES["128x64_k64"]
-    for tile in implicit_gemm.TILES.values():  # every tile fits the device and its epilogue fits the pipeline
+    tiles = implicit_gemm.TILES
+    assert implicit_gemm.choose_tile(_P["rect_5x7"], _F16, wgmma=False) is tiles["128x128"]
+    assert implicit_gemm.choose_tile(_P["square_5x9"], _F32, wgmma=False) is tiles["128x64"]
+    assert implicit_gemm.choose_tile(_P["stem_7x7_s2"], _F32, wgmma=False) is tiles["128x64_k64"]
+    # wgmma: float32 with long reductions keeps more slots (and 256 pixels above 64 filters); short
+    # reductions and 16-bit types take smaller blocks, more of them per SM
+    assert implicit_gemm.choose_tile(_P["square_5x9"], _F32, wgmma=True) is tiles["wg64x128"]
+    assert implicit_gemm.choose_tile(_P["square_5x9"], _F16, wgmma=True) is tiles["wg64x128s3"]
+    assert implicit_gemm.choose_tile(_P["stem_7x7_s2"], _F32, wgmma=True) is tiles["wg64x128s3"]
+    assert implicit_gemm.choose_tile(_P["rect_5x7"], _F32, wgmma=True) is tiles["wg128x256"]
+    assert implicit_gemm.choose_tile(_P["rect_5x7"], _F16, wgmma=True) is tiles["wg128x128r"]
+    assert implicit_gemm.choose_tile(_P["square_3x3_1024"], _F32, wgmma=True) is tiles["wg128x128r"]
+    assert implicit_gemm.choose_tile(_P["square_5x9"], _F32) is tiles["128x64"]  # no GPU here: mma.sync
+    for tile in tiles.values():  # every tile fits the device; an mma.sync epilogue fits the pipeline
         assert tile.smem_bytes <= 227 << 10
-        assert tile.bn * (tile.bm + 4) * 4 <= tile.stages * (tile.bm + tile.bn) * tile.pitch
+        if tile.wgmma:  # 128-byte k rows in 1024-byte swizzle atoms; whole warpgroups of 64 x 128
+            assert tile.bn % 64 == 0 and tile.bm % (128 * tile.wg_p) == 0 and tile.kbytes == 128
+            assert tile.threads == 128 * tile.bn // 64 * tile.wg_p <= 1024
+        else:
+            assert tile.bn * (tile.bm + 4) * 4 <= tile.stages * (tile.bm + tile.bn) * tile.pitch
 
 
 def test_implicit_gemm_reasons():
