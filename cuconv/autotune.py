@@ -17,6 +17,8 @@ import statistics
 import threading
 from typing import Callable, Dict, Optional
 
+import numpy
+
 from . import registry
 from ._config import config
 from .spec import ConvSpec
@@ -32,8 +34,6 @@ _lock = threading.Lock()
 
 def signature(device_name: str, dtype, precision: str, pass_: str, spec: ConvSpec) -> str:
     """The cache key: stable text, the same across processes."""
-    import numpy
-
     fields = ",".join(f"{k}={v}" for k, v in sorted(vars(spec).items()))
     return f"{device_name}|{numpy.dtype(dtype).name}|{precision}|{pass_}|{fields}"
 
@@ -98,8 +98,6 @@ def _candidate_time(run: Callable[[], None]) -> float:
 def choose(spec: ConvSpec, dtype, precision: str, pass_: str, run: Callable[[str], None],
            device_name: str, timer: Optional[Callable[[Callable[[], None]], float]] = None) -> str:
     """The fastest algorithm for this signature, timing the candidates (``run(name)``) on a miss."""
-    import numpy
-
     fast_key = (device_name, numpy.dtype(dtype), precision, pass_, spec, config.workspace_limit)
     name = _chosen.get(fast_key)
     if name is not None:

@@ -4,7 +4,8 @@ Method (see README "Benchmark"): one process, same inputs for both sides, CUDA e
 warm-up first, median of many runs; torch with ``cudnn.benchmark = True`` and its TF32 switch set to the
 precision asked for. Each side is also timed per call in a loop of calls back to back (``loop ms``), where
 host time overlaps the previous call's GPU time as it does in a model. Device ceilings (cuBLAS GEMM rate
-per precision, device-to-device copy bandwidth) are measured in the same run; "floor" = max(FLOPs / GEMM rate, fewest bytes / copy bandwidth).
+per precision, device-to-device copy bandwidth) are measured in the same run; "floor" = max(FLOPs / GEMM
+rate, fewest bytes / copy bandwidth).
 Correctness: normwise relative error of samples 0 and N-1 (of all of dW for wgrad) against torch in
 float64. ``--backward`` adds dgrad and wgrad, each against cuDNN's own (``aten.convolution_backward`` with
 the other outputs masked off) at the same precision.

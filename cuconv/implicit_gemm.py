@@ -3,9 +3,9 @@
 Forward (and dgrad at stride 1, as the forward convolution of ``dy``, ``dgrad_forward``) for float32 at
 ``precision="tf32"``, float16 and bfloat16, fp32 accumulation. Per chunk of samples:
 
-1. ``pack_nhwc`` (``pack_nhwc_narrow`` for few channels) copies the input to NHWC with channels padded to ``cp`` (a multiple of one 16-byte vector),
-   rounding float32 to TF32 on the way (the only workspace: ``n·H·W·cp`` elements per chunk, bounded by
-   ``cuconv.config.workspace_limit``);
+1. ``pack_nhwc`` (``pack_nhwc_narrow`` for few channels) copies the input to NHWC with channels padded to
+   ``cp`` (a multiple of one 16-byte vector), rounding float32 to TF32 on the way (the only workspace:
+   ``n·H·W·cp`` elements per chunk, bounded by ``cuconv.config.workspace_limit``);
 2. ``implicit_gemm_fprop`` computes ``out (n·P·Q, K) = A (n·P·Q, R·S·cp) @ Wpᵀ`` without ever writing A:
    each block gathers its A tile with cp.async straight from the packed input, feeds ``mma.sync`` through
    ``ldmatrix`` and writes NCHW rows through shared memory, bias fused. On compute capability 9.0,

@@ -130,12 +130,11 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str):
       im2col_gemm; stem_7x7_s2 1.2x cuDNN);
     - otherwise ``im2col_gemm``.
     """
-    import numpy
-
     depthwise = spec.groups == spec.c and spec.groups > 1 and spec.c_per_group == 1
     if depthwise:
         yield "depthwise"
-    ffma = numpy.dtype(dtype) == numpy.float64 or (numpy.dtype(dtype) == numpy.float32 and precision == "ieee")
+    dtype = numpy.dtype(dtype)
+    ffma = dtype == numpy.float64 or (dtype == numpy.float32 and precision == "ieee")
     # the pass's output: a dgrad is a forward convolution producing dx
     pixels = spec.n * (spec.h * spec.w if pass_ == "dgrad" else spec.p * spec.q)
     large = pixels >= (1 << 19)

@@ -4,8 +4,8 @@
 //
 // GEMM view (one group): out (M = N·P·Q, K) = A (M, R·S·Cp) @ Bᵀ, A never materialised. The input is
 // first packed to NHWC with the channels padded to Cp (a multiple of one 16-byte vector: 4 floats, 8
-// halves) by `pack_nhwc` (`pack_nhwc_narrow` for narrow pixels), and the weight to (Kp, R·S·Cp rounded up to a k tile) by `pack_weight`, both
-// zero-filled, so that:
+// halves) by `pack_nhwc` (`pack_nhwc_narrow` for narrow pixels), and the weight to (Kp, R·S·Cp rounded
+// up to a k tile) by `pack_weight`, both zero-filled, so that:
 //   - every 16-byte vector of an A row is 8 (or 4) consecutive channels of one input pixel at one tap:
 //     one cp.async with zero fill for padding, out-of-image taps, rows past M and k past R·S·Cp;
 //   - the B tile needs no masks at all.
