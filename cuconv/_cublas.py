@@ -87,6 +87,7 @@ def _handle(device: int):
     table = getattr(_handles, "by_device", None)
     if table is None:
         table = _handles.by_device = {}
+        _handles.bound = {}
     handle = table.get(device)
     if handle is None:
         lib = _lib()
@@ -165,24 +166,36 @@ def gemm_batched(dtype, precision: str, m: int, n: int, k: int, a_ptrs: int, lda
         batch, compute, _GEMM_DEFAULT), f"cublasGemmBatchedEx(m={m}, n={n}, k={k}, batch={batch})")
 
 
+@functools.lru_cache(maxsize=None)
+def _types(dtype, precision: str, c_dtype):
+    """(alpha scalar type, A/B data type, C data type, compute type) of a GEMM (memoized: ``dtype.name``
+    alone costs a microsecond)."""
+    dtype = numpy.dtype(dtype)
+    c_dtype = dtype if c_dtype is None else numpy.dtype(c_dtype)
+    compute, scalar_type = _compute_type(dtype, precision)
+    return scalar_type, _DATA_TYPES[dtype.name], _DATA_TYPES[c_dtype.name], compute
+
+
 def _prepare(dtype, precision, c_dtype, beta, dims):
     """Checks and per-call state shared by both GEMM entry points: the handle on the current stream with
     this stream's workspace, host scalars, data and compute types."""
     import cupy
 
-    dtype = numpy.dtype(dtype)
-    c_dtype = dtype if c_dtype is None else numpy.dtype(c_dtype)
     if max(dims) >= 2**31:
         m, n, k, lda, ldb, ldc, batch = dims
         raise NotImplementedError(f"cuconv: GEMM dimension exceeds cuBLAS's 32-bit limit "
                                   f"(m={m}, n={n}, k={k}, lda={lda}, ldb={ldb}, ldc={ldc}, batch={batch})")
-    compute, scalar_type = _compute_type(dtype, precision)
+    scalar_type, data_type, c_type, compute = _types(dtype, precision, c_dtype)
     lib = _lib()
     device = cupy.cuda.runtime.getDevice()
     stream = cupy.cuda.get_current_stream().ptr
     handle = _handle(device)
-    _check(lib.cublasSetStream_v2(handle, stream), "cublasSetStream")
-    ws_ptr, ws_bytes = _workspace(device, stream)
-    _check(lib.cublasSetWorkspace_v2(handle, ws_ptr, ws_bytes), "cublasSetWorkspace")
-    return (lib, handle, _SCALARS[(scalar_type, 1.0)], _SCALARS[(scalar_type, float(beta))],
-            _DATA_TYPES[dtype.name], _DATA_TYPES[c_dtype.name], compute)
+    bound = _handles.bound  # per thread, as the handles: the stream and workspace each handle was given last
+    if bound.get(device) != stream:
+        _check(lib.cublasSetStream_v2(handle, stream), "cublasSetStream")
+        ws_ptr, ws_bytes = _workspace(device, stream)
+        _check(lib.cublasSetWorkspace_v2(handle, ws_ptr, ws_bytes), "cublasSetWorkspace")
+        # a stream being captured without a workspace of its own is bound again next time (it may get one)
+        bound[device] = stream if ws_ptr is not None else None
+    return (lib, handle, _SCALARS[(scalar_type, 1.0)], _SCALARS[(scalar_type, float(beta))], data_type, c_type,
+            compute)

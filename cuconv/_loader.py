@@ -107,7 +107,7 @@ class KernelLaunchError(RuntimeError):
 
 
 _smem_limits = {}
-_smem_opted_in = {}
+_smem_opted_in = {}  # id(function) -> (function, bytes opted into)
 
 
 def smem_limit() -> int:
@@ -127,14 +127,13 @@ def smem_limit() -> int:
     return limit
 
 
-def _opt_in(fn, name: str, nbytes: int) -> None:
-    """Raise ``fn``'s dynamic shared-memory limit to ``nbytes`` (> 48 KB) on the current device, once."""
-    import cupy
-
-    key = (cupy.cuda.runtime.getDevice(), name)
-    if _smem_opted_in.get(key, 0) < nbytes:
+def _opt_in(fn, nbytes: int) -> None:
+    """Raise ``fn``'s dynamic shared-memory limit to ``nbytes`` (> 48 KB), once. The function objects are
+    per device (``get_function``), so the key needs no device lookup."""
+    done = _smem_opted_in.get(id(fn))
+    if done is None or done[1] < nbytes:
         fn.max_dynamic_shared_size_bytes = nbytes
-        _smem_opted_in[key] = nbytes
+        _smem_opted_in[id(fn)] = (fn, nbytes)  # fn held: its id stays its own
 
 
 def launch(fn, name: str, grid, block, args, shared_mem: int = 0) -> None:
@@ -143,7 +142,7 @@ def launch(fn, name: str, grid, block, args, shared_mem: int = 0) -> None:
     More than 48 KB of dynamic shared memory is opted into here, once per (device, kernel, size)."""
     try:
         if shared_mem > SMEM_DEFAULT:
-            _opt_in(fn, name, shared_mem)
+            _opt_in(fn, shared_mem)
         fn(grid, block, args, shared_mem=shared_mem)
     except Exception as exc:  # CUDADriverError and friends
         raise KernelLaunchError(f"cuconv: launching kernel {name} with grid={grid}, block={block} "

@@ -11,6 +11,7 @@ synchronise): the heuristic choice runs instead.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -34,7 +35,7 @@ _lock = threading.Lock()
 
 def signature(device_name: str, dtype, precision: str, pass_: str, spec: ConvSpec) -> str:
     """The cache key: stable text, the same across processes."""
-    fields = ",".join(f"{k}={v}" for k, v in sorted(vars(spec).items()))
+    fields = ",".join(f"{f.name}={getattr(spec, f.name)}" for f in sorted(dataclasses.fields(spec), key=lambda f: f.name))
     return f"{device_name}|{numpy.dtype(dtype).name}|{precision}|{pass_}|{fields}"
 
 

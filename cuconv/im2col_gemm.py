@@ -20,6 +20,7 @@ Half-precision dgrad keeps its column matrix in fp32 and wgrad accumulates in fp
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy
 
@@ -55,6 +56,7 @@ class ChunkPlan:
                 yield n0, min(self.samples, spec.n - n0), p0, min(self.rows, spec.p - p0)
 
 
+@functools.lru_cache(maxsize=1024)  # a layer called again costs a lookup (host time per call)
 def plan_chunks(spec: ConvSpec, itemsize: int, limit: int, overlap: bool = True) -> ChunkPlan:
     """Chunking that keeps all column buffers together ≤ ``limit`` bytes.
 

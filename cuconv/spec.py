@@ -10,6 +10,7 @@ Layouts: input NCHW ``(N, C, H, W)``, weight KCRS ``(K, C/groups, R, S)``, outpu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import numbers
 from typing import Tuple
 
@@ -83,22 +84,23 @@ class ConvSpec:
     dilation: Tuple[int, int] = (1, 1)
     groups: int = 1
 
-    # ----- derived sizes -------------------------------------------------------------------------
-    @property
+    # ----- derived sizes (the ones every call asks for are computed once per spec: specs are memoized and
+    # frozen; functools.cached_property writes the instance dict, which the fields, __eq__ and __hash__ ignore)
+    @functools.cached_property
     def p(self) -> int:
         """Output height."""
         return output_size(self.h, self.r, self.stride[0], self.pad[0], self.pad[1], self.dilation[0])
 
-    @property
+    @functools.cached_property
     def q(self) -> int:
         """Output width."""
         return output_size(self.w, self.s, self.stride[1], self.pad[2], self.pad[3], self.dilation[1])
 
-    @property
+    @functools.cached_property
     def c_per_group(self) -> int:
         return self.c // self.groups
 
-    @property
+    @functools.cached_property
     def k_per_group(self) -> int:
         return self.k // self.groups
 
@@ -107,7 +109,7 @@ class ConvSpec:
         """Rows of the full column matrix: C·R·S (all groups)."""
         return self.c * self.r * self.s
 
-    @property
+    @functools.cached_property
     def crs_per_group(self) -> int:
         """Reduction length of one group's GEMM: (C/groups)·R·S."""
         return self.c_per_group * self.r * self.s
@@ -120,7 +122,7 @@ class ConvSpec:
     def weight_shape(self) -> Tuple[int, int, int, int]:
         return (self.k, self.c_per_group, self.r, self.s)
 
-    @property
+    @functools.cached_property
     def output_shape(self) -> Tuple[int, int, int, int]:
         return (self.n, self.k, self.p, self.q)
 
