@@ -4,17 +4,18 @@ Forward (and dgrad at stride 1, as the forward convolution of ``dy``, ``dgrad_fo
 ``precision="tf32"``, float16 and bfloat16, fp32 accumulation. Per chunk of samples:
 
 1. ``pack_nhwc`` (``pack_nhwc_narrow`` for few channels) copies the input to NHWC with channels padded to
-   ``cp`` (a multiple of one 16-byte vector), rounding float32 to TF32 on the way (the only workspace:
-   ``n·H·W·cp`` elements per chunk, bounded by ``cuconv.config.workspace_limit``);
+   ``cp`` (a multiple of one 16-byte vector), rounding float32 to TF32 on the way (the workspace:
+   ``n·H·W·cp`` elements per chunk, bounded by ``cuconv.config.workspace_limit``, after the packed weight);
 2. ``implicit_gemm_fprop`` computes ``out (n·P·Q, K) = A (n·P·Q, R·S·cp) @ Wpᵀ`` without ever writing A:
    each block gathers its A tile with cp.async straight from the packed input, feeds ``mma.sync`` through
    ``ldmatrix`` and writes NCHW rows through shared memory, bias fused. On compute capability 9.0,
    ``implicit_gemm_wgmma`` does the same with warpgroup MMAs reading both tiles from shared memory
    (the loader compiles the file for sm_90a there).
 
-The weight is packed once per call (``pack_weight``: (Kp, R·S·cp) zero-padded to whole tiles). Tiles
-(``Tile``, ``WgmmaTile``) are template instances; ``choose_tile`` picks one from the device, the filters
-and the reduction length.
+The weight is packed once per call, by the first chunk's packing launch ((Kp, R·S·cp) zero-padded to
+whole tiles). Tiles (``Tile``, ``WgmmaTile``) are template instances; ``choose_tile`` picks one from the
+device, the filters and the reduction length. The launches of a problem are planned once (``_launches``):
+a call costs two launches per chunk and one allocation of host time.
 float32 "ieee" and float64 are refused (they need FFMA arithmetic: ``direct_smem`` / ``im2col_gemm``), as are grouped
 convolutions.
 """
@@ -22,6 +23,7 @@ convolutions.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy
 
@@ -30,7 +32,7 @@ from ._config import config
 from .spec import ConvSpec
 
 __all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "Tile", "WgmmaTile", "TILES", "wgmma_available",
-           "choose_tile", "Plan", "plan", "NAME_EXPRESSIONS", "STEM"]
+           "choose_tile", "Plan", "plan", "pack_operands", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "implicit_gemm"
 _INT_MAX = 2**31 - 1
@@ -125,7 +127,7 @@ TILES = {
 
 NAME_EXPRESSIONS = tuple(
     [t.kernel_name(c) for c in _TENSOR_CORE_TYPES for t in TILES.values()]
-    + [f"{k}<{c},{_tf32(c)}>" for k in ("pack_nhwc", "pack_nhwc_narrow", "pack_weight")
+    + [f"{k}<{c},{_tf32(c)}>" for k in ("pack_nhwc", "pack_nhwc_narrow")
        for c in _TENSOR_CORE_TYPES])
 
 
@@ -191,6 +193,10 @@ class Plan:
     def sample_bytes(self, spec: ConvSpec, itemsize: int) -> int:
         return spec.h * spec.w * self.cp * itemsize
 
+    def weight_bytes(self, itemsize: int) -> int:
+        """The packed weight, which shares the workspace with a chunk of packed samples."""
+        return self.kp * self.w_row * itemsize
+
 
 def plan(spec: ConvSpec, dtype, tile: Tile = None, workspace_limit: int = None) -> Plan:
     itemsize = numpy.dtype(dtype).itemsize
@@ -201,9 +207,10 @@ def plan(spec: ConvSpec, dtype, tile: Tile = None, workspace_limit: int = None) 
     kp = -(-spec.k_per_group // tile.bn) * tile.bn
     limit = config.workspace_limit if workspace_limit is None else workspace_limit
     per_sample = max(1, spec.h * spec.w * cp)
-    # int offsets in the kernel: a chunk's packed input and its GEMM rows stay below 2^31
-    samples = max(1, min(spec.n, limit // (per_sample * itemsize), _INT_MAX // per_sample,
-                         _INT_MAX // max(1, spec.p * spec.q), _MAX_GRID_Z))
+    # the workspace: the packed weight, then the chunk. int offsets in the kernel: a chunk's packed input and
+    # its GEMM rows stay below 2^31
+    samples = max(1, min(spec.n, (limit - kp * k_tiles * tile_k * itemsize) // (per_sample * itemsize),
+                         _INT_MAX // per_sample, _INT_MAX // max(1, spec.p * spec.q), _MAX_GRID_Z))
     return Plan(tile, cp, k_tiles, k_tiles * tile_k, kp, samples)
 
 
@@ -227,8 +234,9 @@ def _forward_reason(spec: ConvSpec, dtype, precision: str):
         return f"its padded image ({padded_h} x {padded_w}) exceeds the kernel's 16-bit pixel coordinates"
     if padded_h * padded_w * pl.cp > _INT_MAX:
         return "one sample's padded image is too large for the kernel's 32-bit in-sample offsets"
-    if pl.sample_bytes(spec, dtype.itemsize) > config.workspace_limit:
-        return (f"one sample packed to NHWC needs {pl.sample_bytes(spec, dtype.itemsize)} bytes, more than "
+    need = pl.sample_bytes(spec, dtype.itemsize) + pl.weight_bytes(dtype.itemsize)
+    if need > config.workspace_limit:
+        return (f"one sample packed to NHWC and the packed weight need {need} bytes, more than "
                 f"cuconv.config.workspace_limit ({config.workspace_limit})")
     return None
 
@@ -237,42 +245,97 @@ def _fn(name: str):
     return _loader.get_function(STEM, NAME_EXPRESSIONS, name)
 
 
-def pack_weight(w, spec: ConvSpec, pl: Plan):
-    """(Kp, w_row) zero-padded, k index (r·S + s)·cp + c; TF32-rounded for float32."""
-    import cupy
+class _Kernel:
+    """One launch but its array arguments: the function, grid, block, shared memory and scalar arguments,
+    built once per problem (``_launches``) so that a layer called again spends no host time planning."""
 
-    ctype = _dtypes.ctype_of(w.dtype)
-    out = cupy.empty((pl.kp, pl.w_row), dtype=w.dtype)
-    name = f"pack_weight<{ctype},{_tf32(ctype)}>"
-    i32 = numpy.int32
-    grid = (min(4096, -(-out.size // 256)), 1, 1)
-    _loader.launch(_fn(name), name, grid, (256, 1, 1),
-                   (w, out, i32(spec.k), i32(spec.c_per_group), i32(pl.cp), i32(spec.r * spec.s),
-                    numpy.int64(pl.w_row), numpy.int64(out.size)))
-    return out
+    __slots__ = ("fn", "name", "grid", "block", "smem", "scalars")
+
+    def __init__(self, name: str, grid: tuple, block: tuple, scalars: tuple, smem: int = 0):
+        self.fn, self.name, self.grid, self.block, self.smem, self.scalars = _fn(name), name, grid, block, smem, scalars
+
+    def __call__(self, *arrays) -> None:
+        _loader.launch(self.fn, self.name, self.grid, self.block, arrays + self.scalars, shared_mem=self.smem)
 
 
-_NARROW_PIXEL_BYTES = 64  # pack_nhwc_narrow up to this many bytes per packed pixel
-_PACK_BLOCKS = 132 * 16   # pack_nhwc_narrow's grid: a few waves of 256-thread blocks, then a stride loop
+# The kernels' structs, passed by value: one argument instead of 9 or 17 (host time per launch).
+PACK_SHAPE_DTYPE = numpy.dtype([(f, numpy.int32) for f in ("c", "cp", "hw", "units", "in_blocks", "k_valid", "rs")]
+                               + [("w_row", numpy.int64), ("w_total", numpy.int64)], align=True)
+_GEOMETRY_FIELDS = ("h", "w", "cp", "k", "p", "q", "r", "s", "stride_h", "stride_w", "pad_h", "pad_w", "dil_h",
+                    "dil_w", "m", "k_tiles")
+GEOMETRY_DTYPE = numpy.dtype([(f, numpy.int32) for f in _GEOMETRY_FIELDS] + [("w_row", numpy.int64)], align=True)
+
+# pack_nhwc_narrow up to this many bytes per packed pixel: as fast as pack_nhwc or faster on every benchmark
+# layer (H200: 64-256 bytes, e.g. fp16 rect_5x7 96 against 117 us, fp32 square_5x9 151 against 177 us)
+_NARROW_PIXEL_BYTES = 256
+_WEIGHT_BLOCKS = 64       # blocks of 256 threads that pack the weight (at most 64 · 256 elements each)
 
 
-def pack_input(x, spec: ConvSpec, cp: int, out):
-    """x (n, C, H, W) -> out (n, H, W, cp), pad channels zero; TF32-rounded for float32. Narrow pixels
-    (cp · itemsize <= 64 bytes) take one thread per 16-byte output vector (``pack_nhwc_narrow``: 2-10x
-    faster there, where pack_nhwc's 32-channel tiles idle), wider ones 32 x 32 transposes in shared memory."""
-    ctype = _dtypes.ctype_of(x.dtype)
+def _pack_kernel(spec: ConvSpec, dtype, cp: int, samples: int, weight: "Plan" = None) -> _Kernel:
+    """One launch packing ``samples`` samples (C, H, W) -> (H, W, cp), channels zero-padded, and with a
+    ``weight`` plan also the weight, KCRS -> (kp, w_row) zero-padded with k index (r·S + s)·cp + c; float32
+    rounded to TF32 on the way. Arrays: x, packed x, w, packed w (NULL, NULL without a weight). Pixels of
+    up to 256 bytes take one thread per 16-byte output vector (``pack_nhwc_narrow``: 2-10x faster than
+    pack_nhwc below 64 bytes, where its 32-channel tiles idle, and up to 20% at 128-256), wider ones 32 x 64
+    transposes in shared memory; the weight takes extra blocks of the same launch."""
+    dtype = numpy.dtype(dtype)
+    ctype = _dtypes.ctype_of(dtype)
     hw = spec.h * spec.w
-    i32 = numpy.int32
-    if cp * x.dtype.itemsize <= _NARROW_PIXEL_BYTES:
-        name = f"pack_nhwc_narrow<{ctype},{_tf32(ctype)}>"
-        vecs = x.shape[0] * hw * cp * x.dtype.itemsize // 16
-        grid = (max(1, min(-(-vecs // 256), _PACK_BLOCKS)), 1, 1)
-        _loader.launch(_fn(name), name, grid, (256, 1, 1), (x, out, i32(spec.c), i32(cp), i32(hw), i32(vecs)))
-        return
-    name = f"pack_nhwc<{ctype},{_tf32(ctype)}>"
-    tiles = -(-hw // 32)
-    grid = (min(tiles, 512), -(-cp // 32), x.shape[0])
-    _loader.launch(_fn(name), name, grid, (32, 8, 1), (x, out, i32(spec.c), i32(cp), i32(hw), i32(tiles)))
+    w_total = 0 if weight is None else weight.kp * weight.w_row
+    w_row = 0 if weight is None else weight.w_row
+    w_blocks = min(_WEIGHT_BLOCKS, -(-w_total // 256))
+
+    def shape(units: int, in_blocks: int = 0):
+        return numpy.array((spec.c, cp, hw, units, in_blocks, spec.k, spec.r * spec.s, w_row, w_total),
+                           dtype=PACK_SHAPE_DTYPE)[()]
+
+    if cp * dtype.itemsize <= _NARROW_PIXEL_BYTES:
+        vecs = samples * hw * cp * dtype.itemsize // 16
+        blocks = max(1, -(-vecs // 256))  # one vector a thread (a capped grid walking them was up to 11% slower)
+        return _Kernel(f"pack_nhwc_narrow<{ctype},{_tf32(ctype)}>", (blocks + w_blocks, 1, 1), (256, 1, 1),
+                       (shape(vecs, blocks),))
+    tiles = -(-hw // 64)  # pack_nhwc's tiles: 32 channels x 64 pixels
+    return _Kernel(f"pack_nhwc<{ctype},{_tf32(ctype)}>", (min(tiles, 512), -(-cp // 32), samples + (w_total > 0)),
+                   (32, 8, 1), (shape(tiles),))
+
+
+def _gemm_kernel(spec: ConvSpec, dtype, pl: Plan, samples: int) -> _Kernel:
+    """The implicit GEMM of ``samples`` packed samples into their NCHW output, bias fused."""
+    t = pl.tile
+    m = samples * spec.p * spec.q
+    geometry = numpy.array((spec.h, spec.w, pl.cp, spec.k, spec.p, spec.q, spec.r, spec.s, spec.stride[0],
+                            spec.stride[1], spec.pad[0], spec.pad[2], spec.dilation[0], spec.dilation[1], m,
+                            pl.k_tiles, pl.w_row), dtype=GEOMETRY_DTYPE)[()]
+    return _Kernel(t.kernel_name(_dtypes.ctype_of(dtype)), (-(-m // t.bm), pl.kp // t.bn, 1), (t.threads, 1, 1),
+                   (geometry,), smem=t.smem_bytes)
+
+
+@functools.lru_cache(maxsize=1024)
+def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int):
+    """(plan, workspace elements, chunks) of a forward; each chunk (x byte offset, out byte offset, packing,
+    GEMM), the first chunk's packing with the weight's. The workspace holds the packed weight (kp · w_row
+    elements: whole 128-byte rows) and then one chunk's packed input. Memoized per problem, tile, device and
+    workspace limit: a layer called again spends no host time planning."""
+    pl = plan(spec, dtype, tile, workspace_limit)
+    itemsize = numpy.dtype(dtype).itemsize
+    chunks = []
+    for n0 in range(0, spec.n, pl.samples):
+        nb = min(pl.samples, spec.n - n0)
+        chunks.append((n0 * spec.c * spec.h * spec.w * itemsize, n0 * spec.k * spec.p * spec.q * itemsize,
+                       _pack_kernel(spec, dtype, pl.cp, nb, pl if n0 == 0 else None), _gemm_kernel(spec, dtype, pl, nb)))
+    return pl, pl.kp * pl.w_row + pl.samples * spec.h * spec.w * pl.cp, tuple(chunks)  # elements
+
+
+def _at(a, offset: int):
+    """``a`` or a raw pointer ``offset`` bytes into it (kernels take bare pointers; no view to build)."""
+    return a if offset == 0 else numpy.uint64(a.data.ptr + offset)
+
+
+def pack_operands(x, w, spec: ConvSpec, pl: Plan, packed_x, packed_w=None) -> None:
+    """Pack x (n, C, H, W) into ``packed_x`` (n, H, W, cp) and, given ``packed_w`` (kp · w_row elements), the
+    weight too, in one launch (``_pack_kernel``)."""
+    kernel = _pack_kernel(spec, x.dtype, pl.cp, x.shape[0], None if packed_w is None else pl)
+    kernel(x, packed_x, NULL if packed_w is None else w, NULL if packed_w is None else packed_w)
 
 
 def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, tile: Tile = None) -> None:
@@ -283,24 +346,16 @@ def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, tile: Tile = No
         return
     if tile is not None and tile.wgmma and not wgmma_available():
         raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
-    pl = plan(spec, x.dtype, tile)
-    t = pl.tile
-    ctype = _dtypes.ctype_of(x.dtype)
-    name = t.kernel_name(ctype)
-    fn = _fn(name)
-    wp = pack_weight(w, spec, pl)
-    packed = cupy.empty(pl.samples * spec.h * spec.w * pl.cp, dtype=x.dtype)
-    i32 = numpy.int32
-    for n0 in range(0, spec.n, pl.samples):
-        nb = min(pl.samples, spec.n - n0)
-        pack_input(x[n0:n0 + nb], spec, pl.cp, packed)
-        m = nb * spec.p * spec.q
-        grid = (-(-m // t.bm), pl.kp // t.bn, 1)
-        args = (packed, wp, NULL if bias is None else bias, out[n0:n0 + nb],
-                i32(spec.h), i32(spec.w), i32(pl.cp), i32(spec.k), i32(spec.p), i32(spec.q), i32(spec.r),
-                i32(spec.s), i32(spec.stride[0]), i32(spec.stride[1]), i32(spec.pad[0]), i32(spec.pad[2]),
-                i32(spec.dilation[0]), i32(spec.dilation[1]), i32(m), i32(pl.k_tiles), numpy.int64(pl.w_row))
-        _loader.launch(fn, name, grid, (t.threads, 1, 1), args, shared_mem=t.smem_bytes)
+    pl, workspace, chunks = _launches(spec, x.dtype, tile, cupy.cuda.runtime.getDevice(), config.workspace_limit)
+    packed_w = cupy.empty(workspace, dtype=x.dtype)  # one allocation: the packed weight, then the input
+    packed_x = numpy.uint64(packed_w.data.ptr + pl.weight_bytes(x.dtype.itemsize))
+    bias = NULL if bias is None else bias
+    for i, (x_offset, out_offset, pack, gemm) in enumerate(chunks):
+        if i == 0:
+            pack(_at(x, x_offset), packed_x, w, packed_w)
+        else:
+            pack(_at(x, x_offset), packed_x, NULL, NULL)
+        gemm(packed_x, packed_w, bias, _at(out, out_offset))
 
 
 def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:

@@ -5,7 +5,7 @@
 // GEMM view (one group): out (M = N·P·Q, K) = A (M, R·S·Cp) @ Bᵀ, A never materialised. The input is
 // first packed to NHWC with the channels padded to Cp (a multiple of one 16-byte vector: 4 floats, 8
 // halves) by `pack_nhwc` (`pack_nhwc_narrow` for narrow pixels), and the weight to (Kp, R·S·Cp rounded
-// up to a k tile) by `pack_weight`, both zero-filled, so that:
+// up to a k tile) by the same launch, both zero-filled, so that:
 //   - every 16-byte vector of an A row is 8 (or 4) consecutive channels of one input pixel at one tap:
 //     one cp.async with zero fill for padding, out-of-image taps, rows past M and k past R·S·Cp;
 //   - the B tile needs no masks at all.
@@ -74,42 +74,101 @@ template <> struct Mma<__nv_bfloat16> {  // BF16 m16n8k16, fp32 accumulation
 using namespace cuconv;
 
 // ---------------------------------------------------------------------------------------------------
-// Packing. NCHW (n, c, hw) -> (n, hw, cp), pad channels zero; 32 x 32 tiles through smem so both the read
-// (along hw) and the write (along c) are coalesced. Block (32, 8); each block walks several hw tiles.
+// Packing: one launch per chunk packs the input and, in the first chunk's launch, the weight as well (a
+// launch costs the host ~10 µs through CuPy, as much as a small layer's pack itself).
+//
+// The weight: KCRS (k, c, r·s) -> (kp, row) with row index (r·s)·cp + ch, zero for k >= k_valid,
+// ch >= c and past r·s·cp (the last k tile's padding); elements first, first + step, ... of w_total (0:
+// no weight in this launch).
+//
+// Both pack kernels take their sizes as one struct (host time per launch argument, see CUCONV_IGEMM_PARAMS):
+// channels c and padded cp, pixels per sample hw, units (pack_nhwc: hw tiles; pack_nhwc_narrow: 16-byte
+// output vectors, of which in_blocks blocks take care), and the weight's k_valid filters, rs taps, row length
+// and total elements (0: none). The Python twin builds the same layout (PACK_SHAPE_DTYPE).
+struct PackShape {
+    int c, cp, hw, units, in_blocks, k_valid, rs;
+    long long w_row, w_total;
+};
+static_assert(sizeof(PackShape) == 48 && alignof(PackShape) == 8,  // 7 ints, 4 bytes of padding, 2 long longs
+              "PACK_SHAPE_DTYPE in cuconv/implicit_gemm.py has this layout");
+
+template <typename T, bool kTf32>
+__device__ __forceinline__ void pack_weight_part(const T* __restrict__ src, T* __restrict__ dst, const PackShape& ps,
+                                                 long long first, long long step) {
+    const long long row = ps.w_row;
+    for (long long i = first; i < ps.w_total; i += step) {
+        const long long kk = i / row;
+        const long long j = i - kk * row;
+        const long long tap = j / ps.cp;
+        const int ch = static_cast<int>(j - tap * ps.cp);
+        T v = zero<T>();
+        if (kk < ps.k_valid && ch < ps.c && tap < ps.rs) v = igemm::prepare<T, kTf32>(src[(kk * ps.c + ch) * ps.rs + tap]);
+        dst[i] = v;
+    }
+}
+
+
+// The input: NCHW (n, c, hw) -> (n, hw, cp), pad channels zero; 32-channel x 64-pixel tiles through smem so
+// both the read (along hw) and the write (along c) are coalesced. Block (32, 8); grid (hw tile blocks,
+// channel tiles, samples + 1 if the weight is packed too: the last z slice packs it). Each block walks
+// several hw tiles. Each thread has 8 loads in flight: with 32 x 32 tiles (4) the pack ran at 2.5 TB/s on
+// resnet_3x3_64, latency-bound (H200).
 template <typename T, bool kTf32>
 __global__ void __launch_bounds__(256)
-pack_nhwc(const T* __restrict__ src, T* __restrict__ dst, int c, int cp, int hw, int hw_tiles) {
-    __shared__ T tile[32][33];
+pack_nhwc(const T* __restrict__ src, T* __restrict__ dst, const T* __restrict__ w_src, T* __restrict__ w_dst,
+          const PackShape ps) {
+    constexpr int kHalves = 2;  // 32-pixel halves of a tile
+    const int c = ps.c, cp = ps.cp, hw = ps.hw, hw_tiles = ps.units;
+    if (ps.w_total > 0 && blockIdx.z == gridDim.z - 1) {
+        const int block = blockIdx.y * gridDim.x + blockIdx.x;
+        pack_weight_part<T, kTf32>(w_src, w_dst, ps, block * 256LL + threadIdx.y * 32 + threadIdx.x,
+                                   gridDim.x * gridDim.y * 256LL);
+        return;
+    }
+    __shared__ T tile[kHalves][32][33];
     const int c0 = blockIdx.y * 32;
     const T* s_n = src + static_cast<long long>(blockIdx.z) * c * hw;   // in-sample offsets are int:
     T* d_n = dst + static_cast<long long>(blockIdx.z) * hw * cp;        // h·w·cp < 2^31 (Python twin)
     for (int t = blockIdx.x; t < hw_tiles; t += gridDim.x) {
-        const int hw0 = t * 32;
+        const int hw0 = t * 32 * kHalves;
 #pragma unroll
-        for (int i = threadIdx.y; i < 32; i += 8) {
-            const int ch = c0 + i, pos = hw0 + threadIdx.x;
-            tile[i][threadIdx.x] = (ch < c && pos < hw) ? igemm::prepare<T, kTf32>(s_n[ch * hw + pos]) : zero<T>();
-        }
+        for (int half = 0; half < kHalves; ++half)
+#pragma unroll
+            for (int i = threadIdx.y; i < 32; i += 8) {
+                const int ch = c0 + i, pos = hw0 + half * 32 + threadIdx.x;
+                tile[half][i][threadIdx.x] =
+                    (ch < c && pos < hw) ? igemm::prepare<T, kTf32>(s_n[ch * hw + pos]) : zero<T>();
+            }
         __syncthreads();
 #pragma unroll
-        for (int i = threadIdx.y; i < 32; i += 8) {
-            const int pos = hw0 + i, ch = c0 + threadIdx.x;
-            if (ch < cp && pos < hw) d_n[pos * cp + ch] = tile[threadIdx.x][i];
-        }
+        for (int half = 0; half < kHalves; ++half)
+#pragma unroll
+            for (int i = threadIdx.y; i < 32; i += 8) {
+                const int pos = hw0 + half * 32 + i, ch = c0 + threadIdx.x;
+                if (ch < cp && pos < hw) d_n[pos * cp + ch] = tile[half][threadIdx.x][i];
+            }
         __syncthreads();
     }
 }
 
-// The same for narrow pixels (cp · sizeof(T) <= 64 bytes: up to 16 floats or 32 halves), where half or more
-// of pack_nhwc's 32-channel tile would idle: one thread per 16-byte output vector, its V channels read from
-// V planes. A warp's loads then cover 32 / (cp / V) consecutive pixels of each of its channels, whole
-// 32-byte sectors, and its stores 512 contiguous bytes. Chunks hold below 2^31 elements (Python twin).
+// The same for narrower pixels (cp · sizeof(T) <= 256 bytes: up to 64 floats or 128 halves; below 64 bytes
+// half or more of pack_nhwc's 32-channel tile would idle): one thread per 16-byte output vector, its V
+// channels read from V planes. A warp's loads then cover 32 / (cp / V) consecutive pixels of each of its
+// channels and its stores 512 contiguous bytes. Chunks hold below 2^31 elements (Python twin). Blocks from
+// in_blocks on pack the weight.
 template <typename T, bool kTf32>
 __global__ void __launch_bounds__(256)
-pack_nhwc_narrow(const T* __restrict__ src, T* __restrict__ dst, int c, int cp, int hw, int total_vecs) {
+pack_nhwc_narrow(const T* __restrict__ src, T* __restrict__ dst, const T* __restrict__ w_src, T* __restrict__ w_dst,
+                 const PackShape ps) {
+    const int c = ps.c, cp = ps.cp, hw = ps.hw, total_vecs = ps.units, in_blocks = ps.in_blocks;
+    if (static_cast<int>(blockIdx.x) >= in_blocks) {
+        pack_weight_part<T, kTf32>(w_src, w_dst, ps, (blockIdx.x - in_blocks) * 256LL + threadIdx.x,
+                                   (gridDim.x - in_blocks) * 256LL);
+        return;
+    }
     constexpr int V = 16 / sizeof(T);
     const int nvec = cp / V;
-    for (int i = blockIdx.x * 256 + threadIdx.x; i < total_vecs; i += gridDim.x * 256) {
+    for (int i = blockIdx.x * 256 + threadIdx.x; i < total_vecs; i += in_blocks * 256) {
         const int pix = i / nvec;  // sample · hw + position
         const int ch0 = (i - pix * nvec) * V;
         const int img = pix / hw;
@@ -121,33 +180,21 @@ pack_nhwc_narrow(const T* __restrict__ src, T* __restrict__ dst, int c, int cp, 
     }
 }
 
-// KCRS (k, c, r·s) -> (kp, row) with row index (r·s)·cp + ch, zero for k >= k_valid, ch >= c and past
-// r·s·cp (the last k tile's padding). Tiny; one thread per packed element.
-template <typename T, bool kTf32>
-__global__ void pack_weight(const T* __restrict__ src, T* __restrict__ dst, int k_valid, int c, int cp, int rs,
-                            long long row, long long total) {
-    for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
-         i += static_cast<long long>(gridDim.x) * blockDim.x) {
-        const long long kk = i / row;
-        const long long j = i - kk * row;
-        const long long tap = j / cp;
-        const int ch = static_cast<int>(j - tap * cp);
-        T v = zero<T>();
-        if (kk < k_valid && ch < c && tap < rs) v = igemm::prepare<T, kTf32>(src[(kk * c + ch) * rs + tap]);
-        dst[i] = v;
-    }
-}
-
 // ---------------------------------------------------------------------------------------------------
 // What both GEMM kernels share: the geometry and the tile loader.
 
 namespace cuconv {
 namespace igemm {
 
+// Packed input (n, h, w, cp) of this chunk's samples; output channels k and size p x q; kernel r x s,
+// stride, top and left padding, dilation; m = n·p·q, the GEMM's M; k_tiles = ceil(r·s·cp / tile k); w_row:
+// the packed weight's row length. The Python twin builds the same layout (GEOMETRY_DTYPE).
 struct Geometry {
     int h, w, cp, k, p, q, r, s, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, m, k_tiles;
     long long w_row;
 };
+static_assert(sizeof(Geometry) == 72 && alignof(Geometry) == 8,  // 16 ints, then w_row at byte 64
+              "GEOMETRY_DTYPE in cuconv/implicit_gemm.py has this layout");
 
 // One thread's share of a k tile: the 16-byte vector column `vec` of ROWS_A rows of A (output pixels,
 // gathered from the packed input) and ROWS_B rows of B (packed weight rows), every ROWS_PER_PASS-th row
@@ -246,16 +293,11 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
 }  // namespace igemm
 }  // namespace cuconv
 
-#define CUCONV_IGEMM_PARAMS                                                                                  \
-    const T *__restrict__ x, const T *__restrict__ wp, const T *__restrict__ bias, T *__restrict__ y,         \
-        int in_h, int in_w, int cp,        /* packed input (n, in_h, in_w, cp), this chunk's samples */       \
-        int k_out, int out_p, int out_q,   /* output channels and size */                                     \
-        int kernel_r, int kernel_s, int stride_h, int stride_w, int pad_h, int pad_w, int dil_h, int dil_w,   \
-        int m_rows,                        /* n·p·q: the GEMM's M */                                          \
-        int k_tiles, long long w_row       /* ceil(r·s·cp / tile k); packed weight row length */
-#define CUCONV_IGEMM_GEOMETRY                                                                                \
-    {in_h, in_w, cp, k_out, out_p, out_q, kernel_r, kernel_s, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, \
-     m_rows, k_tiles, w_row}
+// Both GEMM kernels take the packed operands, the bias (or null), the output chunk and the geometry as one
+// struct: a launch through CuPy costs ~0.25 µs of host time per argument (H200: 21 arguments 9.0 µs, five
+// 4.7 µs).
+#define CUCONV_IGEMM_PARAMS \
+    const T *__restrict__ x, const T *__restrict__ wp, const T *__restrict__ bias, T *__restrict__ y, const igemm::Geometry g
 
 // ---------------------------------------------------------------------------------------------------
 // The GEMM on mma.sync (sm_80+). Block: WARPS_M x WARPS_N warps, each a (BM/WARPS_M) x (BN/WARPS_N) tile of
@@ -264,7 +306,6 @@ template <typename T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int 
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
 implicit_gemm_fprop(CUCONV_IGEMM_PARAMS) {
     using namespace igemm;
-    const Geometry g = CUCONV_IGEMM_GEOMETRY;
     constexpr int kRowBytes = KB;                // k bytes per smem row and per k tile (64 or 128)
     constexpr int kPitch = kRowBytes + 16;       // padded row: conflict-free ldmatrix (80 or 144 bytes)
     constexpr int kVecPerRow = kRowBytes / 16;   // 16-byte vectors per row
@@ -467,7 +508,6 @@ __global__ void __launch_bounds__(BF / 64 * WG_P * 128)
 implicit_gemm_wgmma(CUCONV_IGEMM_PARAMS) {
 #ifdef CUCONV_IGEMM_WGMMA
     using namespace igemm;
-    const Geometry g = CUCONV_IGEMM_GEOMETRY;
     constexpr int kThreads = BF / 64 * WG_P * 128;
     constexpr int kRowBytes = 128;
     constexpr int kRowsPerPass = kThreads / 8;                 // 8 vectors of 16 bytes per row

@@ -457,24 +457,39 @@ def test_implicit_gemm_tiles_equal_cpu_exactly_on_integers(case, tile, dtype_nam
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("c", [1, 3, 8, 16, 20, 33, 64])
-def test_implicit_gemm_pack_is_nhwc_with_zero_channels(c, dtype_name):
-    """Both pack kernels (narrow pixels up to 64 bytes, 32 x 32 transposes above): NHWC with the channels
-    padded to cp with zeros, TF32-rounded for float32, over several samples and an odd image size."""
+@pytest.mark.parametrize("c", [1, 3, 8, 16, 20, 33, 64, 72, 136])
+@pytest.mark.parametrize("image", [(3, 13, 11), (1, 190, 180)], ids=["odd", "more-tiles-than-the-grid"])
+def test_implicit_gemm_pack_is_nhwc_with_zero_channels(image, c, dtype_name):
+    """Both pack kernels (pixels up to 256 bytes one thread per vector, 32 x 64 transposes above): NHWC with the channels
+    padded to cp with zeros, TF32-rounded for float32, over several samples and an odd image size (and one
+    of more than 512 tiles, which the grid walks); and the weight, packed by the same launch, (kp, w_row)
+    with k index (r·S + s)·cp + c and zeros elsewhere."""
     import cupy
 
     from cuconv import implicit_gemm
 
     dtype = _dtype(dtype_name)
-    spec = cuconv.ConvSpec.from_args((3, c, 13, 11), (4, c, 3, 3))
+    n, h, w_ = image
+    spec = cuconv.ConvSpec.from_args((n, c, h, w_), (5, c, 3, 2))
     pl = implicit_gemm.plan(spec, dtype)
-    x = numpy.random.default_rng(c).integers(-8, 9, (3, c, 13, 11)).astype(dtype)
-    out = cupy.full(3 * 13 * 11 * pl.cp, numpy.nan, dtype=dtype)
-    implicit_gemm.pack_input(_to_gpu(x, dtype), spec, pl.cp, out)
-    want = numpy.zeros((3, 13, 11, pl.cp), dtype)
-    want[..., :c] = x.transpose(0, 2, 3, 1)
-    numpy.testing.assert_array_equal(cupy.asnumpy(out).reshape(want.shape).astype(numpy.float64),
-                                     want.astype(numpy.float64))
+    rng = numpy.random.default_rng(c)
+    x = rng.integers(-8, 9, (n, c, h, w_)).astype(dtype)
+    w = rng.integers(-8, 9, (5, c, 3, 2)).astype(dtype)
+    packed_x = cupy.full(n * h * w_ * pl.cp, numpy.nan, dtype=dtype)
+    packed_w = cupy.full(pl.kp * pl.w_row, numpy.nan, dtype=dtype)
+    implicit_gemm.pack_operands(_to_gpu(x, dtype), _to_gpu(w, dtype), spec, pl, packed_x, packed_w)
+    want_x = numpy.zeros((n, h, w_, pl.cp), dtype)
+    want_x[..., :c] = x.transpose(0, 2, 3, 1)
+    want_w = numpy.zeros((pl.kp, pl.w_row), dtype)
+    for tap in range(3 * 2):
+        want_w[:5, tap * pl.cp:tap * pl.cp + c] = w[:, :, tap // 2, tap % 2]
+    for got, want in ((packed_x, want_x), (packed_w, want_w)):
+        numpy.testing.assert_array_equal(cupy.asnumpy(got).reshape(want.shape).astype(numpy.float64),
+                                         want.astype(numpy.float64))
+    packed_x.fill(numpy.nan)  # without a weight: the input alone
+    implicit_gemm.pack_operands(_to_gpu(x, dtype), None, spec, pl, packed_x)
+    numpy.testing.assert_array_equal(cupy.asnumpy(packed_x).reshape(want_x.shape).astype(numpy.float64),
+                                     want_x.astype(numpy.float64))
 
 
 def test_direct_smem_refuses_a_window_beyond_the_device_shared_memory():

@@ -19,6 +19,7 @@ import os
 import pathlib
 import shutil
 
+import numpy
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -153,6 +154,20 @@ def test_loader_reads_this_checkout():
 @pytest.mark.parametrize("stem", KERNEL_STEMS)
 def test_kernel_has_python_twin(stem):
     twin_name_expressions(stem)
+
+
+def test_implicit_gemm_structs_match_the_kernels():
+    """The structs implicit_gemm passes by value (one launch argument instead of 9 or 17): the NumPy dtypes
+    have the layouts that kernels_cu/implicit_gemm.cu static_asserts for PackShape and Geometry, which the
+    compile tests build."""
+    from cuconv import implicit_gemm
+
+    source = (REPO_KERNELS / "implicit_gemm.cu").read_text()
+    for dtype, struct, size, w_row in ((implicit_gemm.PACK_SHAPE_DTYPE, "PackShape", 48, 32),
+                                       (implicit_gemm.GEOMETRY_DTYPE, "Geometry", 72, 64)):
+        assert f"sizeof({struct}) == {size} && alignof({struct}) == 8" in source
+        assert (dtype.itemsize, dtype.alignment, dtype.fields["w_row"][1]) == (size, 8, w_row)
+        assert all(dtype.fields[f][0] == numpy.int32 for f in dtype.names[:-2 if struct == "PackShape" else -1])
 
 
 def compile_all(jobs, workers=None) -> dict:
