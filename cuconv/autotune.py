@@ -35,7 +35,8 @@ _lock = threading.Lock()
 
 def signature(device_name: str, dtype, precision: str, pass_: str, spec: ConvSpec) -> str:
     """The cache key: stable text, the same across processes."""
-    fields = ",".join(f"{f.name}={getattr(spec, f.name)}" for f in sorted(dataclasses.fields(spec), key=lambda f: f.name))
+    names = sorted(f.name for f in dataclasses.fields(spec))  # the fields only, not cached derived sizes
+    fields = ",".join(f"{name}={getattr(spec, name)}" for name in names)
     return f"{device_name}|{numpy.dtype(dtype).name}|{precision}|{pass_}|{fields}"
 
 

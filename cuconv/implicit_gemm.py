@@ -321,8 +321,9 @@ def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int):
     chunks = []
     for n0 in range(0, spec.n, pl.samples):
         nb = min(pl.samples, spec.n - n0)
-        chunks.append((n0 * spec.c * spec.h * spec.w * itemsize, n0 * spec.k * spec.p * spec.q * itemsize,
-                       _pack_kernel(spec, dtype, pl.cp, nb, pl if n0 == 0 else None), _gemm_kernel(spec, dtype, pl, nb)))
+        pack = _pack_kernel(spec, dtype, pl.cp, nb, pl if n0 == 0 else None)
+        chunks.append((n0 * spec.c * spec.h * spec.w * itemsize, n0 * spec.k * spec.p * spec.q * itemsize, pack,
+                       _gemm_kernel(spec, dtype, pl, nb)))
     return pl, pl.kp * pl.w_row + pl.samples * spec.h * spec.w * pl.cp, tuple(chunks)  # elements
 
 

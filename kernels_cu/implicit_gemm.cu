@@ -102,7 +102,8 @@ __device__ __forceinline__ void pack_weight_part(const T* __restrict__ src, T* _
         const long long tap = j / ps.cp;
         const int ch = static_cast<int>(j - tap * ps.cp);
         T v = zero<T>();
-        if (kk < ps.k_valid && ch < ps.c && tap < ps.rs) v = igemm::prepare<T, kTf32>(src[(kk * ps.c + ch) * ps.rs + tap]);
+        if (kk < ps.k_valid && ch < ps.c && tap < ps.rs)
+            v = igemm::prepare<T, kTf32>(src[(kk * ps.c + ch) * ps.rs + tap]);
         dst[i] = v;
     }
 }
@@ -296,8 +297,9 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
 // Both GEMM kernels take the packed operands, the bias (or null), the output chunk and the geometry as one
 // struct: a launch through CuPy costs ~0.25 µs of host time per argument (H200: 21 arguments 9.0 µs, five
 // 4.7 µs).
-#define CUCONV_IGEMM_PARAMS \
-    const T *__restrict__ x, const T *__restrict__ wp, const T *__restrict__ bias, T *__restrict__ y, const igemm::Geometry g
+#define CUCONV_IGEMM_PARAMS                                                                          \
+    const T *__restrict__ x, const T *__restrict__ wp, const T *__restrict__ bias, T *__restrict__ y, \
+        const igemm::Geometry g
 
 // ---------------------------------------------------------------------------------------------------
 // The GEMM on mma.sync (sm_80+). Block: WARPS_M x WARPS_N warps, each a (BM/WARPS_M) x (BN/WARPS_N) tile of

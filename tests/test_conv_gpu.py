@@ -460,10 +460,10 @@ def test_implicit_gemm_tiles_equal_cpu_exactly_on_integers(case, tile, dtype_nam
 @pytest.mark.parametrize("c", [1, 3, 8, 16, 20, 33, 64, 72, 136])
 @pytest.mark.parametrize("image", [(3, 13, 11), (1, 190, 180)], ids=["odd", "more-tiles-than-the-grid"])
 def test_implicit_gemm_pack_is_nhwc_with_zero_channels(image, c, dtype_name):
-    """Both pack kernels (pixels up to 256 bytes one thread per vector, 32 x 64 transposes above): NHWC with the channels
-    padded to cp with zeros, TF32-rounded for float32, over several samples and an odd image size (and one
-    of more than 512 tiles, which the grid walks); and the weight, packed by the same launch, (kp, w_row)
-    with k index (r·S + s)·cp + c and zeros elsewhere."""
+    """Both pack kernels (pixels up to 256 bytes one thread per vector, 32 x 64 transposes above): NHWC with
+    the channels padded to cp with zeros, TF32-rounded for float32, over several samples and an odd image
+    size (and one of more than 512 tiles, which the grid walks); and the weight, packed by the same launch,
+    (kp, w_row) with k index (r·S + s)·cp + c and zeros elsewhere."""
     import cupy
 
     from cuconv import implicit_gemm
