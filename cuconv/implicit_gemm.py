@@ -204,14 +204,15 @@ def plan(spec: ConvSpec, dtype, tile: Tile = None, workspace_limit: int = None) 
     tile = tile or choose_tile(spec, dtype)
     tile_k = tile.kbytes // itemsize
     k_tiles = -(-(spec.r * spec.s * cp) // tile_k)
+    w_row = k_tiles * tile_k
     kp = -(-spec.k_per_group // tile.bn) * tile.bn
     limit = config.workspace_limit if workspace_limit is None else workspace_limit
     per_sample = max(1, spec.h * spec.w * cp)
     # the workspace: the packed weight, then the chunk. int offsets in the kernel: a chunk's packed input and
     # its GEMM rows stay below 2^31
-    samples = max(1, min(spec.n, (limit - kp * k_tiles * tile_k * itemsize) // (per_sample * itemsize),
+    samples = max(1, min(spec.n, (limit - kp * w_row * itemsize) // (per_sample * itemsize),
                          _INT_MAX // per_sample, _INT_MAX // max(1, spec.p * spec.q), _MAX_GRID_Z))
-    return Plan(tile, cp, k_tiles, k_tiles * tile_k, kp, samples)
+    return Plan(tile, cp, k_tiles, w_row, kp, samples)
 
 
 def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
@@ -351,11 +352,10 @@ def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, tile: Tile = No
     packed_w = cupy.empty(workspace, dtype=x.dtype)  # one allocation: the packed weight, then the input
     packed_x = numpy.uint64(packed_w.data.ptr + pl.weight_bytes(x.dtype.itemsize))
     bias = NULL if bias is None else bias
-    for i, (x_offset, out_offset, pack, gemm) in enumerate(chunks):
-        if i == 0:
-            pack(_at(x, x_offset), packed_x, w, packed_w)
-        else:
-            pack(_at(x, x_offset), packed_x, NULL, NULL)
+    weight = (w, packed_w)
+    for x_offset, out_offset, pack, gemm in chunks:
+        pack(_at(x, x_offset), packed_x, *weight)
+        weight = (NULL, NULL)  # the first chunk's launch packed it
         gemm(packed_x, packed_w, bias, _at(out, out_offset))
 
 
