@@ -73,11 +73,11 @@ def _check_dtypes(first_array, second_array, bias, first="Input", second="weight
 
 
 def _check_same_device(reference, reference_name="input", **others):
-    dev = reference.device.id
+    dev = reference.data.device_id  # an int attribute: ``.device`` builds a Device object (host time)
     for name, a in others.items():
-        if a is not None and a.device.id != dev:
+        if a is not None and a.data.device_id != dev:
             raise ValueError(f"Expected all arrays to be on the same device, but found {reference_name} on "
-                             f"cuda:{dev} and {name} on cuda:{a.device.id}")
+                             f"cuda:{dev} and {name} on cuda:{a.data.device_id}")
 
 
 def _check_out(out, shape, dtype):
@@ -152,6 +152,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     if on_gpu:
         import cupy as xp
 
+        if x.data.device_id == xp.cuda.runtime.getDevice():  # already current: no context to enter and leave
+            return _run(xp, name, x, weight, bias, spec, out, result_shape, precision, on_gpu, algo)
         with x.device:
             return _run(xp, name, x, weight, bias, spec, out, result_shape, precision, on_gpu, algo)
     return _run(numpy, name, x, weight, bias, spec, out, result_shape, precision, on_gpu, algo)

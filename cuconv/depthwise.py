@@ -268,9 +268,19 @@ def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, kernel: str = N
     NotImplementedError where that kernel cannot serve."""
     import cupy
 
-    name, grid, block, smem, geometry = _forward_launch(spec, x.dtype, x.data.ptr % 16 == 0, out.data.ptr % 16 == 0,
-                                                        _loader.smem_limit(), cupy.cuda.runtime.getDevice(), kernel)
-    _loader.launch(_fn(name), name, grid, block, (x, w, bias, out) + geometry, shared_mem=smem)
+    launch = _forward_prepared(spec, x.dtype, x.data.ptr % 16 == 0, out.data.ptr % 16 == 0, _loader.smem_limit(),
+                               cupy.cuda.runtime.getDevice(), kernel)
+    launch(x.data.ptr, w.data.ptr, 0 if bias is None else bias.data.ptr, out.data.ptr)
+
+
+@functools.lru_cache(maxsize=1024)
+def _forward_prepared(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, smem_limit: int, device: int,
+                      kernel: str = None) -> "_loader.PreparedLaunch":
+    """``_forward_launch`` prepared (``_loader.PreparedLaunch``): a call passes four pointers to one driver
+    call instead of CuPy marshalling sixteen arguments (~8 µs of host time on a 0.06 ms layer)."""
+    name, grid, block, smem, geometry = _forward_launch(spec, dtype, x_aligned, out_aligned, smem_limit, device,
+                                                        kernel)
+    return _loader.PreparedLaunch(_fn(name), name, grid, block, 4, geometry, smem)
 
 
 def forward_kernels(spec: ConvSpec, dtype, x_aligned: bool = True, out_aligned: bool = True) -> tuple:

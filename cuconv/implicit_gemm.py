@@ -13,9 +13,13 @@ Forward (and dgrad at stride 1, as the forward convolution of ``dy``, ``dgrad_fo
    (the loader compiles the file for sm_90a there).
 
 The weight is packed once per call, by the first chunk's packing launch ((Kp, R·S·cp) zero-padded to
-whole tiles). Tiles (``Tile``, ``WgmmaTile``) are template instances; ``choose_tile`` picks one from the
-device, the filters and the reduction length. The launches of a problem are planned once (``_launches``):
-a call costs two launches per chunk and one allocation of host time.
+whole tiles). On compute capability 9.0 ``implicit_gemm_wgmma_nchw`` (an ``NchwTile``) skips both packs:
+it gathers the NCHW input and the KCRS weight itself, through registers, which pays where the pack weighs
+most (1x1 layers; float32 with few filters and taps: ``prefers_nchw``). Tiles (``Tile``, ``WgmmaTile``,
+``NchwTile``) are template instances; ``choose_tile`` picks one from the device, the filters and the
+reduction length. The launches of a problem are planned once (``_launches``) and prepared
+(``_loader.PreparedLaunch``): a call costs two launches per chunk and one allocation of host time, an
+NchwTile one launch per chunk and no allocation.
 float32 "ieee" and float64 are refused (they need FFMA arithmetic: ``direct_smem`` / ``im2col_gemm``), as are grouped
 convolutions.
 """
@@ -31,14 +35,14 @@ from . import _dtypes, _loader, dgrad_forward
 from ._config import config
 from .spec import ConvSpec
 
-__all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "Tile", "WgmmaTile", "TILES", "wgmma_available",
-           "choose_tile", "Plan", "plan", "pack_operands", "NAME_EXPRESSIONS", "STEM"]
+__all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "Tile", "WgmmaTile", "NchwTile", "TILES",
+           "wgmma_available", "choose_tile", "prefers_nchw", "nchw_fits", "Plan", "plan", "pack_operands",
+           "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "implicit_gemm"
 _INT_MAX = 2**31 - 1
 _MAX_GRID_Z = 65535     # pack_nhwc runs one sample per grid z
 _MAX_SIDE = 2**15 - 1    # input rows and columns (padding included) are 16-bit in the loader
-NULL = numpy.uint64(0)   # a null bias pointer
 
 # C++ storage types with tensor-core arithmetic here (float means TF32: rounded when packed)
 _TENSOR_CORE_TYPES = ("float", "__half", "__nv_bfloat16")
@@ -61,6 +65,7 @@ class Tile:
     stages: int
     kbytes: int = 128  # k bytes per shared-memory row and per k tile
     wgmma = False      # an mma.sync instance (sm_80+)
+    nchw = False       # reads the packed input (the packing launch runs first)
 
     @property
     def pitch(self) -> int:
@@ -93,6 +98,7 @@ class WgmmaTile:
     retire: bool = False  # retire each k tile's wgmmas before the next: loads run stages - 1 tiles ahead
     kbytes = 128
     wgmma = True
+    nchw = False
 
     @property
     def threads(self) -> int:
@@ -109,6 +115,40 @@ class WgmmaTile:
                 f"{str(self.retire).lower()}>")
 
 
+@dataclasses.dataclass(frozen=True)
+class NchwTile:
+    """One ``implicit_gemm_wgmma_nchw`` instance (sm_90a): ``bn`` filters × 128 output pixels with ``bn / 64``
+    warpgroups, gathering both operands itself from the NCHW input and KCRS weight (no packing launch, no
+    workspace) into two swizzled slots; at least ``min_blocks`` blocks per SM (register budget)."""
+
+    bn: int
+    min_blocks: int
+    bm = 128
+    wg_p = 1
+    stages = 2
+    retire = True
+    kbytes = 128
+    wgmma = True
+    nchw = True
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.bn // 64)
+
+    @property
+    def smem_bytes(self) -> int:
+        """The two slots or the epilogue's staging, if larger, plus 1024 bytes of alignment; the k table
+        comes on top (``table_bytes``)."""
+        return max(2 * (self.bm + self.bn) * self.kbytes, self.bn * (self.bm + 4) * 4) + 1024
+
+    def table_bytes(self, k_tiles: int, itemsize: int) -> int:
+        """8 bytes per k of the padded reduction (input offset, tap bit)."""
+        return k_tiles * (self.kbytes // itemsize) * 8
+
+    def kernel_name(self, ctype: str) -> str:
+        return f"implicit_gemm_wgmma_nchw<{ctype},{self.bn},{self.bm},{self.min_blocks}>"
+
+
 # Measured on an H200 (docs/perf-notes.md, "implicit_gemm"). mma.sync (any sm_80+ device): of ten
 # candidates these three were the fastest somewhere; 8 warps of 64x32 on 128 filters; 4 warps of 64x32 on
 # 64 filters, with 128-byte k tiles for long reductions and 64-byte ones (61 KB, three blocks per SM) for
@@ -123,6 +163,8 @@ TILES = {
     "wg64x128s3": WgmmaTile(64, 128, 1, 3),        # 73 KB: three
     "wg128x128r": WgmmaTile(128, 128, 1, 3, True),  # 97 KB: two, loads two tiles ahead
     "wg128x256": WgmmaTile(128, 256, 1, 4),        # 193 KB: one
+    "nchw64": NchwTile(64, 3),                     # 49 KB + table: three blocks per SM
+    "nchw128": NchwTile(128, 2),                   # 69 KB + table: two
 }
 
 NAME_EXPRESSIONS = tuple(
@@ -156,8 +198,24 @@ def _padded_channels(spec: ConvSpec, itemsize: int) -> int:
     return -(-spec.c_per_group // vec) * vec
 
 
-def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None):
-    """``wgmma`` defaults to whether the current device has it (compute capability 9.0). There: 64 filters
+# An NchwTile instead of packing where the pack costs as much as the gather it saves (H200, docs/perf-notes.md
+# v6): the pack moves the input twice, the GEMM reads it K·R·S / (tile) times more, so the pack weighs most
+# where K·R·S is small. 1x1 layers (resnet_1x1_256: 46 against 113 us float32, 40 against 78 us float16);
+# float32 up to K·R·S = 576 (resnet_3x3_64: 72.9 against 72.3 us pack included, one launch and no allocation
+# fewer); float16 gathers two bytes per load and lost on 3x3 (64 against 44 us).
+_NCHW_MAX_FILTER_TAPS_FP32 = 576
+
+
+def prefers_nchw(spec: ConvSpec, dtype) -> bool:
+    """Whether ``choose_tile`` takes an NchwTile (where it fits) on a wgmma device."""
+    taps = spec.r * spec.s
+    return taps == 1 or (numpy.dtype(dtype).itemsize == 4 and spec.k_per_group * taps <= _NCHW_MAX_FILTER_TAPS_FP32)
+
+
+def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None, nchw: bool = None):
+    """``wgmma`` defaults to whether the current device has it (compute capability 9.0), ``nchw`` to
+    ``prefers_nchw``. There: an NchwTile where it is preferred and fits (64 filters per block up to 64 filters,
+    else 128); otherwise 64 filters
     per block where K/groups <= 64, with four slots for float32 reductions of 16 k tiles or more and three
     (three blocks per SM) otherwise; above 64 filters, 128 x 256 blocks for float32 reductions of 32 k tiles
     or more and 128 x 128 ones (two per SM) otherwise. Elsewhere (mma.sync): 128 filters per block where
@@ -167,6 +225,10 @@ def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None):
         wgmma = wgmma_available()
     itemsize = numpy.dtype(dtype).itemsize
     if wgmma:
+        if nchw is None:
+            nchw = prefers_nchw(spec, dtype)
+        if nchw and nchw_fits(spec, dtype):
+            return TILES["nchw64" if spec.k_per_group <= 64 else "nchw128"]
         k_tiles = -(-(spec.r * spec.s * _padded_channels(spec, itemsize) * itemsize) // WgmmaTile.kbytes)
         long_fp32 = itemsize == 4 and k_tiles >= (16 if spec.k_per_group <= 64 else 32)
         if spec.k_per_group <= 64:
@@ -181,7 +243,8 @@ def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None):
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """How one problem runs: the tile, padded channels ``cp``, the k tiles, packed weight rows (``kp`` ×
-    ``w_row``) and samples per chunk."""
+    ``w_row``) and samples per chunk. An ``NchwTile`` packs nothing: ``cp`` is C and ``w_row`` C·R·S, the
+    weight's own rows."""
 
     tile: Tile
     cp: int
@@ -191,21 +254,47 @@ class Plan:
     samples: int
 
     def sample_bytes(self, spec: ConvSpec, itemsize: int) -> int:
-        return spec.h * spec.w * self.cp * itemsize
+        """One packed sample of the workspace (none for an NchwTile)."""
+        return 0 if self.tile.nchw else spec.h * spec.w * self.cp * itemsize
 
     def weight_bytes(self, itemsize: int) -> int:
-        """The packed weight, which shares the workspace with a chunk of packed samples."""
-        return self.kp * self.w_row * itemsize
+        """The packed weight, which shares the workspace with a chunk of packed samples (none for an
+        NchwTile)."""
+        return 0 if self.tile.nchw else self.kp * self.w_row * itemsize
+
+
+# An NchwTile's k table (8 bytes per k in shared memory) up to this many k: reductions up to C·R·S = 2048
+# (16 KB), past which the pack is a small part of the time anyway; and kernels of up to 31 taps (one bit each
+# in a 32-bit word per pixel)
+_NCHW_MAX_K = 2048
+_NCHW_MAX_TAPS = 31
+
+
+def nchw_fits(spec: ConvSpec, dtype) -> bool:
+    """Whether an ``NchwTile`` can serve this problem: its k table fits (``_NCHW_MAX_K``) and the kernel's taps
+    fit a 32-bit word (``_NCHW_MAX_TAPS``)."""
+    tile_k = WgmmaTile.kbytes // numpy.dtype(dtype).itemsize
+    return (-(-spec.crs_per_group // tile_k) * tile_k <= _NCHW_MAX_K
+            and spec.r * spec.s <= _NCHW_MAX_TAPS)
 
 
 def plan(spec: ConvSpec, dtype, tile: Tile = None, workspace_limit: int = None) -> Plan:
+    """The plan of ``tile`` (default ``choose_tile``); an NchwTile that cannot serve the problem
+    (``nchw_fits``) gives way to the packed wgmma tile ``choose_tile`` picks."""
     itemsize = numpy.dtype(dtype).itemsize
-    cp = _padded_channels(spec, itemsize)
     tile = tile or choose_tile(spec, dtype)
+    if tile.nchw and not nchw_fits(spec, dtype):  # (an NchwTile runs wgmma: so does its stand-in)
+        tile = choose_tile(spec, dtype, wgmma=True, nchw=False)
     tile_k = tile.kbytes // itemsize
+    kp = -(-spec.k_per_group // tile.bn) * tile.bn
+    if tile.nchw:  # int offsets in the kernel: a chunk's input and its GEMM rows stay below 2^31
+        k_tiles = -(-spec.crs_per_group // tile_k)
+        samples = max(1, min(spec.n, _INT_MAX // max(1, spec.c * spec.h * spec.w),
+                             _INT_MAX // max(1, spec.p * spec.q)))
+        return Plan(tile, spec.c, k_tiles, spec.crs_per_group, kp, samples)
+    cp = _padded_channels(spec, itemsize)
     k_tiles = -(-(spec.r * spec.s * cp) // tile_k)
     w_row = k_tiles * tile_k
-    kp = -(-spec.k_per_group // tile.bn) * tile.bn
     limit = config.workspace_limit if workspace_limit is None else workspace_limit
     per_sample = max(1, spec.h * spec.w * cp)
     # the workspace: the packed weight, then the chunk. int offsets in the kernel: a chunk's packed input and
@@ -246,17 +335,11 @@ def _fn(name: str):
     return _loader.get_function(STEM, NAME_EXPRESSIONS, name)
 
 
-class _Kernel:
-    """One launch but its array arguments: the function, grid, block, shared memory and scalar arguments,
-    built once per problem (``_launches``) so that a layer called again spends no host time planning."""
-
-    __slots__ = ("fn", "name", "grid", "block", "smem", "scalars")
-
-    def __init__(self, name: str, grid: tuple, block: tuple, scalars: tuple, smem: int = 0):
-        self.fn, self.name, self.grid, self.block, self.smem, self.scalars = _fn(name), name, grid, block, smem, scalars
-
-    def __call__(self, *arrays) -> None:
-        _loader.launch(self.fn, self.name, self.grid, self.block, arrays + self.scalars, shared_mem=self.smem)
+def _kernel(name: str, grid: tuple, block: tuple, scalars: tuple, smem: int = 0) -> "_loader.PreparedLaunch":
+    """One launch but its pointer arguments (x, w or packed operands, bias, output): built once per problem
+    (``_launches``), called with raw pointers, so that a layer called again spends no host time planning or
+    marshalling arguments."""
+    return _loader.PreparedLaunch(_fn(name), name, grid, block, 4, scalars, smem)
 
 
 # The kernels' structs, passed by value: one argument instead of 9 or 17 (host time per launch).
@@ -272,10 +355,10 @@ _NARROW_PIXEL_BYTES = 256
 _WEIGHT_BLOCKS = 64       # blocks of 256 threads that pack the weight (at most 64 · 256 elements each)
 
 
-def _pack_kernel(spec: ConvSpec, dtype, cp: int, samples: int, weight: "Plan" = None) -> _Kernel:
+def _pack_kernel(spec: ConvSpec, dtype, cp: int, samples: int, weight: "Plan" = None) -> "_loader.PreparedLaunch":
     """One launch packing ``samples`` samples (C, H, W) -> (H, W, cp), channels zero-padded, and with a
     ``weight`` plan also the weight, KCRS -> (kp, w_row) zero-padded with k index (r·S + s)·cp + c; float32
-    rounded to TF32 on the way. Arrays: x, packed x, w, packed w (NULL, NULL without a weight). Pixels of
+    rounded to TF32 on the way. Pointers: x, packed x, w, packed w (ignored without a weight). Pixels of
     up to 256 bytes take one thread per 16-byte output vector (``pack_nhwc_narrow``: 2-10x faster than
     pack_nhwc below 64 bytes, where its 32-channel tiles idle, and up to 20% at 128-256), wider ones 32 x 64
     transposes in shared memory; the weight takes extra blocks of the same launch."""
@@ -293,51 +376,50 @@ def _pack_kernel(spec: ConvSpec, dtype, cp: int, samples: int, weight: "Plan" = 
     if cp * dtype.itemsize <= _NARROW_PIXEL_BYTES:
         vecs = samples * hw * cp * dtype.itemsize // 16
         blocks = max(1, -(-vecs // 256))  # one vector a thread (a capped grid walking them was up to 11% slower)
-        return _Kernel(f"pack_nhwc_narrow<{ctype},{_tf32(ctype)}>", (blocks + w_blocks, 1, 1), (256, 1, 1),
+        return _kernel(f"pack_nhwc_narrow<{ctype},{_tf32(ctype)}>", (blocks + w_blocks, 1, 1), (256, 1, 1),
                        (shape(vecs, blocks),))
     tiles = -(-hw // 64)  # pack_nhwc's tiles: 32 channels x 64 pixels
-    return _Kernel(f"pack_nhwc<{ctype},{_tf32(ctype)}>", (min(tiles, 512), -(-cp // 32), samples + (w_total > 0)),
+    return _kernel(f"pack_nhwc<{ctype},{_tf32(ctype)}>", (min(tiles, 512), -(-cp // 32), samples + (w_total > 0)),
                    (32, 8, 1), (shape(tiles),))
 
 
-def _gemm_kernel(spec: ConvSpec, dtype, pl: Plan, samples: int) -> _Kernel:
+def _gemm_kernel(spec: ConvSpec, dtype, pl: Plan, samples: int) -> "_loader.PreparedLaunch":
     """The implicit GEMM of ``samples`` packed samples into their NCHW output, bias fused."""
     t = pl.tile
     m = samples * spec.p * spec.q
     geometry = numpy.array((spec.h, spec.w, pl.cp, spec.k, spec.p, spec.q, spec.r, spec.s, spec.stride[0],
                             spec.stride[1], spec.pad[0], spec.pad[2], spec.dilation[0], spec.dilation[1], m,
                             pl.k_tiles, pl.w_row), dtype=GEOMETRY_DTYPE)[()]
-    return _Kernel(t.kernel_name(_dtypes.ctype_of(dtype)), (-(-m // t.bm), pl.kp // t.bn, 1), (t.threads, 1, 1),
-                   (geometry,), smem=t.smem_bytes)
+    smem = t.smem_bytes + (t.table_bytes(pl.k_tiles, numpy.dtype(dtype).itemsize) if t.nchw else 0)
+    return _kernel(t.kernel_name(_dtypes.ctype_of(dtype)), (-(-m // t.bm), pl.kp // t.bn, 1), (t.threads, 1, 1),
+                   (geometry,), smem=smem)
 
 
 @functools.lru_cache(maxsize=1024)
 def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int):
     """(plan, workspace elements, chunks) of a forward; each chunk (x byte offset, out byte offset, packing,
     GEMM), the first chunk's packing with the weight's. The workspace holds the packed weight (kp · w_row
-    elements: whole 128-byte rows) and then one chunk's packed input. Memoized per problem, tile, device and
-    workspace limit: a layer called again spends no host time planning."""
+    elements: whole 128-byte rows) and then one chunk's packed input. An NchwTile packs nothing: no
+    workspace, packing None. Memoized per problem, tile, device and workspace limit: a layer called again
+    spends no host time planning."""
     pl = plan(spec, dtype, tile, workspace_limit)
     itemsize = numpy.dtype(dtype).itemsize
     chunks = []
     for n0 in range(0, spec.n, pl.samples):
         nb = min(pl.samples, spec.n - n0)
-        pack = _pack_kernel(spec, dtype, pl.cp, nb, pl if n0 == 0 else None)
+        pack = None if pl.tile.nchw else _pack_kernel(spec, dtype, pl.cp, nb, pl if n0 == 0 else None)
         chunks.append((n0 * spec.c * spec.h * spec.w * itemsize, n0 * spec.k * spec.p * spec.q * itemsize, pack,
                        _gemm_kernel(spec, dtype, pl, nb)))
-    return pl, pl.kp * pl.w_row + pl.samples * spec.h * spec.w * pl.cp, tuple(chunks)  # elements
-
-
-def _at(a, offset: int):
-    """``a`` or a raw pointer ``offset`` bytes into it (kernels take bare pointers; no view to build)."""
-    return a if offset == 0 else numpy.uint64(a.data.ptr + offset)
+    workspace = 0 if pl.tile.nchw else pl.kp * pl.w_row + pl.samples * spec.h * spec.w * pl.cp  # elements
+    return pl, workspace, tuple(chunks)
 
 
 def pack_operands(x, w, spec: ConvSpec, pl: Plan, packed_x, packed_w=None) -> None:
     """Pack x (n, C, H, W) into ``packed_x`` (n, H, W, cp) and, given ``packed_w`` (kp · w_row elements), the
     weight too, in one launch (``_pack_kernel``)."""
     kernel = _pack_kernel(spec, x.dtype, pl.cp, x.shape[0], None if packed_w is None else pl)
-    kernel(x, packed_x, NULL if packed_w is None else w, NULL if packed_w is None else packed_w)
+    kernel(x.data.ptr, packed_x.data.ptr, 0 if packed_w is None else w.data.ptr,
+           0 if packed_w is None else packed_w.data.ptr)
 
 
 def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, tile: Tile = None) -> None:
@@ -349,14 +431,19 @@ def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, tile: Tile = No
     if tile is not None and tile.wgmma and not wgmma_available():
         raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
     pl, workspace, chunks = _launches(spec, x.dtype, tile, cupy.cuda.runtime.getDevice(), config.workspace_limit)
-    packed_w = cupy.empty(workspace, dtype=x.dtype)  # one allocation: the packed weight, then the input
-    packed_x = numpy.uint64(packed_w.data.ptr + pl.weight_bytes(x.dtype.itemsize))
-    bias = NULL if bias is None else bias
-    weight = (w, packed_w)
-    for x_offset, out_offset, pack, gemm in chunks:
-        pack(_at(x, x_offset), packed_x, *weight)
-        weight = (NULL, NULL)  # the first chunk's launch packed it
-        gemm(packed_x, packed_w, bias, _at(out, out_offset))
+    # the kernels take raw pointers (the launches are prepared, ``_kernel``): a chunk is an offset
+    x_ptr, w_ptr, out_ptr = x.data.ptr, w.data.ptr, out.data.ptr
+    bias_ptr = 0 if bias is None else bias.data.ptr
+    if not workspace:  # an NchwTile: the GEMM reads x and w as they are
+        for x_offset, out_offset, _, gemm in chunks:
+            gemm(x_ptr + x_offset, w_ptr, bias_ptr, out_ptr + out_offset)
+        return
+    workspace = cupy.empty(workspace, dtype=x.dtype)  # one allocation: the packed weight, then the input
+    packed_w = workspace.data.ptr
+    packed_x = packed_w + pl.weight_bytes(x.dtype.itemsize)
+    for x_offset, out_offset, pack, gemm in chunks:  # the first chunk's pack also packs the weight; others
+        pack(x_ptr + x_offset, packed_x, w_ptr, packed_w)  # ignore its pointers
+        gemm(packed_x, packed_w, bias_ptr, out_ptr + out_offset)
 
 
 def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:

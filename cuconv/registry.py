@@ -91,13 +91,13 @@ def select_algorithm(spec: ConvSpec, dtype, precision: str = "ieee", on_gpu: boo
     of the device's shared-memory limit and ``cuconv.config.workspace_limit``, through the algorithms'
     limits; memoized with them)."""
     return _select_algorithm(spec, numpy.dtype(dtype), precision, on_gpu, pass_, _loader.smem_limit(),
-                             config.workspace_limit)
+                             config.workspace_limit, implicit_gemm.wgmma_available())
 
 
 @functools.lru_cache(maxsize=4096)
-def _select_algorithm(spec, dtype, precision, on_gpu, pass_, smem_limit, workspace_limit) -> str:
+def _select_algorithm(spec, dtype, precision, on_gpu, pass_, smem_limit, workspace_limit, wgmma=False) -> str:
     _check_pass(pass_)
-    for name in _preference(spec, dtype, precision, pass_):
+    for name in _preference(spec, dtype, precision, pass_, wgmma):
         if name in _REGISTRY and reason_unsupported(name, spec, dtype, pass_, precision) is None:
             return name
     raise NotImplementedError(f"cuconv: no algorithm supports {spec} in {dtype} for {pass_}")  # pragma: no cover
@@ -108,7 +108,7 @@ def _select_algorithm(spec, dtype, precision, on_gpu, pass_, smem_limit, workspa
 _IMPLICIT_GEMM_MIN_FILTERS = 32
 
 
-def _preference(spec: ConvSpec, dtype, precision: str, pass_: str):
+def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool = False):
     """Candidates, best first, from what each family is good at (measured on an H200; README "Algorithms").
 
     - depthwise layers: ``depthwise`` (memory-bound; im2col_gemm runs one tiny GEMM per group, 4-7x slower);
@@ -125,9 +125,10 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str):
       stride 1 is a forward convolution with C/groups filters (``dgrad_forward``): the same rule applies
       with C/groups in place of K/groups, against im2col_gemm's dgrad whose GEMM reduces over K/groups only;
     - tensor-core arithmetic (float32 "tf32", float16, bfloat16), forward and stride-1 dgrad with at least
-      32 filters in the pass, except 1x1 stride-1 unpadded layers (a plain GEMM for im2col_gemm):
-      ``implicit_gemm``, which never writes the column matrix (TF32 square_5x9 3.0 ms against 6.9 ms for
-      im2col_gemm; stem_7x7_s2 1.2x cuDNN);
+      32 filters in the pass, except 1x1 stride-1 unpadded layers (a plain GEMM for im2col_gemm) unless the
+      device runs wgmma (``wgmma``), where implicit_gemm reads them as they are (NchwTile: resnet_1x1_256
+      TF32 0.055 ms a call against 0.079 for im2col_gemm's): ``implicit_gemm``, which never writes the
+      column matrix (TF32 square_5x9 3.0 ms against 6.9 ms for im2col_gemm; stem_7x7_s2 1.2x cuDNN);
     - otherwise ``im2col_gemm``.
     """
     depthwise = spec.groups == spec.c and spec.groups > 1 and spec.c_per_group == 1
@@ -140,7 +141,8 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str):
     large = pixels >= (1 << 19)
     filters = {"fprop": spec.k_per_group, "dgrad": spec.c_per_group}.get(pass_)
     channels = {"fprop": spec.c_per_group, "dgrad": spec.k_per_group}.get(pass_)
-    if not ffma and filters is not None and filters >= _IMPLICIT_GEMM_MIN_FILTERS and not spec.is_pointwise_identity:
+    pointwise = spec.is_pointwise_identity and not (wgmma and implicit_gemm.nchw_fits(spec, dtype))
+    if not ffma and filters is not None and filters >= _IMPLICIT_GEMM_MIN_FILTERS and not pointwise:
         yield "implicit_gemm"
     if filters is not None and ffma and min(filters, channels) >= 16:
         yield "winograd"

@@ -84,6 +84,15 @@ class ConvSpec:
     dilation: Tuple[int, int] = (1, 1)
     groups: int = 1
 
+    def __hash__(self) -> int:
+        """The fields' hash, computed once: a call hashes its spec in several memo tables (host time)."""
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.n, self.c, self.h, self.w, self.k, self.r, self.s, self.stride, self.pad, self.dilation,
+                      self.groups))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     # ----- derived sizes (the ones every call asks for are computed once per spec: specs are memoized and
     # frozen; functools.cached_property writes the instance dict, which the fields, __eq__ and __hash__ ignore)
     @functools.cached_property

@@ -30,7 +30,6 @@ _F32, _F16, _F64 = numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), numpy
     pytest.param("square_5x9", _F32, "tf32", "dgrad", "implicit_gemm", id="implicit_gemm_dgrad_32_filters"),
     pytest.param("stem_7x7_s2", _F32, "tf32", "dgrad", "im2col_gemm", id="strided_dgrad_tf32"),
     pytest.param("stem_7x7_s2", _F16, "ieee", "fprop", "implicit_gemm", id="stem_fp16"),
-    pytest.param("resnet_1x1_256", _F32, "tf32", "fprop", "im2col_gemm", id="pointwise_tf32_plain_gemm"),
     pytest.param("square_5x9", _F64, "tf32", "fprop", "direct_smem", id="fp64_ignores_tf32"),
     pytest.param("square_5x9", _F32, "ieee", "dgrad", "direct_smem", id="dgrad_as_forward_fp32_ieee"),
     pytest.param("rect_5x7", _F32, "ieee", "dgrad", "winograd", id="winograd_dgrad_5x7"),
@@ -42,11 +41,25 @@ _F32, _F16, _F64 = numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), numpy
     pytest.param("square_3x3_1024", _F32, "ieee", "fprop", "winograd", id="winograd_16_channels"),
     pytest.param("resnet_3x3_64", _F32, "ieee", "fprop", "winograd", id="winograd_small_layer"),
     pytest.param("resnet_3x3_64", _F32, "ieee", "wgrad", "im2col_gemm", id="winograd_has_no_wgrad"),
-    pytest.param("resnet_1x1_256", _F16, "ieee", "fprop", "im2col_gemm", id="pointwise"),
+    pytest.param("resnet_1x1_256", _F32, "ieee", "fprop", "im2col_gemm", id="pointwise_fp32_ieee"),
     pytest.param("stem_7x7_s2", _F32, "ieee", "fprop", "im2col_gemm", id="stem_few_channels"),
 ])
 def test_select_algorithm(problem, dtype, precision, pass_, expected):
     assert cuconv.select_algorithm(_P[problem], dtype, precision, True, pass_) == expected
+
+
+@pytest.mark.parametrize("dtype,precision", [(_F32, "tf32"), (_F16, "ieee")])
+def test_pointwise_layers_take_implicit_gemm_only_where_it_runs_wgmma(dtype, precision):
+    """1x1 stride-1 layers at tensor-core precisions: a plain GEMM (im2col_gemm) unless the device runs wgmma,
+    whose NchwTile reads the input as it is; the choice is memoized with the device's answer."""
+    spec = _P["resnet_1x1_256"]
+    args = (spec, dtype, precision, True, "fprop", 227 << 10, cuconv.config.workspace_limit)
+    assert registry._select_algorithm(*args, False) == "im2col_gemm"
+    assert registry._select_algorithm(*args, True) == "implicit_gemm"
+    from cuconv import implicit_gemm
+
+    expected = "implicit_gemm" if implicit_gemm.wgmma_available() else "im2col_gemm"
+    assert cuconv.select_algorithm(spec, dtype, precision, True) == expected
 
 
 @pytest.mark.parametrize("pass_", registry.PASSES)
@@ -181,10 +194,26 @@ def test_implicit_gemm_tile_choice():
     assert implicit_gemm.choose_tile(_P["rect_5x7"], _F32, wgmma=True) is tiles["wg128x256"]
     assert implicit_gemm.choose_tile(_P["rect_5x7"], _F16, wgmma=True) is tiles["wg128x128r"]
     assert implicit_gemm.choose_tile(_P["square_3x3_1024"], _F32, wgmma=True) is tiles["wg128x128r"]
+    # NchwTiles (no packing launch) where the pack weighs most: 1x1 layers, and float32 up to K·R·S = 576
+    assert implicit_gemm.choose_tile(_P["resnet_1x1_256"], _F16, wgmma=True) is tiles["nchw64"]
+    assert implicit_gemm.choose_tile(_P["resnet_1x1_256"], _F32, wgmma=True) is tiles["nchw64"]
+    assert implicit_gemm.choose_tile(_P["resnet_3x3_64"], _F32, wgmma=True) is tiles["nchw64"]
+    assert implicit_gemm.choose_tile(_P["resnet_3x3_64"], _F16, wgmma=True) is tiles["wg64x128s3"]
+    assert implicit_gemm.choose_tile(_P["resnet_3x3_64"], _F32, wgmma=True, nchw=False) is tiles["wg64x128"]
+    assert implicit_gemm.choose_tile(_P["resnet_1x1_256"], _F32, wgmma=False) is tiles["128x64_k64"]
+    wide = cuconv.ConvSpec.from_args((2, 64, 9, 9), (256, 64, 1, 1))
+    assert implicit_gemm.choose_tile(wide, _F16, wgmma=True) is tiles["nchw128"]
+    # past the NchwTile's limits (31 taps, reductions of 2048) the packed tiles serve even when asked for it
+    stem, rect = _P["stem_7x7_s2"], _P["rect_5x7"]
+    assert not implicit_gemm.nchw_fits(stem, _F32) and not implicit_gemm.nchw_fits(rect, _F32)
+    assert implicit_gemm.choose_tile(stem, _F32, wgmma=True, nchw=True) is tiles["wg64x128s3"]
+    assert implicit_gemm.plan(rect, _F32, tiles["nchw128"]).tile is tiles["wg128x256"]
     assert implicit_gemm.choose_tile(_P["square_5x9"], _F32) is implicit_gemm.choose_tile(  # the device's
         _P["square_5x9"], _F32, wgmma=implicit_gemm.wgmma_available())
     for tile in tiles.values():  # every tile fits the device; an mma.sync epilogue fits the pipeline
         assert tile.smem_bytes <= 227 << 10
+        if tile.nchw:  # two slots of 128 pixels; the k table (8 bytes a k, up to 2048) fits beside them
+            assert tile.bm == 128 and tile.stages == 2 and tile.smem_bytes + 2048 * 8 <= 227 << 10
         if tile.wgmma:  # 128-byte k rows in 1024-byte swizzle atoms; whole warpgroups of 64 x 128
             assert tile.bn % 64 == 0 and tile.bm % (128 * tile.wg_p) == 0 and tile.kbytes == 128
             assert tile.threads == 128 * tile.bn // 64 * tile.wg_p <= 1024
