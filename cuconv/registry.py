@@ -126,9 +126,10 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
       with C/groups in place of K/groups, against im2col_gemm's dgrad whose GEMM reduces over K/groups only;
     - tensor-core arithmetic (float32 "tf32", float16, bfloat16), forward and stride-1 dgrad with at least
       32 filters in the pass, except 1x1 stride-1 unpadded layers (a plain GEMM for im2col_gemm) unless the
-      device runs wgmma (``wgmma``), where implicit_gemm reads them as they are (NchwTile: resnet_1x1_256
-      TF32 0.055 ms a call against 0.079 for im2col_gemm's): ``implicit_gemm``, which never writes the
-      column matrix (TF32 square_5x9 3.0 ms against 6.9 ms for im2col_gemm; stem_7x7_s2 1.2x cuDNN);
+      pass is a forward on a device that runs wgmma (``wgmma``), where implicit_gemm reads them as they are
+      (NchwTile: resnet_1x1_256 TF32 0.067 ms a call against 0.080 for im2col_gemm's; its dgrad, 256
+      filters over 64 channels, 0.152 against 0.094): ``implicit_gemm``, which never writes the column
+      matrix (TF32 square_5x9 3.0 ms against 6.9 ms for im2col_gemm; stem_7x7_s2 1.2x cuDNN);
     - otherwise ``im2col_gemm``.
     """
     depthwise = spec.groups == spec.c and spec.groups > 1 and spec.c_per_group == 1
@@ -141,7 +142,7 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
     large = pixels >= (1 << 19)
     filters = {"fprop": spec.k_per_group, "dgrad": spec.c_per_group}.get(pass_)
     channels = {"fprop": spec.c_per_group, "dgrad": spec.k_per_group}.get(pass_)
-    pointwise = spec.is_pointwise_identity and not (wgmma and implicit_gemm.nchw_fits(spec, dtype))
+    pointwise = spec.is_pointwise_identity and not (wgmma and pass_ == "fprop" and implicit_gemm.nchw_fits(spec, dtype))
     if not ffma and filters is not None and filters >= _IMPLICIT_GEMM_MIN_FILTERS and not pointwise:
         yield "implicit_gemm"
     if filters is not None and ffma and min(filters, channels) >= 16:
