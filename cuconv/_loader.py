@@ -173,7 +173,11 @@ class PreparedLaunch:
         self._params = int(params.ctypes.data)
         self._lock = threading.Lock()
         if smem > SMEM_DEFAULT:
-            _opt_in(fn, smem)
+            try:
+                _opt_in(fn, smem)
+            except Exception as exc:  # CUDADriverError: more than the device gives a block
+                raise KernelLaunchError(f"cuconv: kernel {name} cannot have {smem} bytes of shared memory: "
+                                        f"{exc}") from exc
 
     def __call__(self, *pointers: int) -> None:
         import cupy

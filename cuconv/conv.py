@@ -138,6 +138,13 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     (1, 4, 3, 4)
     """
     kind = _check_arrays(x, weight, bias, out)
+    if kind == "cupy":
+        import cupy
+
+        if x.data.device_id != cupy.cuda.runtime.getDevice():  # choose and run on the input's device
+            with x.device:
+                return conv2d(x, weight, bias, stride, padding, dilation, groups, algo=algo, precision=precision,
+                              out=out)
     unbatched = x.ndim == 3
     if unbatched:
         x = x[None]
@@ -149,13 +156,10 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     if out is not None:
         _check_out(out, result_shape, x.dtype)
 
-    if on_gpu:
+    if on_gpu:  # the input's device is current (above): no context to enter and leave
         import cupy as xp
 
-        if x.data.device_id == xp.cuda.runtime.getDevice():  # already current: no context to enter and leave
-            return _run(xp, name, x, weight, bias, spec, out, result_shape, precision, on_gpu, algo)
-        with x.device:
-            return _run(xp, name, x, weight, bias, spec, out, result_shape, precision, on_gpu, algo)
+        return _run(xp, name, x, weight, bias, spec, out, result_shape, precision, on_gpu, algo)
     return _run(numpy, name, x, weight, bias, spec, out, result_shape, precision, on_gpu, algo)
 
 

@@ -70,14 +70,14 @@ def reason_unsupported(name: str, spec: ConvSpec, dtype, pass_: str = "fprop",
                        precision: str = "ieee") -> Optional[str]:
     """Why algorithm ``name`` cannot run this case (float32 at ``precision``), or None when it can.
 
-    Memoized with what else the answers depend on, the device's shared-memory limit and
-    ``cuconv.config.workspace_limit``: a layer called again costs a lookup."""
+    Memoized with what else the answers depend on, the device's shared-memory limit and wgmma (implicit_gemm's
+    tiles, hence its workspace) and ``cuconv.config.workspace_limit``: a layer called again costs a lookup."""
     return _reason_unsupported(name, spec, numpy.dtype(dtype), pass_, precision, _loader.smem_limit(),
-                               config.workspace_limit)
+                               config.workspace_limit, implicit_gemm.wgmma_available())
 
 
 @functools.lru_cache(maxsize=4096)
-def _reason_unsupported(name, spec, dtype, pass_, precision, smem_limit, workspace_limit) -> Optional[str]:
+def _reason_unsupported(name, spec, dtype, pass_, precision, smem_limit, workspace_limit, wgmma) -> Optional[str]:
     module = _REGISTRY[name]
     if not hasattr(module, _ENTRY[pass_]):
         return f"it implements no {pass_}"

@@ -635,8 +635,10 @@ implicit_gemm_wgmma(CUCONV_IGEMM_PARAMS) {
 // pixels of one channel and tap, coalesced) and the weight from KCRS (16-byte vectors where the rows allow,
 // else element by element), rounds float32 to TF32 on the way, and stores both in the swizzled layout of
 // implicit_gemm_wgmma. What a packed input buys (one 16-byte cp.async per 4 or 8 k) costs a separate
-// launch and a round trip of the input through memory; for short reductions that round trip is the larger
-// cost (resnet_3x3_64: a 20 us pack before a 51 us GEMM; square_3x3_1024: 0.55 ms of 6.1).
+// launch and a round trip of the input through memory. Where the GEMM does little work per input element
+// that round trip costs more than this gather (1x1 layers: resnet_1x1_256 46 against 113 us in float32, 40
+// against 78 in float16), or as much (float32 resnet_3x3_64: 72.9 against 72.3 us, one launch fewer);
+// elsewhere the packed kernels win (square_3x3_1024: 7.2 against 6.1 ms; H200, docs/perf-notes.md v6).
 //
 // k order here is the weight's own, k = (c·R + r)·S + s over C·R·S (g.w_row; g.cp is C), zero past it up
 // to whole 128-byte k tiles. A table in shared memory gives each k its input offset c·H·W + r·dil_h·W +
