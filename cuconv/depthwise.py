@@ -41,8 +41,8 @@ STEM = "depthwise"
 # Kernel sizes of depthwise_fwd_plane, for double and for float sums: its window and weights live in
 # registers, and larger ones spill (7x7 in float, 5x5 in double) or leave one block per SM.
 _PLANE_KERNELS = {False: ((3, 3),), True: ((3, 3), (5, 5))}
-# Kernel sizes of depthwise_fwd_rows, likewise (5x5 in double needs ~185 registers and spills at 128).
-_ROWS_KERNELS = {False: ((3, 3),), True: ((3, 3), (5, 5))}
+# Kernel sizes of depthwise_fwd_rows: the same limits (5x5 in double needs ~185 registers and spills at 128).
+_ROWS_KERNELS = _PLANE_KERNELS
 _THREADS = 256
 _SMEM_LIMIT = _loader.SMEM_DEFAULT  # wgrad's per-thread accumulators stay within the default
 _MAX_GRID_Y = 65535
@@ -300,12 +300,11 @@ def forward_kernels(spec: ConvSpec, dtype, x_aligned: bool = True, out_aligned: 
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=1024)
 def _forward_launch(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, smem_limit: int, device: int,
                     kernel: str = None):
     """(kernel, grid, block, shared memory, scalar arguments) of the forward: the first of
-    ``forward_kernels`` (or ``kernel``, forced). Memoized per problem, alignment and device, so that a layer
-    called again spends no host time planning."""
+    ``forward_kernels`` (or ``kernel``, forced). Planned once per problem, alignment and device: its one
+    caller, ``_forward_prepared``, is memoized."""
     i64 = numpy.int64
     ctype = _dtypes.ctype_of(dtype)
     if kernel not in (None,) + FORWARD_KERNELS:

@@ -88,8 +88,7 @@ class ConvSpec:
         """The fields' hash, computed once: a call hashes its spec in several memo tables (host time)."""
         h = self.__dict__.get("_hash")
         if h is None:
-            h = hash((self.n, self.c, self.h, self.w, self.k, self.r, self.s, self.stride, self.pad, self.dilation,
-                      self.groups))
+            h = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
             object.__setattr__(self, "_hash", h)
         return h
 

@@ -181,34 +181,47 @@ def test_benchmark_has_no_effect_on_the_cpu_path():
     numpy.testing.assert_array_equal(y, cuconv.conv2d(x, w))
 
 
-def test_implicit_gemm_tile_choice():
+_WIDE_1X1 = cuconv.ConvSpec.from_args((2, 64, 9, 9), (256, 64, 1, 1))
+
+
+@pytest.mark.parametrize("problem,dtype,wgmma,nchw,expected", [
+    # mma.sync: 128 filters above 64; 64-byte k tiles for short reductions
+    ("rect_5x7", _F16, False, None, "128x128"),
+    ("square_5x9", _F32, False, None, "128x64"),
+    ("stem_7x7_s2", _F32, False, None, "128x64_k64"),
+    ("resnet_1x1_256", _F32, False, None, "128x64_k64"),
+    # wgmma: float32 with long reductions keeps more slots (and 256 pixels above 64 filters); short
+    # reductions and 16-bit types take smaller blocks, more of them per SM
+    ("square_5x9", _F32, True, None, "wg64x128"),
+    ("square_5x9", _F16, True, None, "wg64x128s3"),
+    ("stem_7x7_s2", _F32, True, None, "wg64x128s3"),
+    ("rect_5x7", _F32, True, None, "wg128x256"),
+    ("rect_5x7", _F16, True, None, "wg128x128r"),
+    ("square_3x3_1024", _F32, True, None, "wg128x128r"),
+    ("resnet_3x3_64", _F16, True, None, "wg64x128s3"),
+    ("resnet_3x3_64", _F32, True, False, "wg64x128"),
+    # NchwTiles (no packing launch) where the pack weighs most: 1x1 layers, and float32 up to K·R·S = 576
+    ("resnet_1x1_256", _F16, True, None, "nchw64"),
+    ("resnet_1x1_256", _F32, True, None, "nchw64"),
+    ("resnet_3x3_64", _F32, True, None, "nchw64"),
+    ("wide_1x1", _F16, True, None, "nchw128"),
+    # past the NchwTile's limits (31 taps) the packed tiles serve even when asked for it
+    ("stem_7x7_s2", _F32, True, True, "wg64x128s3"),
+])
+def test_implicit_gemm_tile_choice(problem, dtype, wgmma, nchw, expected):
+    from cuconv import implicit_gemm
+
+    spec = _WIDE_1X1 if problem == "wide_1x1" else _P[problem]
+    assert implicit_gemm.choose_tile(spec, dtype, wgmma=wgmma, nchw=nchw) is implicit_gemm.TILES[expected]
+
+
+def test_implicit_gemm_tiles_fit_and_fall_back():
     from cuconv import implicit_gemm
 
     tiles = implicit_gemm.TILES
-    assert implicit_gemm.choose_tile(_P["rect_5x7"], _F16, wgmma=False) is tiles["128x128"]
-    assert implicit_gemm.choose_tile(_P["square_5x9"], _F32, wgmma=False) is tiles["128x64"]
-    assert implicit_gemm.choose_tile(_P["stem_7x7_s2"], _F32, wgmma=False) is tiles["128x64_k64"]
-    # wgmma: float32 with long reductions keeps more slots (and 256 pixels above 64 filters); short
-    # reductions and 16-bit types take smaller blocks, more of them per SM
-    assert implicit_gemm.choose_tile(_P["square_5x9"], _F32, wgmma=True) is tiles["wg64x128"]
-    assert implicit_gemm.choose_tile(_P["square_5x9"], _F16, wgmma=True) is tiles["wg64x128s3"]
-    assert implicit_gemm.choose_tile(_P["stem_7x7_s2"], _F32, wgmma=True) is tiles["wg64x128s3"]
-    assert implicit_gemm.choose_tile(_P["rect_5x7"], _F32, wgmma=True) is tiles["wg128x256"]
-    assert implicit_gemm.choose_tile(_P["rect_5x7"], _F16, wgmma=True) is tiles["wg128x128r"]
-    assert implicit_gemm.choose_tile(_P["square_3x3_1024"], _F32, wgmma=True) is tiles["wg128x128r"]
-    # NchwTiles (no packing launch) where the pack weighs most: 1x1 layers, and float32 up to K·R·S = 576
-    assert implicit_gemm.choose_tile(_P["resnet_1x1_256"], _F16, wgmma=True) is tiles["nchw64"]
-    assert implicit_gemm.choose_tile(_P["resnet_1x1_256"], _F32, wgmma=True) is tiles["nchw64"]
-    assert implicit_gemm.choose_tile(_P["resnet_3x3_64"], _F32, wgmma=True) is tiles["nchw64"]
-    assert implicit_gemm.choose_tile(_P["resnet_3x3_64"], _F16, wgmma=True) is tiles["wg64x128s3"]
-    assert implicit_gemm.choose_tile(_P["resnet_3x3_64"], _F32, wgmma=True, nchw=False) is tiles["wg64x128"]
-    assert implicit_gemm.choose_tile(_P["resnet_1x1_256"], _F32, wgmma=False) is tiles["128x64_k64"]
-    wide = cuconv.ConvSpec.from_args((2, 64, 9, 9), (256, 64, 1, 1))
-    assert implicit_gemm.choose_tile(wide, _F16, wgmma=True) is tiles["nchw128"]
-    # past the NchwTile's limits (31 taps, reductions of 2048) the packed tiles serve even when asked for it
+    # past the NchwTile's limits (31 taps, reductions of 2048) a plan for it takes the packed wgmma tile
     stem, rect = _P["stem_7x7_s2"], _P["rect_5x7"]
     assert not implicit_gemm.nchw_fits(stem, _F32) and not implicit_gemm.nchw_fits(rect, _F32)
-    assert implicit_gemm.choose_tile(stem, _F32, wgmma=True, nchw=True) is tiles["wg64x128s3"]
     assert implicit_gemm.plan(rect, _F32, tiles["nchw128"]).tile is tiles["wg128x256"]
     assert implicit_gemm.choose_tile(_P["square_5x9"], _F32) is implicit_gemm.choose_tile(  # the device's
         _P["square_5x9"], _F32, wgmma=implicit_gemm.wgmma_available())
