@@ -274,15 +274,45 @@ struct TileLoader {
     }
 };
 
-// The epilogue's second half, shared by both kernels: the block's fp32 tile, staged in shared memory as
+// The epilogue's second half, shared by all GEMM kernels: the block's fp32 tile, staged in shared memory as
 // c_smem[filter][pixel] (pitch BM + 4), goes to NCHW rows with bias added before the one rounding. A warp
-// writes one filter's BM pixels at a time, 32 consecutive pixels per store: whole 128-byte runs in fp32.
+// writes one filter's BM pixels at a time. Where the tile's pixels are one run of a single image and the
+// runs are aligned (P·Q a multiple of 4, the output 4-element aligned) a lane writes 4 consecutive pixels
+// in one store, a filter row of 128 pixels per warp store; elsewhere 32 consecutive pixels per store (whole
+// 128-byte runs in fp32), each pixel's image found on its own.
 template <typename T, int BM, int BN, int WARPS>
 __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geometry& g, const T* __restrict__ bias,
                                                 T* __restrict__ y, int m0, int n0, int warp, int lane) {
     constexpr int kCPitch = BM + 4;
     constexpr int kCols = BM / 32;  // output pixels per lane per channel
     const int pq = g.p * g.q;
+    if constexpr (kCols == 4) {
+        const int img = m0 / pq, rem = m0 - img * pq;
+        if (rem + BM <= pq && m0 + BM <= g.m && pq % 4 == 0 &&
+            reinterpret_cast<unsigned long long>(y) % (4 * sizeof(T)) == 0) {
+            T* yl = y + static_cast<long long>(img) * g.k * pq + rem + 4 * lane;
+            for (int nl = warp; nl < BN; nl += WARPS) {
+                const int n = n0 + nl;
+                if (n >= g.k) break;
+                const float b = bias != nullptr ? to_acc(bias[n]) : 0.f;
+                const float4 v = *reinterpret_cast<const float4*>(&c_smem[nl * kCPitch + 4 * lane]);
+                T* dst = yl + static_cast<long long>(n) * pq;
+                // (in PTX: C++ float4 and uint2 stores here came out of NVRTC as four 4-byte stores)
+                if constexpr (sizeof(T) == 4) {
+                    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x + b), "f"(v.y + b),
+                                 "f"(v.z + b), "f"(v.w + b) : "memory");
+                } else {
+                    unsigned lo, hi;
+                    put_bits(lo, 0, from_acc<T>(v.x + b));
+                    put_bits(lo, 1, from_acc<T>(v.y + b));
+                    put_bits(hi, 0, from_acc<T>(v.z + b));
+                    put_bits(hi, 1, from_acc<T>(v.w + b));
+                    asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(dst), "r"(lo), "r"(hi) : "memory");
+                }
+            }
+            return;
+        }
+    }
     long long out_off[kCols];
     bool m_ok[kCols];
 #pragma unroll

@@ -485,6 +485,35 @@ def test_implicit_gemm_nchw_tiles_read_an_unaligned_weight(shape, tile, dtype_na
     numpy.testing.assert_array_equal(cupy.asnumpy(out).astype(numpy.float64), want.astype(numpy.float64))
 
 
+@pytest.mark.parametrize("dtype_name", [d for d in _EXACT_DTYPES if d != "float64"])
+@pytest.mark.parametrize("tile", ["128x64", "wg64x128s3", "wg128x128r", "nchw64"])
+@pytest.mark.parametrize("out_offset", [0, 1], ids=["aligned-out", "unaligned-out"])
+def test_implicit_gemm_stores_whole_tiles_as_vectors_where_aligned(out_offset, tile, dtype_name):
+    """The epilogue writes a tile of 128 pixels inside one image as 4-pixel vectors (P·Q = 384, a multiple of
+    4: three whole tiles per image, bias added), and pixel by pixel where the output is not aligned for them
+    (one element into its allocation): both equal the CPU path bit for bit."""
+    import cupy
+
+    from cuconv import implicit_gemm
+
+    t = implicit_gemm.TILES[tile]
+    if t.wgmma and not implicit_gemm.wgmma_available():
+        pytest.skip(f"tile {tile} runs wgmma, which needs compute capability 9.0")
+    dtype = _dtype(dtype_name)
+    rng = numpy.random.default_rng(11)
+    x = rng.integers(-4, 5, (2, 8, 16, 24)).astype(dtype)
+    w = rng.integers(-4, 5, (40, 8, 3, 3)).astype(dtype)
+    b = rng.integers(-4, 5, 40).astype(dtype)
+    spec = cuconv.ConvSpec.from_args(x.shape, w.shape, padding=1)
+    assert spec.p * spec.q == 384
+    want = cuconv.conv2d(x, w, b, padding=1)
+    size = int(numpy.prod(spec.output_shape))
+    out = cupy.full(size + out_offset, numpy.nan, dtype)[out_offset:].reshape(spec.output_shape)
+    assert (out.data.ptr % 8 == 0) == (out_offset == 0)
+    implicit_gemm.forward_gpu(cupy.asarray(x), cupy.asarray(w), cupy.asarray(b), spec, out, "tf32", tile=t)
+    numpy.testing.assert_array_equal(cupy.asnumpy(out).astype(numpy.float64), want.astype(numpy.float64))
+
+
 @pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("c", [1, 3, 8, 16, 20, 33, 64, 72, 136])
 @pytest.mark.parametrize("image", [(3, 13, 11), (1, 190, 180)], ids=["odd", "more-tiles-than-the-grid"])
