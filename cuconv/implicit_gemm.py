@@ -198,6 +198,11 @@ def _padded_channels(spec: ConvSpec, itemsize: int) -> int:
     return -(-spec.c_per_group // vec) * vec
 
 
+def _packed_k_tiles(spec: ConvSpec, itemsize: int, kbytes: int) -> int:
+    """k tiles of ``kbytes`` in the packed reduction (R·S·cp)."""
+    return -(-(spec.r * spec.s * _padded_channels(spec, itemsize) * itemsize) // kbytes)
+
+
 # An NchwTile instead of packing where the pack costs as much as the gather it saves (H200, docs/perf-notes.md
 # v6): the pack moves the input twice, the GEMM reads it K·R·S / (tile) times more, so the pack weighs most
 # where K·R·S is small. 1x1 layers (resnet_1x1_256: 46 against 113 us float32, 40 against 78 us float16);
@@ -229,7 +234,7 @@ def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None, nchw: bool = None):
             nchw = prefers_nchw(spec, dtype)
         if nchw and nchw_fits(spec, dtype):
             return TILES["nchw64" if spec.k_per_group <= 64 else "nchw128"]
-        k_tiles = -(-(spec.r * spec.s * _padded_channels(spec, itemsize) * itemsize) // WgmmaTile.kbytes)
+        k_tiles = _packed_k_tiles(spec, itemsize, WgmmaTile.kbytes)
         long_fp32 = itemsize == 4 and k_tiles >= (16 if spec.k_per_group <= 64 else 32)
         if spec.k_per_group <= 64:
             return TILES["wg64x128" if long_fp32 else "wg64x128s3"]
@@ -293,7 +298,7 @@ def plan(spec: ConvSpec, dtype, tile: Tile = None, workspace_limit: int = None) 
                              _INT_MAX // max(1, spec.p * spec.q)))
         return Plan(tile, spec.c, k_tiles, spec.crs_per_group, kp, samples)
     cp = _padded_channels(spec, itemsize)
-    k_tiles = -(-(spec.r * spec.s * cp) // tile_k)
+    k_tiles = _packed_k_tiles(spec, itemsize, tile.kbytes)
     w_row = k_tiles * tile_k
     limit = config.workspace_limit if workspace_limit is None else workspace_limit
     per_sample = max(1, spec.h * spec.w * cp)

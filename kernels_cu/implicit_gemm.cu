@@ -278,7 +278,7 @@ struct TileLoader {
 // c_smem[filter][pixel] (pitch BM + 4), goes to NCHW rows with bias added before the one rounding. A warp
 // writes one filter's BM pixels at a time. Where the tile's pixels are one run of a single image and the
 // runs are aligned (P·Q a multiple of 4, the output 4-element aligned) a lane writes 4 consecutive pixels
-// in one store, a filter row of 128 pixels per warp store; elsewhere 32 consecutive pixels per store (whole
+// per store, 128 pixels of a filter row per warp store; elsewhere 32 consecutive pixels per store (whole
 // 128-byte runs in fp32), each pixel's image found on its own.
 template <typename T, int BM, int BN, int WARPS>
 __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geometry& g, const T* __restrict__ bias,
@@ -286,7 +286,7 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
     constexpr int kCPitch = BM + 4;
     constexpr int kCols = BM / 32;  // output pixels per lane per channel
     const int pq = g.p * g.q;
-    if constexpr (kCols == 4) {
+    if constexpr (BM % 128 == 0) {
         const int img = m0 / pq, rem = m0 - img * pq;
         if (rem + BM <= pq && m0 + BM <= g.m && pq % 4 == 0 &&
             reinterpret_cast<unsigned long long>(y) % (4 * sizeof(T)) == 0) {
@@ -295,19 +295,23 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
                 const int n = n0 + nl;
                 if (n >= g.k) break;
                 const float b = bias != nullptr ? to_acc(bias[n]) : 0.f;
-                const float4 v = *reinterpret_cast<const float4*>(&c_smem[nl * kCPitch + 4 * lane]);
                 T* dst = yl + static_cast<long long>(n) * pq;
-                // (in PTX: C++ float4 and uint2 stores here came out of NVRTC as four 4-byte stores)
-                if constexpr (sizeof(T) == 4) {
-                    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x + b), "f"(v.y + b),
-                                 "f"(v.z + b), "f"(v.w + b) : "memory");
-                } else {
-                    unsigned lo, hi;
-                    put_bits(lo, 0, from_acc<T>(v.x + b));
-                    put_bits(lo, 1, from_acc<T>(v.y + b));
-                    put_bits(hi, 0, from_acc<T>(v.z + b));
-                    put_bits(hi, 1, from_acc<T>(v.w + b));
-                    asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(dst), "r"(lo), "r"(hi) : "memory");
+#pragma unroll
+                for (int j = 0; j < BM / 128; ++j) {
+                    const float4 v = *reinterpret_cast<const float4*>(&c_smem[nl * kCPitch + 128 * j + 4 * lane]);
+                    // (in PTX: the C++ float4 store came out of NVRTC as four 4-byte stores)
+                    if constexpr (sizeof(T) == 4) {
+                        asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + 128 * j),
+                                     "f"(v.x + b), "f"(v.y + b), "f"(v.z + b), "f"(v.w + b) : "memory");
+                    } else {
+                        unsigned lo, hi;
+                        put_bits(lo, 0, from_acc<T>(v.x + b));
+                        put_bits(lo, 1, from_acc<T>(v.y + b));
+                        put_bits(hi, 0, from_acc<T>(v.z + b));
+                        put_bits(hi, 1, from_acc<T>(v.w + b));
+                        asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(dst + 128 * j), "r"(lo), "r"(hi)
+                                     : "memory");
+                    }
                 }
             }
             return;
@@ -475,9 +479,9 @@ implicit_gemm_fprop(CUCONV_IGEMM_PARAMS) {
 // Block: BF / 64 warpgroups along filters times WG_P along pixels; a warpgroup owns 64 filters and
 // BP / WG_P pixels, NW = BP / WG_P / 128 wgmmas of m64n128 per k step (64·NW fp32 accumulators a thread).
 // The epilogue stages the accumulators in the retired pipeline slots as [filter][pixel] and writes NCHW
-// rows of 32 consecutive pixels per warp store (store_tile_nchw, as implicit_gemm_fprop). Writing straight
-// from the accumulators (8 filters x 8 pixels per warp store) was 1.3x slower on square_3x3_1024, whose
-// 8.5 GB of output dominate.
+// rows through store_tile_nchw, as implicit_gemm_fprop (128 pixels of a filter row per warp store where the
+// tile lies inside one image). Writing straight from the accumulators (8 filters x 8 pixels per warp store)
+// was 1.3x slower on square_3x3_1024, whose 8.5 GB of output dominate.
 
 namespace cuconv {
 namespace igemm {

@@ -486,12 +486,13 @@ def test_implicit_gemm_nchw_tiles_read_an_unaligned_weight(shape, tile, dtype_na
 
 
 @pytest.mark.parametrize("dtype_name", [d for d in _EXACT_DTYPES if d != "float64"])
-@pytest.mark.parametrize("tile", ["128x64", "wg64x128s3", "wg128x128r", "nchw64"])
+@pytest.mark.parametrize("tile", ["128x64", "wg64x128s3", "wg128x128r", "wg128x256", "nchw64"])
 @pytest.mark.parametrize("out_offset", [0, 1], ids=["aligned-out", "unaligned-out"])
 def test_implicit_gemm_stores_whole_tiles_as_vectors_where_aligned(out_offset, tile, dtype_name):
-    """The epilogue writes a tile of 128 pixels inside one image as 4-pixel vectors (P·Q = 384, a multiple of
-    4: three whole tiles per image, bias added), and pixel by pixel where the output is not aligned for them
-    (one element into its allocation): both equal the CPU path bit for bit."""
+    """The epilogue writes a tile of 128 or 256 pixels inside one image as 4-pixel vectors (P·Q = 384, a
+    multiple of 4: three 128-pixel tiles per image; 256-pixel tiles at pixels 0 and 512 lie inside an image,
+    the one at 256 crosses two), pixel by pixel where a tile crosses images or the output is not aligned for
+    them (one element into its allocation); bias added: all equal the CPU path bit for bit."""
     import cupy
 
     from cuconv import implicit_gemm
