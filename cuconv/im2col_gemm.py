@@ -26,6 +26,7 @@ import numpy
 
 from ._config import config
 from .spec import ConvSpec
+from . import _cublas
 from . import col2im as _col2im
 from . import im2col as _im2col
 from .gemm_ptrs import batched_pointers
@@ -120,44 +121,42 @@ def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
 
     With a bias, ``out`` is first filled with it and every GEMM accumulates onto it (beta = 1).
     """
-    import cupy
-
-    from . import _cublas
-
     item = x.dtype.itemsize
     pq = spec.p * spec.q
     plan = plan_chunks(spec, item, config.workspace_limit)
-    chunks = list(plan.chunks(spec))
-    main = cupy.cuda.get_current_stream()
-    side = _side_stream(cupy) if plan.buffers == 2 and len(chunks) > 1 else None
-    buf_len = chunk_bytes(spec, plan.samples, plan.rows, item) // item
-    buffers = [cupy.empty(buf_len, dtype=x.dtype) for _ in range(plan.buffers)]
-    gemm_done = [None] * len(buffers)
     beta = 0.0
     if bias is not None:
         from .bias import bias_fill_gpu
 
         bias_fill_gpu(out, bias)
         beta = 1.0
+    if plan.buffers == 0:  # 1x1 stride 1 unpadded: one GEMM on the input planes as they are (one chunk)
+        _gemm_chunk(_cublas, x.dtype, precision, spec, spec.n, pq, x.data.ptr, pq, w.data.ptr, out.data.ptr, beta)
+        return
+    import cupy
+
+    chunks = list(plan.chunks(spec))
+    main = cupy.cuda.get_current_stream()
+    side = _side_stream(cupy) if plan.buffers == 2 and len(chunks) > 1 else None
+    buf_len = chunk_bytes(spec, plan.samples, plan.rows, item) // item
+    buffers = [cupy.empty(buf_len, dtype=x.dtype) for _ in range(plan.buffers)]
+    gemm_done = [None] * len(buffers)
     if side is not None:
         side.wait_event(main.record())  # x, w and the buffers are ready on the caller's stream
     for i, (n0, nb, p0, rows) in enumerate(chunks):
         length = rows * spec.q
-        if plan.buffers == 0:  # 1x1 stride 1 unpadded: the input planes are the column matrix
-            col_ptr, col_ld = x.data.ptr + (n0 * spec.c * pq + p0 * spec.q) * item, pq
+        b = i % len(buffers)
+        pitch = row_pitch(length, item)
+        col = buffers[b][: nb * spec.crs * pitch].reshape(nb, spec.crs, pitch)
+        if side is None:
+            _im2col.im2col_gpu(x[n0:n0 + nb], spec, p0, rows, col)
         else:
-            b = i % len(buffers)
-            pitch = row_pitch(length, item)
-            col = buffers[b][: nb * spec.crs * pitch].reshape(nb, spec.crs, pitch)
-            if side is None:
+            if gemm_done[b] is not None:
+                side.wait_event(gemm_done[b])  # the GEMM that read this buffer has finished
+            with side:
                 _im2col.im2col_gpu(x[n0:n0 + nb], spec, p0, rows, col)
-            else:
-                if gemm_done[b] is not None:
-                    side.wait_event(gemm_done[b])  # the GEMM that read this buffer has finished
-                with side:
-                    _im2col.im2col_gpu(x[n0:n0 + nb], spec, p0, rows, col)
-                main.wait_event(side.record())
-            col_ptr, col_ld = col.data.ptr, pitch
+            main.wait_event(side.record())
+        col_ptr, col_ld = col.data.ptr, pitch
         out_ptr = out.data.ptr + (n0 * spec.k * pq + p0 * spec.q) * item
         _gemm_chunk(_cublas, x.dtype, precision, spec, nb, length, col_ptr, col_ld, w.data.ptr, out_ptr,
                     beta)
@@ -219,8 +218,6 @@ def _accumulation_dtype(dtype) -> numpy.dtype:
 def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
     """dx = conv2d_input(dy, w) into C-contiguous CuPy ``dx`` (N, C, H, W), on the current stream."""
     import cupy
-
-    from . import _cublas
 
     dtype = dx.dtype
     col_dtype = _accumulation_dtype(dtype)

@@ -23,7 +23,7 @@ import numpy
 
 from ._config import config
 from .spec import ConvSpec
-from . import _loader, depthwise, direct, direct_smem, im2col_gemm, implicit_gemm, winograd
+from . import _backend, _loader, depthwise, direct, direct_smem, im2col_gemm, implicit_gemm, winograd
 
 __all__ = ["PASSES", "algorithms", "select_algorithm", "resolve", "get", "cpu", "reason_unsupported"]
 
@@ -72,12 +72,27 @@ def reason_unsupported(name: str, spec: ConvSpec, dtype, pass_: str = "fprop",
 
     Memoized with what else the answers depend on, the device's shared-memory limit and wgmma (implicit_gemm's
     tiles, hence its workspace) and ``cuconv.config.workspace_limit``: a layer called again costs a lookup."""
-    return _reason_unsupported(name, spec, numpy.dtype(dtype), pass_, precision, _loader.smem_limit(),
-                               config.workspace_limit, implicit_gemm.wgmma_available())
+    return _reason_unsupported(name, spec, numpy.dtype(dtype), pass_, precision, *_device_traits(),
+                               config.workspace_limit)
+
+
+_traits_by_device = {}
+
+
+def _device_traits() -> tuple:
+    """(shared-memory opt-in limit, wgmma) of the current device: what the algorithms' limits depend on
+    besides the problem. Asked once per device; a call costs one device lookup (host time per call)."""
+    if not _backend.gpu_available():
+        return _loader.smem_limit(), False
+    device = _backend.cupy_or_none().cuda.runtime.getDevice()
+    traits = _traits_by_device.get(device)
+    if traits is None:
+        traits = _traits_by_device[device] = (_loader.smem_limit(), implicit_gemm.wgmma_available())
+    return traits
 
 
 @functools.lru_cache(maxsize=4096)
-def _reason_unsupported(name, spec, dtype, pass_, precision, smem_limit, workspace_limit, wgmma) -> Optional[str]:
+def _reason_unsupported(name, spec, dtype, pass_, precision, smem_limit, wgmma, workspace_limit) -> Optional[str]:
     module = _REGISTRY[name]
     if not hasattr(module, _ENTRY[pass_]):
         return f"it implements no {pass_}"
@@ -90,12 +105,12 @@ def select_algorithm(spec: ConvSpec, dtype, precision: str = "ieee", on_gpu: boo
     """The algorithm ``algo="auto"`` runs for this problem and pass: a pure function of its arguments (and
     of the device's shared-memory limit and ``cuconv.config.workspace_limit``, through the algorithms'
     limits; memoized with them)."""
-    return _select_algorithm(spec, numpy.dtype(dtype), precision, on_gpu, pass_, _loader.smem_limit(),
-                             config.workspace_limit, implicit_gemm.wgmma_available())
+    return _select_algorithm(spec, numpy.dtype(dtype), precision, on_gpu, pass_, *_device_traits(),
+                             config.workspace_limit)
 
 
 @functools.lru_cache(maxsize=4096)
-def _select_algorithm(spec, dtype, precision, on_gpu, pass_, smem_limit, workspace_limit, wgmma=False) -> str:
+def _select_algorithm(spec, dtype, precision, on_gpu, pass_, smem_limit, wgmma, workspace_limit) -> str:
     _check_pass(pass_)
     for name in _preference(spec, dtype, precision, pass_, wgmma):
         if name in _REGISTRY and reason_unsupported(name, spec, dtype, pass_, precision) is None:
@@ -127,9 +142,11 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
     - tensor-core arithmetic (float32 "tf32", float16, bfloat16), forward and stride-1 dgrad with at least
       32 filters in the pass, except 1x1 stride-1 unpadded layers (a plain GEMM for im2col_gemm) unless the
       pass is a forward on a device that runs wgmma (``wgmma``), where implicit_gemm reads them as they are
-      (NchwTile: resnet_1x1_256 TF32 0.067 ms a call against 0.080 for im2col_gemm's; its dgrad, 256
-      filters over 64 channels, 0.152 against 0.094): ``implicit_gemm``, which never writes the column
-      matrix (TF32 square_5x9 3.0 ms against 6.9 ms for im2col_gemm; stem_7x7_s2 1.2x cuDNN);
+      (NchwTile, resnet_1x1_256 TF32: 70 µs a call and 46 in a loop, against 88 and 51 for im2col_gemm's
+      cuBLASLt GEMM, whose host time is the larger; in the half types the two are within 10-30% of each
+      other either way on four 1x1 layers; the dgrad, 256 filters over 64 channels, 0.152 against 0.094 ms):
+      ``implicit_gemm``, which never writes the column matrix (TF32 square_5x9 3.0 ms against 6.9 ms for
+      im2col_gemm; stem_7x7_s2 1.2x cuDNN);
     - otherwise ``im2col_gemm``.
     """
     depthwise = spec.groups == spec.c and spec.groups > 1 and spec.c_per_group == 1

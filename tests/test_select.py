@@ -53,11 +53,12 @@ def test_pointwise_layers_take_implicit_gemm_only_where_it_runs_wgmma(dtype, pre
     """1x1 stride-1 layers at tensor-core precisions: a plain GEMM (im2col_gemm) unless the device runs wgmma,
     whose NchwTile reads the input as it is (forward only); the choice is memoized with the device's answer."""
     spec = _P["resnet_1x1_256"]
-    args = (spec, dtype, precision, True, "fprop", 227 << 10, cuconv.config.workspace_limit)
-    assert registry._select_algorithm(*args, False) == "im2col_gemm"
-    assert registry._select_algorithm(*args, True) == "implicit_gemm"
-    dgrad = (spec, dtype, precision, True, "dgrad", 227 << 10, cuconv.config.workspace_limit)
-    assert registry._select_algorithm(*dgrad, True) == "im2col_gemm"  # 256 filters over 64 channels: a GEMM
+    limits = {"smem_limit": 227 << 10, "workspace_limit": cuconv.config.workspace_limit}
+    args = (spec, dtype, precision, True, "fprop")
+    assert registry._select_algorithm(*args, wgmma=False, **limits) == "im2col_gemm"
+    assert registry._select_algorithm(*args, wgmma=True, **limits) == "implicit_gemm"
+    dgrad = (spec, dtype, precision, True, "dgrad")  # 256 filters over 64 channels: a GEMM
+    assert registry._select_algorithm(*dgrad, wgmma=True, **limits) == "im2col_gemm"
     from cuconv import implicit_gemm
 
     expected = "implicit_gemm" if implicit_gemm.wgmma_available() else "im2col_gemm"
