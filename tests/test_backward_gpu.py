@@ -128,6 +128,28 @@ def test_chunked_grads_equal_one_chunk(case, rows):
     numpy.testing.assert_array_equal(cupy.asnumpy(dw), cupy.asnumpy(whole_dw))
 
 
+@pytest.mark.parametrize("dtype_name", ["float32", "float16"])
+@pytest.mark.parametrize("case", [c for c in CASES if c.id in ("k5x9_d2x3_p2x4", "pointwise_1x1", "stride2_dil2_pad3")])
+def test_wgrad_partial_sums_in_turns_equal_all_at_once(case, dtype_name, monkeypatch):
+    """One-group wgrad sums per-sample partials; with room for only two samples' partials at a time (five
+    samples: turns of 2, 2, 1) the result is the same, exactly on integers, and equals the CPU path."""
+    import cupy
+
+    from cuconv import im2col_gemm
+
+    dtype = _dtype(dtype_name)
+    case = dataclasses.replace(case, x_shape=(5,) + case.x_shape[1:])
+    x, w, dy = _inputs(case, 15, dtype, integer=True)
+    xg, dyg = _to_gpu(x, dtype), _to_gpu(dy, dtype)
+    whole = cupy.asnumpy(cuconv.conv2d_weight(xg, w.shape, dyg, algo="im2col_gemm", **case.kwargs))
+    spec = cuconv.ConvSpec.from_args(x.shape, w.shape, **case.kwargs)
+    monkeypatch.setattr(im2col_gemm, "_WGRAD_PARTIALS_BYTES", 2 * spec.k * spec.crs * 4)
+    turns = cupy.asnumpy(cuconv.conv2d_weight(xg, w.shape, dyg, algo="im2col_gemm", **case.kwargs))
+    numpy.testing.assert_array_equal(turns, whole)
+    cpu = cuconv.conv2d_weight(x.astype(dtype), w.shape, dy.astype(dtype), **case.kwargs)
+    numpy.testing.assert_array_equal(whole, cpu)
+
+
 def test_grads_are_deterministic():
     """No atomics: two runs on random float32 data agree bit for bit."""
     import cupy
