@@ -24,7 +24,7 @@ from . import registry
 from ._config import config
 from .spec import ConvSpec
 
-__all__ = ["choose", "pick", "signature", "clear", "time_cuda"]
+__all__ = ["choose", "pick", "signature", "clear", "time_cuda", "winner"]
 
 _winners: Dict[str, str] = {}
 # The winners again by (device, dtype, precision, pass, spec, workspace limit, which decides what may run):
@@ -131,6 +131,13 @@ def _choose(spec, dtype, precision, pass_, run, device_name, timer) -> str:
     if path:
         _store_disk(path, key, name)
     return name
+
+
+def winner(spec: ConvSpec, dtype, precision: str, pass_: str) -> Optional[str]:
+    """The algorithm the autotuner chose for this signature on the current device in this process, or None
+    (nothing timed yet): what ``auto`` runs with ``config.benchmark`` on."""
+    with _lock:
+        return _winners.get(signature(_device_name(), dtype, precision, pass_, spec))
 
 
 _device_names: Dict[int, str] = {}

@@ -21,7 +21,7 @@ import time
 
 import numpy
 
-from . import _dtypes, registry
+from . import _dtypes, autotune, registry
 from .problems import PROBLEMS, SUITES
 
 __all__ = ["main"]
@@ -268,8 +268,9 @@ def _measure(args, prob, spec, pass_, algos, rate, bandwidth, progress):
         with cuconv.config(benchmark=True):
             pass_.ours("auto")
             tuned_ms = _time_gpu(lambda: pass_.ours("auto"), args.reps, args.warmup)
+        tuned_algo = autotune.winner(spec, dtype, args.precision, pass_.name)
         for row in rows:
-            row["tuned_ms"] = tuned_ms
+            row["tuned_ms"], row["tuned_algo"] = tuned_ms, tuned_algo
     yield from rows
 
 
@@ -339,8 +340,8 @@ def _print_auto_vs_best(rows):
         chosen = next((r for r in group if r["algo"] == group[0].get("auto_algo")), None)
         if chosen is None:
             continue
-        tuned = (f"  with config.benchmark {chosen['tuned_ms']:.3f} ms: {chosen['tuned_ms'] / best['ms']:.2f}x"
-                 if "tuned_ms" in chosen else "")
+        tuned = (f"  with config.benchmark {chosen.get('tuned_algo') or '?'} {chosen['tuned_ms']:.3f} ms: "
+                 f"{chosen['tuned_ms'] / best['ms']:.2f}x" if "tuned_ms" in chosen else "")
         print(f"  {problem:<20} {pass_:<6} auto={chosen['algo']:<12} {chosen['ms']:>9.3f} ms  "
               f"best={best['algo']:<12} {best['ms']:>9.3f} ms  auto/best {chosen['ms'] / best['ms']:.2f}x{tuned}")
 

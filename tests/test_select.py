@@ -113,6 +113,17 @@ def test_autotune_times_every_eligible_algorithm_once_then_hits():
     assert timer.timed == [], "a hit must not time anything"
 
 
+def test_autotune_winner_names_the_timed_choice_for_the_current_device(monkeypatch):
+    monkeypatch.setattr(autotune, "_device_name", lambda: "NVIDIA H200")
+    spec = _P["square_5x9"]
+    assert autotune.winner(spec, _F32, "ieee", "fprop") is None  # nothing timed yet
+    _choose(_FakeTimer({"im2col_gemm": 12.9, "direct": 141.0, "direct_smem": 10.9}))
+    assert autotune.winner(spec, _F32, "ieee", "fprop") == "direct_smem"
+    assert autotune.winner(spec, _F32, "ieee", "dgrad") is None
+    monkeypatch.setattr(autotune, "_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    assert autotune.winner(spec, _F32, "ieee", "fprop") is None
+
+
 def test_memoized_choices_follow_the_workspace_limit():
     """The choices are memoized per call signature (host time of small layers) but a smaller
     workspace_limit still changes what may run: implicit_gemm packs a whole sample into it."""
