@@ -209,8 +209,8 @@ def gemm(dtype, precision: str, m: int, n: int, k: int,
         plan = _lt_plans.get(key)
         if plan is None and key not in _lt_plans:
             plan = _lt_plan(key)
-        if plan is not None:
-            desc, a_desc, b_desc, c_desc, algo, needed = plan
+        if plan is not None:  # (holding the tuple keeps its descriptors alive through the call: _LtPlanOwner)
+            desc, a_desc, b_desc, c_desc, algo, needed, _ = plan
             scalar_type = types[0]
             status = _lt().cublasLtMatmul(
                 _lt_handle(device), desc, _SCALAR_PTRS[(scalar_type, 1.0)], a_ptr, a_desc, b_ptr, b_desc,
@@ -234,9 +234,25 @@ def _alignment(ptr: int, stride_bytes: int) -> int:
     return bits & -bits
 
 
-_lt_plans = {}  # key -> (desc, A, B, C layouts, algo pointer, workspace bytes) or None (no cuBLASLt algorithm)
-_lt_keep = {}  # key -> the ctypes objects behind a plan's pointers
+_lt_plans = {}  # key -> (desc, A, B, C layouts, algo pointer, workspace bytes, owner) or None (no algorithm)
 _lt_lock = threading.Lock()
+
+
+class _LtPlanOwner:
+    """The ctypes objects behind a plan's pointers; destroys its descriptors when the last reference goes.
+    A plan dropped from the table while another thread is calling with it lives until that call returns."""
+
+    __slots__ = ("made", "result")
+
+    def __init__(self, made, result):
+        self.made, self.result = made, result
+
+    def __del__(self):
+        for destroy, obj in self.made:
+            try:
+                destroy(obj)
+            except Exception:  # interpreter shutdown: the library may be gone first
+                pass
 
 
 def _lt_handle(device: int):
@@ -258,6 +274,7 @@ def _lt_plan(key):
      ldc, stride_c, batch, align_a, align_b, align_c, ws_bytes) = key
     lt = _lt()
     made = []  # (destroy function, descriptor) of what this plan created
+    owner = _LtPlanOwner(made, None)  # destroys them unless the plan is kept (also if a call below raises)
 
     def create(fn_name, destroy_name, *args):
         handle = ctypes.c_void_p()
@@ -281,7 +298,7 @@ def _lt_plan(key):
         if key in _lt_plans:
             return _lt_plans[key]
         if len(_lt_plans) >= _LT_PLANS_MAX:
-            _drop_lt_plans()
+            _lt_plans.clear()  # (each plan's owner destroys its descriptors once no call holds it)
         desc = create("cublasLtMatmulDescCreate", "cublasLtMatmulDescDestroy", compute, scale_type)
         set_attr(lt.cublasLtMatmulDescSetAttribute, desc, _LT_DESC_TRANSA, ctypes.c_int32(_OP[trans_a]))
         set_attr(lt.cublasLtMatmulDescSetAttribute, desc, _LT_DESC_TRANSB, ctypes.c_int32(_OP[trans_b]))
@@ -302,23 +319,12 @@ def _lt_plan(key):
         finally:
             lt.cublasLtMatmulPreferenceDestroy(pref)
         if status != 0 or count.value < 1 or result.state != 0 or result.workspace_size > ws_bytes:
-            for destroy, obj in made:
-                destroy(obj)
             _lt_plans[key] = None
             return None
-        _lt_keep[key] = (made, result)
+        owner.result = result
         plan = _lt_plans[key] = (desc.value, a_desc.value, b_desc.value, c_desc.value,
-                                 ctypes.addressof(result.algo), result.workspace_size)
+                                 ctypes.addressof(result.algo), result.workspace_size, owner)
         return plan
-
-
-def _drop_lt_plans():
-    """Destroy every plan's descriptors (the table is full; called under ``_lt_lock``)."""
-    for made, _ in _lt_keep.values():
-        for destroy, obj in made:
-            destroy(obj)
-    _lt_keep.clear()
-    _lt_plans.clear()
 
 
 def gemm_batched(dtype, precision: str, m: int, n: int, k: int, a_ptrs: int, lda: int, b_ptrs: int, ldb: int,

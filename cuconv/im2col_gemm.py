@@ -34,8 +34,8 @@ from . import im2col as _im2col
 from .gemm_ptrs import batched_pointers
 from .im2col import row_pitch
 
-__all__ = ["ChunkPlan", "plan_chunks", "chunk_bytes", "forward_gpu", "forward_cpu", "dgrad_gpu", "dgrad_cpu",
-           "wgrad_gpu", "wgrad_cpu"]
+__all__ = ["ChunkPlan", "plan_chunks", "chunk_bytes", "wgrad_partial_samples", "forward_gpu", "forward_cpu",
+           "dgrad_gpu", "dgrad_cpu", "wgrad_gpu", "wgrad_cpu"]
 
 
 # Below this many column-buffer bytes a problem runs as one chunk: splitting it would cost more in
@@ -271,12 +271,13 @@ def _dgrad_gemm(cublas, dtype, precision, spec, nb, length, dy_ptr, col_ptr, col
 def wgrad_gpu(x, dy, spec: ConvSpec, dw, precision: str) -> None:
     """dw = conv2d_weight(x, dy) into C-contiguous CuPy ``dw`` (K, C/g, R, S), on the current stream.
 
-    One group: each chunk's samples are one strided-batched GEMM into per-sample partial sums
-    (``_wgrad_partials``), then one GEMM with a vector of ones adds them up in fp32 (or fp64) onto the
-    result. A sample's own GEMM has only K × C·R·S outputs to spread over the GPU (resnet_1x1_256: two 128 x
-    128 tiles), so one GEMM per sample in turn left it idle (0.75 ms against cuDNN's 0.066 at TF32). Several
-    groups: one GEMM per sample, batched over the groups, the first writing (β = 0) and every later one
-    adding (β = 1). Both sum in a fixed order: the result is deterministic.
+    One group and few outputs: each chunk's samples are one strided-batched GEMM into per-sample partial
+    sums (``_wgrad_partials``, within ``workspace_limit``), then one GEMM with a vector of ones adds them up
+    in fp32 (or fp64) onto the result. A sample's own GEMM has only K × C·R·S outputs to spread over the GPU
+    (resnet_1x1_256: two 128 x 128 tiles), so one GEMM per sample in turn left it idle (0.75 ms against
+    cuDNN's 0.066 at TF32). Otherwise (several groups, or outputs enough to fill the GPU): one GEMM per
+    sample, batched over the groups, the first writing (β = 0) and every later one adding (β = 1). Both sum
+    in a fixed order: the result is deterministic.
     """
     import cupy
 
@@ -289,7 +290,7 @@ def wgrad_gpu(x, dy, spec: ConvSpec, dw, precision: str) -> None:
     col_buf = None
     if plan.buffers:
         col_buf = cupy.empty(chunk_bytes(spec, plan.samples, plan.rows, item) // item, dtype=dtype)
-    partials = _wgrad_partials(spec, plan, acc_dtype) if spec.groups == 1 and plan.samples > 1 else None
+    partials = _wgrad_partials(spec, plan, acc_dtype, 0 if col_buf is None else col_buf.nbytes)
     beta = 0.0
     for n0, nb, p0, rows in plan.chunks(spec):
         length = rows * spec.q
@@ -327,16 +328,35 @@ def wgrad_gpu(x, dy, spec: ConvSpec, dw, precision: str) -> None:
         dw[...] = acc.astype(dtype)
 
 
-# Per-sample partial sums of wgrad take at most this much memory; more samples per chunk run in turns.
+# Per-sample partial sums of wgrad take at most this much memory (and what workspace_limit leaves beside the
+# column buffer); more samples per chunk run in turns.
 _WGRAD_PARTIALS_BYTES = 64 << 20
+# ... and serve layers whose K x CRS outputs are at most about one wave of 128 x 128 tiles on an H100/H200
+# (132 SMs): larger ones fill the GPU sample by sample already, and the partials would only add traffic (review,
+# H200, TF32, 8 x 1024 -> 1024 3x3 at 14 x 14, one sample's partials per turn: 3.07 ms against 0.71).
+_WGRAD_PARTIALS_MAX_OUTPUTS = 1 << 21
 
 
-def _wgrad_partials(spec: ConvSpec, plan: ChunkPlan, acc_dtype):
-    """(partial sums of up to ``samples`` samples, a vector of that many ones) for one-group wgrad."""
+def wgrad_partial_samples(spec: ConvSpec, plan: ChunkPlan, acc_itemsize: int, col_bytes: int) -> int:
+    """How many samples' partial sums one-group wgrad keeps at a time, or 0 where batching the samples' GEMMs
+    does not pay or does not fit: several groups, K x CRS above ``_WGRAD_PARTIALS_MAX_OUTPUTS``, or room for
+    fewer than two samples in ``_WGRAD_PARTIALS_BYTES`` and what ``workspace_limit`` leaves beside the column
+    buffer (``col_bytes``)."""
+    outputs = spec.k * spec.crs
+    if spec.groups != 1 or plan.samples < 2 or not 0 < outputs <= _WGRAD_PARTIALS_MAX_OUTPUTS:
+        return 0
+    budget = min(_WGRAD_PARTIALS_BYTES, config.workspace_limit - col_bytes)
+    samples = min(plan.samples, budget // (outputs * acc_itemsize))
+    return samples if samples >= 2 else 0
+
+
+def _wgrad_partials(spec: ConvSpec, plan: ChunkPlan, acc_dtype, col_bytes: int):
+    """(room for the partial sums of ``wgrad_partial_samples`` samples, that many ones), or None."""
+    samples = wgrad_partial_samples(spec, plan, numpy.dtype(acc_dtype).itemsize, col_bytes)
+    if not samples:
+        return None
     import cupy
 
-    per_sample = spec.k * spec.crs * numpy.dtype(acc_dtype).itemsize
-    samples = max(1, min(plan.samples, _WGRAD_PARTIALS_BYTES // max(per_sample, 1)))
     return cupy.empty(samples * spec.k * spec.crs, dtype=acc_dtype), cupy.ones(samples, dtype=acc_dtype)
 
 

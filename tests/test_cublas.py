@@ -9,16 +9,28 @@ from __future__ import annotations
 import numpy
 import pytest
 
-pytestmark = pytest.mark.gpu
-
-_CASES = [  # dtype, precision, c_dtype, trans_a, trans_b, batch, shared B (stride 0), beta
-    pytest.param("float32", "ieee", None, "N", "N", 3, True, 0.0, id="f32_nn_shared_b"),
-    pytest.param("float32", "tf32", None, "T", "N", 2, False, 0.0, id="tf32_tn"),
-    pytest.param("float32", "ieee", None, "N", "T", 1, False, 1.0, id="f32_nt_beta1"),
-    pytest.param("float64", "ieee", None, "T", "T", 2, False, 0.0, id="f64_tt"),
-    pytest.param("float16", "ieee", "float32", "N", "T", 2, True, 1.0, id="f16_into_f32_beta1"),
-    pytest.param("float16", "ieee", None, "N", "N", 4, False, 0.0, id="f16_nn"),
+_CASES = [  # dtype, precision, c_dtype, trans_a, trans_b, batch, shared B (stride 0), beta, padded
+    # padded: leading dimensions and batch strides of whole 256-byte multiples, so that only the offset
+    # decides the operands' alignment (odd ones make every matrix but the first 2- or 4-byte aligned)
+    pytest.param("float32", "ieee", None, "N", "N", 3, True, 0.0, False, id="f32_nn_shared_b"),
+    pytest.param("float32", "tf32", None, "T", "N", 2, False, 0.0, False, id="tf32_tn"),
+    pytest.param("float32", "ieee", None, "N", "T", 1, False, 1.0, False, id="f32_nt_beta1"),
+    pytest.param("float64", "ieee", None, "T", "T", 2, False, 0.0, False, id="f64_tt"),
+    pytest.param("float16", "ieee", "float32", "N", "T", 2, True, 1.0, False, id="f16_into_f32_beta1"),
+    pytest.param("float16", "ieee", None, "N", "N", 4, False, 0.0, False, id="f16_nn"),
+    pytest.param("float32", "tf32", None, "N", "N", 3, False, 0.0, True, id="tf32_nn_padded"),
+    pytest.param("float16", "ieee", "float32", "T", "N", 3, False, 1.0, True, id="f16_tn_padded_beta1"),
+    pytest.param("float64", "ieee", None, "N", "T", 2, True, 0.0, True, id="f64_nt_padded_shared_b"),
 ]
+
+
+def test_alignment_is_the_lowest_set_bit_of_address_and_stride_capped_at_256():
+    from cuconv._cublas import _alignment
+
+    assert _alignment(0x1004, 0) == 4
+    assert _alignment(0x1000, 6) == 2  # a batch stride of 6 bytes misaligns every other matrix
+    assert _alignment(0x1000, 0) == _alignment(0, 0) == _alignment(0x10000, 1 << 20) == 256
+    assert _alignment(0x1010, 0x200) == 16
 
 
 def _dtype(name):
@@ -29,9 +41,11 @@ def _dtype(name):
     return numpy.dtype(name)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset_one_element"])
-@pytest.mark.parametrize("dtype,precision,c_dtype,trans_a,trans_b,batch,shared_b,beta", _CASES)
-def test_gemm_matches_numpy_exactly(dtype, precision, c_dtype, trans_a, trans_b, batch, shared_b, beta, offset):
+@pytest.mark.parametrize("dtype,precision,c_dtype,trans_a,trans_b,batch,shared_b,beta,padded", _CASES)
+def test_gemm_matches_numpy_exactly(dtype, precision, c_dtype, trans_a, trans_b, batch, shared_b, beta, padded,
+                                    offset):
     import cupy
 
     from cuconv import _cublas
@@ -42,7 +56,12 @@ def test_gemm_matches_numpy_exactly(dtype, precision, c_dtype, trans_a, trans_b,
     a_rows, a_cols = (m, k) if trans_a == "N" else (k, m)
     b_rows, b_cols = (k, n) if trans_b == "N" else (n, k)
     lda, ldb, ldc = a_rows + 3, b_rows + 1, m + 2
-    stride_a, stride_b, stride_c = lda * a_cols + 5, 0 if shared_b else ldb * b_cols + 2, ldc * n + 1
+    stride_a, stride_b, stride_c = lda * a_cols + 5, ldb * b_cols + 2, ldc * n + 1
+    if padded:
+        up = lambda v: -(-v // 128) * 128  # noqa: E731 (128 elements: 256 bytes or more in every dtype)
+        lda, ldb, ldc = up(lda), up(ldb), up(ldc)
+        stride_a, stride_b, stride_c = up(lda * a_cols), up(ldb * b_cols), up(ldc * n)
+    stride_b = 0 if shared_b else stride_b
     b_batches = 1 if shared_b else batch
 
     def operand(batches, stride, ld, cols, typ):  # column-major matrices at `offset` elements into a buffer
@@ -74,6 +93,7 @@ def test_gemm_matches_numpy_exactly(dtype, precision, c_dtype, trans_a, trans_b,
     numpy.testing.assert_array_equal(got, want)  # padding rows and gaps between batches untouched too
 
 
+@pytest.mark.gpu
 def test_gemm_plans_are_made_once_per_shape_and_alignment():
     import cupy
 

@@ -158,3 +158,39 @@ def test_whole_problem_within_limit_but_large_gets_four_chunks():
     plan = plan_chunks(spec, 4, DEFAULT_LIMIT)
     assert plan == ChunkPlan(8, 56, 2)
     assert len(list(plan.chunks(spec))) == 4
+
+
+def _problem(name):
+    return next(p for p in PROBLEMS if p.name == name)
+
+
+@pytest.mark.parametrize("name,samples", [("resnet_1x1_256", 32), ("resnet_3x3_64", 32), ("stem_7x7_s2", 32),
+                                          ("square_5x9", 0), ("square_3x3_1024", 0)])
+def test_wgrad_batches_samples_into_partial_sums_where_few_outputs(name, samples):
+    """One-group wgrad keeps per-sample partial sums for whole chunks of small layers (their own GEMMs would
+    leave the GPU idle); the large problems' chunks hold one sample each and take the old path."""
+    from cuconv.im2col_gemm import wgrad_partial_samples
+
+    spec = _problem(name).spec()
+    plan = plan_chunks(spec, 4, 1 << 30, overlap=False)
+    assert wgrad_partial_samples(spec, plan, 4, chunk_bytes(spec, plan.samples, plan.rows, 4)) == samples
+
+
+def test_wgrad_partial_sums_stay_within_their_budget_and_the_workspace_limit(monkeypatch):
+    from cuconv import config, im2col_gemm
+    from cuconv.im2col_gemm import wgrad_partial_samples
+
+    one = ConvSpec.from_args((32, 64, 56, 56), (64, 64, 3, 3), padding=1)  # 64 x 576 outputs: 147 KB a sample
+    per = 64 * 576 * 4
+    plan = ChunkPlan(32, 56, 1)
+    assert wgrad_partial_samples(one, plan, 4, 0) == 32
+    monkeypatch.setattr(im2col_gemm, "_WGRAD_PARTIALS_BYTES", 5 * per + 1)
+    assert wgrad_partial_samples(one, plan, 4, 0) == 5
+    with config(workspace_limit=100 * per):
+        assert wgrad_partial_samples(one, plan, 4, 97 * per) == 3  # what the column buffer leaves
+        assert wgrad_partial_samples(one, plan, 4, 99 * per) == 0  # room for one: no batching
+    assert wgrad_partial_samples(one, ChunkPlan(1, 56, 1), 4, 0) == 0
+    grouped = ConvSpec.from_args((32, 64, 56, 56), (64, 32, 3, 3), padding=1, groups=2)
+    assert wgrad_partial_samples(grouped, plan, 4, 0) == 0
+    wide = ConvSpec.from_args((8, 1024, 14, 14), (1024, 1024, 3, 3), padding=1)  # 9.4 M outputs
+    assert wgrad_partial_samples(wide, ChunkPlan(8, 14, 1), 4, 0) == 0
