@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy
 import pytest
 
+from cuconv import _dtypes
+
 _CASES = [  # dtype, precision, c_dtype, trans_a, trans_b, batch, shared B (stride 0), beta, padded
     # padded: leading dimensions and batch strides of whole 256-byte multiples, so that only the offset
     # decides the operands' alignment (odd ones make every matrix but the first 2- or 4-byte aligned)
@@ -33,14 +35,6 @@ def test_alignment_is_the_lowest_set_bit_of_address_and_stride_capped_at_256():
     assert _alignment(0x1010, 0x200) == 16
 
 
-def _dtype(name):
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return numpy.dtype(ml_dtypes.bfloat16)
-    return numpy.dtype(name)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset_one_element"])
 @pytest.mark.parametrize("dtype,precision,c_dtype,trans_a,trans_b,batch,shared_b,beta,padded", _CASES)
@@ -50,7 +44,7 @@ def test_gemm_matches_numpy_exactly(dtype, precision, c_dtype, trans_a, trans_b,
 
     from cuconv import _cublas
 
-    dt, ct = _dtype(dtype), _dtype(c_dtype or dtype)
+    dt, ct = _dtypes.by_name(dtype), _dtypes.by_name(c_dtype or dtype)
     m, n, k = 37, 19, 23  # odd sizes; lda/ldb/ldc padded past the rows
     rng = numpy.random.default_rng(7)
     a_rows, a_cols = (m, k) if trans_a == "N" else (k, m)
