@@ -9,7 +9,7 @@
 //   V[a, b, c, t] = (BT_h · d_t[c] · BT_wᵀ)[a, b]    d_t: the input tile t   winograd_input
 //   M[a, b, k, t] = Σ_c U[a, b, k, c] · V[a, b, c, t]   (AH·AW GEMMs, cuBLAS, strided-batched)
 //   y_t[k]        = AT_h · M[:, :, k, t] · AT_wᵀ  (+ bias[k])                 winograd_output
-// The matrices are computed at compile time from (M, R) (struct Axis below), so zeros cost nothing
+// The matrices are computed at compile time from (M, R) (struct Axis in winograd.cuh), so zeros cost nothing
 // and ones cost no multiply; the 2-D transforms stay in registers.
 //
 // Kernels (T: float or double; the transforms compute in T, the GEMMs in cuBLAS at T's full precision):
@@ -24,107 +24,11 @@
 // Consecutive threads take consecutive tiles: V and M are read and written coalesced; x and y are read
 // and written element by element, a warp's 32 accesses MW elements apart.
 #include "common.cuh"
+#include "winograd.cuh"
 
 using cuconv::i64;
 
 namespace wino {
-
-// Interpolation points in the order they are taken; infinity is always the last point.
-__host__ __device__ constexpr double point(int i) {
-    return i == 0 ? 0.0 : i == 1 ? 1.0 : i == 2 ? -1.0 : i == 3 ? 2.0 : i == 4 ? -2.0 : i == 5 ? 0.5 : -0.5;
-}
-
-// The matrices of F(M, R) with A = M + R - 1 points (A - 1 finite ones and infinity):
-//   at[i][j] = p_j^i,  at[i][∞] = [i == M - 1]                     (M x A)
-//   g[j][k]  = p_j^k / Π_{l≠j} (p_j - p_l),  g[∞][k] = [k == R - 1]  (A x R)
-//   bt[j][i] = coefficient of x^i in Π_{l≠j} (x - p_l),  bt[∞][i] = that of Π_l (x - p_l)  (A x A)
-// (the transpose of the Toom-Cook product of polynomials: Lagrange interpolation at the points, the
-// leading coefficient at infinity). Exact in double except the divisions of g (rounded once).
-template <int M, int R>
-struct Axis {
-    static constexpr int A = M + R - 1;
-    static_assert(M >= 1 && R >= 1 && A <= 8, "F(M, R) needs M + R - 1 <= 8 points");
-    double at[M][A];
-    double g[A][R];
-    double bt[A][A];
-
-    __host__ __device__ constexpr Axis() : at{}, g{}, bt{} {
-        constexpr int finite = A - 1;
-        for (int i = 0; i < M; ++i) {
-            for (int j = 0; j < finite; ++j) {
-                double pj = 1.0;
-                for (int e = 0; e < i; ++e) pj *= point(j);
-                at[i][j] = pj;
-            }
-            at[i][A - 1] = (i == M - 1) ? 1.0 : 0.0;
-        }
-        for (int j = 0; j < finite; ++j) {
-            double f = 1.0;
-            for (int l = 0; l < finite; ++l)
-                if (l != j) f *= point(j) - point(l);
-            double pk = 1.0;
-            for (int k = 0; k < R; ++k) {
-                g[j][k] = pk / f;
-                pk *= point(j);
-            }
-        }
-        g[A - 1][R - 1] = 1.0;
-        for (int j = 0; j <= finite; ++j) {  // j == finite: the product over every finite point
-            double poly[8] = {1.0};
-            int degree = 0;
-            for (int l = 0; l < finite; ++l) {
-                if (l == j) continue;
-                // poly *= (x - p_l)
-                for (int e = degree + 1; e > 0; --e) poly[e] = poly[e - 1] - point(l) * poly[e];
-                poly[0] = -point(l) * poly[0];
-                ++degree;
-            }
-            for (int i = 0; i < A; ++i) bt[j][i] = i <= degree ? poly[i] : 0.0;
-        }
-    }
-};
-
-// out = Σ_i coef[i] · in[i] over a compile-time row of coefficients: zeros are skipped, ones and minus
-// ones are additions (the coefficients are constants once the loops that call this are unrolled).
-template <typename Acc>
-__device__ __forceinline__ Acc combine_term(Acc sum, double coef, Acc value) {
-    if (coef == 0.0) return sum;
-    if (coef == 1.0) return sum + value;
-    if (coef == -1.0) return sum - value;
-    return fma(static_cast<Acc>(coef), value, sum);
-}
-
-// One constant table per F(M, R), evaluated once by the front end.
-template <int M, int R>
-struct Table {
-    static constexpr Axis<M, R> value{};
-};
-
-// out = left · in · rightᵀ for a tile in registers: the 2-D transform of every kernel below (left and
-// right are Axis tables, constants once inlined and unrolled).
-template <int OH, int IH, int OW, int IW, typename T>
-__device__ __forceinline__ void transform(const double (&left)[OH][IH], const T (&in)[IH][IW],
-                                          const double (&right)[OW][IW], T (&out)[OH][OW]) {
-    T rows[OH][IW];  // left · in
-#pragma unroll
-    for (int a = 0; a < OH; ++a)
-#pragma unroll
-        for (int j = 0; j < IW; ++j) {
-            T sum = 0;
-#pragma unroll
-            for (int i = 0; i < IH; ++i) sum = combine_term(sum, left[a][i], in[i][j]);
-            rows[a][j] = sum;
-        }
-#pragma unroll
-    for (int a = 0; a < OH; ++a)
-#pragma unroll
-        for (int b = 0; b < OW; ++b) {
-            T sum = 0;
-#pragma unroll
-            for (int j = 0; j < IW; ++j) sum = combine_term(sum, right[b][j], rows[a][j]);
-            out[a][b] = sum;
-        }
-}
 
 // Sample and tile coordinates of tile t of a launch that starts at tile row row0 (= n·tiles_h + th).
 struct TileOrigin {

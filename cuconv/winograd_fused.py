@@ -1,0 +1,167 @@
+"""Algorithm ``winograd_fused``: Python twin of ``kernels_cu/winograd_fused.cu``, a 3x3 convolution (stride 1,
+dilation 1, one group) in float32 as Winograd F(2x2, 3x3) in one kernel: each block transforms its input
+tiles into shared memory, runs the 16 point-wise GEMMs over the input channels in registers (FFMA) and
+transforms its 2x2 output tiles back, so no transformed operand goes through global memory (``winograd``
+writes and re-reads ``V`` and ``M``: for ``square_3x3_1024``, 16 input channels and 128 filters, ``M`` is 36
+values per 16 outputs, 19 GB of traffic per pass). 16 products per 4 outputs and channel instead of 36.
+
+A call transforms the weights once (``winograd_fused_weight``, into a ``(16, C, K)`` workspace padded to
+the tile) and launches one kernel; nothing else. Float32 only, any ``precision`` (the arithmetic is IEEE
+FFMA either way; tensor-core precisions are faster on ``implicit_gemm``). Its transforms hold only 0, ±1 and
+±1/2, so integer-valued inputs of moderate size are summed exactly, like a direct sum.
+
+Tiles (``Tile``): ``bk`` filters × ``bt`` tiles (a row of ``bt`` 2x2 tiles: 2 output rows × 2·bt columns)
+per block of ``warps`` warps, ``cc`` input channels per chunk (two chunks in flight). The 16 points split
+over the warps; a lane keeps 128 accumulators (8 filters × 8 or 4 tiles × 2 or 4 points).
+
+dgrad at stride 1 is the forward convolution of ``dy`` (``dgrad_forward``), so it serves that too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy
+
+from . import _loader, dgrad_forward
+from ._config import config
+from .direct import NULL
+from .spec import ConvSpec
+
+__all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "Tile", "TILES", "NAME_EXPRESSIONS",
+           "STEM", "EXACT_ON_INTEGERS"]
+
+STEM = "winograd_fused"
+EXACT_ON_INTEGERS = True  # transforms of 0, ±1 and ±1/2: integer inputs give multiples of 1/4, held exactly
+
+_POINTS = 16
+_MAX_GRID_X = 2**31 - 1
+_WEIGHT_THREADS = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    """Template arguments of one instance of ``winograd_fused_3x3``."""
+
+    bk: int  # filters per block
+    bt: int  # 2x2 output tiles per block, along a row
+    warps: int
+    cc: int  # input channels per chunk
+    min_blocks: int  # per SM: caps the registers a thread may use
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def smem_bytes(self) -> int:
+        """Two chunk buffers of U (16 × cc × bk), V (16 × cc × bt) and the input rows (cc × 4 × the 2·bt + 2
+        columns rounded up to 32), or M (16 × bk × (bt + 4)) after them (``Config::kSmemFloats`` in the kernel)."""
+        raw_pitch = _round_up(2 * self.bt + 2, 32)
+        staging = 2 * (_POINTS * self.cc * (self.bk + self.bt) + self.cc * 4 * raw_pitch)
+        return 4 * max(staging, _POINTS * self.bk * (self.bt + 4))
+
+    @property
+    def kernel_name(self) -> str:
+        return f"winograd_fused_3x3<{self.bk},{self.bt},{self.warps},{self.cc},{self.min_blocks}>"
+
+
+# wide: 64 filters × 32 tiles (64 columns), 8 warps, one block per SM (144 KB of shared memory);
+# narrow: 64 × 16 tiles, 4 warps, two blocks per SM (89 KB each), for devices with less shared memory.
+TILES = (Tile(bk=64, bt=32, warps=8, cc=8, min_blocks=1), Tile(bk=64, bt=16, warps=4, cc=8, min_blocks=2),
+         Tile(bk=64, bt=16, warps=8, cc=8, min_blocks=2))
+_WEIGHT_KERNEL = "winograd_fused_weight"
+NAME_EXPRESSIONS = (_WEIGHT_KERNEL,) + tuple(t.kernel_name for t in TILES)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One problem's tile, its padded channel counts (U's shape is ``(16, c_pad, k_pad)``) and grid."""
+
+    tile: Tile
+    c_pad: int
+    k_pad: int
+    tiles_h: int
+    col_blocks: int
+    k_blocks: int
+    blocks: int
+
+    @property
+    def u_bytes(self) -> int:
+        return 4 * _POINTS * self.c_pad * self.k_pad
+
+
+def _round_up(v: int, to: int) -> int:
+    return -(-v // to) * to
+
+
+def plan(spec: ConvSpec, tile: Tile = None) -> Plan:
+    """The tile (the first of ``TILES`` whose shared memory the device gives a block, unless given) and grid."""
+    if tile is None:
+        limit = _loader.smem_limit()
+        tile = next((t for t in TILES if t.smem_bytes <= limit), TILES[-1])
+    tiles_h, tiles_w = -(-spec.p // 2), -(-spec.q // 2)
+    col_blocks = -(-tiles_w // tile.bt)
+    k_pad = _round_up(spec.k, tile.bk)
+    k_blocks = k_pad // tile.bk
+    return Plan(tile, _round_up(spec.c, tile.cc), k_pad, tiles_h, col_blocks, k_blocks,
+                spec.n * tiles_h * col_blocks * k_blocks)
+
+
+def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
+    """Why ``winograd_fused`` cannot run this case, or None."""
+    return dgrad_forward.reason_unsupported(spec, dtype, pass_, precision, _forward_reason)
+
+
+def _forward_reason(spec: ConvSpec, dtype, precision: str):
+    dtype = numpy.dtype(dtype)
+    if dtype != numpy.float32:
+        return (f"it computes in float32 only, not {dtype} (a thread's 128 accumulators would take 256 registers "
+                f"in float64; winograd serves float64)")
+    if (spec.r, spec.s) != (3, 3) or spec.stride != (1, 1) or spec.dilation != (1, 1):
+        return "it needs a 3x3 kernel, stride 1 and dilation 1"
+    if spec.groups != 1:
+        return "it needs groups=1"
+    pl = plan(spec)
+    limit = _loader.smem_limit()
+    if pl.tile.smem_bytes > limit:
+        return f"its tile needs {pl.tile.smem_bytes} bytes of shared memory; the device allows {limit}"
+    if pl.blocks > _MAX_GRID_X:
+        return f"its {pl.blocks} blocks exceed the CUDA grid limit ({_MAX_GRID_X})"
+    if pl.u_bytes > config.workspace_limit:
+        return (f"its transformed weights ({pl.u_bytes} bytes) exceed cuconv.config.workspace_limit="
+                f"{config.workspace_limit}")
+    return None
+
+
+def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, tile: Tile = None) -> None:
+    """out = conv(x, w) + bias on C-contiguous float32 CuPy arrays, current stream (FFMA at any precision);
+    ``tile`` forces one of ``TILES`` (tests)."""
+    import cupy
+
+    if spec.n * spec.k * spec.p * spec.q == 0:
+        return
+    pl = plan(spec, tile)
+    i64 = numpy.int64
+    u = cupy.zeros((_POINTS, pl.c_pad, pl.k_pad), dtype=numpy.float32)
+    if spec.c:
+        fn = _loader.get_function(STEM, NAME_EXPRESSIONS, _WEIGHT_KERNEL)
+        grid = (min(1 << 16, -(-(spec.k * spec.c) // _WEIGHT_THREADS)), 1, 1)
+        block = (_WEIGHT_THREADS, 1, 1)
+        _loader.launch(fn, _WEIGHT_KERNEL, grid, block,
+                       (w, u, i64(spec.k), i64(spec.c), i64(pl.c_pad), i64(pl.k_pad)))
+    tile = pl.tile
+    fn = _loader.get_function(STEM, NAME_EXPRESSIONS, tile.kernel_name)
+    grid = (pl.blocks, 1, 1)
+    block = (tile.threads, 1, 1)
+    _loader.launch(fn, tile.kernel_name, grid, block,
+                   (x, u, NULL if bias is None else bias, out,
+                    i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q),
+                    i64(spec.pad[0]), i64(spec.pad[2]), numpy.int32(pl.tiles_h), numpy.int32(pl.col_blocks),
+                    numpy.int32(pl.k_blocks), i64(pl.c_pad), i64(pl.k_pad)),
+                   shared_mem=tile.smem_bytes)
+
+
+def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
+    """dx = conv2d_input(dy, w) as this algorithm's forward convolution of dy (stride 1; ``dgrad_forward``)."""
+    dgrad_forward.run(forward_gpu, dy, w, spec, dx, precision)

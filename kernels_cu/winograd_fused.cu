@@ -1,0 +1,293 @@
+// winograd_fused: a 3x3 convolution (stride 1, dilation 1, one group) as Winograd F(2x2, 3x3) in one kernel,
+// float32 FFMA; no transformed operand goes through global memory.
+//
+// Every 2x2 output tile t of filter k comes from a 4x4 input tile d_t through the 16 points (a, b) of
+// winograd.cuh's F(2, 3) (interpolation points 0, 1, -1, infinity):
+//   U[a, b, c, k] = (G · w[k, c] · Gᵀ)[a, b]                      winograd_fused_weight, once per call
+//   V[a, b, c, t] = (BT · d_t[c] · BTᵀ)[a, b]                     per block, into shared memory
+//   M[a, b, k, t] = Σ_c U[a, b, c, k] · V[a, b, c, t]             16 GEMMs, per block, in registers
+//   y_t[k]        = AT · M[:, :, k, t] · ATᵀ  (+ bias[k])         per block, through shared memory
+// 16 products per 4 outputs and input channel instead of 36 (2.25x fewer FFMA); BT and AT hold only 0 and
+// ±1, G halves (exact in binary), so the error stays that of a direct sum of a few more terms.
+//
+// Kernels (float32 only: a lane's 128 accumulators would need 256 registers in float64):
+//   winograd_fused_weight(w, u, K, C, c_pad, k_pad)   one thread per (k, c); w is (K, C, 3, 3), u is
+//       (16, c_pad, k_pad) and zero where c >= C or k >= K (the caller zero-fills it)
+//   winograd_fused_3x3<BK, BT, WARPS, CC, MIN_BLOCKS>(x, u, bias, y, ...)   MIN_BLOCKS: per SM (registers)
+//       one block per (sample n, tile row th, BT tiles of that row, BK filters); blockIdx.x enumerates them
+//       with the filter block fastest, so the blocks sharing an input row run together (L2). x NCHW, y NCHW.
+// A block walks the input channels CC at a time, two shared-memory buffers deep: U's slice for the next
+// chunk arrives by cp.async and the next chunk's input tiles are loaded into registers while the current
+// chunk's products run; then each thread transforms its input tile into V. The 16 points are split over
+// the warps (16 / WARPS each); a lane keeps, per point, an 8-filter x (BT / 4)-tile register tile (filters
+// kg·4.. and BK/2 + kg·4.., tiles tg·4.. every BT / NTV), so per channel and point it reads two 16-byte U
+// vectors (8 lanes' distinct vectors: one wavefront) and NTV V vectors for 32 · NTV FFMA. Afterwards the
+// accumulators cross shared memory as M[point][filter][tile] (row stride BT + 4: conflict-free 16-byte
+// stores), and each thread takes (filter, tile) pairs, transforms 16 points into 2x2 outputs and stores
+// them (two floats at a time where rows are 8-byte aligned: consecutive threads, consecutive tiles).
+// Index arithmetic of x and y is 64-bit; padding and image edges are zero-filled by the loads' masks.
+#include "common.cuh"
+#include "winograd.cuh"
+
+using cuconv::i64;
+
+namespace wfused {
+
+constexpr int kPoints = 16;  // F(2x2, 3x3): 4x4 points
+
+template <int BK, int BT, int WARPS, int CC>
+struct Config {
+    static constexpr int kThreads = 32 * WARPS;
+    static constexpr int kPointsPerWarp = kPoints / WARPS;
+    static constexpr int kLanesK = BK / 8;         // lanes along filters (8 filters each)
+    static constexpr int kLanesT = 32 / kLanesK;   // lanes along tiles
+    static constexpr int kTilesPerLane = BT / kLanesT;
+    static constexpr int kTileVectors = kTilesPerLane / 4;
+    static constexpr int kLdM = BT + 4;            // M's row stride: 4 mod 8, conflict-free 16-byte stores
+    static constexpr int kUFloats = kPoints * CC * BK;  // one buffer
+    static constexpr int kVFloats = kPoints * CC * BT;
+    static constexpr int kRawCols = 2 * BT + 2;   // the input columns of BT tiles
+    static constexpr int kRawPitch = (kRawCols + 31) / 32 * 32;
+    static constexpr int kRawFloats = CC * 4 * kRawPitch;
+    static constexpr int kMFloats = kPoints * BK * kLdM;
+    static constexpr int kStagingFloats = 2 * (kUFloats + kVFloats + kRawFloats);
+    static constexpr int kSmemFloats = kStagingFloats > kMFloats ? kStagingFloats : kMFloats;
+    static_assert(kPoints % WARPS == 0, "the points split evenly over the warps");
+    static_assert(BK % 8 == 0 && 32 % kLanesK == 0 && BT % (4 * kLanesT) == 0, "lane tiles of 8 x 4n");
+    static_assert(kUFloats % 4 == 0 && kVFloats % 4 == 0, "16-byte aligned buffers");
+    static_assert(kThreads % BT == 0, "the epilogue's threads split evenly over the tiles");
+};
+
+}  // namespace wfused
+
+__global__ void __launch_bounds__(256)
+winograd_fused_weight(const float* __restrict__ w, float* __restrict__ u, i64 K, i64 C, i64 c_pad, i64 k_pad) {
+    using T = float;
+    constexpr const wino::Axis<2, 3>& ax = wino::Table<2, 3>::value;
+    const i64 total = K * C;
+    for (i64 idx = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+         idx += static_cast<i64>(gridDim.x) * blockDim.x) {
+        const i64 k = idx / C, c = idx - k * C;
+        const T* __restrict__ src = w + idx * 9;
+        T taps[3][3];
+#pragma unroll
+        for (int i = 0; i < 3; ++i)
+#pragma unroll
+            for (int j = 0; j < 3; ++j) taps[i][j] = src[i * 3 + j];
+        T out[4][4];
+        wino::transform(ax.g, taps, ax.g, out);
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+            for (int b = 0; b < 4; ++b) u[((a * 4 + b) * c_pad + c) * k_pad + k] = out[a][b];
+    }
+}
+
+template <int BK, int BT, int WARPS, int CC, int MIN_BLOCKS>
+__global__ void __launch_bounds__(32 * WARPS, MIN_BLOCKS)
+winograd_fused_3x3(const float* __restrict__ x, const float* __restrict__ u, const float* __restrict__ bias,
+                   float* __restrict__ y,
+                   i64 C, i64 H, i64 W, i64 K, i64 P, i64 Q, i64 pad_top, i64 pad_left, int tiles_h,
+                   int col_blocks, int k_blocks, i64 c_pad, i64 k_pad) {
+    using T = float;
+    using Cfg = wfused::Config<BK, BT, WARPS, CC>;
+    constexpr int kThreads = Cfg::kThreads, kPPW = Cfg::kPointsPerWarp, kTPL = Cfg::kTilesPerLane;
+    constexpr int kNTV = Cfg::kTileVectors, kLdM = Cfg::kLdM;
+    constexpr const wino::Axis<2, 3>& ax = wino::Table<2, 3>::value;
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    float* const u_s = reinterpret_cast<float*>(smem_raw);  // [2][16][CC][BK]
+    float* const v_s = u_s + 2 * Cfg::kUFloats;             // [2][16][CC][BT]
+    float* const raw_s = v_s + 2 * Cfg::kVFloats;  // [2][CC][4][kRawPitch]: the chunk's input rows
+    float* const m_s = reinterpret_cast<float*>(smem_raw);  // [16][BK][kLdM], after the channel loop
+
+    // Block coordinates: filter block fastest, then tile column block, then (n, tile row). The grid has
+    // fewer than 2^31 blocks (the caller checks), so 32-bit divisions (64-bit ones are long subroutines).
+    const unsigned bid = blockIdx.x;
+    const unsigned kb = bid % static_cast<unsigned>(k_blocks), rest = bid / static_cast<unsigned>(k_blocks);
+    const unsigned cb = rest % static_cast<unsigned>(col_blocks), row = rest / static_cast<unsigned>(col_blocks);
+    const i64 n = row / static_cast<unsigned>(tiles_h), th = row - n * tiles_h;
+    const int k0 = static_cast<int>(kb) * BK;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int kg = lane / Cfg::kLanesT, tg = lane % Cfg::kLanesT;
+
+    // ---- staging: U's slice and the chunk's input rows by cp.async; input tiles from there into V --------
+    const float* __restrict__ x_n = x + n * C * H * W;
+    const i64 h0 = 2 * th - pad_top;
+    const i64 w0 = 2 * static_cast<i64>(cb) * BT - pad_left;
+
+    // Per thread: U vectors (pt0 + e·kPointStep, c_u, kv) for e < kUPerThread, and input columns lane,
+    // lane + 32, ... of rows warp·kRowsPerWarp.. of the chunk's CC x 4 staged rows.
+    constexpr int kUPerThread = Cfg::kUFloats / 4 / kThreads;
+    constexpr int kPointStep = kThreads / (CC * BK / 4);
+    static_assert(Cfg::kUFloats / 4 % kThreads == 0 && kThreads % (CC * BK / 4) == 0, "U's slice splits evenly");
+    const int u_pt0 = tid / (CC * BK / 4), u_c = tid % (CC * BK / 4) / (BK / 4), u_kv = tid % (BK / 4);
+    const float* const u_src0 = u + (static_cast<i64>(u_pt0) * c_pad + u_c) * k_pad + k0 + u_kv * 4;
+    const i64 u_point_stride = kPointStep * c_pad * k_pad;
+    const unsigned u_dst0 = cuconv::smem_addr(u_s + (u_pt0 * CC + u_c) * BK + u_kv * 4);
+    // Input rows: warp w stages rows w·kRowsPerWarp.. of the chunk's CC x 4 (channel cl = row / 4, input row
+    // h0 + row % 4), lane l columns l, l + 32, ... of kRawPitch (a multiple of 32: every lane copies, the
+    // columns past kRawCols are zero-filled and never read). What does not depend on the chunk is decided
+    // here, once: which rows and columns lie inside the image.
+    constexpr int kRowsPerWarp = CC * 4 / WARPS;
+    constexpr int kColsPerLane = Cfg::kRawPitch / 32;
+    static_assert((CC * 4) % WARPS == 0, "the staged rows split evenly over the warps");
+    bool col_in[kColsPerLane];
+#pragma unroll
+    for (int j = 0; j < kColsPerLane; ++j) {
+        const i64 wc = w0 + lane + 32 * j;
+        col_in[j] = lane + 32 * j < Cfg::kRawCols && wc >= 0 && wc < W;
+    }
+
+    auto stage = [&](int chunk, int buf) {
+        const float* u_src = u_src0 + static_cast<i64>(chunk) * CC * k_pad;
+        const unsigned u_dst = u_dst0 + buf * Cfg::kUFloats * 4;
+#pragma unroll
+        for (int e = 0; e < kUPerThread; ++e)
+            cuconv::cp_async_cg16(u_dst + e * kPointStep * CC * BK * 4, u_src + e * u_point_stride, true);
+        const unsigned raw_dst = cuconv::smem_addr(raw_s + buf * Cfg::kRawFloats + lane);
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r) {
+            const int row = warp * kRowsPerWarp + r, cl = row / 4, dh = row % 4;
+            const i64 c = static_cast<i64>(chunk) * CC + cl, h = h0 + dh;
+            const bool row_in = c < C && h >= 0 && h < H;
+            const float* src_row = x_n + (c * H + h) * W + w0 + lane;
+#pragma unroll
+            for (int j = 0; j < kColsPerLane; ++j) {
+                const bool in = row_in && col_in[j];
+                cuconv::cp_async_ca<4>(raw_dst + (row * Cfg::kRawPitch + 32 * j) * 4, in ? src_row + 32 * j : x, in);
+            }
+        }
+        cuconv::cp_async_commit();
+    };
+    // Input tile (c, t) of the chunk in buf: rows 0..3, columns 2t..2t+3 of its staged rows, into V.
+    auto transform_tiles = [&](int buf) {
+        const float* raw = raw_s + buf * Cfg::kRawFloats;
+        float* v_dst = v_s + buf * Cfg::kVFloats;
+#pragma unroll
+        for (int e = 0; e < (CC * BT + kThreads - 1) / kThreads; ++e) {
+            const int idx = tid + e * kThreads, cl = idx / BT, tl = idx % BT;
+            if ((CC * BT) % kThreads != 0 && idx >= CC * BT) break;
+            float d[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) d[i][j] = raw[(cl * 4 + i) * Cfg::kRawPitch + 2 * tl + j];
+            float v[4][4];
+            wino::transform(ax.bt, d, ax.bt, v);
+#pragma unroll
+            for (int a = 0; a < 4; ++a)
+#pragma unroll
+                for (int b = 0; b < 4; ++b) v_dst[((a * 4 + b) * CC + cl) * BT + tl] = v[a][b];
+        }
+    };
+
+    // ---- the channel loop: 16 GEMMs of (BK x BT) over CC channels per chunk -----------------------------
+    float acc[kPPW][8][kTPL];
+#pragma unroll
+    for (int p = 0; p < kPPW; ++p)
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int j = 0; j < kTPL; ++j) acc[p][i][j] = 0.0f;
+
+    const int chunks = static_cast<int>(c_pad / CC);
+    if (chunks > 0) {  // C == 0: the output is the bias
+        stage(0, 0);
+        cuconv::cp_async_wait<0>();
+        __syncthreads();
+        transform_tiles(0);
+        __syncthreads();
+    }
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+        const int buf = chunk & 1;
+        const bool more = chunk + 1 < chunks;
+        if (more) stage(chunk + 1, buf ^ 1);
+        const float* u_b = u_s + buf * Cfg::kUFloats;
+        const float* v_b = v_s + buf * Cfg::kVFloats;
+#pragma unroll
+        for (int c = 0; c < CC; ++c) {
+#pragma unroll
+            for (int p = 0; p < kPPW; ++p) {
+                const int pt = warp * kPPW + p;
+                const float* u_row = u_b + (pt * CC + c) * BK;
+                const float* v_row = v_b + (pt * CC + c) * BT;
+                const float4 ua = *reinterpret_cast<const float4*>(u_row + kg * 4);
+                const float4 ub = *reinterpret_cast<const float4*>(u_row + BK / 2 + kg * 4);
+                const float uk[8] = {ua.x, ua.y, ua.z, ua.w, ub.x, ub.y, ub.z, ub.w};
+                float vt[kTPL];
+#pragma unroll
+                for (int vv = 0; vv < kNTV; ++vv) {
+                    const float4 q = *reinterpret_cast<const float4*>(v_row + vv * (BT / kNTV) + tg * 4);
+                    vt[vv * 4 + 0] = q.x;
+                    vt[vv * 4 + 1] = q.y;
+                    vt[vv * 4 + 2] = q.z;
+                    vt[vv * 4 + 3] = q.w;
+                }
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+#pragma unroll
+                    for (int j = 0; j < kTPL; ++j) acc[p][i][j] = fmaf(uk[i], vt[j], acc[p][i][j]);
+            }
+        }
+        if (more) {
+            cuconv::cp_async_wait<0>();
+            __syncthreads();  // the next chunk's rows are in, from every thread
+            transform_tiles(buf ^ 1);
+        }
+        __syncthreads();  // V of the next chunk is written; this chunk's buffers are free
+    }
+
+    // ---- epilogue: M through shared memory (over the staging buffers: every thread is past the barrier) ---
+#pragma unroll
+    for (int p = 0; p < kPPW; ++p) {
+        const int pt = warp * kPPW + p;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int kl = (i < 4 ? 0 : BK / 2) + kg * 4 + (i & 3);
+            T* m_row = m_s + (pt * BK + kl) * kLdM;
+#pragma unroll
+            for (int vv = 0; vv < kNTV; ++vv) {
+                float4 q;
+                q.x = acc[p][i][vv * 4 + 0];
+                q.y = acc[p][i][vv * 4 + 1];
+                q.z = acc[p][i][vv * 4 + 2];
+                q.w = acc[p][i][vv * 4 + 3];
+                *reinterpret_cast<float4*>(m_row + vv * (BT / kNTV) + tg * 4) = q;
+            }
+        }
+    }
+    __syncthreads();
+
+    const int tl = tid % BT;
+    const i64 q0 = 2 * (static_cast<i64>(cb) * BT + tl), p0 = 2 * th;
+    if (q0 >= Q) return;  // no barrier follows
+    const bool q1_in = q0 + 1 < Q, p1_in = p0 + 1 < P;
+    const bool pairs = q1_in && Q % 2 == 0 && reinterpret_cast<unsigned long long>(y) % 8 == 0;
+    constexpr int kKStep = kThreads / BT;
+    const i64 k_stride = kKStep * P * Q;
+    int kl = tid / BT;
+    float* out = y + ((n * K + k0 + kl) * P + p0) * Q + q0;
+    for (; kl < BK && k0 + kl < K; kl += kKStep, out += k_stride) {
+        float e[4][4];
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+            for (int b = 0; b < 4; ++b) e[a][b] = m_s[((a * 4 + b) * BK + kl) * kLdM + tl];
+        float o[2][2];
+        wino::transform(ax.at, e, ax.at, o);
+        const float add = bias != nullptr ? __ldg(bias + k0 + kl) : 0.0f;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            if (i == 1 && !p1_in) break;
+            float* out_row = out + i * Q;
+            if (pairs) {
+                *reinterpret_cast<float2*>(out_row) = make_float2(o[i][0] + add, o[i][1] + add);
+            } else {
+                out_row[0] = o[i][0] + add;
+                if (q1_in) out_row[1] = o[i][1] + add;
+            }
+        }
+    }
+}
