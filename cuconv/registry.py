@@ -123,6 +123,11 @@ def _select_algorithm(spec, dtype, precision, on_gpu, pass_, smem_limit, wgmma, 
 # winograd_fused's tile holds 64 filters: with 16 (square_3x3_1024's fp32-IEEE dgrad) it ran 33.9 ms against
 # 18.4 for winograd on an H200.
 _WINOGRAD_FUSED_MIN_FILTERS = 64
+# Its products cost 16 per 4 outputs and channel against winograd's 36 per 16 (F(4x4, 3x3)), whose price is the
+# traffic of its transformed operands: with few channels that traffic wins (16 channels, 128 filters: 14.0 ms
+# against 18.4), with more the products do (resnet_3x3_64, 64 channels: 0.150 against 0.131 ms in a loop, 0.232
+# against 0.186 one call). The line is drawn at 32, between the two measured points.
+_WINOGRAD_FUSED_MAX_CHANNELS = 32
 
 # implicit_gemm's narrowest tile holds 64 filters: with fewer than 32 in the pass most of it idles (TF32
 # square_3x3_1024 dgrad, 16 filters: 24.5 ms against 14.4 for im2col_gemm on an H200).
@@ -133,10 +138,10 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
     """Candidates, best first, from what each family is good at (measured on an H200; README "Algorithms").
 
     - depthwise layers: ``depthwise`` (memory-bound; im2col_gemm runs one tiny GEMM per group, 4-7x slower);
-    - float32 at "ieee", 3x3, stride 1, no dilation, one group, at least 64 filters and 16 input channels in
-      the pass: ``winograd_fused`` (F(2x2, 3x3) in one kernel, no transformed operand in memory:
-      square_3x3_1024 13.9 ms against 18.2 for winograd and 17.8 for im2col_gemm, resnet_3x3_64 0.173
-      against 0.187 ms; 1.6e-7 error against winograd's 1e-6);
+    - float32 at "ieee", 3x3, stride 1, no dilation, one group, at least 64 filters and 16 to 32 input channels
+      in the pass: ``winograd_fused`` (F(2x2, 3x3) in one kernel, no transformed operand in memory:
+      square_3x3_1024 14.0 ms against 18.4 for winograd and 17.8 for im2col_gemm; 1.6e-7 error against
+      winograd's 1e-6; with 64 channels winograd's fewer products win, resnet_3x3_64 0.131 against 0.150 ms);
     - plain fp32 "ieee" and fp64 arithmetic, stride 1, no dilation, one group, kernels up to 7x7 with at
       least 16 input channels and 16 filters in the pass (and, in float32, at most 128-512 input channels:
       its error limit): ``winograd`` (2.9x fewer multiplications for 5x7, 4x for 3x3; rect_5x7 fprop 8.6 ms
@@ -173,7 +178,7 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
     if not ffma and filters is not None and filters >= _IMPLICIT_GEMM_MIN_FILTERS and not pointwise:
         yield "implicit_gemm"
     if (filters is not None and ffma and dtype == numpy.float32 and filters >= _WINOGRAD_FUSED_MIN_FILTERS
-            and channels >= 16):
+            and 16 <= channels <= _WINOGRAD_FUSED_MAX_CHANNELS):
         yield "winograd_fused"
     if filters is not None and ffma and min(filters, channels) >= 16:
         yield "winograd"

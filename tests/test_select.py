@@ -39,8 +39,8 @@ _F32, _F16, _F64 = numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), numpy
     pytest.param("square_5x9", _F32, "ieee", "wgrad", "im2col_gemm", id="direct_smem_has_no_wgrad"),
     pytest.param("rect_5x7", _F32, "ieee", "fprop", "winograd", id="winograd_5x7"),
     pytest.param("square_3x3_1024", _F32, "ieee", "fprop", "winograd_fused", id="winograd_fused_3x3"),
-    pytest.param("resnet_3x3_64", _F32, "ieee", "fprop", "winograd_fused", id="winograd_fused_small_layer"),
-    pytest.param("resnet_3x3_64", _F32, "ieee", "dgrad", "winograd_fused", id="winograd_fused_dgrad_64_filters"),
+    pytest.param("resnet_3x3_64", _F32, "ieee", "fprop", "winograd", id="winograd_64_channels"),
+    pytest.param("resnet_3x3_64", _F32, "ieee", "dgrad", "winograd", id="winograd_dgrad_64_channels"),
     pytest.param("resnet_3x3_64", _F64, "ieee", "fprop", "winograd", id="winograd_fused_is_float32_only"),
     pytest.param("square_3x3_1024", _F32, "tf32", "fprop", "implicit_gemm", id="tf32_3x3_tensor_cores"),
     pytest.param("resnet_3x3_64", _F32, "ieee", "wgrad", "im2col_gemm", id="winograd_has_no_wgrad"),
@@ -49,6 +49,18 @@ _F32, _F16, _F64 = numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), numpy
 ])
 def test_select_algorithm(problem, dtype, precision, pass_, expected):
     assert cuconv.select_algorithm(_P[problem], dtype, precision, True, pass_) == expected
+
+
+@pytest.mark.parametrize("c,k,pass_,expected", [
+    (32, 64, "fprop", "winograd_fused"), (48, 64, "fprop", "winograd"), (32, 48, "fprop", "winograd"),
+    (64, 32, "dgrad", "winograd_fused"), (64, 48, "dgrad", "winograd"), (2048, 64, "fprop", "im2col_gemm"),
+], ids=["fused_32_channels", "winograd_48_channels", "winograd_48_filters", "fused_dgrad_64_filters",
+        "winograd_dgrad_48_channels", "float32_past_both_channel_limits"])
+def test_winograd_fused_takes_3x3_layers_with_few_channels_and_many_filters(c, k, pass_, expected):
+    """float32 'ieee' 3x3 stride 1: the fused F(2x2, 3x3) from 64 filters and up to 32 channels in the pass (dgrad:
+    filters C, channels K), winograd's F(4x4, 3x3) above; past winograd's float32 cap (512 channels) a GEMM."""
+    spec = cuconv.ConvSpec.from_args((2, c, 40, 40), (k, c, 3, 3), padding=1)
+    assert cuconv.select_algorithm(spec, _F32, "ieee", True, pass_) == expected
 
 
 @pytest.mark.parametrize("dtype,precision", [(_F32, "tf32"), (_F16, "ieee")])
