@@ -16,9 +16,10 @@
 //   winograd_fused_3x3<BK, BT, WARPS, CC, MIN_BLOCKS>(x, u, bias, y, ...)   MIN_BLOCKS: per SM (registers)
 //       one block per (sample n, tile row th, BT tiles of that row, BK filters); blockIdx.x enumerates them
 //       with the filter block fastest, so the blocks sharing an input row run together (L2). x NCHW, y NCHW.
-// A block walks the input channels CC at a time, two shared-memory buffers deep: U's slice for the next
-// chunk arrives by cp.async and the next chunk's input tiles are loaded into registers while the current
-// chunk's products run; then each thread transforms its input tile into V. The 16 points are split over
+// A block walks the input channels CC at a time, two shared-memory buffers deep: U's slice and the input
+// rows of the next chunk (CC channels x 4 rows x 2·BT + 2 columns, zero outside the image) arrive by
+// cp.async while the current chunk's products run; then each thread transforms 4x4 input tiles of those rows
+// into V. The 16 points are split over
 // the warps (16 / WARPS each); a lane keeps, per point, an 8-filter x (BT / 4)-tile register tile (filters
 // kg·4.. and BK/2 + kg·4.., tiles tg·4.. every BT / NTV), so per channel and point it reads two 16-byte U
 // vectors (8 lanes' distinct vectors: one wavefront) and NTV V vectors for 32 · NTV FFMA. Afterwards the
