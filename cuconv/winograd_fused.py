@@ -27,6 +27,7 @@ from . import _loader, dgrad_forward
 from ._config import config
 from .direct import NULL
 from .spec import ConvSpec
+from .winograd import _round_up
 
 __all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "Tile", "TILES", "NAME_EXPRESSIONS",
            "STEM", "EXACT_ON_INTEGERS"]
@@ -89,10 +90,6 @@ class Plan:
     @property
     def u_bytes(self) -> int:
         return 4 * _POINTS * self.c_pad * self.k_pad
-
-
-def _round_up(v: int, to: int) -> int:
-    return -(-v // to) * to
 
 
 def plan(spec: ConvSpec, tile: Tile = None) -> Plan:

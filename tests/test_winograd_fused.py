@@ -96,6 +96,11 @@ def _gpu(a):
     return None if a is None else cupy.asarray(a.astype(numpy.float32))
 
 
+def _require_shared_memory(tile):
+    if tile.smem_bytes > cuconv._loader.smem_limit():
+        pytest.skip(f"this device gives a block less than the tile's {tile.smem_bytes} bytes of shared memory")
+
+
 def _forward(case, x, w, b, tile, out):
     """The algorithm's entry point with ``tile`` forced (``conv2d`` runs the device's tile)."""
     winograd_fused.forward_gpu(x, w, b, _spec(case), out, "ieee", tile)
@@ -107,8 +112,7 @@ def _forward(case, x, w, b, tile, out):
 def test_forward_matches_oracle_every_tile(case, tile):
     import cupy
 
-    if tile.smem_bytes > cuconv._loader.smem_limit():
-        pytest.skip(f"this device gives a block less than the tile's {tile.smem_bytes} bytes of shared memory")
+    _require_shared_memory(tile)
     x, w, b = (None if a is None else a.astype(numpy.float32).astype(numpy.float64)
                for a in make_inputs(case, seed=31))
     ref = reference(x, w, b, **case.kwargs)
@@ -125,8 +129,7 @@ def test_integer_inputs_equal_direct_exactly(case, tile):
     """Transforms of 0, ±1 and ±1/2: integer inputs give exact multiples of 1/4 all the way."""
     import cupy
 
-    if tile.smem_bytes > cuconv._loader.smem_limit():
-        pytest.skip(f"this device gives a block less than the tile's {tile.smem_bytes} bytes of shared memory")
+    _require_shared_memory(tile)
     x, w, b = (_gpu(a) for a in make_inputs(case, seed=32, integer=True))
     expected = cuconv.conv2d(x, w, b, algo="direct", precision="ieee", **case.kwargs)
     out = cupy.full(expected.shape, numpy.nan, dtype=numpy.float32)
