@@ -6,11 +6,13 @@ Arguments are checked here, once, in PyTorch's wording and before any kernel run
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy
 
 from . import _backend, _dtypes, autotune, registry as _registry
 from ._config import PRECISIONS, config
-from .spec import ConvSpec
+from .spec import ConvSpec, _plain
 
 __all__ = ["conv2d"]
 
@@ -137,6 +139,10 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     >>> cuconv.conv2d(x, w, padding=(1, 0), stride=(2, 1)).shape
     (1, 4, 3, 4)
     """
+    key = _call_key(x, weight, bias, out, stride, padding, dilation, groups, algo, precision)
+    plan = _plans.get(key) if key is not None else None
+    if plan is not None:  # a GPU call whose signature was checked before: nothing to check or choose again
+        return _run(_cupy, plan, x[None] if plan.unbatched else x, weight, bias, out, algo)
     kind = _check_arrays(x, weight, bias, out)
     if kind == "cupy":
         import cupy
@@ -155,12 +161,71 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     result_shape = spec.output_shape[1:] if unbatched else spec.output_shape
     if out is not None:
         _check_out(out, result_shape, x.dtype)
+    plan = _Plan(spec, name, precision, result_shape, unbatched)
+    if not on_gpu:
+        return _run(numpy, plan, x, weight, bias, out, algo)
+    if key is not None:
+        if len(_plans) >= _PLANS_MAX:
+            _plans.clear()
+        _plans[key] = plan
+    return _run(_cupy, plan, x, weight, bias, out, algo)  # the input's device is current (above)
 
-    if on_gpu:  # the input's device is current (above): no context to enter and leave
-        import cupy as xp
 
-        return _run(xp, name, x, weight, bias, spec, out, result_shape, precision, on_gpu, algo)
-    return _run(numpy, name, x, weight, bias, spec, out, result_shape, precision, on_gpu, algo)
+class _Plan(NamedTuple):
+    """What checking a call's arguments decided; the same for every call of the same signature."""
+
+    spec: ConvSpec
+    name: str  # the algorithm; for "auto" the heuristic's choice (config.benchmark may time another)
+    precision: str  # resolved: never None
+    result_shape: tuple  # spec.output_shape, without the batch axis for unbatched input
+    unbatched: bool
+
+
+# A GPU call's signature (``_call_key``) -> its _Plan. The checks, the spec and the choice of algorithm cost
+# ~10 µs of host time a call on an H200, as much as the launch they precede on a small layer; a layer called
+# again skips them. Bounded: cleared when full, like ConvSpec's memo.
+_plans: dict = {}
+_PLANS_MAX = 4096
+_cupy = None  # the cupy module, set by the first call that sees a CuPy array
+_ndarray = None  # cupy.ndarray: the only type the signature admits (subclasses take the checking path)
+
+
+def _call_key(x, weight, bias, out, stride, padding, dilation, groups, algo, precision):
+    """The signature of a call on CuPy arrays on the current device: everything the checks and the choice of
+    algorithm read (shapes, dtypes, devices, plain geometry arguments, algo, precision and the config values
+    they depend on); None for any other call, which is checked in full. Strides are left out: ``_run`` makes
+    every operand contiguous on each call."""
+    global _cupy, _ndarray
+    if _ndarray is None:
+        if not _backend.is_cupy_array(x):
+            return None
+        _cupy = _backend.cupy_or_none()
+        _ndarray = _cupy.ndarray
+    nd = _ndarray
+    if type(x) is not nd or type(weight) is not nd:
+        return None
+    device = x.data.device_id
+    if device != _cupy.cuda.runtime.getDevice() or weight.data.device_id != device:
+        return None
+    if bias is None:
+        bias_sig = None
+    elif type(bias) is nd and bias.data.device_id == device:
+        bias_sig = (bias.shape, bias.dtype)
+    else:
+        return None
+    if out is None:
+        out_sig = None
+    elif type(out) is nd and out.data.device_id == device:
+        out_sig = (out.shape, out.dtype)
+    else:
+        return None
+    # _plain: values of exact types only, so that 1, 1.0 and True (equal as keys) never share a plan
+    if not (_plain(stride) and _plain(padding) and _plain(dilation) and type(groups) is int):
+        return None
+    if (precision is not None and type(precision) is not str) or type(algo) is not str:
+        return None
+    return (device, x.shape, x.dtype, weight.shape, weight.dtype, bias_sig, out_sig, stride, padding, dilation,
+            groups, algo, precision, config.precision, config.workspace_limit)
 
 
 def forward_spec(x, weight, bias, spec: ConvSpec, out, algo: str, precision: str) -> None:
@@ -170,11 +235,13 @@ def forward_spec(x, weight, bias, spec: ConvSpec, out, algo: str, precision: str
     """
     on_gpu = _backend.is_cupy_array(x)
     name = _registry.resolve(algo, spec, x.dtype, precision, on_gpu)
-    xp = __import__("cupy") if on_gpu else numpy
-    _run(xp, name, x, weight, bias, spec, out, spec.output_shape, precision, on_gpu, algo)
+    xp = _backend.cupy_or_none() if on_gpu else numpy
+    _run(xp, _Plan(spec, name, precision, spec.output_shape, False), x, weight, bias, out, algo)
 
 
-def _run(xp, name, x, weight, bias, spec, out, result_shape, precision, on_gpu, requested="auto"):
+def _run(xp, plan: _Plan, x, weight, bias, out, requested="auto"):
+    """Run ``plan`` on 4-D ``x``: into ``out`` (of the plan's result shape) when given, else a new array."""
+    spec = plan.spec
     # Compute into `out` directly when it is C-contiguous, else into a fresh array copied over at the end.
     direct = out is not None and out.flags.c_contiguous
     if direct:  # a view costs host time (microseconds a call): built only when the shape differs
@@ -189,15 +256,18 @@ def _run(xp, name, x, weight, bias, spec, out, result_shape, precision, on_gpu, 
         else:
             x = xp.ascontiguousarray(x)
             weight = xp.ascontiguousarray(weight)
-            if on_gpu:
-                def run(algo_name, x=x, weight=weight, bias=bias):
-                    _registry.entry(algo_name, "fprop")(x, weight, bias, spec, y, precision)
-
-                run(autotune.pick(requested, name, spec, x.dtype, precision, "fprop", run))
-            else:
+            if xp is numpy:
                 _registry.cpu().forward_cpu(x, weight, bias, spec, y)
-    if y.shape != result_shape:
-        y = y.reshape(result_shape)
+            else:
+                name, precision = plan.name, plan.precision
+                if requested == "auto" and config.benchmark:
+                    def run(algo_name, x=x, weight=weight, bias=bias):
+                        _registry.entry(algo_name, "fprop")(x, weight, bias, spec, y, precision)
+
+                    name = autotune.pick(requested, name, spec, x.dtype, precision, "fprop", run)
+                _registry.entry(name, "fprop")(x, weight, bias, spec, y, precision)
+    if y.shape != plan.result_shape:
+        y = y.reshape(plan.result_shape)
     if out is None:
         return y
     if not direct:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import types
+
 import numpy
 import pytest
 
 import cuconv
 from cuconv import _dtypes
 from cuconv.im2col_gemm import chunk_bytes, plan_chunks
+from test_errors import MISUSES, _arrays, _conv
 from cases import (CASES, PROBLEM_CASES, TILING_CASES, TORCH_ERROR_FACTOR, algo_mode_cases, bound, case_spec,
                    exact_algo_cases, make_inputs, noncontiguous, reference, rel_err, tolerance)
 
@@ -91,6 +94,95 @@ def test_noncontiguous_out_is_written_in_place():
     assert got is out
     assert rel_err(cupy.asnumpy(out), ref) <= tolerance(numpy.float64)
     assert cupy.isnan(wide[..., 1::2]).all(), "wrote outside the out= view"
+
+
+# ----- call plans: a signature checked once is not checked again (cuconv.conv._plans) ----------------------
+# Misuses whose message does not depend on the array library (the NumPy `out=` and torch ones are replaced).
+_GPU_MISUSES = [m for m in MISUSES if m.id not in ("out_wrong_shape", "out_wrong_dtype", "input_torch_tensor")] + [
+    pytest.param(_conv(out=lambda a: a.xp.empty((2, 6, 6, 5))), ValueError,
+                 r"expected out of size \[2, 6, 6, 6\], but got out of size \[2, 6, 6, 5\]", id="out_wrong_shape"),
+    pytest.param(_conv(out=lambda a: a.xp.empty((2, 6, 6, 6), dtype=numpy.float32)), TypeError,
+                 r"expected out to have dtype float64, but got float32", id="out_wrong_dtype"),
+    # equal as dictionary keys to the valid calls made first, but not valid arguments
+    pytest.param(_conv(stride=1.0), TypeError, r"argument 'stride' must be an int or a tuple of 2 ints, not float",
+                 id="stride_float_equal_to_1"),
+    pytest.param(_conv(stride=(1, True)), TypeError, r"argument 'stride' must be an int or a tuple of 2 ints",
+                 id="stride_tuple_with_bool"),
+    pytest.param(_conv(padding=False), TypeError, r"argument 'padding' must be", id="padding_bool"),
+    pytest.param(_conv(groups=numpy.float64(1.0)), TypeError, r"argument 'groups' must be int", id="groups_numpy_float"),
+]
+
+
+def _gpu_arrays():
+    import cupy
+
+    a = _arrays()
+    return types.SimpleNamespace(x=cupy.asarray(a.x), w=cupy.asarray(a.w), b=cupy.asarray(a.b),
+                                 rng=cupy.random.default_rng(42), xp=cupy)
+
+
+@pytest.mark.parametrize("misuse,exc,message", _GPU_MISUSES)
+def test_misuse_raises_after_the_valid_call_was_planned(misuse, exc, message):
+    """The call plan is keyed by what the checks read: a misuse after a valid call of the same arrays (whose
+    plan exists) is still refused with torch's message, and the valid call still works after it."""
+    import cupy
+
+    a = _gpu_arrays()
+    ref = reference(cupy.asnumpy(a.x), cupy.asnumpy(a.w), cupy.asnumpy(a.b))
+    for kwargs in ({}, dict(stride=1, padding=0, dilation=1), dict(stride=(1, 1), padding=(0, 0), groups=1)):
+        cuconv.conv2d(a.x, a.w, a.b, **kwargs)
+    with pytest.raises(exc, match=message):
+        misuse(a)
+    y = cuconv.conv2d(a.x, a.w, a.b)
+    assert rel_err(cupy.asnumpy(y), ref) <= tolerance(numpy.float64)
+
+
+def test_planned_call_takes_new_strides_out_and_batch_axis():
+    """The plan leaves strides out: a contiguous call, then the same shapes non-contiguous, into a
+    non-contiguous out=, and unbatched, each give the right result."""
+    import cupy
+
+    case = CASES[0].values[0]
+    x, w, b = make_inputs(case, seed=5)
+    ref = reference(x, w, b, **case.kwargs)
+    xg, wg, bg = cupy.asarray(x), cupy.asarray(w), cupy.asarray(b)
+    for _ in range(2):
+        y = cuconv.conv2d(xg, wg, bg, **case.kwargs)
+        assert rel_err(cupy.asnumpy(y), ref) <= tolerance(numpy.float64)
+    y = cuconv.conv2d(noncontiguous(xg, cupy), noncontiguous(wg, cupy), noncontiguous(bg, cupy), **case.kwargs)
+    assert rel_err(cupy.asnumpy(y), ref) <= tolerance(numpy.float64)
+    wide = cupy.full(ref.shape[:-1] + (2 * ref.shape[-1],), numpy.nan)
+    for _ in range(2):
+        got = cuconv.conv2d(xg, wg, bg, out=wide[..., ::2], **case.kwargs)
+        assert rel_err(cupy.asnumpy(got), ref) <= tolerance(numpy.float64)
+    for _ in range(2):
+        y1 = cuconv.conv2d(xg[0], wg, bg, **case.kwargs)
+        assert y1.shape == ref.shape[1:]
+        assert rel_err(cupy.asnumpy(y1), ref[0]) <= tolerance(numpy.float64)
+
+
+def test_planned_call_follows_the_config(monkeypatch):
+    """config.precision and config.workspace_limit take part in the choice: a call after a change runs what
+    the heuristic picks under the new values, not the plan made under the old ones."""
+    import cupy
+    from cuconv import conv, registry
+    from cuconv.spec import ConvSpec
+
+    x = cupy.random.standard_normal((2, 32, 20, 20), dtype=numpy.float32)
+    w = cupy.random.standard_normal((64, 32, 3, 3), dtype=numpy.float32)
+    spec = ConvSpec.from_args(x.shape, w.shape, padding=1)
+    ran = []
+    real_entry = registry.entry
+    monkeypatch.setattr(registry, "entry", lambda name, pass_: (ran.append(name), real_entry(name, pass_))[1])
+    for precision in ("ieee", "tf32", "ieee"):
+        with cuconv.config(precision=precision):
+            cuconv.conv2d(x, w, padding=1)
+            cuconv.conv2d(x, w, padding=1)
+        expected = registry.select_algorithm(spec, numpy.float32, precision)
+        assert ran[-2:] == [expected, expected], (precision, ran)
+    assert registry.select_algorithm(spec, numpy.float32, "ieee") != registry.select_algorithm(spec, numpy.float32,
+                                                                                               "tf32")
+    assert len([k for k in conv._plans if k[1] == x.shape and k[3] == w.shape]) == 2
 
 
 @pytest.mark.parametrize("dtype_name", ["float64", "float32"])
