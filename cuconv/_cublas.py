@@ -11,7 +11,9 @@ float32 can never be turned into TF32 by someone else's setting. The libraries a
 heuristic picks for that shape, those alignments and that workspace) and kept for the process: the same
 kernels as ``cublasGemmStridedBatchedEx``, which asks the heuristic again on every call. That is host time
 a small layer pays before its GPU work starts (H200, resnet_1x1_256: 14.5 against 28.6 µs a call in fp32,
-9.3 against 18.1 in fp16). Where cuBLASLt offers no algorithm, the plan says so and ``gemm`` calls
+9.3 against 18.1 in fp16). A call seen before (same shapes, strides, pointer alignments, device, stream and
+thread) goes straight to ``cublasLtMatmul`` with its arguments kept from the first time, without building the
+plan's key again. Where cuBLASLt offers no algorithm, the plan says so and ``gemm`` calls
 ``cublasGemmStridedBatchedEx``.
 
 Workspace: cuBLAS gets a 32 MiB workspace per (device, stream), allocated with cudaMalloc the first time a
@@ -190,42 +192,84 @@ def gemm(dtype, precision: str, m: int, n: int, k: int,
     With ``beta == 0`` C is never read, so a NaN-poisoned output is fully overwritten. Runs on CuPy's
     current stream of the current device.
     """
-    _check_dims(m, n, k, lda, ldb, ldc, batch)
-    if min(m, n, batch) == 0:
-        return
-    types = _types(dtype, precision, c_dtype)
-    if k > 0:  # (k == 0 is C = beta·C: the classic entry point serves it)
-        import cupy
-
-        device = cupy.cuda.runtime.getDevice()
-        stream = cupy.cuda.get_current_stream().ptr
-        ws_ptr, ws_bytes = _workspace(device, stream)
-        item, c_item = _ITEMSIZE[types[1]], _ITEMSIZE[types[2]]
-        if batch == 1:
-            stride_a = stride_b = stride_c = 0  # unused: not part of the plan's key
-        key = (device, types, trans_a, trans_b, m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch,
-               _alignment(a_ptr, stride_a * item), _alignment(b_ptr, stride_b * item),
-               _alignment(c_ptr, stride_c * c_item), ws_bytes)
-        plan = _lt_plans.get(key)
-        if plan is None and key not in _lt_plans:
-            plan = _lt_plan(key)
-        if plan is not None:  # (holding the tuple keeps its descriptors alive through the call: _LtPlanOwner)
-            desc, a_desc, b_desc, c_desc, algo, needed, _ = plan
-            scalar_type = types[0]
-            status = _lt().cublasLtMatmul(
-                _lt_handle(device), desc, _SCALAR_PTRS[(scalar_type, 1.0)], a_ptr, a_desc, b_ptr, b_desc,
-                _SCALAR_PTRS[(scalar_type, float(beta))], c_ptr, c_desc, c_ptr, c_desc, algo,
-                ws_ptr if needed else None, needed, stream)
-            if status:  # (the message is built only on failure: formatting it costs host time)
-                _check(status, f"cublasLtMatmul(m={m}, n={n}, k={k}, batch={batch})")
+    device, stream = _current_device(), _current_stream()
+    # the call as it comes: what its plan depends on (pointer alignments as their low bits), and the thread,
+    # whose handle it uses
+    call_key = (dtype, precision, c_dtype, trans_a, trans_b, m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c,
+                batch, beta, a_ptr & 255, b_ptr & 255, c_ptr & 255, device, stream, threading.get_ident())
+    call = _lt_calls.get(call_key)
+    if call is None:
+        _check_dims(m, n, k, lda, ldb, ldc, batch)
+        if min(m, n, batch) == 0:
             return
-    lib, handle, alpha, beta_s, data_type, c_type, compute = _prepare(dtype, precision, c_dtype, beta)
-    _check(lib.cublasGemmStridedBatchedEx(
-        handle, _OP[trans_a], _OP[trans_b], m, n, k,
-        alpha.ctypes.data, a_ptr, data_type, lda, stride_a,
-        b_ptr, data_type, ldb, stride_b,
-        beta_s.ctypes.data, c_ptr, c_type, ldc, stride_c,
-        batch, compute, _GEMM_DEFAULT), f"cublasGemmStridedBatchedEx(m={m}, n={n}, k={k}, batch={batch})")
+        call = _lt_call(dtype, precision, c_dtype, trans_a, trans_b, m, n, k, lda, stride_a, ldb, stride_b, ldc,
+                        stride_c, batch, beta, a_ptr, b_ptr, c_ptr, device, stream)
+        if call is None:  # k == 0 (C = beta·C), or no cuBLASLt algorithm: the classic entry point
+            lib, handle, alpha, beta_s, data_type, c_type, compute = _prepare(dtype, precision, c_dtype, beta)
+            _check(lib.cublasGemmStridedBatchedEx(
+                handle, _OP[trans_a], _OP[trans_b], m, n, k,
+                alpha.ctypes.data, a_ptr, data_type, lda, stride_a,
+                b_ptr, data_type, ldb, stride_b,
+                beta_s.ctypes.data, c_ptr, c_type, ldc, stride_c,
+                batch, compute, _GEMM_DEFAULT), f"cublasGemmStridedBatchedEx(m={m}, n={n}, k={k}, batch={batch})")
+            return
+        if (device, stream) in _workspaces:  # (a capture on a stream without a workspace plans again: it may get one)
+            if len(_lt_calls) >= _LT_PLANS_MAX:
+                _lt_calls.clear()
+            _lt_calls[call_key] = call
+    fn, handle, desc, alpha, a_desc, b_desc, beta_ptr, c_desc, algo, ws, needed, _ = call
+    status = fn(handle, desc, alpha, a_ptr, a_desc, b_ptr, b_desc, beta_ptr, c_ptr, c_desc, c_ptr, c_desc, algo, ws,
+                needed, stream)
+    if status:  # (the message is built only on failure: formatting it costs host time)
+        _check(status, f"cublasLtMatmul(m={m}, n={n}, k={k}, batch={batch})")
+
+
+def _lt_call(dtype, precision, c_dtype, trans_a, trans_b, m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch,
+             beta, a_ptr, b_ptr, c_ptr, device, stream):
+    """cublasLtMatmul and its arguments but the three pointers and the stream, from the plan of this GEMM
+    (made if new); None where cuBLASLt cannot run it (k == 0, or no algorithm)."""
+    if k == 0:
+        return None
+    types = _types(dtype, precision, c_dtype)
+    ws_ptr, ws_bytes = _workspace(device, stream)
+    item, c_item = _ITEMSIZE[types[1]], _ITEMSIZE[types[2]]
+    if batch == 1:
+        stride_a = stride_b = stride_c = 0  # unused: not part of the plan's key
+    key = (device, types, trans_a, trans_b, m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch,
+           _alignment(a_ptr, stride_a * item), _alignment(b_ptr, stride_b * item),
+           _alignment(c_ptr, stride_c * c_item), ws_bytes)
+    plan = _lt_plans.get(key)
+    if plan is None and key not in _lt_plans:
+        plan = _lt_plan(key)
+    if plan is None:
+        return None
+    desc, a_desc, b_desc, c_desc, algo, needed, _ = plan
+    scalar_type = types[0]
+    # (the plan rides along: holding it keeps its descriptors alive, _LtPlanOwner)
+    return (_lt().cublasLtMatmul, _lt_handle(device), desc, _SCALAR_PTRS[(scalar_type, 1.0)], a_desc, b_desc,
+            _SCALAR_PTRS[(scalar_type, float(beta))], c_desc, algo, ws_ptr if needed else None, needed, plan)
+
+
+def _current_device() -> int:
+    return _cupy_runtime().getDevice()
+
+
+def _current_stream() -> int:
+    return _cupy_stream_module().get_current_stream().ptr
+
+
+@functools.lru_cache(maxsize=None)
+def _cupy_runtime():
+    from cupy.cuda import runtime  # (an import statement in the call costs host time: looked up once)
+
+    return runtime
+
+
+@functools.lru_cache(maxsize=None)
+def _cupy_stream_module():
+    from cupy.cuda import stream
+
+    return stream
 
 
 def _alignment(ptr: int, stride_bytes: int) -> int:
@@ -235,6 +279,10 @@ def _alignment(ptr: int, stride_bytes: int) -> int:
 
 
 _lt_plans = {}  # key -> (desc, A, B, C layouts, algo pointer, workspace bytes, owner) or None (no algorithm)
+# gemm's calls as they come (see gemm's call_key) -> cublasLtMatmul and every argument but the three pointers and
+# the stream: a GEMM made before skips building and hashing the plan's key (H200, resnet_1x1_256 fp16: the call
+# took ~5 µs of host time besides cublasLtMatmul's own). Holds its plan, so its descriptors live as long.
+_lt_calls = {}
 _lt_lock = threading.Lock()
 
 

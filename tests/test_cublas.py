@@ -107,3 +107,30 @@ def test_gemm_plans_are_made_once_per_shape_and_alignment():
     for got, start in ((aligned, 0), (offset, 1)):
         m = host[start:start + 4096].reshape(64, 64).T  # column-major
         numpy.testing.assert_array_equal(cupy.asnumpy(got)[start:start + 4096].reshape(64, 64).T, m @ m)
+
+
+@pytest.mark.gpu
+def test_a_gemm_made_before_takes_new_pointers_and_streams():
+    """Calls seen before skip their planning (``_lt_calls``): only the shapes, alignments, device, stream and
+    thread are kept, never the operands, so other arrays of the same shape and another stream compute their own
+    product."""
+    import cupy
+
+    from cuconv import _cublas
+
+    rng = numpy.random.default_rng(7)
+    results = []
+    for trial in range(4):
+        a, b = (cupy.asarray(rng.integers(-4, 5, (48, 40)).astype(numpy.float32)) for _ in range(2))
+        c = cupy.full((40, 40), numpy.nan, dtype=numpy.float32)
+        stream = cupy.cuda.Stream(non_blocking=True) if trial % 2 else cupy.cuda.Stream.null
+        # column-major, a (48, 40) row-major is aᵀ (40x48, ld 40): C (40x40) = aᵀ @ op(bᵀ) = aᵀ b, read back
+        # row-major as its transpose bᵀ a
+        with stream:
+            _cublas.gemm(numpy.float32, "ieee", 40, 40, 48, a.data.ptr, 40, 0, b.data.ptr, 40, 0, c.data.ptr, 40, 0,
+                         1, trans_b="T")
+        stream.synchronize()
+        results.append(cupy.asnumpy(c))
+        want = cupy.asnumpy(b).T @ cupy.asnumpy(a)
+        numpy.testing.assert_array_equal(results[-1], want)
+    assert len({r.tobytes() for r in results}) == 4
