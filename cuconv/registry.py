@@ -129,6 +129,21 @@ _WINOGRAD_FUSED_MIN_FILTERS = 64
 # against 0.186 one call). The line is drawn at 32, between the two measured points.
 _WINOGRAD_FUSED_MAX_CHANNELS = 32
 
+# 1x1 stride-1 forwards at tensor-core precisions: cuBLASLt's GEMM per sample (im2col_gemm) against implicit_gemm's
+# NCHW kernel (wgmma), measured on ResNet-50's 1x1 layers at batch 32 through conv2d (H200, session 13; µs one call /
+# in a loop). On 56x56 and 28x28 planes the GEMM runs as fast as cuDNN and the NCHW kernel does not
+# (resnet_1x1_256 fp16: 36.2/22.2 against cuDNN's 34.8/22.1 and the NCHW kernel's 46.7/38.1; TF32 55.1/39.6, 53.1/41.2
+# and 53.1/45.1). On 7x7 planes batches of 49-column GEMMs are slow (fp16 512->2048: 89.5 against 35.1). On 14x14
+# it depends on the precision: in the half types the GEMM wins (1024->256: 38.2 against 45.4), at TF32 it can lose
+# by 1.4x (1024->512: 91.6 against 66.5). The GEMM takes planes of at least this many pixels:
+_POINTWISE_GEMM_MIN_PIXELS_HALF = 14 * 14
+_POINTWISE_GEMM_MIN_PIXELS_TF32 = 28 * 28
+
+
+def _pointwise_gemm_min_pixels(dtype) -> int:
+    return _POINTWISE_GEMM_MIN_PIXELS_HALF if numpy.dtype(dtype).itemsize == 2 else _POINTWISE_GEMM_MIN_PIXELS_TF32
+
+
 # implicit_gemm's narrowest tile holds 64 filters: with fewer than 32 in the pass most of it idles (TF32
 # square_3x3_1024 dgrad, 16 filters: 24.5 ms against 14.4 for im2col_gemm on an H200).
 _IMPLICIT_GEMM_MIN_FILTERS = 32
@@ -156,10 +171,10 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
       with C/groups in place of K/groups, against im2col_gemm's dgrad whose GEMM reduces over K/groups only;
     - tensor-core arithmetic (float32 "tf32", float16, bfloat16), forward and stride-1 dgrad with at least
       32 filters in the pass, except 1x1 stride-1 unpadded layers (a plain GEMM for im2col_gemm) unless the
-      pass is a forward on a device that runs wgmma (``wgmma``), where implicit_gemm reads them as they are
-      (NchwTile, resnet_1x1_256 TF32: 70 µs a call and 46 in a loop, against 88 and 51 for im2col_gemm's
-      cuBLASLt GEMM, whose host time is the larger; in the half types the two are within 10-30% of each
-      other either way on four 1x1 layers; the dgrad, 256 filters over 64 channels, 0.152 against 0.094 ms):
+      pass is a forward on a device that runs wgmma (``wgmma``) on small planes (below 14x14 pixels in the half
+      types, 28x28 at TF32: ``_POINTWISE_GEMM_MIN_PIXELS_*``), where implicit_gemm's NchwTile reads them as they
+      are and cuBLASLt's batches of short GEMMs are slow (the dgrad, 256 filters over 64 channels: a GEMM,
+      0.094 against 0.152 ms):
       ``implicit_gemm``, which never writes the column matrix (TF32 square_5x9 3.0 ms against 6.9 ms for
       im2col_gemm; stem_7x7_s2 1.2x cuDNN);
     - otherwise ``im2col_gemm``.
@@ -174,7 +189,8 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
     large = pixels >= (1 << 19)
     filters = {"fprop": spec.k_per_group, "dgrad": spec.c_per_group}.get(pass_)
     channels = {"fprop": spec.c_per_group, "dgrad": spec.k_per_group}.get(pass_)
-    pointwise = spec.is_pointwise_identity and not (wgmma and pass_ == "fprop" and implicit_gemm.nchw_fits(spec, dtype))
+    pointwise = spec.is_pointwise_identity and not (wgmma and pass_ == "fprop" and implicit_gemm.nchw_fits(spec, dtype)
+                                                    and spec.p * spec.q < _pointwise_gemm_min_pixels(dtype))
     if not ffma and filters is not None and filters >= _IMPLICIT_GEMM_MIN_FILTERS and not pointwise:
         yield "implicit_gemm"
     if (filters is not None and ffma and dtype == numpy.float32 and filters >= _WINOGRAD_FUSED_MIN_FILTERS

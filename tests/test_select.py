@@ -63,21 +63,29 @@ def test_winograd_fused_takes_3x3_layers_with_few_channels_and_many_filters(c, k
     assert cuconv.select_algorithm(spec, _F32, "ieee", True, pass_) == expected
 
 
-@pytest.mark.parametrize("dtype,precision", [(_F32, "tf32"), (_F16, "ieee")])
-def test_pointwise_layers_take_implicit_gemm_only_where_it_runs_wgmma(dtype, precision):
-    """1x1 stride-1 layers at tensor-core precisions: a plain GEMM (im2col_gemm) unless the device runs wgmma,
-    whose NchwTile reads the input as it is (forward only); the choice is memoized with the device's answer."""
-    spec = _P["resnet_1x1_256"]
+@pytest.mark.parametrize("dtype,precision,hw,wgmma,expected", [
+    (_F16, "ieee", 56, False, "im2col_gemm"), (_F16, "ieee", 56, True, "im2col_gemm"),
+    (_F16, "ieee", 14, True, "im2col_gemm"), (_F16, "ieee", 13, True, "implicit_gemm"),
+    (_F16, "ieee", 7, True, "implicit_gemm"), (_F16, "ieee", 7, False, "im2col_gemm"),
+    (_F32, "tf32", 56, True, "im2col_gemm"), (_F32, "tf32", 28, True, "im2col_gemm"),
+    (_F32, "tf32", 27, True, "implicit_gemm"), (_F32, "tf32", 14, True, "implicit_gemm"),
+    (_F32, "tf32", 14, False, "im2col_gemm"),
+], ids=["fp16_56", "fp16_56_wgmma", "fp16_14_wgmma", "fp16_13_wgmma", "fp16_7_wgmma", "fp16_7",
+        "tf32_56_wgmma", "tf32_28_wgmma", "tf32_27_wgmma", "tf32_14_wgmma", "tf32_14"])
+def test_pointwise_layers_take_a_gemm_except_small_planes_on_wgmma(dtype, precision, hw, wgmma, expected):
+    """1x1 stride-1 forwards at tensor-core precisions: cuBLASLt's GEMM per sample (im2col_gemm), except on
+    planes below 14x14 (half types) or 28x28 (TF32) on a device that runs wgmma, where implicit_gemm's NchwTile
+    reads the input as it is; the choice is memoized with the device's answer."""
+    spec = cuconv.ConvSpec.from_args((32, 256, hw, hw), (64, 256, 1, 1))
     limits = {"smem_limit": 227 << 10, "workspace_limit": cuconv.config.workspace_limit}
-    args = (spec, dtype, precision, True, "fprop")
-    assert registry._select_algorithm(*args, wgmma=False, **limits) == "im2col_gemm"
-    assert registry._select_algorithm(*args, wgmma=True, **limits) == "implicit_gemm"
-    dgrad = (spec, dtype, precision, True, "dgrad")  # 256 filters over 64 channels: a GEMM
-    assert registry._select_algorithm(*dgrad, wgmma=True, **limits) == "im2col_gemm"
-    from cuconv import implicit_gemm
+    assert registry._select_algorithm(spec, dtype, precision, True, "fprop", wgmma=wgmma, **limits) == expected
+    dgrad = (spec, dtype, precision, True, "dgrad")  # 64 filters over 256 channels: always a GEMM
+    assert registry._select_algorithm(*dgrad, wgmma=wgmma, **limits) == "im2col_gemm"
 
-    expected = "implicit_gemm" if implicit_gemm.wgmma_available() else "im2col_gemm"
-    assert cuconv.select_algorithm(spec, dtype, precision, True) == expected
+
+def test_resnet_1x1_256_forward_is_a_gemm_at_every_precision():
+    for dtype, precision in ((_F16, "ieee"), (_F32, "tf32"), (_F32, "ieee"), (_F64, "ieee")):
+        assert cuconv.select_algorithm(_P["resnet_1x1_256"], dtype, precision, True) == "im2col_gemm"
 
 
 @pytest.mark.parametrize("pass_", registry.PASSES)
