@@ -6,7 +6,7 @@ inputs, timed with CUDA events on the current stream, and every later call with 
 winner. Winners live in memory for the process and, where ``cuconv.config.benchmark_cache`` names a file,
 also on disk (JSON), so a later process on the same kind of device skips the timing. Entries carry the
 device name: another device misses and times again. During CUDA-graph capture nothing is timed (that would
-synchronise): the heuristic choice runs instead.
+synchronise): a signature timed before runs its winner, one never timed the heuristic choice.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Callable, Dict, Optional
 
 import numpy
 
-from . import registry
+from . import _backend, registry
 from ._config import config
 from .spec import ConvSpec
 
@@ -30,6 +30,9 @@ _winners: Dict[str, str] = {}
 # The winners again by (device, dtype, precision, pass, spec, workspace limit, which decides what may run):
 # a hit costs no text key and no re-validation.
 _chosen: Dict[tuple, str] = {}
+# pick's answers again, by device id (not name) and the dtype as the caller gives it: a tuned layer called again
+# costs one lookup, not the device's name and a key built again (host time on every call of a small layer).
+_picked: Dict[tuple, str] = {}
 _lock = threading.Lock()
 
 
@@ -45,6 +48,7 @@ def clear() -> None:
     with _lock:
         _winners.clear()
         _chosen.clear()
+        _picked.clear()
 
 
 def _load_disk(path: str) -> Dict[str, str]:
@@ -156,13 +160,21 @@ def _device_name() -> str:
 
 def pick(requested: str, heuristic: str, spec: ConvSpec, dtype, precision: str, pass_: str,
          run: Callable[[str], None]) -> str:
-    """The algorithm a GPU call runs: ``heuristic`` unless ``auto`` was asked with ``config.benchmark`` on
-    (and the stream is not being captured into a CUDA graph), in which case the timed winner."""
+    """The algorithm a GPU call runs: ``heuristic`` unless ``auto`` was asked with ``config.benchmark`` on, in
+    which case the timed winner. A signature not timed yet is timed now, unless the stream is being captured
+    into a CUDA graph (timing would synchronise): then the heuristic runs. A winner known already runs inside a
+    capture too: nothing needs timing."""
     if requested != "auto" or not config.benchmark:
         return heuristic
-    import cupy
-
+    cupy = _backend.cupy_or_none()
+    key = (cupy.cuda.runtime.getDevice(), dtype, precision, pass_, spec, config.workspace_limit)
+    name = _picked.get(key)
+    if name is not None:
+        return name
     stream = cupy.cuda.get_current_stream().ptr
     if stream and cupy.cuda.runtime.streamIsCapturing(stream) != 0:
         return heuristic
-    return choose(spec, dtype, precision, pass_, run, _device_name())
+    name = choose(spec, dtype, precision, pass_, run, _device_name())
+    with _lock:
+        _picked[key] = name
+    return name

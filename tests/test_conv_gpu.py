@@ -673,3 +673,29 @@ def test_benchmark_mode_times_and_remembers_the_fastest(tmp_path):
 
     passes = sorted(key.split("|")[3] for key in json.loads(path.read_text()))
     assert passes == ["dgrad", "fprop"]
+
+
+def test_benchmark_mode_times_a_signature_once_until_cleared(monkeypatch):
+    """A tuned layer called again runs its winner from one lookup (no timing, no key built again);
+    ``autotune.clear()`` forgets it, and another dtype is another signature."""
+    import cupy
+
+    from cuconv import autotune
+
+    x = cupy.random.standard_normal((2, 8, 12, 12), dtype=numpy.float32)
+    w = cupy.random.standard_normal((16, 8, 3, 3), dtype=numpy.float32)
+    timed = []
+    real_choose = autotune.choose
+    monkeypatch.setattr(autotune, "choose", lambda *a, **k: (timed.append(a[3]), real_choose(*a, **k))[1])
+    autotune.clear()
+    with cuconv.config(benchmark=True):
+        y = [cuconv.conv2d(x, w, padding=1) for _ in range(3)]
+        assert len(timed) == 1
+        cuconv.conv2d(x.astype(numpy.float64), w.astype(numpy.float64), padding=1)
+        assert len(timed) == 2
+        autotune.clear()
+        cuconv.conv2d(x, w, padding=1)
+        assert len(timed) == 3
+    ref = reference(cupy.asnumpy(x).astype(numpy.float64), cupy.asnumpy(w).astype(numpy.float64), padding=1)
+    for yi in y:
+        assert rel_err(cupy.asnumpy(yi), ref) <= tolerance(numpy.float32)
