@@ -32,6 +32,8 @@ import threading
 
 import numpy
 
+from . import _backend
+
 __all__ = ["gemm", "gemm_batched"]
 
 # cublasLt attribute numbers (cublasLt.h; fixed by the ABI): matmul descriptor, matrix layout, preference.
@@ -251,25 +253,11 @@ def _lt_call(dtype, precision, c_dtype, trans_a, trans_b, m, n, k, lda, stride_a
 
 
 def _current_device() -> int:
-    return _cupy_runtime().getDevice()
+    return _backend.cupy_or_none().cuda.runtime.getDevice()
 
 
 def _current_stream() -> int:
-    return _cupy_stream_module().get_current_stream().ptr
-
-
-@functools.lru_cache(maxsize=None)
-def _cupy_runtime():
-    from cupy.cuda import runtime  # (an import statement in the call costs host time: looked up once)
-
-    return runtime
-
-
-@functools.lru_cache(maxsize=None)
-def _cupy_stream_module():
-    from cupy.cuda import stream
-
-    return stream
+    return _backend.cupy_or_none().cuda.get_current_stream().ptr
 
 
 def _alignment(ptr: int, stride_bytes: int) -> int:
@@ -410,12 +398,9 @@ def _check_dims(m, n, k, lda, ldb, ldc, batch) -> None:
 def _prepare(dtype, precision, c_dtype, beta):
     """Per-call state of the classic entry points: the handle on the current stream with this stream's
     workspace, host scalars, data and compute types."""
-    import cupy
-
     scalar_type, data_type, c_type, compute = _types(dtype, precision, c_dtype)
     lib = _lib()
-    device = cupy.cuda.runtime.getDevice()
-    stream = cupy.cuda.get_current_stream().ptr
+    device, stream = _current_device(), _current_stream()
     handle = _handle(device)
     bound = _handles.bound  # per thread, as the handles: the stream and workspace each handle was given last
     if bound.get(device) != stream:

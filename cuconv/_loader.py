@@ -156,12 +156,15 @@ class PreparedLaunch:
     pointers and a struct (H200 host), as long as a small layer's whole pack kernel runs. Calls from several
     threads are serialised around the shared buffer (the driver copies the parameters when it enqueues)."""
 
-    __slots__ = ("fn", "name", "grid", "block", "smem", "_handle", "_pointers", "_keep", "_params", "_lock")
+    __slots__ = ("fn", "name", "grid", "block", "smem", "_handle", "_pointers", "_keep", "_params", "_lock", "_cuda")
 
     def __init__(self, fn, name: str, grid: tuple, block: tuple, n_pointers: int, scalars: tuple = (),
                  smem: int = 0):
         import numpy
 
+        from . import _backend
+
+        self._cuda = _backend.cupy_or_none().cuda  # (an import statement per launch costs host time)
         self.fn, self.name, self.grid, self.block, self.smem = fn, name, tuple(grid), tuple(block), smem
         self._handle = fn.kernel.ptr  # the CUfunction of the RawKernel (on the current device)
         self._pointers = numpy.zeros(max(1, n_pointers), dtype=numpy.uint64)
@@ -180,16 +183,15 @@ class PreparedLaunch:
                                         f"{exc}") from exc
 
     def __call__(self, *pointers: int) -> None:
-        import cupy
-
-        stream = cupy.cuda.get_current_stream().ptr
+        cuda = self._cuda
+        stream = cuda.get_current_stream().ptr
         (gx, gy, gz), (bx, by, bz) = self.grid, self.block
         try:
             with self._lock:
                 buffer = self._pointers
                 for i, p in enumerate(pointers):
                     buffer[i] = p
-                cupy.cuda.driver.launchKernel(self._handle, gx, gy, gz, bx, by, bz, self.smem, stream, self._params, 0)
+                cuda.driver.launchKernel(self._handle, gx, gy, gz, bx, by, bz, self.smem, stream, self._params, 0)
         except Exception as exc:  # CUDADriverError
             raise KernelLaunchError(f"cuconv: launching kernel {self.name} with grid={self.grid}, "
                                     f"block={self.block} failed: {exc}") from exc

@@ -142,7 +142,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     key = _call_key(x, weight, bias, out, stride, padding, dilation, groups, algo, precision)
     plan = _plans.get(key) if key is not None else None
     if plan is not None:  # a GPU call whose signature was checked before: nothing to check or choose again
-        return _run(_cupy, plan, x[None] if plan.unbatched else x, weight, bias, out, algo)
+        return _run(_backend.cupy_or_none(), plan, x[None] if plan.unbatched else x, weight, bias, out, algo)
     kind = _check_arrays(x, weight, bias, out)
     if kind == "cupy":
         import cupy
@@ -168,7 +168,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
         if len(_plans) >= _PLANS_MAX:
             _plans.clear()
         _plans[key] = plan
-    return _run(_cupy, plan, x, weight, bias, out, algo)  # the input's device is current (above)
+    return _run(_backend.cupy_or_none(), plan, x, weight, bias, out, algo)  # the input's device is current (above)
 
 
 class _Plan(NamedTuple):
@@ -186,46 +186,37 @@ class _Plan(NamedTuple):
 # again skips them. Bounded: cleared when full, like ConvSpec's memo.
 _plans: dict = {}
 _PLANS_MAX = 4096
-_cupy = None  # the cupy module, set by the first call that sees a CuPy array
-_ndarray = None  # cupy.ndarray: the only type the signature admits (subclasses take the checking path)
 
 
 def _call_key(x, weight, bias, out, stride, padding, dilation, groups, algo, precision):
     """The signature of a call on CuPy arrays on the current device: everything the checks and the choice of
     algorithm read (shapes, dtypes, devices, plain geometry arguments, algo, precision and the config values
     they depend on); None for any other call, which is checked in full. Strides are left out: ``_run`` makes
-    every operand contiguous on each call."""
-    global _cupy, _ndarray
-    if _ndarray is None:
-        if not _backend.is_cupy_array(x):
-            return None
-        _cupy = _backend.cupy_or_none()
-        _ndarray = _cupy.ndarray
-    nd = _ndarray
+    every operand contiguous on each call. Only ``cupy.ndarray`` itself is admitted (subclasses are checked)."""
+    cupy = _backend.cupy_or_none()
+    if cupy is None:
+        return None
+    nd = cupy.ndarray
     if type(x) is not nd or type(weight) is not nd:
         return None
     device = x.data.device_id
-    if device != _cupy.cuda.runtime.getDevice() or weight.data.device_id != device:
+    if device != cupy.cuda.runtime.getDevice() or weight.data.device_id != device:
         return None
-    if bias is None:
-        bias_sig = None
-    elif type(bias) is nd and bias.data.device_id == device:
-        bias_sig = (bias.shape, bias.dtype)
-    else:
-        return None
-    if out is None:
-        out_sig = None
-    elif type(out) is nd and out.data.device_id == device:
-        out_sig = (out.shape, out.dtype)
-    else:
-        return None
+    optional = []  # bias and out: absent, or (shape, dtype) of an array on the same device
+    for a in (bias, out):
+        if a is None:
+            optional.append(None)
+        elif type(a) is nd and a.data.device_id == device:
+            optional.append((a.shape, a.dtype))
+        else:
+            return None
     # _plain: values of exact types only, so that 1, 1.0 and True (equal as keys) never share a plan
     if not (_plain(stride) and _plain(padding) and _plain(dilation) and type(groups) is int):
         return None
     if (precision is not None and type(precision) is not str) or type(algo) is not str:
         return None
-    return (device, x.shape, x.dtype, weight.shape, weight.dtype, bias_sig, out_sig, stride, padding, dilation,
-            groups, algo, precision, config.precision, config.workspace_limit)
+    return (device, x.shape, x.dtype, weight.shape, weight.dtype, *optional, stride, padding, dilation, groups, algo,
+            precision, config.precision, config.workspace_limit)
 
 
 def forward_spec(x, weight, bias, spec: ConvSpec, out, algo: str, precision: str) -> None:

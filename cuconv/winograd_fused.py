@@ -69,8 +69,9 @@ class Tile:
 
 # wide: 64 filters × 32 tiles (64 columns), 8 warps, one block per SM (144 KB of shared memory);
 # narrow: 64 × 16 tiles, 4 warps, two blocks per SM (89 KB each), for devices with less shared memory.
-TILES = (Tile(bk=64, bt=32, warps=8, cc=8, min_blocks=1), Tile(bk=64, bt=16, warps=4, cc=8, min_blocks=2),
-         Tile(bk=64, bt=16, warps=8, cc=8, min_blocks=2))
+# (An 8-warp tile of 64 x 16 tiles, 64 accumulators a lane at two blocks per SM, ran 15.2 ms against the wide
+# tile's 13.9 on square_3x3_1024: dropped, docs/perf-notes.md.)
+TILES = (Tile(bk=64, bt=32, warps=8, cc=8, min_blocks=1), Tile(bk=64, bt=16, warps=4, cc=8, min_blocks=2))
 _WEIGHT_KERNEL = "winograd_fused_weight"
 NAME_EXPRESSIONS = (_WEIGHT_KERNEL,) + tuple(t.kernel_name for t in TILES)
 
