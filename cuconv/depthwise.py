@@ -9,8 +9,9 @@ convolution with the flipped kernel), by preference:
 - ``depthwise_fwd_rows`` (``rows_layout``, ``rows_strips``) for 3×3 (and 5×5 summing in float) with the
   kernel's centred padding left and right, rows of whole 16-byte vectors and 16-byte aligned tensors: each
   thread owns one 16-byte vector of a strip of rows (its halo from the neighbouring lanes by shuffles), its
-  window in registers, loads a step ahead prefetched into L2 (depthwise_3x3 on an H200: fp32 60 µs of GPU
-  time, 86% of the copy bandwidth; fp16 38-40 µs);
+  window in registers, the next step's rows loaded a step early in the 16-bit types, else prefetched into
+  L2 (depthwise_3x3 on an H200, a loop of calls: fp32 60 µs of GPU time, 87% of a same-size copy; fp16
+  36.5 µs, 75%);
 - ``depthwise_fwd_plane`` (``plane_plan``) for 3×3 (and 5×5 summing in float) where a padded plane fits in
   shared memory and rows are 16-byte aligned: a persistent grid stages whole input planes by 16-byte
   ``cp.async`` copies, several buffers deep, and walks column strips of output rows from shared memory
