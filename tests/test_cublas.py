@@ -121,12 +121,13 @@ def test_a_gemm_made_before_takes_new_pointers_and_streams():
     rng = numpy.random.default_rng(7)
     results = []
     for trial in range(4):
-        a, b = (cupy.asarray(rng.integers(-4, 5, (48, 40)).astype(numpy.float32)) for _ in range(2))
-        c = cupy.full((40, 40), numpy.nan, dtype=numpy.float32)
         stream = cupy.cuda.Stream(non_blocking=True) if trial % 2 else cupy.cuda.Stream.null
         # column-major, a (48, 40) row-major is aᵀ (40x48, ld 40): C (40x40) = aᵀ @ op(bᵀ) = aᵀ b, read back
-        # row-major as its transpose bᵀ a
+        # row-major as its transpose bᵀ a. The operands are made on the GEMM's stream: a non-blocking stream
+        # does not wait for the null stream's copies and NaN fill (an H200 run read the fill back, once).
         with stream:
+            a, b = (cupy.asarray(rng.integers(-4, 5, (48, 40)).astype(numpy.float32)) for _ in range(2))
+            c = cupy.full((40, 40), numpy.nan, dtype=numpy.float32)
             _cublas.gemm(numpy.float32, "ieee", 40, 40, 48, a.data.ptr, 40, 0, b.data.ptr, 40, 0, c.data.ptr, 40, 0,
                          1, trans_b="T")
         stream.synchronize()
