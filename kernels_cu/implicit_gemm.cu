@@ -286,50 +286,54 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
     constexpr int kCPitch = BM + 4;
     constexpr int kCols = BM / 32;  // output pixels per lane per channel
     const int pq = g.p * g.q;
-    const int img0 = m0 / pq, rem0 = m0 - img0 * pq;
-    // 4 pixels a lane: the tile is one run of a single image and the runs are aligned
-    const bool vec = BM % 128 == 0 && rem0 + BM <= pq && m0 + BM <= g.m && pq % 4 == 0 &&
-                     reinterpret_cast<unsigned long long>(y) % (4 * sizeof(T)) == 0;
-    long long out_off[kCols];  // pixel by pixel: each pixel's offset in its image, found on its own
-    bool m_ok[kCols];
-    if (!vec) {
+    if constexpr (BM % 128 == 0) {
+        const int img = m0 / pq, rem = m0 - img * pq;
+        if (rem + BM <= pq && m0 + BM <= g.m && pq % 4 == 0 &&
+            reinterpret_cast<unsigned long long>(y) % (4 * sizeof(T)) == 0) {
+            T* yl = y + static_cast<long long>(img) * g.k * pq + rem + 4 * lane;
+            for (int nl = warp; nl < BN; nl += WARPS) {
+                const int n = n0 + nl;
+                if (n >= g.k) break;
+                const float b = bias != nullptr ? to_acc(bias[n]) : 0.f;
+                T* dst = yl + static_cast<long long>(n) * pq;
 #pragma unroll
-        for (int j = 0; j < kCols; ++j) {
-            const int m = m0 + lane + 32 * j;
-            m_ok[j] = m < g.m;
-            const int img = m_ok[j] ? m / pq : 0;
-            out_off[j] = static_cast<long long>(img) * g.k * pq + (m - img * pq);
+                for (int j = 0; j < BM / 128; ++j) {
+                    const float4 v = *reinterpret_cast<const float4*>(&c_smem[nl * kCPitch + 128 * j + 4 * lane]);
+                    // (in PTX: the C++ float4 store came out of NVRTC as four 4-byte stores)
+                    if constexpr (sizeof(T) == 4) {
+                        asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + 128 * j),
+                                     "f"(v.x + b), "f"(v.y + b), "f"(v.z + b), "f"(v.w + b) : "memory");
+                    } else {
+                        unsigned lo, hi;
+                        put_bits(lo, 0, from_acc<T>(v.x + b));
+                        put_bits(lo, 1, from_acc<T>(v.y + b));
+                        put_bits(hi, 0, from_acc<T>(v.z + b));
+                        put_bits(hi, 1, from_acc<T>(v.w + b));
+                        asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(dst + 128 * j), "r"(lo), "r"(hi)
+                                     : "memory");
+                    }
+                }
+            }
+            return;
         }
+    }
+    long long out_off[kCols];
+    bool m_ok[kCols];
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+        const int m = m0 + lane + 32 * j;
+        m_ok[j] = m < g.m;
+        const int img = m_ok[j] ? m / pq : 0;
+        out_off[j] = static_cast<long long>(img) * g.k * pq + (m - img * pq);
     }
     for (int nl = warp; nl < BN; nl += WARPS) {
         const int n = n0 + nl;
         if (n >= g.k) break;
         const float b = bias != nullptr ? to_acc(bias[n]) : 0.f;
         T* yn = y + static_cast<long long>(n) * pq;
-        if (vec) {
-            T* dst = yn + static_cast<long long>(img0) * g.k * pq + rem0 + 4 * lane;
 #pragma unroll
-            for (int j = 0; j < BM / 128; ++j) {
-                const float4 v = *reinterpret_cast<const float4*>(&c_smem[nl * kCPitch + 128 * j + 4 * lane]);
-                // (in PTX: the C++ float4 store came out of NVRTC as four 4-byte stores)
-                if constexpr (sizeof(T) == 4) {
-                    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + 128 * j),
-                                 "f"(v.x + b), "f"(v.y + b), "f"(v.z + b), "f"(v.w + b) : "memory");
-                } else {
-                    unsigned lo, hi;
-                    put_bits(lo, 0, from_acc<T>(v.x + b));
-                    put_bits(lo, 1, from_acc<T>(v.y + b));
-                    put_bits(hi, 0, from_acc<T>(v.z + b));
-                    put_bits(hi, 1, from_acc<T>(v.w + b));
-                    asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(dst + 128 * j), "r"(lo), "r"(hi)
-                                 : "memory");
-                }
-            }
-        } else {
-#pragma unroll
-            for (int j = 0; j < kCols; ++j)
-                if (m_ok[j]) yn[out_off[j]] = from_acc<T>(c_smem[nl * kCPitch + lane + 32 * j] + b);
-        }
+        for (int j = 0; j < kCols; ++j)
+            if (m_ok[j]) yn[out_off[j]] = from_acc<T>(c_smem[nl * kCPitch + lane + 32 * j] + b);
     }
 }
 
