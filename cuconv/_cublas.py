@@ -34,7 +34,7 @@ import numpy
 
 from . import _backend
 
-__all__ = ["gemm", "gemm_batched"]
+__all__ = ["gemm", "gemm_batched", "PreparedGemm", "alignment"]
 
 # cublasLt attribute numbers (cublasLt.h; fixed by the ABI): matmul descriptor, matrix layout, preference.
 _LT_DESC_TRANSA, _LT_DESC_TRANSB = 3, 4
@@ -185,16 +185,18 @@ def gemm(dtype, precision: str, m: int, n: int, k: int,
          b_ptr: int, ldb: int, stride_b: int,
          c_ptr: int, ldc: int, stride_c: int,
          batch: int, beta: float = 0.0, *, trans_a: str = "N", trans_b: str = "N",
-         c_dtype=None) -> None:
+         c_dtype=None, stream: int = None) -> None:
     """Column-major ``C[i] (m×n) = op(A[i]) (m×k) @ op(B[i]) (k×n) (+ beta·C[i])`` for ``i < batch``.
 
     ``op`` is the identity (``"N"``) or the transpose (``"T"``). Pointers are raw device addresses;
     strides are in elements of their operand and may be 0 (a shared operand). ``c_dtype`` (default
     ``dtype``) may be float32 for float16/bfloat16 inputs, so that sums over several GEMMs stay in fp32.
-    With ``beta == 0`` C is never read, so a NaN-poisoned output is fully overwritten. Runs on CuPy's
-    current stream of the current device.
+    With ``beta == 0`` C is never read, so a NaN-poisoned output is fully overwritten. Runs on ``stream``
+    (a raw handle; default CuPy's current stream) of the current device.
     """
-    device, stream = _current_device(), _current_stream()
+    device = _current_device()
+    if stream is None:
+        stream = _current_stream()
     # the call as it comes: what its plan depends on (pointer alignments as their low bits), and the thread,
     # whose handle it uses
     call_key = (dtype, precision, c_dtype, trans_a, trans_b, m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c,
@@ -207,7 +209,8 @@ def gemm(dtype, precision: str, m: int, n: int, k: int,
         call = _lt_call(dtype, precision, c_dtype, trans_a, trans_b, m, n, k, lda, stride_a, ldb, stride_b, ldc,
                         stride_c, batch, beta, a_ptr, b_ptr, c_ptr, device, stream)
         if call is None:  # k == 0 (C = beta·C), or no cuBLASLt algorithm: the classic entry point
-            lib, handle, alpha, beta_s, data_type, c_type, compute = _prepare(dtype, precision, c_dtype, beta)
+            lib, handle, alpha, beta_s, data_type, c_type, compute = _prepare(dtype, precision, c_dtype, beta,
+                                                                              device, stream)
             _check(lib.cublasGemmStridedBatchedEx(
                 handle, _OP[trans_a], _OP[trans_b], m, n, k,
                 alpha.ctypes.data, a_ptr, data_type, lda, stride_a,
@@ -365,13 +368,15 @@ def _lt_plan(key):
 
 def gemm_batched(dtype, precision: str, m: int, n: int, k: int, a_ptrs: int, lda: int, b_ptrs: int, ldb: int,
                  c_ptrs: int, ldc: int, batch: int, beta: float = 0.0, *, trans_a: str = "N", trans_b: str = "N",
-                 c_dtype=None) -> None:
+                 c_dtype=None, stream: int = None) -> None:
     """As :func:`gemm`, with operands given by device arrays of ``batch`` pointers (``cublasGemmBatchedEx``):
     for batches that no single stride describes, such as (sample, group) pairs."""
     _check_dims(m, n, k, lda, ldb, ldc, batch)
     if min(m, n, batch) == 0:
         return
-    lib, handle, alpha, beta_s, data_type, c_type, compute = _prepare(dtype, precision, c_dtype, beta)
+    device = _current_device()
+    lib, handle, alpha, beta_s, data_type, c_type, compute = _prepare(
+        dtype, precision, c_dtype, beta, device, _current_stream() if stream is None else stream)
     _check(lib.cublasGemmBatchedEx(
         handle, _OP[trans_a], _OP[trans_b], m, n, k,
         alpha.ctypes.data, a_ptrs, data_type, lda, b_ptrs, data_type, ldb,
@@ -395,12 +400,11 @@ def _check_dims(m, n, k, lda, ldb, ldc, batch) -> None:
                                   f"(m={m}, n={n}, k={k}, lda={lda}, ldb={ldb}, ldc={ldc}, batch={batch})")
 
 
-def _prepare(dtype, precision, c_dtype, beta):
-    """Per-call state of the classic entry points: the handle on the current stream with this stream's
+def _prepare(dtype, precision, c_dtype, beta, device: int, stream: int):
+    """Per-call state of the classic entry points: the handle bound to ``stream`` with this stream's
     workspace, host scalars, data and compute types."""
     scalar_type, data_type, c_type, compute = _types(dtype, precision, c_dtype)
     lib = _lib()
-    device, stream = _current_device(), _current_stream()
     handle = _handle(device)
     bound = _handles.bound  # per thread, as the handles: the stream and workspace each handle was given last
     if bound.get(device) != stream:
@@ -411,3 +415,69 @@ def _prepare(dtype, precision, c_dtype, beta):
         bound[device] = stream if ws_ptr is not None else None
     return (lib, handle, _SCALARS[(scalar_type, 1.0)], _SCALARS[(scalar_type, float(beta))], data_type, c_type,
             compute)
+
+
+def alignment(offset: int, stride_bytes: int, base_aligned: bool, itemsize: int) -> int:
+    """The alignment class (bytes, at most 256) of a batch of matrices ``offset`` bytes and multiples of
+    ``stride_bytes`` past a base pointer that is 256-byte aligned (``base_aligned``) or only element-aligned."""
+    return _alignment(offset | (0 if base_aligned else itemsize), stride_bytes)
+
+
+class PreparedGemm:
+    """One GEMM (``gemm``'s arguments but the pointers) of fixed shapes, strides, pointer alignments (bytes,
+    see ``alignment``) and device, made on that device: a call ``(a, b, c, stream, workspace)`` is one
+    ``cublasLtMatmul`` with its plan's descriptors and algorithm. ``workspace`` is the bytes of device memory
+    the algorithm needs at the call's ``workspace`` pointer (the caller's: a plan's workspace, so that CUDA
+    graphs capture it with the rest). Where cuBLASLt has no algorithm the call goes through the classic
+    ``cublasGemmStridedBatchedEx`` (and its own per-stream workspace)."""
+
+    __slots__ = ("workspace", "_args", "_classic", "_device")
+
+    def __init__(self, dtype, precision: str, m: int, n: int, k: int, lda: int, stride_a: int, ldb: int,
+                 stride_b: int, ldc: int, stride_c: int, batch: int, beta: float = 0.0, *, trans_a: str = "N",
+                 trans_b: str = "N", c_dtype=None, align=(_LT_MAX_ALIGNMENT,) * 3, device: int = None):
+        _check_dims(m, n, k, lda, ldb, ldc, batch)
+        self._device = _current_device() if device is None else device
+        self.workspace = 0
+        self._args = self._classic = None
+        if min(m, n, batch) == 0:
+            return  # nothing to compute: a call does nothing
+        types = _types(dtype, precision, c_dtype)
+        plan = None
+        if k > 0:
+            strides = (stride_a, stride_b, stride_c) if batch > 1 else (0, 0, 0)
+            key = (self._device, types, trans_a, trans_b, m, n, k, lda, strides[0], ldb, strides[1], ldc, strides[2],
+                   batch, *align, _WORKSPACE_BYTES)
+            plan = _lt_plans.get(key)
+            if plan is None and key not in _lt_plans:
+                plan = _lt_plan(key)
+        if plan is None:  # k == 0 (C = beta·C), or no cuBLASLt algorithm
+            self._classic = (dtype, precision, c_dtype, beta, _OP[trans_a], _OP[trans_b], m, n, k, lda, stride_a, ldb,
+                             stride_b, ldc, stride_c, batch)
+            return
+        desc, a_desc, b_desc, c_desc, algo, needed, _ = plan
+        scalar_type = types[0]
+        self.workspace = needed
+        # (the plan rides along: holding it keeps its descriptors alive, _LtPlanOwner)
+        self._args = (_lt().cublasLtMatmul, desc, _SCALAR_PTRS[(scalar_type, 1.0)], a_desc, b_desc,
+                      _SCALAR_PTRS[(scalar_type, float(beta))], c_desc, algo, needed, plan, m, n, k, batch)
+
+    def __call__(self, a: int, b: int, c: int, stream: int, workspace: int) -> None:
+        args = self._args
+        if args is not None:
+            fn, desc, alpha, a_desc, b_desc, beta, c_desc, algo, needed, _, m, n, k, batch = args
+            status = fn(_lt_handle(self._device), desc, alpha, a, a_desc, b, b_desc, beta, c, c_desc, c, c_desc,
+                        algo, workspace if needed else None, needed, stream)
+            if status:  # (the message is built only on failure: formatting it costs host time)
+                _check(status, f"cublasLtMatmul(m={m}, n={n}, k={k}, batch={batch})")
+            return
+        if self._classic is None:
+            return
+        (dtype, precision, c_dtype, beta, op_a, op_b, m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c,
+         batch) = self._classic
+        lib, handle, alpha, beta_s, data_type, c_type, compute = _prepare(dtype, precision, c_dtype, beta,
+                                                                          self._device, stream)
+        _check(lib.cublasGemmStridedBatchedEx(
+            handle, op_a, op_b, m, n, k, alpha.ctypes.data, a, data_type, lda, stride_a, b, data_type, ldb, stride_b,
+            beta_s.ctypes.data, c, c_type, ldc, stride_c, batch, compute, _GEMM_DEFAULT),
+            f"cublasGemmStridedBatchedEx(m={m}, n={n}, k={k}, batch={batch})")

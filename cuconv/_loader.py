@@ -14,7 +14,7 @@ import pathlib
 import threading
 
 __all__ = ["KERNEL_DIR", "kernel_dir", "kernel_source", "compile_options", "load", "get_function",
-           "KernelLaunchError", "launch", "PreparedLaunch", "smem_limit", "SMEM_DEFAULT"]
+           "KernelLaunchError", "PreparedLaunch", "prepare", "smem_limit", "SMEM_DEFAULT"]
 
 SMEM_DEFAULT = 48 << 10  # dynamic shared memory a block gets without opting in
 _SMEM_OPTIN_FALLBACK = 227 << 10  # H100/H200, used where no device can be asked (CPU-only planning)
@@ -134,29 +134,19 @@ def _opt_in(fn, nbytes: int) -> None:
         _smem_opted_in[id(fn)] = (fn, nbytes)  # fn held: its id stays its own
 
 
-def launch(fn, name: str, grid, block, args, shared_mem: int = 0) -> None:
-    """Launch ``fn`` on CuPy's current stream, turning a CUDA error into an exception naming the kernel.
-
-    More than 48 KB of dynamic shared memory is opted into here, once per (device, kernel, size)."""
-    try:
-        if shared_mem > SMEM_DEFAULT:
-            _opt_in(fn, shared_mem)
-        fn(grid, block, args, shared_mem=shared_mem)
-    except Exception as exc:  # CUDADriverError and friends
-        raise KernelLaunchError(f"cuconv: launching kernel {name} with grid={grid}, block={block} "
-                                f"failed: {exc}") from exc
-
-
 class PreparedLaunch:
     """A launch whose parameter buffer is built once: a kernel taking ``n_pointers`` pointers and then the
-    ``scalars`` (NumPy scalars or structs, passed by value). A call writes the pointers (ints) into the
-    buffer and enqueues the kernel on CuPy's current stream with one driver call.
+    ``scalars`` (NumPy scalars or structs, passed by value). A call ``launch(stream, *pointers)`` writes the
+    pointers (ints) into the buffer and enqueues the kernel on ``stream`` (a raw ``cudaStream_t``) with one
+    driver call.
 
     Why: CuPy's ``Function.__call__`` marshals every argument on every launch, 5.8-6.9 µs of host time for four
-    pointers and a struct (H200 host), as long as a small layer's whole pack kernel runs. Calls from several
-    threads are serialised around the shared buffer (the driver copies the parameters when it enqueues)."""
+    pointers and a struct (H200 host), as long as a small layer's whole kernel runs. Calls from several
+    threads are serialised around the shared buffer (the driver copies the parameters when it enqueues).
+    Made on the device it launches on (the function handle belongs to that device's context)."""
 
-    __slots__ = ("fn", "name", "grid", "block", "smem", "_handle", "_pointers", "_keep", "_params", "_lock", "_cuda")
+    __slots__ = ("fn", "name", "grid", "block", "smem", "_handle", "_pointers", "_keep", "_params", "_lock",
+                 "_driver")
 
     def __init__(self, fn, name: str, grid: tuple, block: tuple, n_pointers: int, scalars: tuple = (),
                  smem: int = 0):
@@ -164,7 +154,7 @@ class PreparedLaunch:
 
         from . import _backend
 
-        self._cuda = _backend.cupy_or_none().cuda  # (an import statement per launch costs host time)
+        self._driver = _backend.cupy_or_none().cuda.driver  # (an import statement per launch costs host time)
         self.fn, self.name, self.grid, self.block, self.smem = fn, name, tuple(grid), tuple(block), smem
         self._handle = fn.kernel.ptr  # the CUfunction of the RawKernel (on the current device)
         self._pointers = numpy.zeros(max(1, n_pointers), dtype=numpy.uint64)
@@ -182,16 +172,20 @@ class PreparedLaunch:
                 raise KernelLaunchError(f"cuconv: kernel {name} cannot have {smem} bytes of shared memory: "
                                         f"{exc}") from exc
 
-    def __call__(self, *pointers: int) -> None:
-        cuda = self._cuda
-        stream = cuda.get_current_stream().ptr
+    def __call__(self, stream: int, *pointers: int) -> None:
         (gx, gy, gz), (bx, by, bz) = self.grid, self.block
         try:
             with self._lock:
                 buffer = self._pointers
                 for i, p in enumerate(pointers):
                     buffer[i] = p
-                cuda.driver.launchKernel(self._handle, gx, gy, gz, bx, by, bz, self.smem, stream, self._params, 0)
+                self._driver.launchKernel(self._handle, gx, gy, gz, bx, by, bz, self.smem, stream, self._params, 0)
         except Exception as exc:  # CUDADriverError
             raise KernelLaunchError(f"cuconv: launching kernel {self.name} with grid={self.grid}, "
                                     f"block={self.block} failed: {exc}") from exc
+
+
+def prepare(stem: str, name_expressions: tuple, name: str, grid: tuple, block: tuple, n_pointers: int,
+            scalars: tuple = (), smem: int = 0) -> PreparedLaunch:
+    """``PreparedLaunch`` of kernel ``name`` of ``kernels_cu/<stem>.cu`` on the current device."""
+    return PreparedLaunch(get_function(stem, name_expressions, name), name, grid, block, n_pointers, scalars, smem)

@@ -10,7 +10,7 @@ import numbers
 
 import numpy
 
-from . import _backend, autotune, registry as _registry
+from . import _backend, _plan, autotune, registry as _registry
 from .conv import _array_kind, _check_same_device, _check_dtypes, _resolve_precision
 from .spec import ConvSpec
 
@@ -148,20 +148,22 @@ def wgrad_spec(x, grad_output, spec: ConvSpec, algo: str, precision: str):
 
 
 def _run_pass(pass_: str, result_shape, first, second, spec: ConvSpec, algo: str, precision: str):
-    """Run ``pass_`` (its entry points take ``(first, second, spec, result[, precision])``) into a new array."""
+    """Run ``pass_`` (operands ``(first, second, result)``, ``_plan.OPERANDS``) into a new array."""
     on_gpu = _backend.is_cupy_array(first)
-    xp = __import__("cupy") if on_gpu else numpy
+    xp = _backend.cupy_or_none() if on_gpu else numpy
     dtype = first.dtype
     name = _registry.resolve(algo, spec, dtype, precision, on_gpu, pass_)
     result = xp.empty(result_shape, dtype=dtype)
     first, second = xp.ascontiguousarray(first), xp.ascontiguousarray(second)
-    if _degenerate(spec):
-        result.fill(0)
-    elif on_gpu:
+    if on_gpu:
+        env = _plan.current_env(first, second, result)
+
         def run(algo_name):
-            _registry.entry(algo_name, pass_)(first, second, spec, result, precision)
+            _plan.run_arrays(_registry.prepare(algo_name, pass_, spec, dtype, precision, env), first, second, result)
 
         run(autotune.pick(algo, name, spec, dtype, precision, pass_, run))
+    elif _degenerate(spec):
+        result.fill(0)
     else:
         getattr(_registry.cpu(), f"{pass_}_cpu")(first, second, spec, result)
     return result

@@ -1,7 +1,8 @@
-"""Python twin of ``kernels_cu/bias.cu``: broadcast a per-channel bias into an NCHW output.
+"""Python twin of ``kernels_cu/bias.cu``: a convolution's bias, broadcast (forward) and summed (backward).
 
 Algorithms whose GEMM accumulates onto its output (cuBLAS with beta = 1) fill the output with the bias
-first, so the bias is added in the GEMM's arithmetic and the result is rounded once.
+first, so the bias is added in the GEMM's arithmetic and the result is rounded once. The bias gradient of
+``cuconv.nn`` is ``bias_grad``: Σ of grad_output over (N, P, Q), in fp32 for the half types.
 """
 
 from __future__ import annotations
@@ -9,24 +10,34 @@ from __future__ import annotations
 import numpy
 
 from . import _dtypes, _loader
+from .spec import ConvSpec
 
-__all__ = ["bias_fill_gpu", "NAME_EXPRESSIONS", "STEM"]
+__all__ = ["fill_launch", "grad_launch", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "bias"
-_THREADS = 256
+_THREADS = 256  # kBiasGradThreads in bias.cu, and bias_fill's block
 _MAX_GRID_Y = 65535
 
-NAME_EXPRESSIONS = tuple(f"bias_fill<{t}>" for t in _dtypes.ALL_CTYPE_NAMES)
+NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in ("bias_fill", "bias_grad") for t in _dtypes.ALL_CTYPE_NAMES)
 
 
-def bias_fill_gpu(out, bias) -> None:
-    """``out[n, k] = bias[k]`` for a C-contiguous CuPy ``out`` of shape (N, K, P, Q)."""
-    n, k, p, q = out.shape
-    planes, pq = n * k, p * q
+def fill_launch(dtype, n: int, k: int, pq: int) -> "_loader.PreparedLaunch":
+    """A launch setting ``out[n, k] = bias[k]`` over a C-contiguous (n, K, P, Q) ``out``; pointers: out, bias.
+    None where the output is empty."""
+    planes = n * k
     if planes == 0 or pq == 0:
-        return
-    name = f"bias_fill<{_dtypes.ctype_of(out.dtype)}>"
-    fn = _loader.get_function(STEM, NAME_EXPRESSIONS, name)
+        return None
+    name = f"bias_fill<{_dtypes.ctype_of(dtype)}>"
     grid = (planes, min(_MAX_GRID_Y, -(-pq // _THREADS)), 1)
-    block = (_THREADS, 1, 1)
-    _loader.launch(fn, name, grid, block, (out, bias, numpy.int64(k), numpy.int64(pq)))
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_THREADS, 1, 1), 2, (numpy.int64(k), numpy.int64(pq)))
+
+
+def grad_launch(spec: ConvSpec, dtype) -> "_loader.PreparedLaunch":
+    """A launch writing ``db[k] = Σ dy[:, k]`` for grad_output ``dy`` (N, K, P, Q) of ``spec``; pointers: dy, db.
+    None where there is no channel."""
+    if spec.k == 0:
+        return None
+    name = f"bias_grad<{_dtypes.ctype_of(dtype)}>"
+    i64 = numpy.int64
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, (spec.k, 1, 1), (_THREADS, 1, 1), 2,
+                           (i64(spec.n), i64(spec.k), i64(spec.p * spec.q)))

@@ -11,7 +11,7 @@ import numpy
 from . import _dtypes, _loader
 from .spec import ConvSpec
 
-__all__ = ["col2im_gpu", "col2im_cpu", "touched_rows", "NAME_EXPRESSIONS", "STEM"]
+__all__ = ["col2im_launch", "col2im_gpu", "col2im_cpu", "touched_rows", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "col2im"
 _THREADS = 256
@@ -33,33 +33,42 @@ def touched_rows(spec: ConvSpec, p0: int, rows: int):
     return first, max(0, last - first + 1)
 
 
-def col2im_gpu(col, spec: ConvSpec, p0: int, rows: int, dx, accumulate: bool) -> None:
-    """Sum ``col`` (CuPy ``(nb, C*R*S, pitch)``) into ``dx`` (C-contiguous ``(nb, C, H, W)``).
-
-    ``accumulate=False`` writes every row of ``dx`` (the chunk must hold all output rows); ``True`` adds
-    into the input rows the chunk touches and leaves the others alone.
-    """
-    nb = dx.shape[0]
+def col2im_launch(spec: ConvSpec, dtype, col_dtype, nb: int, p0: int, rows: int, pitch: int,
+                  accumulate: bool) -> "_loader.PreparedLaunch":
+    """A launch summing a chunk's column matrix (``(nb, C*R*S, pitch)`` of ``col_dtype``) into dx
+    (C-contiguous ``(nb, C, H, W)`` of ``dtype``); pointers col, dx (the chunk's first sample).
+    ``accumulate=False`` writes every row of dx (the chunk must hold all output rows); ``True`` adds into the
+    input rows the chunk touches and leaves the others alone. None where there is nothing to write."""
     if accumulate:
         h0, h_rows = touched_rows(spec, p0, rows)
     else:
         h0, h_rows = 0, spec.h
     total = nb * spec.c * h_rows * spec.w
     if total == 0:
-        return
-    t = _dtypes.ctype_of(dx.dtype)
+        return None
+    t = _dtypes.ctype_of(dtype)
+    if _dtypes.ctype_of(col_dtype) != _col_ctype(t):
+        raise ValueError(f"cuconv: col2im sums {_col_ctype(t)} columns into {t}, not {_dtypes.ctype_of(col_dtype)}")
     unit = "true" if spec.stride == (1, 1) else "false"
     index = "int" if total < 2**30 else "long long"  # 32-bit decode where idx + grid stride < 2^31
     name = f"col2im<{_col_ctype(t)},{t},{unit},{index}>"
-    fn = _loader.get_function(STEM, NAME_EXPRESSIONS, name)
     grid = (min(_MAX_BLOCKS, -(-total // _THREADS)), 1, 1)
-    block = (_THREADS, 1, 1)
     i64 = numpy.int64
-    args = (col, dx, i64(total), i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.r), i64(spec.s),
-            i64(spec.q), i64(p0), i64(rows), i64(col.shape[-1]), i64(h0), i64(h_rows),
-            i64(spec.stride[0]), i64(spec.stride[1]), i64(spec.pad[0]), i64(spec.pad[2]),
-            i64(spec.dilation[0]), i64(spec.dilation[1]), numpy.int32(accumulate))
-    _loader.launch(fn, name, grid, block, args)
+    scalars = (i64(total), i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.r), i64(spec.s),
+               i64(spec.q), i64(p0), i64(rows), i64(pitch), i64(h0), i64(h_rows),
+               i64(spec.stride[0]), i64(spec.stride[1]), i64(spec.pad[0]), i64(spec.pad[2]),
+               i64(spec.dilation[0]), i64(spec.dilation[1]), numpy.int32(accumulate))
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_THREADS, 1, 1), 2, scalars)
+
+
+def col2im_gpu(col, spec: ConvSpec, p0: int, rows: int, dx, accumulate: bool) -> None:
+    """Sum ``col`` (CuPy ``(nb, C*R*S, pitch)``) into ``dx`` (C-contiguous ``(nb, C, H, W)``) on CuPy's current
+    stream: ``col2im_launch`` on arrays."""
+    launch = col2im_launch(spec, dx.dtype, col.dtype, dx.shape[0], p0, rows, col.shape[-1], accumulate)
+    if launch is not None:
+        import cupy
+
+        launch(cupy.cuda.get_current_stream().ptr, col.data.ptr, dx.data.ptr)
 
 
 def col2im_cpu(col: numpy.ndarray, spec: ConvSpec, p0: int, rows: int, dx: numpy.ndarray) -> None:

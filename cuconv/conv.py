@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import numpy
 
-from . import _backend, _dtypes, autotune, registry as _registry
+from . import _backend, _dtypes, _plan, autotune, registry as _registry
 from ._config import PRECISIONS, config
 from .spec import ConvSpec, _plain
 
@@ -161,9 +161,11 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     result_shape = spec.output_shape[1:] if unbatched else spec.output_shape
     if out is not None:
         _check_out(out, result_shape, x.dtype)
-    plan = _Plan(spec, name, precision, result_shape, unbatched)
     if not on_gpu:
-        return _run(numpy, plan, x, weight, bias, out, algo)
+        return _run(numpy, _Plan(spec, name, precision, result_shape, unbatched), x, weight, bias, out, algo)
+    env = _plan.env(x.data.device_id, config.workspace_limit)
+    plan = _Plan(spec, name, precision, result_shape, unbatched, env,
+                 _registry.prepare(name, "fprop", spec, x.dtype, precision, env, bias is not None))
     if key is not None:
         if len(_plans) >= _PLANS_MAX:
             _plans.clear()
@@ -179,6 +181,8 @@ class _Plan(NamedTuple):
     precision: str  # resolved: never None
     result_shape: tuple  # spec.output_shape, without the batch axis for unbatched input
     unbatched: bool
+    gpu_env: "_plan.Env" = None  # GPU calls: the environment of aligned operands on the input's device
+    gpu: "_plan.Plan" = None     # ... and the algorithm's plan in it (with a bias where the signature has one)
 
 
 # A GPU call's signature (``_call_key``) -> its _Plan. The checks, the spec and the choice of algorithm cost
@@ -219,17 +223,6 @@ def _call_key(x, weight, bias, out, stride, padding, dilation, groups, algo, pre
             precision, config.precision, config.workspace_limit)
 
 
-def forward_spec(x, weight, bias, spec: ConvSpec, out, algo: str, precision: str) -> None:
-    """Run a forward whose arguments were validated and whose geometry is ``spec`` into C-contiguous ``out``.
-
-    For callers that already hold a :class:`ConvSpec` (``cuconv.nn``); arrays are 4-D, of one library.
-    """
-    on_gpu = _backend.is_cupy_array(x)
-    name = _registry.resolve(algo, spec, x.dtype, precision, on_gpu)
-    xp = _backend.cupy_or_none() if on_gpu else numpy
-    _run(xp, _Plan(spec, name, precision, spec.output_shape, False), x, weight, bias, out, algo)
-
-
 def _run(xp, plan: _Plan, x, weight, bias, out, requested="auto"):
     """Run ``plan`` on 4-D ``x``: into ``out`` (of the plan's result shape) when given, else a new array."""
     spec = plan.spec
@@ -242,21 +235,15 @@ def _run(xp, plan: _Plan, x, weight, bias, out, requested="auto"):
     if y.size:
         if bias is not None:
             bias = xp.ascontiguousarray(bias)
-        if spec.crs_per_group == 0:  # no input channels: the sum over an empty set is 0, plus bias
-            y[...] = 0 if bias is None else bias.reshape(1, -1, 1, 1)
-        else:
-            x = xp.ascontiguousarray(x)
-            weight = xp.ascontiguousarray(weight)
-            if xp is numpy:
-                _registry.cpu().forward_cpu(x, weight, bias, spec, y)
+        x = xp.ascontiguousarray(x)
+        weight = xp.ascontiguousarray(weight)
+        if xp is numpy:
+            if spec.crs_per_group == 0:  # no input channels: the sum over an empty set is 0, plus bias
+                y[...] = 0 if bias is None else bias.reshape(1, -1, 1, 1)
             else:
-                name, precision = plan.name, plan.precision
-                if requested == "auto" and config.benchmark:
-                    def run(algo_name, x=x, weight=weight, bias=bias):
-                        _registry.entry(algo_name, "fprop")(x, weight, bias, spec, y, precision)
-
-                    name = autotune.pick(requested, name, spec, x.dtype, precision, "fprop", run)
-                _registry.entry(name, "fprop")(x, weight, bias, spec, y, precision)
+                _registry.cpu().forward_cpu(x, weight, bias, spec, y)
+        else:
+            _run_gpu(plan, requested, x, weight, bias, y)
     if y.shape != plan.result_shape:
         y = y.reshape(plan.result_shape)
     if out is None:
@@ -264,3 +251,24 @@ def _run(xp, plan: _Plan, x, weight, bias, out, requested="auto"):
     if not direct:
         out[...] = y
     return out
+
+
+def _run_gpu(plan: _Plan, requested: str, x, weight, bias, y) -> None:
+    """The forward on C-contiguous CuPy arrays: the plan kept for the signature where every pointer is
+    aligned (``_plan.ALIGNMENT``) and nothing is tuned, else the registry's plan for what runs."""
+    name, precision, spec = plan.name, plan.precision, plan.spec
+    aligned = _plan.is_aligned(x.data.ptr, weight.data.ptr, 0 if bias is None else bias.data.ptr, y.data.ptr)
+    if requested == "auto" and config.benchmark:
+        env = _plan.env(plan.gpu_env.device, plan.gpu_env.workspace_limit, aligned)
+
+        def run(algo_name):
+            _plan.run_arrays(_registry.prepare(algo_name, "fprop", spec, x.dtype, precision, env, bias is not None),
+                             x, weight, bias, y)
+
+        name = autotune.pick(requested, name, spec, x.dtype, precision, "fprop", run)
+    if name == plan.name and aligned:
+        gpu = plan.gpu
+    else:
+        env = _plan.env(plan.gpu_env.device, plan.gpu_env.workspace_limit, aligned)
+        gpu = _registry.prepare(name, "fprop", spec, x.dtype, precision, env, bias is not None)
+    _plan.run_arrays(gpu, x, weight, bias, y)

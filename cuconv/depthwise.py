@@ -31,10 +31,10 @@ import functools
 
 import numpy
 
-from . import _dtypes, _loader, dgrad_forward
+from . import _dtypes, _loader, _plan, dgrad_forward
 from .spec import ConvSpec
 
-__all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "forward_smem", "rows_layout",
+__all__ = ["prepare", "forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "forward_smem", "rows_layout",
            "rows_strips", "plane_plan", "strips_plan", "forward_kernels", "FORWARD_KERNELS", "NAME_EXPRESSIONS",
            "STEM"]
 
@@ -271,7 +271,32 @@ def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, kernel: str = N
 
     launch = _forward_prepared(spec, x.dtype, x.data.ptr % 16 == 0, out.data.ptr % 16 == 0, _loader.smem_limit(),
                                cupy.cuda.runtime.getDevice(), kernel)
-    launch(x.data.ptr, w.data.ptr, 0 if bias is None else bias.data.ptr, out.data.ptr)
+    launch(cupy.cuda.get_current_stream().ptr, x.data.ptr, w.data.ptr, 0 if bias is None else bias.data.ptr,
+           out.data.ptr)
+
+
+def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
+            kernel: str = None) -> "_plan.Plan":
+    """The plan of ``pass_`` (see ``cuconv._plan``): the forward is one launch (``kernel`` forces one of
+    ``FORWARD_KERNELS``); dgrad the forward kernel on dy with the flipped kernel where that is the same
+    convolution (stride 1, multiplier 1), else a gather per dx element (no atomics); wgrad per-chunk partial
+    sums in the workspace, then an ordered sum."""
+    dtype = numpy.dtype(dtype)
+    b = _plan.Builder(pass_, env)
+    if pass_ == "fprop":
+        launch = _forward_prepared(spec, dtype, env.aligned, env.aligned, env.smem_limit, env.device, kernel)
+        b.launch(launch, b.ref("x"), b.ref("w"), b.ref("bias"), b.ref("out"))
+    elif pass_ == "dgrad":
+        transposed = dgrad_forward.forward_spec(spec)
+        if transposed is not None and reason_unsupported(transposed, dtype) is None:
+            return dgrad_forward.prepare(prepare, spec, dtype, precision, env)
+        b.launch(_dgrad_launch(spec, dtype), b.ref("dy"), b.ref("w"), b.ref("dx"))
+    else:
+        partial_bytes, partial, reduce = _wgrad_launches(spec, dtype, env.sm_count)
+        buffer = b.take(partial_bytes)
+        b.launch(partial, b.ref("x"), b.ref("dy"), buffer)
+        b.launch(reduce, buffer, b.ref("dw"))
+    return b.plan(STEM)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -343,18 +368,17 @@ def _forward_launch(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, s
 
 
 def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
-    """dx = conv2d_input for a depthwise convolution: the forward kernel on dy with the flipped kernel where
-    that is the same convolution (stride 1, multiplier 1), else a gather per dx element (no atomics)."""
-    transposed = dgrad_forward.forward_spec(spec)
-    if transposed is not None and reason_unsupported(transposed, dy.dtype) is None:
-        dgrad_forward.run(forward_gpu, dy, w, spec, dx, precision)
-        return
-    total = dx.size
+    """dx = conv2d_input for a depthwise convolution on C-contiguous CuPy arrays (``prepare``)."""
+    _plan.run_on_arrays(prepare, "dgrad", spec, precision, dy, w, dx)
+
+
+def _dgrad_launch(spec: ConvSpec, dtype) -> "_loader.PreparedLaunch":
+    """``depthwise_dgrad``: one thread per dx element gathering its taps; pointers dy, w, dx."""
+    total = spec.n * spec.c * spec.h * spec.w
     unit = "true" if spec.stride == (1, 1) else "false"
-    name = f"depthwise_dgrad<{_dtypes.ctype_of(dx.dtype)},{unit},{_index_type(total)}>"
-    grid = (min(1 << 20, -(-total // _THREADS)), 1, 1)
-    block = (_THREADS, 1, 1)
-    _loader.launch(_fn(name), name, grid, block, (dy, w, dx, numpy.int64(total)) + _geometry(spec))
+    name = f"depthwise_dgrad<{_dtypes.ctype_of(dtype)},{unit},{_index_type(total)}>"
+    grid = (max(1, min(1 << 20, -(-total // _THREADS))), 1, 1)
+    return _loader.PreparedLaunch(_fn(name), name, grid, (_THREADS, 1, 1), 3, (numpy.int64(total),) + _geometry(spec))
 
 
 @functools.lru_cache(maxsize=None)
@@ -372,26 +396,27 @@ def _smem_per_sm(device: int) -> int:
 
 
 def wgrad_gpu(x, dy, spec: ConvSpec, dw, precision: str) -> None:
-    """dw = conv2d_weight for a depthwise convolution: per-chunk partial sums, then an ordered sum."""
-    import cupy
+    """dw = conv2d_weight for a depthwise convolution on C-contiguous CuPy arrays (``prepare``)."""
+    _plan.run_on_arrays(prepare, "wgrad", spec, precision, x, dy, dw)
 
-    acc_dtype = numpy.float64 if x.dtype == numpy.float64 else numpy.float32
-    threads = _wgrad_threads(spec, numpy.dtype(acc_dtype).itemsize)
+
+def _wgrad_launches(spec: ConvSpec, dtype, sm_count: int):
+    """(bytes of the partial sums, the partial launch with pointers x, dy, partial, the reduce launch with
+    pointers partial, dw): per-chunk partial sums of every tap, then an ordered sum over the chunks."""
+    acc_dtype = numpy.dtype(numpy.float64 if dtype == numpy.float64 else numpy.float32)
+    threads = _wgrad_threads(spec, acc_dtype.itemsize)
     taps = spec.r * spec.s
     total = spec.n * spec.p * spec.q
-    sms = _sm_count(cupy.cuda.runtime.getDevice())
-    chunks = max(1, min(-(-total // (8 * threads)), -(-4 * sms // spec.k), _MAX_GRID_Y))
+    chunks = max(1, min(-(-total // (8 * threads)), -(-4 * sm_count // spec.k), _MAX_GRID_Y))
     chunk = -(-total // chunks)
     chunks = -(-total // chunk)
-    partial = cupy.empty(spec.k * chunks * taps, dtype=acc_dtype)
-    t = _dtypes.ctype_of(x.dtype)
+    t = _dtypes.ctype_of(dtype)
     i64 = numpy.int64
     name = f"depthwise_wgrad_partial<{t},{_index_type(total)}>"
-    grid = (spec.k, chunks, 1)
-    block = (threads, 1, 1)
-    _loader.launch(_fn(name), name, grid, block, (x, dy, partial) + _geometry(spec) + (i64(total), i64(chunk)),
-                   shared_mem=taps * threads * numpy.dtype(acc_dtype).itemsize)
+    partial = _loader.PreparedLaunch(_fn(name), name, (spec.k, chunks, 1), (threads, 1, 1), 3,
+                                     _geometry(spec) + (i64(total), i64(chunk)),
+                                     smem=taps * threads * acc_dtype.itemsize)
     name = f"depthwise_wgrad_reduce<{t}>"
-    grid = (min(1 << 16, -(-(spec.k * taps) // _THREADS)), 1, 1)
-    block = (_THREADS, 1, 1)
-    _loader.launch(_fn(name), name, grid, block, (partial, dw, i64(spec.k), i64(taps), i64(chunks)))
+    reduce = _loader.PreparedLaunch(_fn(name), name, (min(1 << 16, -(-(spec.k * taps) // _THREADS)), 1, 1),
+                                    (_THREADS, 1, 1), 2, (i64(spec.k), i64(taps), i64(chunks)))
+    return spec.k * chunks * taps * acc_dtype.itemsize, partial, reduce

@@ -12,9 +12,16 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy
+
+from . import _dtypes, _loader, _plan
 from .spec import ConvSpec
 
-__all__ = ["forward_spec", "forward_weight", "run", "reason_unsupported"]
+__all__ = ["forward_spec", "forward_weight", "prepare", "reason_unsupported", "NAME_EXPRESSIONS", "STEM"]
+
+STEM = "dgrad_forward"
+NAME_EXPRESSIONS = tuple(f"flip_weight<{t}>" for t in _dtypes.ALL_CTYPE_NAMES)
+_THREADS = 256
 
 
 def forward_spec(spec: ConvSpec) -> Optional[ConvSpec]:
@@ -28,16 +35,49 @@ def forward_spec(spec: ConvSpec) -> Optional[ConvSpec]:
 
 
 def forward_weight(w, spec: ConvSpec):
-    """``w'`` (C, K/g, R, S): per group, input and output channels swapped, the kernel flipped; contiguous."""
+    """``w'`` (C, K/g, R, S): per group, input and output channels swapped, the kernel flipped; contiguous (an
+    array of ``w``'s library: the NumPy twin of ``flip_weight``)."""
     g = spec.groups
     w5 = w.reshape(g, spec.k_per_group, spec.c_per_group, spec.r, spec.s)[:, :, :, ::-1, ::-1]
     return w5.transpose(0, 2, 1, 3, 4).copy().reshape(spec.c, spec.k_per_group, spec.r, spec.s)
 
 
-def run(forward_gpu, dy, w, spec: ConvSpec, dx, precision: str) -> None:
-    """dx = conv2d_input(dy, w) through ``forward_gpu`` (the caller checked :func:`forward_spec` exists)."""
+def flip_launch(spec: ConvSpec, dtype) -> "_loader.PreparedLaunch":
+    """A launch writing ``forward_weight``'s w' (pointers: w, w'); None for an empty weight."""
+    total = spec.k * spec.crs_per_group
+    if total == 0:
+        return None
+    i64 = numpy.int64
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, f"flip_weight<{_dtypes.ctype_of(dtype)}>",
+                           (max(1, min(1 << 16, -(-total // _THREADS))), 1, 1), (_THREADS, 1, 1), 2,
+                           (i64(spec.groups), i64(spec.k_per_group), i64(spec.c_per_group), i64(spec.r * spec.s)))
+
+
+def prepare(forward_prepare, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", **options) -> "_plan.Plan":
+    """The dgrad plan of an algorithm whose forward plan ``forward_prepare`` makes (the caller checked that
+    :func:`forward_spec` exists): w' is written to the start of the workspace, then the forward plan of
+    ``forward_spec`` runs with dy as its input, w' as its weight and dx as its output."""
     fspec = forward_spec(spec)
-    forward_gpu(dy, forward_weight(w, spec), None, fspec, dx, precision)
+    forward = forward_prepare("fprop", fspec, dtype, precision, env, bias=False, **options)
+    b = _plan.Builder("dgrad", env)
+    flipped = b.take(spec.k * spec.crs_per_group * numpy.dtype(dtype).itemsize)
+    b.launch(flip_launch(spec, dtype), b.ref("w"), flipped)
+    b.steps.append(_Forward(forward, flipped[1], b.take(forward.workspace)[1]))
+    return b.plan(forward.algo)
+
+
+class _Forward:
+    """A step: a forward plan run on dgrad's operands (dy as x, the flipped weight, no bias, dx as out) and its
+    part of dgrad's workspace."""
+
+    __slots__ = ("forward", "weight", "workspace")
+
+    def __init__(self, forward: "_plan.Plan", weight: int, workspace: int):
+        self.forward, self.weight, self.workspace = forward, weight, workspace
+
+    def __call__(self, bases, stream: int) -> None:
+        dy, dx, ws = bases[0], bases[2], bases[3]
+        self.forward.run((dy, ws + self.weight, 0, dx), stream, ws + self.workspace)
 
 
 def reason_unsupported(spec: ConvSpec, dtype, pass_: str, precision: str, forward_reason) -> Optional[str]:

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import numpy
 
-from . import _dtypes, _loader
+from . import _dtypes, _loader, _plan
 from .spec import ConvSpec
 
-__all__ = ["forward_gpu", "reason_unsupported", "NAME_EXPRESSIONS", "STEM"]
+__all__ = ["prepare", "forward_gpu", "reason_unsupported", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "direct"
 _THREADS = 256
 _MAX_BLOCKS = 1 << 20  # the grid-stride loop covers the rest
 
 NAME_EXPRESSIONS = tuple(f"direct<{t}>" for t in _dtypes.ALL_CTYPE_NAMES)
-
-NULL = numpy.uint64(0)  # a null pointer argument: the kernel then adds no bias
 
 
 def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
@@ -31,19 +29,23 @@ def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: s
     return None
 
 
-def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
-    """out = conv(x, w) + bias on C-contiguous CuPy arrays, current stream (``precision``: FFMA, nothing
-    to choose; half types sum in float32)."""
+def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False) -> "_plan.Plan":
+    """The forward plan (see ``cuconv._plan``): one launch (``precision``: FFMA, nothing to choose; half types
+    sum in float32)."""
+    b = _plan.Builder(pass_, env)
     total = spec.n * spec.k * spec.p * spec.q
-    if total == 0:
-        return
-    name = f"direct<{_dtypes.ctype_of(x.dtype)}>"
-    fn = _loader.get_function(STEM, NAME_EXPRESSIONS, name)
-    grid = (min(_MAX_BLOCKS, -(-total // _THREADS)), 1, 1)
-    block = (_THREADS, 1, 1)
-    i64 = numpy.int64
-    args = (x, w, NULL if bias is None else bias, out,
-            i64(spec.n), i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q),
-            i64(spec.r), i64(spec.s), i64(spec.groups), i64(spec.stride[0]), i64(spec.stride[1]),
-            i64(spec.pad[0]), i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]))
-    _loader.launch(fn, name, grid, block, args)
+    if total:
+        name = f"direct<{_dtypes.ctype_of(dtype)}>"
+        grid = (min(_MAX_BLOCKS, -(-total // _THREADS)), 1, 1)
+        i64 = numpy.int64
+        scalars = (i64(spec.n), i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q),
+                   i64(spec.r), i64(spec.s), i64(spec.groups), i64(spec.stride[0]), i64(spec.stride[1]),
+                   i64(spec.pad[0]), i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]))
+        b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_THREADS, 1, 1), 4, scalars),
+                 b.ref("x"), b.ref("w"), b.ref("bias"), b.ref("out"))
+    return b.plan(STEM)
+
+
+def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
+    """out = conv(x, w) + bias on C-contiguous CuPy arrays, current stream (``prepare`` and run)."""
+    _plan.run_on_arrays(prepare, "fprop", spec, precision, x, w, bias, out)

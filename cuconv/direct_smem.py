@@ -35,10 +35,10 @@ import dataclasses
 
 import numpy
 
-from . import _dtypes, _loader, dgrad_forward
+from . import _dtypes, _loader, _plan, dgrad_forward
 from .spec import ConvSpec
 
-__all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "Tile", "TILES", "NAME_EXPRESSIONS",
+__all__ = ["prepare", "forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "Tile", "TILES", "NAME_EXPRESSIONS",
            "STEM"]
 
 STEM = "direct_smem"
@@ -50,7 +50,6 @@ _MAX_POSITION = 2**31 - 1  # positions inside a plane are int in the kernel
 _MAX_STAGES = 3  # the kernel waits on cp.async groups for 1, 2 or 3 buffers
 _BLOCK_SMEM = 112 << 10  # two blocks per SM (228 KB per SM on H100/H200, 1 KB of it reserved per block)
 
-NULL = numpy.uint64(0)  # a null pointer argument: the kernel then adds no bias
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +89,8 @@ def _acc_ctype(ctype: str) -> str:
     return "double" if ctype == "double" else "float"
 
 
-NAME_EXPRESSIONS = tuple(TILES[_acc_ctype(t)].kernel_name(t) for t in _dtypes.ALL_CTYPE_NAMES)
+NAME_EXPRESSIONS = tuple([TILES[_acc_ctype(t)].kernel_name(t) for t in _dtypes.ALL_CTYPE_NAMES]
+                         + [f"transpose_weight<{t}>" for t in _dtypes.ALL_CTYPE_NAMES])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,31 +176,41 @@ def _forward_reason(spec: ConvSpec, dtype, precision: str):
     return None
 
 
-def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
-    """out = conv(x, w) + bias on C-contiguous CuPy arrays, current stream (``precision``: FFMA, nothing to
-    choose; half types sum in float32)."""
-    import cupy
-
-    pl = plan(spec, x.dtype)
+def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False) -> "_plan.Plan":
+    """The plan of ``pass_`` (see ``cuconv._plan``): the weight transposed into the workspace (``transpose_weight``,
+    (groups, C/g·R·S, K/g): one tap's k tile contiguous), then one launch (``precision``: FFMA, nothing to
+    choose; half types sum in float32); dgrad as the forward convolution of dy (``dgrad_forward``)."""
+    if pass_ == "dgrad":
+        return dgrad_forward.prepare(prepare, spec, dtype, precision, env)
+    dtype = numpy.dtype(dtype)
+    b = _plan.Builder(pass_, env)
     if spec.n * spec.k * spec.p * spec.q == 0:
-        return
-    name = pl.tile.kernel_name(_dtypes.ctype_of(x.dtype))
-    fn = _loader.get_function(STEM, NAME_EXPRESSIONS, name)
-    smem = pl.smem_bytes
-    # (groups, C/g·R·S, K/g) = (groups, K/g, C/g·R·S)ᵀ: one tap's k tile is contiguous.
-    w_gck = cupy.ascontiguousarray(w.reshape(spec.groups, spec.k_per_group, spec.crs_per_group).transpose(0, 2, 1))
-    grid = pl.grid
-    block = (_THREADS, 1, 1)
+        return b.plan(STEM)
+    pl = plan(spec, dtype)
+    ctype = _dtypes.ctype_of(dtype)
     i64 = numpy.int64
-    args = (x, w_gck, NULL if bias is None else bias, out,
-            i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q), i64(spec.r),
-            i64(spec.s), i64(spec.groups), i64(spec.stride[0]), i64(spec.stride[1]), i64(spec.pad[0]),
-            i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]),
-            i64(pl.tiles_p), i64(pl.tiles_q), i64(pl.tiles_k), i64(pl.ct), i64(pl.stages),
-            i64(pl.stage_elems), i64(pl.x_rows), i64(pl.x_cols), i64(pl.x_phase_cols))
-    _loader.launch(fn, name, grid, block, args, shared_mem=smem)
+    w_gck = b.take(spec.k * spec.crs_per_group * dtype.itemsize)
+    total = spec.k * spec.crs_per_group
+    name = f"transpose_weight<{ctype}>"
+    b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, name, (max(1, min(1 << 16, -(-total // _THREADS))), 1, 1),
+                             (_THREADS, 1, 1), 2, (i64(spec.groups), i64(spec.k_per_group), i64(spec.crs_per_group))),
+             b.ref("w"), w_gck)
+    name = pl.tile.kernel_name(ctype)
+    scalars = (i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q), i64(spec.r),
+               i64(spec.s), i64(spec.groups), i64(spec.stride[0]), i64(spec.stride[1]), i64(spec.pad[0]),
+               i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]),
+               i64(pl.tiles_p), i64(pl.tiles_q), i64(pl.tiles_k), i64(pl.ct), i64(pl.stages),
+               i64(pl.stage_elems), i64(pl.x_rows), i64(pl.x_cols), i64(pl.x_phase_cols))
+    b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, name, pl.grid, (_THREADS, 1, 1), 4, scalars, pl.smem_bytes),
+             b.ref("x"), w_gck, b.ref("bias"), b.ref("out"))
+    return b.plan(STEM)
+
+
+def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
+    """out = conv(x, w) + bias on C-contiguous CuPy arrays, current stream (``prepare`` and run)."""
+    _plan.run_on_arrays(prepare, "fprop", spec, precision, x, w, bias, out)
 
 
 def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
     """dx = conv2d_input(dy, w) as this algorithm's forward convolution of dy (stride 1; ``dgrad_forward``)."""
-    dgrad_forward.run(forward_gpu, dy, w, spec, dx, precision)
+    _plan.run_on_arrays(prepare, "dgrad", spec, precision, dy, w, dx)

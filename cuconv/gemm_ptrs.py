@@ -6,25 +6,20 @@ import numpy
 
 from . import _loader
 
-__all__ = ["batched_pointers", "NAME_EXPRESSIONS", "STEM"]
+__all__ = ["pointers_launch", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "gemm_ptrs"
 NAME_EXPRESSIONS = ("batched_pointers",)
 _THREADS = 256
 
 
-def batched_pointers(samples: int, groups: int, a0: int, a_sample: int, a_group: int, b0: int, b_group: int,
-                     c0: int, c_sample: int, c_group: int):
-    """(A, B, C) uint64 device arrays; entry ``n·groups + g`` = base + n·sample stride + g·group stride."""
-    import cupy
-
+def pointers_launch(samples: int, groups: int, a_sample: int, a_group: int, b_group: int, c_sample: int,
+                    c_group: int) -> "_loader.PreparedLaunch":
+    """A launch filling three uint64 arrays of ``samples · groups`` entries (A, B, C: the first three pointers)
+    from three bases (the next three): entry ``n·groups + g`` = base + n·sample stride + g·group stride (bytes)."""
     count = samples * groups
-    ptrs = cupy.empty((3, count), dtype=numpy.uint64)
-    fn = _loader.get_function(STEM, NAME_EXPRESSIONS, "batched_pointers")
     grid = (max(1, min(1024, -(-count // _THREADS))), 1, 1)
-    block = (_THREADS, 1, 1)
-    u64, i64 = numpy.uint64, numpy.int64
-    _loader.launch(fn, "batched_pointers", grid, block,
-                   (ptrs[0], ptrs[1], ptrs[2], i64(count), i64(groups), u64(a0), i64(a_sample), i64(a_group),
-                    u64(b0), i64(b_group), u64(c0), i64(c_sample), i64(c_group)))
-    return ptrs
+    i64 = numpy.int64
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, "batched_pointers", grid, (_THREADS, 1, 1), 6,
+                           (i64(count), i64(groups), i64(a_sample), i64(a_group), i64(b_group), i64(c_sample),
+                            i64(c_group)))

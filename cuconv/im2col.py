@@ -15,7 +15,7 @@ import numpy
 from . import _dtypes, _loader
 from .spec import ConvSpec
 
-__all__ = ["im2col_gpu", "im2col_cpu", "row_pitch", "NAME_EXPRESSIONS", "STEM"]
+__all__ = ["im2col_launch", "im2col_gpu", "im2col_cpu", "row_pitch", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "im2col"
 _THREADS = 256
@@ -33,31 +33,41 @@ def row_pitch(length: int, itemsize: int) -> int:
     return -(-length // vec) * vec
 
 
-def im2col_gpu(x, spec: ConvSpec, p0: int, rows: int, col):
-    """Fill ``col`` (CuPy, C-contiguous ``(nb, C*R*S, pitch)``) from ``x`` (C-contiguous ``(nb, C, H, W)``).
-
-    ``pitch`` must be ``row_pitch(rows*Q, itemsize)``; columns past ``rows*Q`` hold don't-care values.
-    """
-    nb = x.shape[0]
+def im2col_launch(spec: ConvSpec, dtype, nb: int, p0: int, rows: int) -> "_loader.PreparedLaunch":
+    """A launch gathering the column matrix of ``nb`` samples and output rows [p0, p0 + rows): pointers x (the
+    chunk's first sample, C-contiguous ``(nb, C, H, W)``) and col (``(nb, C*R*S, pitch)``, pitch
+    ``row_pitch(rows*Q, itemsize)``; columns past ``rows*Q`` hold don't-care values). None where the chunk is
+    empty."""
+    dtype = numpy.dtype(dtype)
     length = rows * spec.q
-    pitch = col.shape[-1]
-    if pitch != row_pitch(length, x.dtype.itemsize) or col.shape[:2] != (nb, spec.crs):
-        raise ValueError(f"cuconv: column buffer of shape {col.shape} does not fit ({nb}, {spec.crs}, "
-                         f"{row_pitch(length, x.dtype.itemsize)})")
+    pitch = row_pitch(length, dtype.itemsize)
     if nb == 0 or length == 0 or spec.crs == 0:
-        return col
+        return None
     if pitch > MAX_ROW_PITCH:
         raise NotImplementedError(f"cuconv: im2col row of {pitch} elements exceeds {MAX_ROW_PITCH}")
-    vec = 16 // x.dtype.itemsize
-    name = f"im2col<{_dtypes.ctype_of(x.dtype)}>"
-    fn = _loader.get_function(STEM, NAME_EXPRESSIONS, name)
+    vec = 16 // dtype.itemsize
+    name = f"im2col<{_dtypes.ctype_of(dtype)}>"
     grid = (nb * spec.crs, min(_MAX_GRID_Y, -(-length // (_THREADS * _ITEMS * vec))), 1)
-    block = (_THREADS, 1, 1)
     i64 = numpy.int64
-    args = (x, col, i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.r), i64(spec.s), i64(spec.q),
-            i64(p0), i64(length), i64(pitch), i64(spec.stride[0]), i64(spec.stride[1]),
-            i64(spec.pad[0]), i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]))
-    _loader.launch(fn, name, grid, block, args)
+    scalars = (i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.r), i64(spec.s), i64(spec.q),
+               i64(p0), i64(length), i64(pitch), i64(spec.stride[0]), i64(spec.stride[1]),
+               i64(spec.pad[0]), i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]))
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_THREADS, 1, 1), 2, scalars)
+
+
+def im2col_gpu(x, spec: ConvSpec, p0: int, rows: int, col):
+    """Fill ``col`` (CuPy, C-contiguous ``(nb, C*R*S, pitch)``) from ``x`` (C-contiguous ``(nb, C, H, W)``) on
+    CuPy's current stream: ``im2col_launch`` on arrays."""
+    nb = x.shape[0]
+    pitch = col.shape[-1]
+    if pitch != row_pitch(rows * spec.q, x.dtype.itemsize) or col.shape[:2] != (nb, spec.crs):
+        raise ValueError(f"cuconv: column buffer of shape {col.shape} does not fit ({nb}, {spec.crs}, "
+                         f"{row_pitch(rows * spec.q, x.dtype.itemsize)})")
+    launch = im2col_launch(spec, x.dtype, nb, p0, rows)
+    if launch is not None:
+        import cupy
+
+        launch(cupy.cuda.get_current_stream().ptr, x.data.ptr, col.data.ptr)
     return col
 
 

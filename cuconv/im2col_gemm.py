@@ -28,13 +28,13 @@ import numpy
 
 from ._config import config
 from .spec import ConvSpec
-from . import _cublas
+from . import _backend, _cublas, _plan, elementwise, gemm_ptrs
 from . import col2im as _col2im
 from . import im2col as _im2col
-from .gemm_ptrs import batched_pointers
+from .bias import fill_launch as bias_fill_launch
 from .im2col import row_pitch
 
-__all__ = ["ChunkPlan", "plan_chunks", "chunk_bytes", "wgrad_partial_samples", "forward_gpu", "forward_cpu",
+__all__ = ["ChunkPlan", "plan_chunks", "chunk_bytes", "wgrad_partial_samples", "prepare", "forward_gpu", "forward_cpu",
            "dgrad_gpu", "dgrad_cpu", "wgrad_gpu", "wgrad_cpu"]
 
 
@@ -106,89 +106,6 @@ def _balanced(total: int, at_most: int) -> int:
     return -(-total // parts)
 
 
-_side_streams = {}
-
-
-def _side_stream(cupy):
-    """One non-blocking stream per device for the gathers that run ahead of the GEMMs."""
-    dev = cupy.cuda.runtime.getDevice()
-    stream = _side_streams.get(dev)
-    if stream is None:
-        stream = _side_streams[dev] = cupy.cuda.Stream(non_blocking=True)
-    return stream
-
-
-def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
-    """Write conv(x, w) + bias into ``out``; all CuPy, C-contiguous, on the current device and stream.
-
-    With a bias, ``out`` is first filled with it and every GEMM accumulates onto it (beta = 1).
-    """
-    item = x.dtype.itemsize
-    pq = spec.p * spec.q
-    plan = plan_chunks(spec, item, config.workspace_limit)
-    beta = 0.0
-    if bias is not None:
-        from .bias import bias_fill_gpu
-
-        bias_fill_gpu(out, bias)
-        beta = 1.0
-    if plan.buffers == 0:  # 1x1 stride 1 unpadded: one GEMM on the input planes as they are (one chunk)
-        _gemm_chunk(_cublas, x.dtype, precision, spec, spec.n, pq, x.data.ptr, pq, w.data.ptr, out.data.ptr, beta)
-        return
-    import cupy
-
-    chunks = list(plan.chunks(spec))
-    main = cupy.cuda.get_current_stream()
-    side = _side_stream(cupy) if plan.buffers == 2 and len(chunks) > 1 else None
-    buf_len = chunk_bytes(spec, plan.samples, plan.rows, item) // item
-    buffers = [cupy.empty(buf_len, dtype=x.dtype) for _ in range(plan.buffers)]
-    gemm_done = [None] * len(buffers)
-    if side is not None:
-        side.wait_event(main.record())  # x, w and the buffers are ready on the caller's stream
-    for i, (n0, nb, p0, rows) in enumerate(chunks):
-        length = rows * spec.q
-        b = i % len(buffers)
-        pitch = row_pitch(length, item)
-        col = buffers[b][: nb * spec.crs * pitch].reshape(nb, spec.crs, pitch)
-        if side is None:
-            _im2col.im2col_gpu(x[n0:n0 + nb], spec, p0, rows, col)
-        else:
-            if gemm_done[b] is not None:
-                side.wait_event(gemm_done[b])  # the GEMM that read this buffer has finished
-            with side:
-                _im2col.im2col_gpu(x[n0:n0 + nb], spec, p0, rows, col)
-            main.wait_event(side.record())
-        col_ptr, col_ld = col.data.ptr, pitch
-        out_ptr = out.data.ptr + (n0 * spec.k * pq + p0 * spec.q) * item
-        _gemm_chunk(_cublas, x.dtype, precision, spec, nb, length, col_ptr, col_ld, w.data.ptr, out_ptr,
-                    beta)
-        if side is not None:
-            gemm_done[i % len(buffers)] = main.record()
-
-
-def _gemm_chunk(cublas, dtype, precision, spec, nb, length, col_ptr, col_ld, w_ptr, out_ptr, beta):
-    """out[n, g] (K/g, L) = W[g] (K/g, CRS/g) @ col[n, g] (CRS/g, L) for the nb samples of a chunk.
-
-    Column-major for cuBLAS: out[n, g]ᵀ (L × K/g, ld P·Q) = col[n, g]ᵀ (L × CRS/g, ld col_ld) @ W[g]ᵀ.
-    One GEMM call: strided over samples (one group) or groups (one sample), else over (sample, group) pairs
-    through device-built pointer arrays.
-    """
-    item = numpy.dtype(dtype).itemsize
-    g, kg, crs_g, pq = spec.groups, spec.k_per_group, spec.crs_per_group, spec.p * spec.q
-    sample_col = spec.crs * col_ld
-    if g == 1 or nb == 1:
-        by_sample = g == 1
-        cublas.gemm(dtype, precision, length, kg, crs_g,
-                    col_ptr, col_ld, sample_col if by_sample else crs_g * col_ld,
-                    w_ptr, crs_g, 0 if by_sample else kg * crs_g,
-                    out_ptr, pq, spec.k * pq if by_sample else kg * pq, nb if by_sample else g, beta)
-        return
-    a, b, c = batched_pointers(nb, g, col_ptr, sample_col * item, crs_g * col_ld * item,
-                               w_ptr, kg * crs_g * item, out_ptr, spec.k * pq * item, kg * pq * item)
-    cublas.gemm_batched(dtype, precision, length, kg, crs_g, a.data.ptr, col_ld, b.data.ptr, crs_g,
-                        c.data.ptr, pq, nb * g, beta)
-
-
 def _compute_dtype(dtype: numpy.dtype) -> numpy.dtype:
     # Half precisions accumulate in float32, as on the GPU; float32 and float64 compute in themselves.
     return numpy.dtype(numpy.float64) if dtype == numpy.float64 else numpy.dtype(numpy.float32)
@@ -217,117 +134,6 @@ def _accumulation_dtype(dtype) -> numpy.dtype:
     return numpy.dtype(numpy.float32) if dtype.itemsize == 2 else dtype
 
 
-def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
-    """dx = conv2d_input(dy, w) into C-contiguous CuPy ``dx`` (N, C, H, W), on the current stream."""
-    import cupy
-
-    dtype = dx.dtype
-    col_dtype = _accumulation_dtype(dtype)
-    g, kg, crs_g, pq = spec.groups, spec.k_per_group, spec.crs_per_group, spec.p * spec.q
-    item, col_item = dtype.itemsize, col_dtype.itemsize
-    plan = plan_chunks(spec, col_item, config.workspace_limit, overlap=False)
-    if plan.buffers == 0:
-        # 1x1, stride 1, unpadded: dx[n, g] (C/g, P·Q) = W[g]ᵀ (C/g, K/g) @ dY[n, g] — one rounding, no col2im.
-        _dgrad_gemm(_cublas, dtype, precision, spec, spec.n, pq, dy.data.ptr, dx.data.ptr, pq, w.data.ptr,
-                    dtype)
-        return
-    col_buf = cupy.empty(chunk_bytes(spec, plan.samples, plan.rows, col_item) // col_item, dtype=col_dtype)
-    row_chunks = plan.rows < spec.p
-    if row_chunks:
-        dx.fill(0)  # chunks add into the input rows they touch
-    for n0, nb, p0, rows in plan.chunks(spec):
-        length = rows * spec.q
-        pitch = row_pitch(length, col_item)
-        col = col_buf[: nb * spec.crs * pitch].reshape(nb, spec.crs, pitch)
-        _dgrad_gemm(_cublas, dtype, precision, spec, nb, length,
-                    dy.data.ptr + (n0 * spec.k * pq + p0 * spec.q) * item, col.data.ptr, pitch, w.data.ptr,
-                    col_dtype)
-        _col2im.col2im_gpu(col, spec, p0, rows, dx[n0:n0 + nb], accumulate=row_chunks)
-
-
-def _dgrad_gemm(cublas, dtype, precision, spec, nb, length, dy_ptr, col_ptr, col_ld, w_ptr, col_dtype):
-    """col[n, g] (CRS/g, L) = W[g]ᵀ @ dY[n, g] (K/g, L) for nb samples, in one GEMM call.
-
-    Column-major: col[n, g]ᵀ (L × CRS/g, ld col_ld) = dY[n, g]ᵀ (L × K/g, ld P·Q) @ W[g] (K/g × CRS/g),
-    W[g] being the transpose of its row-major (K/g, CRS/g) storage read column-major.
-    """
-    item, col_item = numpy.dtype(dtype).itemsize, numpy.dtype(col_dtype).itemsize
-    g, kg, crs_g, pq = spec.groups, spec.k_per_group, spec.crs_per_group, spec.p * spec.q
-    sample_col = spec.crs * col_ld
-    if g == 1 or nb == 1:
-        by_sample = g == 1
-        cublas.gemm(dtype, precision, length, crs_g, kg,
-                    dy_ptr, pq, spec.k * pq if by_sample else kg * pq,
-                    w_ptr, crs_g, 0 if by_sample else kg * crs_g,
-                    col_ptr, col_ld, sample_col if by_sample else crs_g * col_ld, nb if by_sample else g,
-                    trans_b="T", c_dtype=col_dtype)
-        return
-    a, b, c = batched_pointers(nb, g, dy_ptr, spec.k * pq * item, kg * pq * item, w_ptr, kg * crs_g * item,
-                               col_ptr, sample_col * col_item, crs_g * col_ld * col_item)
-    cublas.gemm_batched(dtype, precision, length, crs_g, kg, a.data.ptr, pq, b.data.ptr, crs_g,
-                        c.data.ptr, col_ld, nb * g, trans_b="T", c_dtype=col_dtype)
-
-
-def wgrad_gpu(x, dy, spec: ConvSpec, dw, precision: str) -> None:
-    """dw = conv2d_weight(x, dy) into C-contiguous CuPy ``dw`` (K, C/g, R, S), on the current stream.
-
-    One group and few outputs: each chunk's samples are one strided-batched GEMM into per-sample partial
-    sums (``_wgrad_partials``, within ``workspace_limit``), then one GEMM with a vector of ones adds them up
-    in fp32 (or fp64) onto the result. A sample's own GEMM has only K × C·R·S outputs to spread over the GPU
-    (resnet_1x1_256: two 128 x 128 tiles), so one GEMM per sample in turn left it idle (0.75 ms against
-    cuDNN's 0.066 at TF32). Otherwise (several groups, or outputs enough to fill the GPU): one GEMM per
-    sample, batched over the groups, the first writing (β = 0) and every later one adding (β = 1). Both sum
-    in a fixed order: the result is deterministic.
-    """
-    import cupy
-
-    dtype = x.dtype
-    acc_dtype = _accumulation_dtype(dtype)
-    acc = dw if acc_dtype == dtype else cupy.empty(dw.shape, dtype=acc_dtype)
-    item = dtype.itemsize
-    pq = spec.p * spec.q
-    plan = plan_chunks(spec, item, config.workspace_limit, overlap=False)
-    col_buf = None
-    if plan.buffers:
-        col_buf = cupy.empty(chunk_bytes(spec, plan.samples, plan.rows, item) // item, dtype=dtype)
-    partials = _wgrad_partials(spec, plan, acc_dtype, 0 if col_buf is None else col_buf.nbytes)
-    beta = 0.0
-    for n0, nb, p0, rows in plan.chunks(spec):
-        length = rows * spec.q
-        if col_buf is None:  # 1x1, stride 1, unpadded: the input planes are the column matrix
-            col_ptr, col_ld = x.data.ptr + n0 * spec.c * pq * item, pq
-        else:
-            pitch = row_pitch(length, item)
-            col = col_buf[: nb * spec.crs * pitch].reshape(nb, spec.crs, pitch)
-            _im2col.im2col_gpu(x[n0:n0 + nb], spec, p0, rows, col)
-            col_ptr, col_ld = col.data.ptr, pitch
-        dy_ptr = dy.data.ptr + (n0 * spec.k * pq + p0 * spec.q) * item
-        if partials is not None:
-            sums, ones = partials
-            per_sample = spec.k * spec.crs
-            for s0 in range(0, nb, ones.size):
-                sb = min(ones.size, nb - s0)
-                # sums[i]ᵀ (CRS × K, ld CRS) = col[i] read as (L × CRS)ᵀ @ dY[i]ᵀ (L × K), for sb samples
-                _cublas.gemm(dtype, precision, spec.crs, spec.k, length,
-                             col_ptr + s0 * spec.crs * col_ld * item, col_ld, spec.crs * col_ld,
-                             dy_ptr + s0 * spec.k * pq * item, pq, spec.k * pq,
-                             sums.data.ptr, spec.crs, per_sample, sb, 0.0, trans_a="T", c_dtype=acc_dtype)
-                # dW (K·CRS) (+)= sums (K·CRS × sb) @ ones (sb): plain fp32/fp64 arithmetic, never TF32
-                _cublas.gemm(acc_dtype, "ieee", per_sample, 1, sb, sums.data.ptr, per_sample, 0,
-                             ones.data.ptr, sb, 0, acc.data.ptr, per_sample, 0, 1, beta)
-                beta = 1.0
-            continue
-        for ni in range(nb):
-            _wgrad_gemm(_cublas, dtype, precision, spec, length,
-                        col_ptr + ni * spec.crs * col_ld * item, col_ld,
-                        dy_ptr + ni * spec.k * pq * item, acc, beta)
-            beta = 1.0
-    if spec.n == 0 or spec.p == 0:
-        acc.fill(0)
-    if acc is not dw:
-        dw[...] = acc.astype(dtype)
-
-
 # Per-sample partial sums of wgrad take at most this much memory (and what workspace_limit leaves beside the
 # column buffer); more samples per chunk run in turns.
 _WGRAD_PARTIALS_BYTES = 64 << 20
@@ -337,42 +143,306 @@ _WGRAD_PARTIALS_BYTES = 64 << 20
 _WGRAD_PARTIALS_MAX_OUTPUTS = 1 << 21
 
 
-def wgrad_partial_samples(spec: ConvSpec, plan: ChunkPlan, acc_itemsize: int, col_bytes: int) -> int:
+def wgrad_partial_samples(spec: ConvSpec, plan: ChunkPlan, acc_itemsize: int, col_bytes: int,
+                          limit: int = None) -> int:
     """How many samples' partial sums one-group wgrad keeps at a time, or 0 where batching the samples' GEMMs
     does not pay or does not fit: several groups, K x CRS above ``_WGRAD_PARTIALS_MAX_OUTPUTS``, or room for
-    fewer than two samples in ``_WGRAD_PARTIALS_BYTES`` and what ``workspace_limit`` leaves beside the column
-    buffer (``col_bytes``)."""
+    fewer than two samples in ``_WGRAD_PARTIALS_BYTES`` and what the workspace limit (default
+    ``cuconv.config.workspace_limit``) leaves beside the column buffer (``col_bytes``)."""
     outputs = spec.k * spec.crs
     if spec.groups != 1 or plan.samples < 2 or not 0 < outputs <= _WGRAD_PARTIALS_MAX_OUTPUTS:
         return 0
-    budget = min(_WGRAD_PARTIALS_BYTES, config.workspace_limit - col_bytes)
+    budget = min(_WGRAD_PARTIALS_BYTES, (config.workspace_limit if limit is None else limit) - col_bytes)
     samples = min(plan.samples, budget // (outputs * acc_itemsize))
     return samples if samples >= 2 else 0
 
 
-def _wgrad_partials(spec: ConvSpec, plan: ChunkPlan, acc_dtype, col_bytes: int):
-    """(room for the partial sums of ``wgrad_partial_samples`` samples, that many ones), or None."""
-    samples = wgrad_partial_samples(spec, plan, numpy.dtype(acc_dtype).itemsize, col_bytes)
-    if not samples:
-        return None
-    import cupy
+# ----------------------------------------------------------------------------------------------------------
+# GPU plans (``_plan``): every pass as prepared launches and cuBLAS GEMMs on raw pointers
+# ----------------------------------------------------------------------------------------------------------
+def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False) -> "_plan.Plan":
+    """The plan of ``pass_`` (see ``cuconv._plan``); ``bias``: whether the forward adds one."""
+    b = _plan.Builder(pass_, env)
+    dtype = numpy.dtype(dtype)
+    if pass_ == "fprop":
+        _forward_steps(b, spec, dtype, precision, bias)
+    elif pass_ == "dgrad":
+        _dgrad_steps(b, spec, dtype, precision)
+    else:
+        _wgrad_steps(b, spec, dtype, precision)
+    return b.plan("im2col_gemm")
 
-    return cupy.empty(samples * spec.k * spec.crs, dtype=acc_dtype), cupy.ones(samples, dtype=acc_dtype)
+
+def _align(b, ref, stride_bytes: int, itemsize: int) -> int:
+    return _cublas.alignment(ref[1], stride_bytes, b.base_aligned(ref), itemsize)
 
 
-def _wgrad_gemm(cublas, dtype, precision, spec, length, col_ptr, col_ld, dy_ptr, acc, beta):
+def _gemm(b, dtype, precision, m, n, k, a, lda, stride_a, b_ref, ldb, stride_b, c, ldc, stride_c, batch, beta=0.0, *,
+          trans_a="N", trans_b="N", c_dtype=None, append=True):
+    """A GEMM step on operand references (see ``_cublas.gemm`` for the arguments; strides in elements)."""
+    item = numpy.dtype(dtype).itemsize
+    c_item = item if c_dtype is None else numpy.dtype(c_dtype).itemsize
+    align = (_align(b, a, stride_a * item, item), _align(b, b_ref, stride_b * item, item),
+             _align(b, c, stride_c * c_item, c_item))
+    prepared = _cublas.PreparedGemm(dtype, precision, m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch, beta,
+                                    trans_a=trans_a, trans_b=trans_b, c_dtype=c_dtype, align=align,
+                                    device=b.env.device)
+    return b.gemm(prepared, a, b_ref, c, append=append)
+
+
+class _BatchedGemm:
+    """A step: ``cublasGemmBatchedEx`` over pointer arrays in the workspace (built by the step before)."""
+
+    __slots__ = ("args", "refs")
+
+    def __init__(self, args: tuple, refs: tuple):
+        self.args, self.refs = args, refs
+
+    def __call__(self, bases, stream: int) -> None:
+        dtype, precision, m, n, k, lda, ldb, ldc, batch, beta, trans_b, c_dtype = self.args
+        a, b, c = (bases[i] + o for i, o in self.refs)
+        _cublas.gemm_batched(dtype, precision, m, n, k, a, lda, b, ldb, c, ldc, batch, beta, trans_b=trans_b,
+                             c_dtype=c_dtype, stream=stream)
+
+
+def _pair_gemm(b, dtype, precision, spec, nb, m, n, k, a, lda, a_sample, a_group, w_ref, ldb, w_group, c, ldc,
+               c_sample, c_group, beta=0.0, trans_b="N", c_dtype=None):
+    """A GEMM over the (sample, group) pairs of ``nb`` samples, strides in bytes: one strided batch over the
+    samples (one group) or the groups (one sample), else a batch of pointer arrays built on the device."""
+    g = spec.groups
+    item = numpy.dtype(dtype).itemsize
+    c_item = item if c_dtype is None else numpy.dtype(c_dtype).itemsize
+    if g == 1 or nb == 1:
+        by_sample = g == 1
+        _gemm(b, dtype, precision, m, n, k, a, lda, (a_sample if by_sample else a_group) // item,
+              w_ref, ldb, 0 if by_sample else w_group // item,
+              c, ldc, (c_sample if by_sample else c_group) // c_item, nb if by_sample else g, beta,
+              trans_b=trans_b, c_dtype=c_dtype)
+        return
+    count = nb * g
+    arrays = b.take(3 * 8 * count)
+    a_ptrs, b_ptrs, c_ptrs = arrays, (arrays[0], arrays[1] + 8 * count), (arrays[0], arrays[1] + 16 * count)
+    b.launch(gemm_ptrs.pointers_launch(nb, g, a_sample, a_group, w_group, c_sample, c_group),
+             a_ptrs, b_ptrs, c_ptrs, a, w_ref, c)
+    b.steps.append(_BatchedGemm((dtype, precision, m, n, k, lda, ldb, ldc, count, beta, trans_b, c_dtype),
+                                (a_ptrs, b_ptrs, c_ptrs)))
+
+
+def _forward_gemm(b, dtype, precision, spec, nb, length, col, col_ld, out, beta, append=True):
+    """out[n, g] (K/g, L) = W[g] (K/g, CRS/g) @ col[n, g] (CRS/g, L) for the nb samples of a chunk.
+
+    Column-major for cuBLAS: out[n, g]ᵀ (L × K/g, ld P·Q) = col[n, g]ᵀ (L × CRS/g, ld col_ld) @ W[g]ᵀ."""
+    item = dtype.itemsize
+    g, kg, crs_g, pq = spec.groups, spec.k_per_group, spec.crs_per_group, spec.p * spec.q
+    if not append:  # (one strided GEMM: the overlapped chunks hold their steps themselves)
+        return _gemm(b, dtype, precision, length, kg, crs_g, col, col_ld, spec.crs * col_ld, b.ref("w"), crs_g, 0,
+                     out, pq, spec.k * pq, nb, beta, append=False)
+    _pair_gemm(b, dtype, precision, spec, nb, length, kg, crs_g, col, col_ld, spec.crs * col_ld * item,
+               crs_g * col_ld * item, b.ref("w"), crs_g, kg * crs_g * item, out, pq, spec.k * pq * item,
+               kg * pq * item, beta)
+
+
+def _forward_steps(b, spec: ConvSpec, dtype, precision: str, bias: bool) -> None:
+    """conv(x, w) + bias into out. With a bias, out is first filled with it and every GEMM accumulates onto it
+    (beta = 1). 1x1 stride-1 unpadded: one GEMM on the input planes as they are. Otherwise chunks of im2col
+    + GEMM; with two column buffers (large problems) the gather of chunk i+1 runs on a side stream while
+    the GEMM of chunk i runs (``_Overlapped``)."""
+    item = dtype.itemsize
+    pq = spec.p * spec.q
+    chunks_plan = plan_chunks(spec, item, b.env.workspace_limit)
+    beta = 0.0
+    if bias:
+        b.launch(bias_fill_launch(dtype, spec.n, spec.k, pq), b.ref("out"), b.ref("bias"))
+        beta = 1.0
+    if chunks_plan.buffers == 0:
+        _forward_gemm(b, dtype, precision, spec, spec.n, pq, b.ref("x"), pq, b.ref("out"), beta)
+        return
+    chunks = list(chunks_plan.chunks(spec))
+    buf_bytes = chunk_bytes(spec, chunks_plan.samples, chunks_plan.rows, item)
+    buffers = [b.take(buf_bytes) for _ in range(chunks_plan.buffers)]
+    overlap = chunks_plan.buffers == 2 and len(chunks) > 1 and spec.groups == 1
+    pairs = []
+    for i, (n0, nb, p0, rows) in enumerate(chunks):
+        col = buffers[i % len(buffers)]
+        x_ref = b.ref("x", n0 * spec.c * spec.h * spec.w * item)
+        out_ref = b.ref("out", (n0 * spec.k * pq + p0 * spec.q) * item)
+        gather = b.launch(_im2col.im2col_launch(spec, dtype, nb, p0, rows), x_ref, col, append=not overlap)
+        if overlap:
+            pairs.append((gather, _forward_gemm(b, dtype, precision, spec, nb, rows * spec.q, col,
+                                                row_pitch(rows * spec.q, item), out_ref, beta, append=False)))
+        else:
+            _forward_gemm(b, dtype, precision, spec, nb, rows * spec.q, col, row_pitch(rows * spec.q, item), out_ref,
+                          beta)
+    if overlap:
+        b.steps.append(_Overlapped(tuple(pairs), b.env.device))
+
+
+class _Overlapped:
+    """A step: chunks of (gather, GEMM) with two column buffers, the gather of chunk i+1 on a side stream
+    while the GEMM of chunk i runs on the call's stream. Events are made per call (two calls on two streams
+    never share one); the side stream joins the call's stream at the end, so a CUDA-graph capture of the
+    call stays one graph."""
+
+    __slots__ = ("pairs", "device")
+
+    def __init__(self, pairs: tuple, device: int):
+        self.pairs, self.device = pairs, device
+
+    def __call__(self, bases, stream: int) -> None:
+        runtime = _backend.cupy_or_none().cuda.runtime
+        side = _side_stream(self.device)
+        events = []
+
+        def record(on: int) -> int:
+            event = runtime.eventCreateWithFlags(runtime.eventDisableTiming)
+            events.append(event)
+            runtime.eventRecord(event, on)
+            return event
+
+        try:
+            runtime.streamWaitEvent(side, record(stream), 0)  # the inputs are ready on the call's stream
+            gemm_done = [None, None]
+            for i, (gather, gemm) in enumerate(self.pairs):
+                if gemm_done[i % 2] is not None:  # the GEMM that read this buffer has finished
+                    runtime.streamWaitEvent(side, gemm_done[i % 2], 0)
+                gather(bases, side)
+                runtime.streamWaitEvent(stream, record(side), 0)
+                gemm(bases, stream)
+                gemm_done[i % 2] = record(stream)
+        finally:
+            for event in events:  # (destroying a recorded event is legal: it is released once it completes)
+                runtime.eventDestroy(event)
+
+
+_side_streams = {}
+
+
+def _side_stream(device: int) -> int:
+    """One non-blocking stream per device for the gathers that run ahead of the GEMMs."""
+    stream = _side_streams.get(device)
+    if stream is None:
+        runtime = _backend.cupy_or_none().cuda.runtime
+        stream = _side_streams[device] = runtime.streamCreateWithFlags(runtime.streamNonBlocking)
+    return stream
+
+
+def _dgrad_steps(b, spec: ConvSpec, dtype, precision: str) -> None:
+    """dx = conv2d_input(dy, w): per chunk, col (CRS/g, L) = W[g]ᵀ @ dY[n, g] in fp32 for the half types
+    (``_accumulation_dtype``), then col2im sums each input pixel's taps into dx. 1x1 stride-1 unpadded: the GEMM
+    writes dx directly (one rounding, no col2im)."""
+    col_dtype = _accumulation_dtype(dtype)
+    item, col_item = dtype.itemsize, col_dtype.itemsize
+    pq = spec.p * spec.q
+    chunks_plan = plan_chunks(spec, col_item, b.env.workspace_limit, overlap=False)
+    if chunks_plan.buffers == 0:
+        _dgrad_gemm(b, dtype, precision, spec, spec.n, pq, b.ref("dy"), b.ref("dx"), pq, dtype)
+        return
+    col = b.take(chunk_bytes(spec, chunks_plan.samples, chunks_plan.rows, col_item))
+    row_chunks = chunks_plan.rows < spec.p
+    if row_chunks:  # chunks add into the input rows they touch
+        b.launch(elementwise.fill(dtype, spec.n * spec.c * spec.h * spec.w), b.ref("dx"))
+    for n0, nb, p0, rows in chunks_plan.chunks(spec):
+        length = rows * spec.q
+        pitch = row_pitch(length, col_item)
+        _dgrad_gemm(b, dtype, precision, spec, nb, length, b.ref("dy", (n0 * spec.k * pq + p0 * spec.q) * item), col,
+                    pitch, col_dtype)
+        b.launch(_col2im.col2im_launch(spec, dtype, col_dtype, nb, p0, rows, pitch, row_chunks), col,
+                 b.ref("dx", n0 * spec.c * spec.h * spec.w * item))
+
+
+def _dgrad_gemm(b, dtype, precision, spec, nb, length, dy, col, col_ld, col_dtype):
+    """col[n, g] (CRS/g, L) = W[g]ᵀ @ dY[n, g] (K/g, L) for nb samples, in one GEMM call.
+
+    Column-major: col[n, g]ᵀ (L × CRS/g, ld col_ld) = dY[n, g]ᵀ (L × K/g, ld P·Q) @ W[g] (K/g × CRS/g),
+    W[g] being the transpose of its row-major (K/g, CRS/g) storage read column-major."""
+    item, col_item = dtype.itemsize, numpy.dtype(col_dtype).itemsize
+    kg, crs_g, pq = spec.k_per_group, spec.crs_per_group, spec.p * spec.q
+    _pair_gemm(b, dtype, precision, spec, nb, length, crs_g, kg, dy, pq, spec.k * pq * item, kg * pq * item,
+               b.ref("w"), crs_g, kg * crs_g * item, col, col_ld, spec.crs * col_ld * col_item,
+               crs_g * col_ld * col_item, trans_b="T", c_dtype=col_dtype)
+
+
+def _wgrad_steps(b, spec: ConvSpec, dtype, precision: str) -> None:
+    """dw = conv2d_weight(x, dy), summed in fp32 for the half types (then rounded once into dw).
+
+    One group and few outputs: each chunk's samples are one strided-batched GEMM into per-sample partial
+    sums (``wgrad_partial_samples``, within the workspace limit), then one launch adds them up in fp32 (or
+    fp64) onto the running sum, rounding into dw at the last turn (``elementwise.sum_partials``). A sample's
+    own GEMM has only K × C·R·S outputs to spread over the GPU (resnet_1x1_256: two 128 x 128 tiles), so one
+    GEMM per sample in turn left it idle (0.75 ms against cuDNN's 0.066 at TF32). Otherwise (several groups,
+    or outputs enough to fill the GPU): one GEMM per sample, batched over the groups, the first writing
+    (β = 0) and every later one adding (β = 1), then one rounding into dw. Both sum in a fixed order: the
+    result is deterministic."""
+    acc_dtype = _accumulation_dtype(dtype)
+    item, acc_item = dtype.itemsize, acc_dtype.itemsize
+    pq = spec.p * spec.q
+    outputs = spec.k * spec.crs_per_group
+    dw = b.ref("dw")
+    chunks_plan = plan_chunks(spec, item, b.env.workspace_limit, overlap=False)
+    col_bytes = chunk_bytes(spec, chunks_plan.samples, chunks_plan.rows, item) if chunks_plan.buffers else 0
+    col_buf = b.take(col_bytes) if col_bytes else None
+    samples = wgrad_partial_samples(spec, chunks_plan, acc_item, col_bytes, b.env.workspace_limit)
+    chunks = list(chunks_plan.chunks(spec))
+    turns = [s0 for _, nb, _, _ in chunks for s0 in range(0, nb, samples)] if samples else []
+    # the running sum: dw itself where it holds the sums' type, else fp32 room (unless one turn writes dw)
+    acc = dw if acc_dtype == dtype or len(turns) == 1 else b.take(outputs * acc_item)
+    sums = b.take(samples * outputs * acc_item) if samples else None
+    beta = 0.0
+    turn = 0
+    for n0, nb, p0, rows in chunks:
+        length = rows * spec.q
+        if col_buf is None:  # 1x1, stride 1, unpadded: the input planes are the column matrix
+            col, col_ld = b.ref("x", n0 * spec.c * pq * item), pq
+        else:
+            col, col_ld = col_buf, row_pitch(length, item)
+            b.launch(_im2col.im2col_launch(spec, dtype, nb, p0, rows), b.ref("x", n0 * spec.c * spec.h * spec.w * item),
+                     col)
+        dy = b.ref("dy", (n0 * spec.k * pq + p0 * spec.q) * item)
+        if samples:
+            for s0 in range(0, nb, samples):
+                sb = min(samples, nb - s0)
+                # sums[i]ᵀ (CRS × K, ld CRS) = col[i] read as (L × CRS)ᵀ @ dY[i]ᵀ (L × K), for sb samples
+                _gemm(b, dtype, precision, spec.crs, spec.k, length,
+                      (col[0], col[1] + s0 * spec.crs * col_ld * item), col_ld, spec.crs * col_ld,
+                      (dy[0], dy[1] + s0 * spec.k * pq * item), pq, spec.k * pq,
+                      sums, spec.crs, outputs, sb, 0.0, trans_a="T", c_dtype=acc_dtype)
+                last = turn == len(turns) - 1
+                # running sum (+)= Σ of the sb partial sums, in order; the last turn rounds into dw
+                b.launch(elementwise.sum_partials(acc_dtype, dtype if last else acc_dtype, outputs, sb), sums,
+                         _plan.NULL if turn == 0 else acc, dw if last else acc)
+                turn += 1
+            continue
+        for ni in range(nb):
+            _wgrad_gemm(b, dtype, precision, spec, length, (col[0], col[1] + ni * spec.crs * col_ld * item), col_ld,
+                        (dy[0], dy[1] + ni * spec.k * pq * item), acc, acc_dtype, beta)
+            beta = 1.0
+    if not samples and acc != dw:
+        b.launch(elementwise.cast(acc_dtype, dtype, outputs), acc, dw)
+
+
+def _wgrad_gemm(b, dtype, precision, spec, length, col, col_ld, dy, acc, acc_dtype, beta):
     """dW[g] (K/g, CRS/g) (+)= dY[n, g] (K/g, L) @ col[n, g]ᵀ (L, CRS/g) for one sample, all groups.
 
     Column-major: dW[g]ᵀ (CRS/g × K/g, ld CRS/g) = op_T(col[n, g] read as (L × CRS/g), ld col_ld)
-    @ dY[n, g]ᵀ (L × K/g, ld P·Q); batched over groups.
-    """
-    item = numpy.dtype(dtype).itemsize
+    @ dY[n, g]ᵀ (L × K/g, ld P·Q); batched over groups."""
     g, kg, crs_g, pq = spec.groups, spec.k_per_group, spec.crs_per_group, spec.p * spec.q
-    cublas.gemm(dtype, precision, crs_g, kg, length,
-                col_ptr, col_ld, crs_g * col_ld,
-                dy_ptr, pq, kg * pq,
-                acc.data.ptr, crs_g, kg * crs_g, g, beta,
-                trans_a="T", c_dtype=acc.dtype)
+    _gemm(b, dtype, precision, crs_g, kg, length, col, col_ld, crs_g * col_ld, dy, pq, kg * pq,
+          acc, crs_g, kg * crs_g, g, beta, trans_a="T", c_dtype=acc_dtype)
+
+
+def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
+    """out = conv(x, w) + bias on C-contiguous CuPy arrays, CuPy's current stream (``prepare`` and run)."""
+    _plan.run_on_arrays(prepare, "fprop", spec, precision, x, w, bias, out)
+
+
+def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
+    """dx = conv2d_input(dy, w) into C-contiguous CuPy ``dx`` (N, C, H, W), on CuPy's current stream."""
+    _plan.run_on_arrays(prepare, "dgrad", spec, precision, dy, w, dx)
+
+
+def wgrad_gpu(x, dy, spec: ConvSpec, dw, precision: str) -> None:
+    """dw = conv2d_weight(x, dy) into C-contiguous CuPy ``dw`` (K, C/g, R, S), on CuPy's current stream."""
+    _plan.run_on_arrays(prepare, "wgrad", spec, precision, x, dy, dw)
 
 
 def dgrad_cpu(dy: numpy.ndarray, w: numpy.ndarray, spec: ConvSpec, dx: numpy.ndarray) -> None:

@@ -31,13 +31,13 @@ import functools
 
 import numpy
 
-from . import _dtypes, _loader, dgrad_forward
+from . import _dtypes, _loader, _plan, dgrad_forward
 from ._config import config
 from .spec import ConvSpec
 
 __all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "Tile", "WgmmaTile", "NchwTile", "TILES",
            "wgmma_available", "choose_tile", "prefers_nchw", "nchw_fits", "Plan", "plan", "pack_operands",
-           "NAME_EXPRESSIONS", "STEM"]
+           "prepare", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "implicit_gemm"
 _INT_MAX = 2**31 - 1
@@ -421,36 +421,46 @@ def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int):
 
 def pack_operands(x, w, spec: ConvSpec, pl: Plan, packed_x, packed_w=None) -> None:
     """Pack x (n, C, H, W) into ``packed_x`` (n, H, W, cp) and, given ``packed_w`` (kp · w_row elements), the
-    weight too, in one launch (``_pack_kernel``)."""
+    weight too, in one launch (``_pack_kernel``) on CuPy's current stream."""
+    import cupy
+
     kernel = _pack_kernel(spec, x.dtype, pl.cp, x.shape[0], None if packed_w is None else pl)
-    kernel(x.data.ptr, packed_x.data.ptr, 0 if packed_w is None else w.data.ptr,
+    kernel(cupy.cuda.get_current_stream().ptr, x.data.ptr, packed_x.data.ptr, 0 if packed_w is None else w.data.ptr,
            0 if packed_w is None else packed_w.data.ptr)
+
+
+def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
+            tile: Tile = None) -> "_plan.Plan":
+    """The plan of ``pass_`` (see ``cuconv._plan``): per chunk, the packing launch and the GEMM (an NchwTile:
+    the GEMM alone, reading x and w as they are); dgrad as the forward convolution of dy
+    (``dgrad_forward``). The workspace holds the packed weight, then one chunk's packed input. ``tile``
+    forces one of ``TILES`` (tests). float32 computes TF32."""
+    if pass_ == "dgrad":
+        return dgrad_forward.prepare(prepare, spec, dtype, precision, env, tile=tile)
+    if tile is not None and tile.wgmma and not env.wgmma:
+        raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
+    b = _plan.Builder(pass_, env)
+    if spec.n * spec.k * spec.p * spec.q == 0:
+        return b.plan(STEM)
+    dtype = numpy.dtype(dtype)
+    pl, workspace, chunks = _launches(spec, dtype, tile, env.device, env.workspace_limit)
+    if not workspace:  # an NchwTile: the GEMM reads x and w as they are
+        for x_offset, out_offset, _, gemm in chunks:
+            b.launch(gemm, b.ref("x", x_offset), b.ref("w"), b.ref("bias"), b.ref("out", out_offset))
+        return b.plan(STEM)
+    packed_w = b.take(workspace * dtype.itemsize)  # the packed weight, then the input
+    packed_x = (packed_w[0], packed_w[1] + pl.weight_bytes(dtype.itemsize))
+    for x_offset, out_offset, pack, gemm in chunks:  # the first chunk's pack also packs the weight; the others
+        b.launch(pack, b.ref("x", x_offset), packed_x, b.ref("w"), packed_w)  # ignore its weight pointers
+        b.launch(gemm, packed_x, packed_w, b.ref("bias"), b.ref("out", out_offset))
+    return b.plan(STEM)
 
 
 def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, tile: Tile = None) -> None:
     """out = conv(x, w) + bias on C-contiguous CuPy arrays, current stream (float32 computes TF32)."""
-    import cupy
-
-    if spec.n * spec.k * spec.p * spec.q == 0:
-        return
-    if tile is not None and tile.wgmma and not wgmma_available():
-        raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
-    pl, workspace, chunks = _launches(spec, x.dtype, tile, cupy.cuda.runtime.getDevice(), config.workspace_limit)
-    # the kernels take raw pointers (the launches are prepared, ``_kernel``): a chunk is an offset
-    x_ptr, w_ptr, out_ptr = x.data.ptr, w.data.ptr, out.data.ptr
-    bias_ptr = 0 if bias is None else bias.data.ptr
-    if not workspace:  # an NchwTile: the GEMM reads x and w as they are
-        for x_offset, out_offset, _, gemm in chunks:
-            gemm(x_ptr + x_offset, w_ptr, bias_ptr, out_ptr + out_offset)
-        return
-    workspace = cupy.empty(workspace, dtype=x.dtype)  # one allocation: the packed weight, then the input
-    packed_w = workspace.data.ptr
-    packed_x = packed_w + pl.weight_bytes(x.dtype.itemsize)
-    for x_offset, out_offset, pack, gemm in chunks:  # the first chunk's pack also packs the weight; others
-        pack(x_ptr + x_offset, packed_x, w_ptr, packed_w)  # ignore its pointers
-        gemm(packed_x, packed_w, bias_ptr, out_ptr + out_offset)
+    _plan.run_on_arrays(prepare, "fprop", spec, precision, x, w, bias, out, tile=tile)
 
 
 def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
     """dx = conv2d_input(dy, w) as this algorithm's forward convolution of dy (stride 1; ``dgrad_forward``)."""
-    dgrad_forward.run(forward_gpu, dy, w, spec, dx, precision)
+    _plan.run_on_arrays(prepare, "dgrad", spec, precision, dy, w, dx)

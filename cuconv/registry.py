@@ -1,12 +1,9 @@
 """The registry of GPU algorithms and the pure function that chooses among them.
 
-An algorithm is a module with, for each pass it implements, a GPU entry point:
-
-- ``forward_gpu(x, w, bias, spec, out, precision)``: out (+)= conv, bias fused (added before rounding);
-- ``dgrad_gpu(dy, w, spec, dx, precision)``;
-- ``wgrad_gpu(x, dy, spec, dw, precision)``;
-
-all on C-contiguous CuPy arrays, CuPy's current stream and device. An optional
+An algorithm is a family module listed here with the passes it implements, and the plan/run interface of
+``cuconv._plan``: ``prepare(pass_, spec, dtype, precision, env, bias=False) -> Plan``, whose ``run(ptrs,
+stream, workspace)`` only launches. ``prepare`` here memoizes the families' plans per signature and takes care
+of the cases with nothing to compute (an empty output, no input channels, an empty batch). A family's
 ``reason_unsupported(spec, dtype, pass_, precision) -> str | None`` says why it cannot serve a case; ``auto``
 never picks it there and forcing it raises ``NotImplementedError`` with that reason.
 
@@ -23,39 +20,61 @@ import numpy
 
 from ._config import config
 from .spec import ConvSpec
-from . import (_backend, _loader, depthwise, direct, direct_smem, im2col_gemm, implicit_gemm, winograd,
-               winograd_fused)
+from . import (_backend, _loader, _plan, bias as _bias, depthwise, direct, direct_smem, elementwise, im2col_gemm,
+               implicit_gemm, winograd, winograd_fused)
 
-__all__ = ["PASSES", "algorithms", "select_algorithm", "resolve", "get", "cpu", "reason_unsupported"]
+__all__ = ["PASSES", "algorithms", "select_algorithm", "resolve", "get", "prepare", "cpu", "reason_unsupported"]
 
 PASSES = ("fprop", "dgrad", "wgrad")
-_ENTRY = {"fprop": "forward_gpu", "dgrad": "dgrad_gpu", "wgrad": "wgrad_gpu"}
 
-# In order of preference for `auto` where nothing more specific applies.
+# Each family and the passes it implements, in order of preference for `auto` where nothing more specific
+# applies.
 _REGISTRY = {
-    "im2col_gemm": im2col_gemm,
-    "depthwise": depthwise,
-    "direct": direct,
-    "direct_smem": direct_smem,
-    "implicit_gemm": implicit_gemm,
-    "winograd": winograd,
-    "winograd_fused": winograd_fused,
+    "im2col_gemm": (im2col_gemm, PASSES),
+    "depthwise": (depthwise, PASSES),
+    "direct": (direct, ("fprop",)),
+    "direct_smem": (direct_smem, ("fprop", "dgrad")),
+    "implicit_gemm": (implicit_gemm, ("fprop", "dgrad")),
+    "winograd": (winograd, ("fprop", "dgrad")),
+    "winograd_fused": (winograd_fused, ("fprop", "dgrad")),
 }
 
 
 def algorithms(pass_: str = "fprop") -> tuple:
     """Names of the algorithms that implement ``pass_`` ("fprop", "dgrad" or "wgrad")."""
     _check_pass(pass_)
-    return tuple(name for name, mod in _REGISTRY.items() if hasattr(mod, _ENTRY[pass_]))
+    return tuple(name for name, (_, passes) in _REGISTRY.items() if pass_ in passes)
 
 
 def get(name: str):
-    return _REGISTRY[name]
+    """The family module of algorithm ``name``."""
+    return _REGISTRY[name][0]
 
 
-def entry(name: str, pass_: str):
-    """The GPU function of algorithm ``name`` for ``pass_``."""
-    return getattr(_REGISTRY[name], _ENTRY[pass_])
+@functools.lru_cache(maxsize=4096)
+def prepare(name: str, pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
+            bias: bool = False) -> "_plan.Plan":
+    """The plan of algorithm ``name`` for ``pass_`` (``cuconv._plan``), made on ``env.device`` (the current
+    device), memoized per signature. Nothing to compute: an empty plan; no input channels (a forward of sums
+    over nothing) or, backward, an empty batch or no filters: the result filled with the bias or zeros."""
+    dtype = numpy.dtype(dtype)
+    b = _plan.Builder(pass_, env)
+    if pass_ == "fprop":
+        if spec.n * spec.k * spec.p * spec.q == 0:
+            return b.plan(name)
+        if spec.crs_per_group == 0:
+            if bias:
+                b.launch(_bias.fill_launch(dtype, spec.n, spec.k, spec.p * spec.q), b.ref("out"), b.ref("bias"))
+            else:
+                b.launch(elementwise.fill(dtype, spec.n * spec.k * spec.p * spec.q), b.ref("out"))
+            return b.plan(name)
+    elif spec.n == 0 or spec.k == 0 or spec.crs_per_group == 0:
+        result = spec.input_shape if pass_ == "dgrad" else spec.weight_shape
+        count = int(numpy.prod(result))
+        if count:
+            b.launch(elementwise.fill(dtype, count), b.ref("dx" if pass_ == "dgrad" else "dw"))
+        return b.plan(name)
+    return _REGISTRY[name][0].prepare(pass_, spec, dtype, precision, env, bias=bias)
 
 
 def cpu():
@@ -95,8 +114,8 @@ def _device_traits() -> tuple:
 
 @functools.lru_cache(maxsize=4096)
 def _reason_unsupported(name, spec, dtype, pass_, precision, smem_limit, wgmma, workspace_limit) -> Optional[str]:
-    module = _REGISTRY[name]
-    if not hasattr(module, _ENTRY[pass_]):
+    module, passes = _REGISTRY[name]
+    if pass_ not in passes:
         return f"it implements no {pass_}"
     check = getattr(module, "reason_unsupported", None)
     return check(spec, dtype, pass_, precision) if check is not None else None

@@ -36,13 +36,12 @@ import dataclasses
 
 import numpy
 
-from . import _cublas, _dtypes, _loader, dgrad_forward
+from . import _cublas, _dtypes, _loader, _plan, dgrad_forward
 from ._config import config
-from .direct import NULL
 from .im2col_gemm import _balanced
 from .spec import ConvSpec
 
-__all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "TILE_BY_TAPS",
+__all__ = ["prepare", "forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "TILE_BY_TAPS",
            "FLOAT32_MAX_CHANNELS", "NAME_EXPRESSIONS", "STEM", "EXACT_ON_INTEGERS"]
 
 STEM = "winograd"
@@ -155,49 +154,57 @@ def _forward_reason(spec: ConvSpec, dtype, precision: str):
     return None
 
 
-def _functions(ctype: str, r: int, s: int):
-    names = _names(ctype, r, s)
-    return [(_loader.get_function(STEM, names, name), name) for name in names]
+def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False) -> "_plan.Plan":
+    """The plan of ``pass_`` (see ``cuconv._plan``): U = the transformed weights, then per chunk of tile rows the
+    input transform into V, one GEMM per transform point (batched, IEEE arithmetic) into M, and the output
+    transform with the bias; U, V and M live in the workspace. dgrad as the forward convolution of dy
+    (``dgrad_forward``)."""
+    if pass_ == "dgrad":
+        return dgrad_forward.prepare(prepare, spec, dtype, precision, env)
+    b = _plan.Builder(pass_, env)
+    if spec.n * spec.k * spec.p * spec.q == 0:
+        return b.plan(STEM)
+    dtype = numpy.dtype(dtype)
+    item = dtype.itemsize
+    pl = plan(spec, dtype, env.workspace_limit)
+    names = _names(_dtypes.ctype_of(dtype), spec.r, spec.s)
+    i64, i32 = numpy.int64, numpy.int32
+    block = (_THREADS, 1, 1)
+
+    def kernel(name, grid, n_pointers, scalars):
+        return _loader.prepare(STEM, names, name, grid, block, n_pointers, scalars)
+
+    u = b.take(pl.points * spec.k * spec.c * item)
+    v = b.take(pl.points * spec.c * pl.ld * item)
+    m = b.take(pl.points * spec.k * pl.ld * item)
+    b.launch(kernel(names[0], (min(1 << 16, -(-(spec.k * spec.c) // _THREADS)), 1, 1), 2,
+                    (i64(spec.k), i64(spec.c))), b.ref("w"), u)
+    total_rows = spec.n * pl.tiles_h
+    for row0 in range(0, total_rows, pl.rows):
+        tiles = min(pl.rows, total_rows - row0) * pl.tiles_w
+        b.launch(kernel(names[1], (-(-tiles // _THREADS), spec.c, 1), 2,
+                        (i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.pad[0]), i64(spec.pad[2]), i64(pl.tiles_h),
+                         i32(pl.tiles_w), i64(row0), i32(tiles), i64(pl.ld))),
+                 b.ref("x"), v)
+        # column-major: M[a]ᵀ (tiles × K) = V[a]ᵀ (tiles × C) @ U[a]ᵀ (C × K)
+        gemm = _cublas.PreparedGemm(dtype, "ieee", tiles, spec.k, spec.c, pl.ld, spec.c * pl.ld, spec.c,
+                                    spec.k * spec.c, pl.ld, spec.k * pl.ld, pl.points,
+                                    align=tuple(_cublas.alignment(0, s * item, True, item)
+                                                for s in (spec.c * pl.ld, spec.k * spec.c, spec.k * pl.ld)),
+                                    device=env.device)
+        b.gemm(gemm, v, u, m)
+        b.launch(kernel(names[2], (-(-tiles // _THREADS), spec.k, 1), 3,
+                        (i64(spec.k), i64(spec.p), i64(spec.q), i64(pl.tiles_h), i32(pl.tiles_w), i64(row0), i32(tiles),
+                         i64(pl.ld))),
+                 m, b.ref("bias"), b.ref("out"))
+    return b.plan(STEM)
 
 
 def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:
     """out = conv(x, w) + bias on C-contiguous CuPy arrays, current stream (float32 GEMMs in IEEE fp32)."""
-    import cupy
-
-    if spec.n * spec.k * spec.p * spec.q == 0:
-        return
-    dtype = x.dtype
-    pl = plan(spec, dtype)
-    (weight_fn, weight_name), (input_fn, input_name), (output_fn, output_name) = _functions(
-        _dtypes.ctype_of(dtype), spec.r, spec.s)
-    i64, i32 = numpy.int64, numpy.int32
-    block = (_THREADS, 1, 1)
-
-    u = cupy.empty((pl.points, spec.k, spec.c), dtype=dtype)
-    grid = (min(1 << 16, -(-(spec.k * spec.c) // _THREADS)), 1, 1)
-    _loader.launch(weight_fn, weight_name, grid, block, (w, u, i64(spec.k), i64(spec.c)))
-
-    v = cupy.empty((pl.points, spec.c, pl.ld), dtype=dtype)
-    m = cupy.empty((pl.points, spec.k, pl.ld), dtype=dtype)
-    bias_arg = NULL if bias is None else bias
-    total_rows = spec.n * pl.tiles_h
-    for row0 in range(0, total_rows, pl.rows):
-        tiles = min(pl.rows, total_rows - row0) * pl.tiles_w
-        grid = (-(-tiles // _THREADS), spec.c, 1)
-        _loader.launch(input_fn, input_name, grid, block,
-                       (x, v, i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.pad[0]), i64(spec.pad[2]),
-                        i64(pl.tiles_h), i32(pl.tiles_w), i64(row0), i32(tiles), i64(pl.ld)))
-        # column-major: M[a]ᵀ (tiles × K) = V[a]ᵀ (tiles × C) @ U[a]ᵀ (C × K)
-        _cublas.gemm(dtype, "ieee", tiles, spec.k, spec.c,
-                     v.data.ptr, pl.ld, spec.c * pl.ld,
-                     u.data.ptr, spec.c, spec.k * spec.c,
-                     m.data.ptr, pl.ld, spec.k * pl.ld, pl.points)
-        grid = (-(-tiles // _THREADS), spec.k, 1)
-        _loader.launch(output_fn, output_name, grid, block,
-                       (m, bias_arg, out, i64(spec.k), i64(spec.p), i64(spec.q), i64(pl.tiles_h),
-                        i32(pl.tiles_w), i64(row0), i32(tiles), i64(pl.ld)))
+    _plan.run_on_arrays(prepare, "fprop", spec, precision, x, w, bias, out)
 
 
 def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
     """dx = conv2d_input(dy, w) as this algorithm's forward convolution of dy (stride 1; ``dgrad_forward``)."""
-    dgrad_forward.run(forward_gpu, dy, w, spec, dx, precision)
+    _plan.run_on_arrays(prepare, "dgrad", spec, precision, dy, w, dx)

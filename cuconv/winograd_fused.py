@@ -23,13 +23,12 @@ import dataclasses
 
 import numpy
 
-from . import _loader, dgrad_forward
+from . import _loader, _plan, dgrad_forward, elementwise
 from ._config import config
-from .direct import NULL
 from .spec import ConvSpec
 from .winograd import _round_up
 
-__all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "Tile", "TILES", "NAME_EXPRESSIONS",
+__all__ = ["prepare", "forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "Tile", "TILES", "NAME_EXPRESSIONS",
            "STEM", "EXACT_ON_INTEGERS"]
 
 STEM = "winograd_fused"
@@ -132,34 +131,42 @@ def _forward_reason(spec: ConvSpec, dtype, precision: str):
     return None
 
 
+def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
+            tile: Tile = None) -> "_plan.Plan":
+    """The plan of ``pass_`` (see ``cuconv._plan``): the transformed weights U (16 points × c_pad × k_pad, zero
+    padded) into the workspace, then one launch (FFMA at any precision); dgrad as the forward convolution of dy
+    (``dgrad_forward``). ``tile`` forces one of ``TILES`` (tests)."""
+    if pass_ == "dgrad":
+        return dgrad_forward.prepare(prepare, spec, dtype, precision, env, tile=tile)
+    b = _plan.Builder(pass_, env)
+    if spec.n * spec.k * spec.p * spec.q == 0:
+        return b.plan(STEM)
+    pl = plan(spec, tile)
+    i64 = numpy.int64
+    u_count = _POINTS * pl.c_pad * pl.k_pad
+    u = b.take(u_count * 4)
+    b.launch(elementwise.fill(numpy.float32, u_count), u)
+    if spec.c:
+        grid = (min(1 << 16, -(-(spec.k * spec.c) // _WEIGHT_THREADS)), 1, 1)
+        b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, _WEIGHT_KERNEL, grid, (_WEIGHT_THREADS, 1, 1), 2,
+                                 (i64(spec.k), i64(spec.c), i64(pl.c_pad), i64(pl.k_pad))),
+                 b.ref("w"), u)
+    t = pl.tile
+    scalars = (i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q),
+               i64(spec.pad[0]), i64(spec.pad[2]), numpy.int32(pl.tiles_h), numpy.int32(pl.col_blocks),
+               numpy.int32(pl.k_blocks), i64(pl.c_pad), i64(pl.k_pad))
+    b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, t.kernel_name, (pl.blocks, 1, 1), (t.threads, 1, 1), 4, scalars,
+                             t.smem_bytes),
+             b.ref("x"), u, b.ref("bias"), b.ref("out"))
+    return b.plan(STEM)
+
+
 def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, tile: Tile = None) -> None:
     """out = conv(x, w) + bias on C-contiguous float32 CuPy arrays, current stream (FFMA at any precision);
     ``tile`` forces one of ``TILES`` (tests)."""
-    import cupy
-
-    if spec.n * spec.k * spec.p * spec.q == 0:
-        return
-    pl = plan(spec, tile)
-    i64 = numpy.int64
-    u = cupy.zeros((_POINTS, pl.c_pad, pl.k_pad), dtype=numpy.float32)
-    if spec.c:
-        fn = _loader.get_function(STEM, NAME_EXPRESSIONS, _WEIGHT_KERNEL)
-        grid = (min(1 << 16, -(-(spec.k * spec.c) // _WEIGHT_THREADS)), 1, 1)
-        block = (_WEIGHT_THREADS, 1, 1)
-        _loader.launch(fn, _WEIGHT_KERNEL, grid, block,
-                       (w, u, i64(spec.k), i64(spec.c), i64(pl.c_pad), i64(pl.k_pad)))
-    tile = pl.tile
-    fn = _loader.get_function(STEM, NAME_EXPRESSIONS, tile.kernel_name)
-    grid = (pl.blocks, 1, 1)
-    block = (tile.threads, 1, 1)
-    _loader.launch(fn, tile.kernel_name, grid, block,
-                   (x, u, NULL if bias is None else bias, out,
-                    i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q),
-                    i64(spec.pad[0]), i64(spec.pad[2]), numpy.int32(pl.tiles_h), numpy.int32(pl.col_blocks),
-                    numpy.int32(pl.k_blocks), i64(pl.c_pad), i64(pl.k_pad)),
-                   shared_mem=tile.smem_bytes)
+    _plan.run_on_arrays(prepare, "fprop", spec, precision, x, w, bias, out, tile=tile)
 
 
 def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
     """dx = conv2d_input(dy, w) as this algorithm's forward convolution of dy (stride 1; ``dgrad_forward``)."""
-    dgrad_forward.run(forward_gpu, dy, w, spec, dx, precision)
+    _plan.run_on_arrays(prepare, "dgrad", spec, precision, dy, w, dx)

@@ -39,8 +39,8 @@
 // still overlap the other block's arithmetic. One stage (a single channel as large as the device allows)
 // stages and computes in turn.
 //
-// Layouts: x (N, C, H, W); w_gck (groups, C/groups*R*S, K/groups), the weights transposed by the launcher
-// so that the k tile of one tap is contiguous (coalesced global reads, conflict-free shared stores);
+// Layouts: x (N, C, H, W); w_gck (groups, C/groups*R*S, K/groups), the weights transposed first
+// (transpose_weight<T>, below, into the plan's workspace) so that the k tile of one tap is contiguous (coalesced global reads, conflict-free shared stores);
 // out (N, K, P, Q); bias (K,) or a null pointer. Dynamic shared memory holds `stages` buffers, each ws
 // (ct_max*R*S*TK) then xs (ct_max*x_rows rows of stride_w*x_phase_cols, padded to 16 bytes), all Acc;
 // cuconv/direct_smem.py sizes it and passes ct_max, stages, stage_elems (one buffer), x_rows, x_cols and
@@ -280,5 +280,19 @@ direct_smem(const T* __restrict__ x, const T* __restrict__ w_gck, const T* __res
             const int q = q0 + lane + 32 * i;
             if (q < Q) dst[q] = cuconv::from_acc<T>(acc[j][i] + b);
         }
+    }
+}
+
+// transpose_weight<T>(w, w_gck, groups, KG, CRS): w_gck[g][j][k] = w[g][k][j], the layout direct_smem reads
+// (w: (groups·KG, CRS) row-major, KCRS). One thread per element of w_gck, grid-stride loop.
+template <typename T>
+__global__ void transpose_weight(const T* __restrict__ w, T* __restrict__ w_gck, i64 groups, i64 KG, i64 CRS) {
+    const i64 total = groups * KG * CRS;
+    for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+         i += static_cast<i64>(gridDim.x) * blockDim.x) {
+        const i64 k = i % KG;
+        const i64 j = (i / KG) % CRS;
+        const i64 g = i / (KG * CRS);
+        w_gck[i] = w[(g * KG + k) * CRS + j];
     }
 }

@@ -171,9 +171,11 @@ def test_planned_call_follows_the_config(monkeypatch):
     x = cupy.random.standard_normal((2, 32, 20, 20), dtype=numpy.float32)
     w = cupy.random.standard_normal((64, 32, 3, 3), dtype=numpy.float32)
     spec = ConvSpec.from_args(x.shape, w.shape, padding=1)
+    from cuconv import _plan
+
     ran = []
-    real_entry = registry.entry
-    monkeypatch.setattr(registry, "entry", lambda name, pass_: (ran.append(name), real_entry(name, pass_))[1])
+    real_run = _plan.Plan.run
+    monkeypatch.setattr(_plan.Plan, "run", lambda self, *args: (ran.append(self.algo), real_run(self, *args))[1])
     for precision in ("ieee", "tf32", "ieee"):
         with cuconv.config(precision=precision):
             cuconv.conv2d(x, w, padding=1)
@@ -312,10 +314,10 @@ def test_launch_failure_names_the_kernel_and_leaves_cuda_usable():
     from cuconv import _loader, bias
 
     out = cupy.zeros((1, 2, 3, 3), dtype=numpy.float32)
-    fn = _loader.get_function(bias.STEM, bias.NAME_EXPRESSIONS, "bias_fill<float>")
+    launch = _loader.prepare(bias.STEM, bias.NAME_EXPRESSIONS, "bias_fill<float>", (1, 1, 1),
+                             (4096, 1, 1), 2, (numpy.int64(2), numpy.int64(9)))  # > 1024 threads: invalid
     with pytest.raises(_loader.KernelLaunchError, match=r"bias_fill<float>"):
-        _loader.launch(fn, "bias_fill<float>", (1, 1, 1), (4096, 1, 1),  # > 1024 threads: invalid
-                       (out, cupy.zeros(2, numpy.float32), numpy.int64(2), numpy.int64(9)))
+        launch(cupy.cuda.get_current_stream().ptr, out.data.ptr, cupy.zeros(2, numpy.float32).data.ptr)
     x = cupy.random.standard_normal((1, 3, 8, 8))
     w = cupy.random.standard_normal((2, 3, 3, 3))
     y = cuconv.conv2d(x, w)

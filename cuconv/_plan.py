@@ -1,0 +1,226 @@
+"""The plan/run interface of every algorithm family.
+
+A family's ``prepare(pass_, spec, dtype, precision, env)`` returns a :class:`Plan`, made once per signature:
+the workspace one call needs and its steps, kernel launches and cuBLAS GEMMs with every argument but the
+pointers built. ``Plan.run(ptrs, stream, workspace)`` only launches, on ``stream`` (a raw ``cudaStream_t``),
+so the CuPy entry points and the torch bridge share the same plans and spend no host time deciding again.
+
+The operands of a pass are raw device pointers to C-contiguous arrays, in this order (``OPERANDS``)::
+
+    fprop  (x, w, bias or 0, out)       NCHW, KCRS, (K,), NKPQ
+    dgrad  (dy, w, dx)
+    wgrad  (x, dy, dw)
+
+and the workspace (``Plan.workspace`` bytes, 256-byte aligned, uninitialised) follows them: a step refers to
+an operand as ``(index, byte offset)``, the workspace's index being ``len(OPERANDS[pass_])``; ``NULL`` is a
+null pointer.
+
+``Env`` is the environment a plan depends on besides the problem: the device and its limits, the workspace
+limit, and whether every operand starts on a 256-byte boundary (plans for aligned operands use 16-byte
+vectors and cuBLASLt's kernels for aligned matrices; the others assume element alignment only).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+import numpy
+
+from . import _backend
+
+__all__ = ["OPERANDS", "NULL", "Env", "env", "current_env", "is_aligned", "Plan", "Launch", "Gemm", "Layout", "Builder",
+           "run_arrays", "run_on_arrays", "ALIGNMENT"]
+
+OPERANDS = {"fprop": ("x", "w", "bias", "out"), "dgrad": ("dy", "w", "dx"), "wgrad": ("x", "dy", "dw")}
+NULL = (-1, 0)  # a reference to the null pointer that ends every run's operands
+ALIGNMENT = 256  # bytes: what CuPy's and torch's allocators give, and cuBLASLt's largest alignment class
+
+
+class Env(NamedTuple):
+    """What a plan depends on besides the problem (see the module's docstring)."""
+
+    device: int
+    workspace_limit: int
+    smem_limit: int       # dynamic shared memory a block may opt into
+    wgmma: bool           # compute capability 9.0: the sm_90a kernels run
+    sm_count: int
+    smem_per_sm: int
+    aligned: bool = True  # every operand pointer is a multiple of ALIGNMENT
+
+
+_traits = {}  # device -> (smem_limit, wgmma, sm_count, smem_per_sm)
+_envs = {}    # (device, workspace_limit, aligned) -> Env
+_lock = threading.Lock()
+
+
+def _device_traits(device: int) -> tuple:
+    traits = _traits.get(device)
+    if traits is None:
+        cuda = _backend.cupy_or_none().cuda
+        props = cuda.runtime.getDeviceProperties(device)
+        traits = (cuda.runtime.deviceGetAttribute(cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+                  cuda.Device(device).compute_capability == "90", props["multiProcessorCount"],
+                  props["sharedMemPerMultiprocessor"])
+        with _lock:
+            _traits[device] = traits
+    return traits
+
+
+def env(device: int, workspace_limit: int, aligned: bool = True) -> Env:
+    """The environment of a call on ``device`` (memoized: a call costs one lookup)."""
+    key = (device, workspace_limit, aligned)
+    e = _envs.get(key)
+    if e is None:
+        e = Env(device, workspace_limit, *_device_traits(device), aligned)
+        with _lock:
+            if len(_envs) > 1024:
+                _envs.clear()
+            _envs[key] = e
+    return e
+
+
+def is_aligned(*ptrs: int) -> bool:
+    """Whether every pointer is a multiple of ``ALIGNMENT`` (0, an absent operand, is)."""
+    bits = 0
+    for p in ptrs:
+        bits |= p
+    return not bits & (ALIGNMENT - 1)
+
+
+class Layout:
+    """Hands out byte offsets of a workspace, each aligned to ``ALIGNMENT``; ``size`` is the total."""
+
+    __slots__ = ("size",)
+
+    def __init__(self):
+        self.size = 0
+
+    def take(self, nbytes: int) -> int:
+        offset = -(-self.size // ALIGNMENT) * ALIGNMENT
+        self.size = offset + nbytes
+        return offset
+
+
+class Launch:
+    """A step: a prepared kernel launch (``_loader.PreparedLaunch``) whose pointer arguments are operands
+    plus byte offsets, ``(index, offset)`` each."""
+
+    __slots__ = ("kernel", "refs")
+
+    def __init__(self, kernel, *refs):
+        self.kernel, self.refs = kernel, tuple(refs)
+
+    def __call__(self, bases, stream: int) -> None:
+        self.kernel(stream, *[bases[i] + offset for i, offset in self.refs])
+
+
+class Gemm:
+    """A step: a prepared cuBLAS GEMM (``_cublas.PreparedGemm``) on operands ``a``, ``b``, ``c`` and its
+    own part of the workspace ``ws``, each ``(index, offset)``."""
+
+    __slots__ = ("gemm", "a", "b", "c", "ws")
+
+    def __init__(self, gemm, a, b, c, ws):
+        self.gemm, self.a, self.b, self.c, self.ws = gemm, a, b, c, ws
+
+    def __call__(self, bases, stream: int) -> None:
+        (ai, ao), (bi, bo), (ci, co), (wi, wo) = self.a, self.b, self.c, self.ws
+        self.gemm(bases[ai] + ao, bases[bi] + bo, bases[ci] + co, stream, bases[wi] + wo)
+
+
+class Plan:
+    """One pass of one convolution, prepared: ``run`` enqueues ``steps`` in order on a stream."""
+
+    __slots__ = ("algo", "pass_", "workspace", "steps")
+
+    def __init__(self, algo: str, pass_: str, workspace: int, steps):
+        self.algo, self.pass_, self.workspace, self.steps = algo, pass_, workspace, tuple(steps)
+
+    def run(self, ptrs: tuple, stream: int, workspace: int = 0) -> None:
+        """Launch the steps on ``stream``: ``ptrs`` are the pass's operands (``OPERANDS``), ``workspace`` a
+        device buffer of at least ``self.workspace`` bytes (0 where none is needed)."""
+        bases = (*ptrs, workspace, 0)
+        for step in self.steps:
+            step(bases, stream)
+
+    def __repr__(self) -> str:
+        return f"Plan({self.algo!r}, {self.pass_!r}, workspace={self.workspace}, steps={len(self.steps)})"
+
+
+class Builder:
+    """Builds a family's plan: operand references by name, workspace regions, steps in order. Every GEMM
+    step shares one region of the workspace, as large as the largest GEMM needs (they run one after another
+    on one stream), assigned when ``plan`` is called."""
+
+    def __init__(self, pass_: str, env: Env):
+        self.pass_, self.env = pass_, env
+        self.index = {name: i for i, name in enumerate(OPERANDS[pass_])}
+        self.workspace_index = len(OPERANDS[pass_])
+        self.layout = Layout()
+        self.steps = []
+        self._gemms = []
+
+    def ref(self, name: str, offset: int = 0) -> tuple:
+        """An operand of the pass (``OPERANDS``) plus a byte offset."""
+        return (self.index[name], offset)
+
+    def take(self, nbytes: int) -> tuple:
+        """A new region of ``nbytes`` of the workspace."""
+        return (self.workspace_index, self.layout.take(nbytes))
+
+    def base_aligned(self, ref: tuple) -> bool:
+        """Whether ``ref``'s base pointer is 256-byte aligned: the workspace always is, operands where the
+        environment says so."""
+        return ref[0] == self.workspace_index or self.env.aligned
+
+    def launch(self, kernel, *refs, append: bool = True):
+        """A launch step (None, and nothing appended, where ``kernel`` is None: nothing to do)."""
+        if kernel is None:
+            return None
+        step = Launch(kernel, *refs)
+        if append:
+            self.steps.append(step)
+        return step
+
+    def gemm(self, prepared, a: tuple, b: tuple, c: tuple, append: bool = True):
+        step = Gemm(prepared, a, b, c, None)
+        self._gemms.append(step)
+        if append:
+            self.steps.append(step)
+        return step
+
+    def plan(self, algo: str) -> "Plan":
+        need = max((g.gemm.workspace for g in self._gemms), default=0)
+        ws = self.take(need) if need else (self.workspace_index, 0)
+        for g in self._gemms:
+            g.ws = ws
+        return Plan(algo, self.pass_, self.layout.size, self.steps)
+
+
+def run_arrays(plan: Plan, *arrays) -> None:
+    """Run ``plan`` on C-contiguous CuPy arrays (None for an absent bias) on CuPy's current stream and
+    device, with a workspace from CuPy's memory pool."""
+    cupy = _backend.cupy_or_none()
+    ws = cupy.empty(plan.workspace, dtype=numpy.uint8) if plan.workspace else None
+    plan.run(tuple(0 if a is None else a.data.ptr for a in arrays), cupy.cuda.get_current_stream().ptr,
+             0 if ws is None else ws.data.ptr)
+
+
+def run_on_arrays(prepare, pass_: str, spec, precision: str, *arrays, **options) -> None:
+    """A family's pass on C-contiguous CuPy arrays (the pass's operands in order, None for an absent bias): its
+    ``prepare`` for the current device and the arrays' alignment, then ``run_arrays``. Plans are made anew on
+    every call: the entry points keep theirs (``registry.prepare``)."""
+    if pass_ == "fprop":
+        options["bias"] = arrays[2] is not None
+    plan = prepare(pass_, spec, arrays[0].dtype, precision, current_env(*arrays), **options)
+    run_arrays(plan, *arrays)
+
+
+def current_env(*arrays, workspace_limit: int = None) -> Env:
+    """The environment of a call on CuPy ``arrays`` (None entries ignored) on the current device."""
+    from ._config import config
+
+    device = _backend.cupy_or_none().cuda.runtime.getDevice()
+    aligned = is_aligned(*(a.data.ptr for a in arrays if a is not None))
+    return env(device, config.workspace_limit if workspace_limit is None else workspace_limit, aligned)

@@ -1,0 +1,42 @@
+// Elementwise helpers of the plans: fills, casts and sums of partial results, so that a plan needs no array
+// library between its launches (its workspace is raw memory, and a CUDA graph captures these like any other
+// launch).
+//
+// Kernel   fill<T>(dst, n, value)      dst[i] = value (a double, converted once)
+// Kernel   cast<S, D>(src, dst, n)     dst[i] = src[i] converted, rounded once (fp32 sums to half types)
+// Kernel   sum_partials<A, T>(partials, acc, dst, n, parts)
+//                                      dst[i] = (acc ? acc[i] : 0) + Σ_j partials[j·n + i], summed in A in the
+//                                      order j = 0, 1, ... (deterministic) and rounded to T once; acc may be
+//                                      dst itself (a running sum over turns)
+//   T, S, D  storage types; A the arithmetic type of the sums (float or double).
+// Mapping: a grid-stride loop, one element per thread per step (coalesced over i).
+#include "common.cuh"
+
+using cuconv::i64;
+
+template <typename T>
+__global__ void fill(T* __restrict__ dst, i64 n, double value) {
+    const T v = cuconv::from_acc<T>(static_cast<typename cuconv::Acc<T>::type>(value));
+    for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<i64>(gridDim.x) * blockDim.x) {
+        dst[i] = v;
+    }
+}
+
+template <typename S, typename D>
+__global__ void cast(const S* __restrict__ src, D* __restrict__ dst, i64 n) {
+    for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<i64>(gridDim.x) * blockDim.x) {
+        dst[i] = cuconv::from_acc<D>(static_cast<typename cuconv::Acc<D>::type>(cuconv::to_acc<S>(src[i])));
+    }
+}
+
+template <typename A, typename T>
+__global__ void sum_partials(const A* __restrict__ partials, const A* acc, T* dst, i64 n, i64 parts) {
+    for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<i64>(gridDim.x) * blockDim.x) {
+        A sum = acc ? acc[i] : A(0);
+        for (i64 j = 0; j < parts; ++j) sum += partials[j * n + i];
+        dst[i] = cuconv::from_acc<T>(static_cast<typename cuconv::Acc<T>::type>(sum));
+    }
+}
