@@ -498,3 +498,37 @@ def test_autocast_runs_in_its_lower_precision_like_torch():
         expected, got = ref(x), ours(x)
     assert got.dtype == expected.dtype == torch.bfloat16
     assert rel_err(got.detach().double().numpy(), expected.detach().double().numpy()) <= 2e-2
+
+
+@pytest.mark.parametrize("mode", ["zeros", "reflect", "replicate", "circular"])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["x_f32", "x_bf16", "x_f16"])
+def test_autocast_casts_mixed_dtypes_before_any_check(mode, x_dtype):
+    """Under autocast a bfloat16 activation meets float32 parameters (every layer after the first): cast as torch
+    casts its convolution, then computed; gradients come back in each tensor's own dtype."""
+    torch.manual_seed(32)
+    ref = torch.nn.Conv2d(3, 4, 3, padding=1, padding_mode=mode)
+    ours = cuconv.nn.Conv2d(3, 4, 3, padding=1, padding_mode=mode)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 3, 9, 8).to(x_dtype)
+    xr, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected, got = ref(xr), ours(xo)
+    assert got.dtype == expected.dtype == torch.bfloat16
+    assert rel_err(got.detach().double().numpy(), expected.detach().double().numpy()) <= 2e-2
+    dy = torch.randn(expected.shape, generator=torch.Generator().manual_seed(33)).to(torch.bfloat16)
+    expected.backward(dy)
+    got.backward(dy)
+    assert xo.grad.dtype == x_dtype and ours.weight.grad.dtype == ours.bias.grad.dtype == torch.float32
+    for a, b in ((xo.grad, xr.grad), (ours.weight.grad, ref.weight.grad), (ours.bias.grad, ref.bias.grad)):
+        assert rel_err(a.double().numpy(), b.double().numpy()) <= 2e-2
+
+
+def test_autocast_leaves_float64_alone():
+    gen = torch.Generator().manual_seed(34)
+    x, w = torch.randn(1, 2, 6, 6, generator=gen, dtype=torch.float64), torch.randn(3, 2, 3, 3, generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert F.conv2d(x, w.double()).dtype == torch.float64
+        # float64 input, float32 weight: the weight is cast, the input is not; the types then differ, as in torch
+        with pytest.raises(TypeError, match=r"Input type \(torch\.float64\) and weight type \(torch\.bfloat16\)"):
+            F.conv2d(x, w)
+    _assert_all_close([F.conv2d(x, w.double())], [torch.nn.functional.conv2d(x, w.double())])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy
 import pytest
 
@@ -66,28 +68,46 @@ def test_gradcheck_float64_on_gpu():
         lambda x, w, b: F.conv2d(x, w, b, stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2), (x, w, b))
 
 
-def test_tensors_cross_zero_copy():
+def test_tensors_cross_zero_copy(monkeypatch):
+    """The plans get the tensors' own data pointers (no copy) and torch's current stream."""
+    from cuconv import _plan
+
+    seen = []
+    real_run = _plan.Plan.run
+    monkeypatch.setattr(_plan.Plan, "run", lambda self, ptrs, stream, ws=0: (seen.append((ptrs, stream)),
+                                                                           real_run(self, ptrs, stream, ws))[1])
+    for dtype in (torch.float32, torch.bfloat16):
+        t = torch.randn(2, 3, 8, 8, device="cuda", dtype=dtype)
+        w = torch.randn(4, 3, 3, 3, device="cuda", dtype=dtype)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = F.conv2d(t, w)
+        ptrs, stream = seen[-1]
+        assert ptrs[:2] == (t.data_ptr(), w.data_ptr()) and ptrs[3] == y.data_ptr()
+        assert stream == side.cuda_stream
+        torch.cuda.current_stream().wait_stream(side)
+
+
+@pytest.mark.parametrize("tf32", [False, True], ids=["ieee", "tf32"])
+def test_memory_growth_is_output_plus_workspace(tf32):
+    """A large call holds at most its output plus the documented workspace bound, in torch's pool (workspaces
+    up to _bridge.KEEP_WORKSPACE_BYTES stay allocated for the stream's next calls)."""
     from cuconv.nn import _bridge
 
-    t = torch.randn(2, 3, 8, 8, device="cuda")
-    assert _bridge.as_array(t).data.ptr == t.data_ptr()
-    h = torch.randn(2, 3, 8, 8, device="cuda", dtype=torch.bfloat16)
-    assert _bridge.as_array(h).data.ptr == h.data_ptr()
-
-
-def test_memory_growth_is_output_plus_workspace():
-    """A large call holds at most its output plus the documented workspace bound, in torch's pool."""
+    torch.backends.cudnn.allow_tf32 = tf32
     x = torch.randn(16, 32, 256, 256, device="cuda")
     w = torch.randn(64, 32, 5, 9, device="cuda")
     F.conv2d(x, w)  # warm: kernels compiled, handles created
     torch.cuda.synchronize()
+    _bridge._workspaces.clear()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     y = F.conv2d(x, w)
     torch.cuda.synchronize()
     growth = torch.cuda.max_memory_allocated() - base
     assert growth <= y.numel() * y.element_size() + cuconv.config.workspace_limit + (2 << 20)
-    assert growth > y.numel() * y.element_size(), "the column buffer did not come from torch's allocator"
+    assert growth > y.numel() * y.element_size(), "the workspace did not come from torch's allocator"
 
 
 def test_no_host_synchronisation():
@@ -220,3 +240,208 @@ def test_tensors_on_the_second_gpu_run_there():
     y = F.conv2d(x, w)
     assert y.device == x.device
     assert torch.allclose(y, torch.nn.functional.conv2d(x, w), rtol=1e-5, atol=1e-5)
+
+
+# ----- the planned path: a layer seen before ------------------------------------------------------------------
+def _valid_call():
+    gen = torch.Generator(device="cuda").manual_seed(40)
+    x = torch.randn(2, 4, 10, 9, device="cuda", generator=gen)
+    w = torch.randn(6, 4, 3, 3, device="cuda", generator=gen)
+    b = torch.randn(6, device="cuda", generator=gen)
+    return x, w, b
+
+
+PLANNED_MISUSES = [
+    pytest.param(lambda x, w, b: F.conv2d(x, w.half(), b, padding=1), TypeError,
+                 r"Input type \(torch\.float32\) and weight type \(torch\.float16\) should be the same", id="w_dtype"),
+    pytest.param(lambda x, w, b: F.conv2d(x, w, b.double(), padding=1), TypeError,
+                 r"Input type \(torch\.float32\) and bias type \(torch\.float64\) should be the same", id="b_dtype"),
+    pytest.param(lambda x, w, b: F.conv2d(x, w.cpu(), b, padding=1), ValueError,
+                 r"Expected all tensors to be on the same device", id="w_device"),
+    pytest.param(lambda x, w, b: F.conv2d(x, w, b[:5], padding=1), ValueError,
+                 r"expected bias to be 1-dimensional with 6 elements, but got bias of size \[5\]", id="b_shape"),
+    pytest.param(lambda x, w, b: F.conv2d(x[:, :3], w, b, padding=1), ValueError,
+                 r"expected input\[2, 3, 10, 9\] to have 4 channels", id="x_channels"),
+    pytest.param(lambda x, w, b: F.conv2d(x[None], w, b, padding=1), ValueError,
+                 r"Expected 3D \(unbatched\) or 4D \(batched\) input", id="x_rank"),
+    pytest.param(lambda x, w, b: F.conv2d(x, w, b, padding=1, stride=0), ValueError,
+                 r"non-positive stride is not supported", id="stride_0"),
+    pytest.param(lambda x, w, b: F.conv2d(x, w, b, padding=-1), ValueError, r"negative padding is not supported",
+                 id="padding_negative"),
+    pytest.param(lambda x, w, b: F.conv2d(x, w, b, padding="full"), ValueError, r"Invalid padding string",
+                 id="padding_string"),
+    pytest.param(lambda x, w, b: F.conv2d(x, w, b, padding=1, groups=4), ValueError,
+                 r"Given groups=4, expected weight to be divisible by 4", id="groups"),
+    pytest.param(lambda x, w, b: F.conv2d(x, w, b, padding=[1, 1, 1]), ValueError,
+                 r"expected padding to be a single integer value or a list of 2 values", id="padding_list3"),
+    pytest.param(lambda x, w, b: F.conv2d(x, w, b, padding=1, algo="fft"), ValueError, r"unknown algo 'fft'",
+                 id="algo"),
+    pytest.param(lambda x, w, b: F.conv2d(x[..., :2, :2], w, b), ValueError,
+                 r"Kernel size can't be greater than actual input size", id="too_small"),
+]
+
+
+@pytest.mark.parametrize("misuse,exc,message", PLANNED_MISUSES)
+def test_planned_call_still_refuses_misuse(misuse, exc, message, monkeypatch):
+    """A layer called before runs from its kept plans; any change a check reads must reach the checks again,
+    and they refuse in torch's wording before any kernel runs."""
+    from cuconv import _plan
+
+    x, w, b = _valid_call()
+    F.conv2d(x, w, b, padding=1)
+    F.conv2d(x, w, b, padding=1)  # planned now
+    runs = []
+    real_run = _plan.Plan.run
+    monkeypatch.setattr(_plan.Plan, "run", lambda self, *a: (runs.append(self), real_run(self, *a))[1])
+    with pytest.raises(exc, match=message):
+        misuse(x, w, b)
+    assert runs == []
+
+
+def test_planned_call_repeats_no_checks(monkeypatch):
+    """A layer seen before: no geometry validation and no new plan (the host time of the torch path)."""
+    from cuconv import registry, spec as spec_module
+
+    x, w, b = _valid_call()
+    conv = cuconv.nn.Conv2d(4, 6, 3, padding=1).cuda()
+    y0 = conv(x)
+    calls = []
+    monkeypatch.setattr(spec_module.ConvSpec, "_validated",
+                        classmethod(lambda cls, *a: calls.append("validate") or pytest.fail("validated again")))
+    real_prepare = registry.prepare
+    monkeypatch.setattr(registry, "prepare", lambda *a, **k: calls.append("prepare") or real_prepare(*a, **k))
+    y1 = conv(x)
+    assert calls == [] and torch.equal(y0, y1)
+
+
+def test_noncontiguous_channels_last_and_unaligned_inputs():
+    """Strided views and channels_last tensors are made contiguous; a view that starts off a 256-byte boundary
+    runs the layer's plan for unaligned pointers: every result equals torch's in float64."""
+    gen = torch.Generator(device="cuda").manual_seed(41)
+    base = torch.randn(3, 8, 21, 19, device="cuda", generator=gen)
+    w = torch.randn(8, 8, 3, 3, device="cuda", generator=gen)
+    b = torch.randn(8, device="cuda", generator=gen)
+    inputs = {"transposed": base.transpose(2, 3), "channels_last": base.contiguous(memory_format=torch.channels_last),
+              "strided": base[:, :, ::2], "offset": base.flatten()[5:5 + 2 * 8 * 21 * 19].view(2, 8, 21, 19)}
+    for name, x in inputs.items():
+        for dtype in (torch.float32, torch.float16):
+            xd, wd, bd = x.to(dtype), w.to(dtype), b.to(dtype)
+            if name == "offset":
+                xd = xd.flatten()
+                xd = torch.cat([xd.new_zeros(3), xd])[3:].view(x.shape)  # a data pointer 6 or 12 bytes past a block
+            ref = torch.nn.functional.conv2d(xd.double(), wd.double(), bd.double(), padding=1)
+            xg = xd.detach().requires_grad_()  # (detach keeps strides and storage offset)
+            y = F.conv2d(xg, wd, bd, padding=1)
+            (gx,) = torch.autograd.grad(y, xg, torch.ones_like(y))
+            assert y.is_contiguous() and gx.shape == xg.shape
+            tol = 5e-3 if dtype == torch.float16 else tolerance(numpy.float32)
+            assert rel_err(y.detach().double().cpu().numpy(), ref.cpu().numpy()) <= tol, (name, dtype)
+
+
+def test_inference_paths_record_no_graph():
+    x, w, b = _valid_call()
+    conv = cuconv.nn.Conv2d(4, 6, 3, padding=1).cuda()
+    with torch.no_grad():
+        y = conv(x)
+    assert y.grad_fn is None and not y.requires_grad
+    with torch.inference_mode():
+        z = conv(x)
+    assert z.is_inference() and torch.equal(y, z)
+
+
+# ----- autocast ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["zeros", "reflect", "replicate", "circular"])
+@pytest.mark.parametrize("low", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_autocast_matches_torch_with_mixed_dtypes(low, mode):
+    """A half activation and float32 parameters under autocast (every layer of a model but the first): cast as
+    torch casts, result in the low dtype, gradients in each tensor's dtype, errors no worse than 2x torch's."""
+    torch.manual_seed(42)
+    ref = torch.nn.Conv2d(8, 16, 3, padding=1, padding_mode=mode).cuda()
+    ours = cuconv.nn.Conv2d(8, 16, 3, padding=1, padding_mode=mode).cuda()
+    ours.load_state_dict(ref.state_dict())
+    # the float64 oracle computes on what autocast gives both sides: parameters rounded to the low dtype
+    exact = copy.deepcopy(ref).double()
+    with torch.no_grad():
+        exact.weight.copy_(ref.weight.to(low).double())
+        exact.bias.copy_(ref.bias.to(low).double())
+    x = torch.randn(4, 8, 17, 15, device="cuda").to(low)
+    dy = torch.randn(4, 16, 17, 15, device="cuda").to(low)
+    results = {}
+    for name, module in (("torch", ref), ("cuconv", ours)):
+        xi = x.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=low):
+            y = module(xi)
+        assert y.dtype == low
+        y.backward(dy)
+        assert xi.grad.dtype == low and module.weight.grad.dtype == torch.float32 == module.bias.grad.dtype
+        results[name] = [y, xi.grad, module.weight.grad, module.bias.grad]
+    xe = x.double().requires_grad_()
+    ye = exact(xe)
+    ye.backward(dy.double())
+    oracle = [ye, xe.grad, exact.weight.grad, exact.bias.grad]
+    for i, name in enumerate(("out", "dx", "dw", "db")):
+        r = oracle[i].detach().cpu().numpy()
+        ours_err = rel_err(results["cuconv"][i].detach().double().cpu().numpy(), r)
+        torch_err = rel_err(results["torch"][i].detach().double().cpu().numpy(), r)
+        assert ours_err <= max(TORCH_ERROR_FACTOR * torch_err, 1e-3), (name, ours_err, torch_err)
+
+
+def _bn_cnn():
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 32, 3, padding=1, groups=4), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 32, 3, padding=1, groups=32), torch.nn.Conv2d(32, 64, 1), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10))
+
+
+@pytest.mark.parametrize("low", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_autocast_training_with_grad_scaler_follows_torch(low):
+    """Ten training steps under autocast with torch.amp.GradScaler: the converted model's losses stay within
+    the spread between torch's own runs in the low precision and in float32."""
+    gen = torch.Generator().manual_seed(43)
+    labels = torch.randint(0, 10, (32,), generator=gen)
+    patterns = torch.randn(10, 3, 16, 16, generator=gen)
+    data = (patterns[labels] + 0.5 * torch.randn(32, 3, 16, 16, generator=gen)).cuda()
+    labels = labels.cuda()
+    losses = {}
+    for kind, dtype in (("torch32", None), ("torch", low), ("cuconv", low)):
+        torch.manual_seed(44)
+        model = _bn_cnn().cuda()
+        if kind == "cuconv":
+            cuconv.nn.convert(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        scaler = torch.amp.GradScaler("cuda", enabled=dtype is not None)
+        trace = []
+        for _ in range(10):
+            opt.zero_grad()
+            with torch.autocast("cuda", dtype=dtype or torch.float16, enabled=dtype is not None):
+                loss = torch.nn.functional.cross_entropy(model(data), labels)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            trace.append(loss.item())
+        losses[kind] = numpy.array(trace)
+    spread = numpy.abs(losses["torch"] - losses["torch32"]).max()
+    assert losses["cuconv"][-1] < losses["cuconv"][0], "the converted model did not train"
+    assert numpy.abs(losses["cuconv"] - losses["torch"]).max() <= 2 * spread + 1e-3, losses
+
+
+# ----- torch.compile with CUDA graphs -------------------------------------------------------------------------
+def test_compile_reduce_overhead_equals_eager_on_repeated_calls():
+    """torch.compile(mode="reduce-overhead") (CUDA graphs): every call's output equals eager's, inputs changing
+    between calls, outputs kept across calls (cloned, as torch's notes ask)."""
+    torch._dynamo.reset()
+    torch.manual_seed(45)
+    model = cuconv.nn.convert(_bn_cnn()).cuda().eval()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    outs = []
+    for seed in range(4):
+        x = torch.randn(8, 3, 16, 16, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+        with torch.no_grad():
+            got = compiled(x).clone()
+            expected = model(x)
+        outs.append(got)
+        assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), seed
+    assert not torch.equal(outs[0], outs[1])
+    torch._dynamo.reset()

@@ -1,86 +1,240 @@
-"""The torch ↔ array crossing: the only place tensors become CuPy/NumPy arrays and back.
+"""The torch ↔ cuconv crossing: a ``Layer`` per call signature, holding the plans of its passes.
 
-- ``as_array(t)``: a zero-copy CuPy (CUDA tensor) or NumPy (CPU tensor) view of a detached tensor; a
-  non-contiguous tensor is made contiguous once, here. bfloat16 crosses as int16 storage reinterpreted as
-  ``ml_dtypes.bfloat16``, which needs no DLPack bf16 support on either side.
-- ``on_torch_stream(device)``: a context in which CuPy works on torch's current stream of ``device`` and
-  allocates from torch's caching allocator, so there is one memory pool and no cross-stream hazard.
+A CUDA call passes raw data pointers and torch's current stream to the layer's plans (``cuconv._plan``), with
+its output and workspace from torch's caching allocator: no DLPack objects, no CuPy arrays or streams, no
+context managers on the way. That keeps a layer called again within torch's own host time per call, and
+makes every call capturable in a CUDA graph (outputs and workspaces come from the graph's pool).
+
+CPU tensors cross as zero-copy NumPy views (bfloat16 as int16 storage reinterpreted as
+``ml_dtypes.bfloat16``) and run cuconv's CPU path.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
+import threading
 
+import numpy
 import torch
 
-from .. import _dtypes
+from .. import _dtypes, _plan, autotune, backward as _backward, registry as _registry
+from .._config import config
+from ..bias import grad_launch
+from ..conv import _Plan as _ForwardPlan, _run as _run_forward
+from ..spec import ConvSpec
 
-__all__ = ["as_array", "on_torch_stream"]
+__all__ = ["Layer", "as_array", "raw_stream", "bias_grad", "backward_algo"]
+
+_NUMPY_DTYPES = {torch.float16: numpy.dtype(numpy.float16), torch.float32: numpy.dtype(numpy.float32),
+                 torch.float64: numpy.dtype(numpy.float64), torch.bfloat16: _dtypes.bfloat16}
+
+try:  # an int, without a torch.cuda.Stream object per call (host time)
+    _current_raw_stream = torch._C._cuda_getCurrentRawStream
+except AttributeError:  # pragma: no cover - older torch
+    def _current_raw_stream(index: int) -> int:
+        return torch.cuda.current_stream(index).cuda_stream
+
+
+def raw_stream(index: int) -> int:
+    """torch's current stream of CUDA device ``index``, as a raw ``cudaStream_t``."""
+    return _current_raw_stream(index)
 
 
 def _bf16():
     if _dtypes.bfloat16 is None:
-        raise TypeError("cuconv: bfloat16 tensors need the ml_dtypes package (pip install ml_dtypes)")
+        raise TypeError("cuconv: bfloat16 tensors on the CPU need the ml_dtypes package (pip install ml_dtypes)")
     return _dtypes.bfloat16
 
 
 def as_array(t: torch.Tensor):
-    """Zero-copy CuPy/NumPy view of ``t`` (detached; made contiguous first if it is not)."""
+    """Zero-copy NumPy view of a CPU tensor (detached; made contiguous first if it is not)."""
     t = t.detach()
     if not t.is_contiguous():
         t = t.contiguous()
-    bf16 = t.dtype == torch.bfloat16
-    if bf16:
-        t = t.view(torch.int16)
-    if t.is_cuda:
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_bf16())
+    return t.numpy()
+
+
+def _as_tensor(a: numpy.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(a.view(numpy.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def backward_algo(algo: str, pass_: str) -> str:
+    """The algorithm a backward pass runs for a forward forced to ``algo``: the same, where it has that pass,
+    else ``auto``."""
+    return algo if algo == "auto" or algo in _registry.algorithms(pass_) else "auto"
+
+
+# Workspaces kept per (device, stream): an allocation costs 5-7 µs of host time a call (H100 host), and a layer's
+# forward and backward take up to three. Work on one stream runs in order, so a stream's buffer is reused by each
+# call on it as soon as that call is enqueued. Not while a CUDA graph is being captured (the graph's memory must
+# come from its own pool: each captured call allocates its own), and not above KEEP_WORKSPACE_BYTES (a large
+# layer's allocation is a small part of its time; keeping it would hold the memory for good).
+KEEP_WORKSPACE_BYTES = 64 << 20
+_workspaces = {}
+
+try:
+    _capturing = torch._C._cuda_isCurrentStreamCapturing
+except AttributeError:  # pragma: no cover - a torch built without CUDA
+    def _capturing() -> bool:
+        return torch.cuda.is_current_stream_capturing()
+
+
+def _workspace(nbytes: int, device: torch.device, index: int, stream: int) -> torch.Tensor:
+    """``nbytes`` of device memory for a plan run on ``stream`` of device ``index`` (see above)."""
+    if nbytes > KEEP_WORKSPACE_BYTES or _capturing():
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    key = (index, stream)
+    kept = _workspaces.get(key)
+    if kept is None or kept.numel() < nbytes:
+        # (the old buffer goes back to torch's pool, in this stream's order: work enqueued on it finishes first)
+        kept = _workspaces[key] = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, device=device)
+    return kept
+
+
+_bias_launches = {}  # (N, K, P·Q, dtype, device index) -> the prepared bias_grad launch
+
+
+def bias_grad(dy: torch.Tensor) -> torch.Tensor:
+    """Σ of a contiguous grad_output ``(N, K, P, Q)`` (or ``(K, P, Q)``) over all but K: ``bias.cu``'s
+    ``bias_grad`` on CUDA tensors (fp32 sums for the half types, a fixed order), NumPy on the CPU."""
+    n, k, p, q = (1,) + tuple(dy.shape) if dy.dim() == 3 else tuple(dy.shape)
+    if not dy.is_cuda:
+        a = as_array(dy).reshape(n, k, p, q)
+        acc = numpy.float32 if a.dtype.itemsize == 2 else a.dtype
+        return _as_tensor(numpy.ascontiguousarray(a.sum(axis=(0, 2, 3), dtype=acc).astype(a.dtype)), dy.dtype)
+    index = dy.get_device()
+    key = (n, k, p * q, dy.dtype, index)
+    launch = _bias_launches.get(key)
+    if launch is None and k:
+        with torch.cuda.device(index):
+            launch = _bias_launches[key] = grad_launch(ConvSpec(n, 0, p, q, k, 1, 1), _NUMPY_DTYPES[dy.dtype])
+    db = torch.empty((k,), dtype=dy.dtype, device=dy.device)
+    if launch is not None:
+        launch(raw_stream(index), dy.data_ptr(), db.data_ptr())
+    return db
+
+
+class Layer:
+    """One call signature of ``cuconv.nn.functional.conv2d``: the validated geometry, the dtype and device, and
+    (CUDA) the plans of its passes, made as each pass is first run and kept, one for operands on 256-byte
+    boundaries and one for any others. ``x_shape`` and ``out_shape`` are the shapes as the caller sees them
+    (3-D for unbatched input: the data are the same)."""
+
+    __slots__ = ("spec", "dtype", "np_dtype", "device", "index", "precision", "algo", "bias", "x_shape", "w_shape",
+                 "out_shape", "benchmark", "_plans", "_bias_grad", "_lock", "fprop")
+
+    def __init__(self, spec: ConvSpec, dtype: torch.dtype, device: torch.device, precision: str, algo: str,
+                 bias: bool, x_shape: tuple, benchmark: bool = False):
+        self.spec, self.dtype, self.device, self.precision, self.algo, self.bias = (spec, dtype, device, precision,
+                                                                                    algo, bias)
+        self.np_dtype = _NUMPY_DTYPES[dtype]
+        self.index = device.index if device.type == "cuda" else -1
+        self.x_shape, self.w_shape = tuple(x_shape), spec.weight_shape
+        self.out_shape = spec.output_shape[1:] if len(x_shape) == 3 else spec.output_shape
+        self.benchmark = benchmark
+        self._plans = {}
+        self._bias_grad = None
+        self._lock = threading.Lock()
+        self.fprop = None
+        if self.index >= 0:  # the forward's algorithm is resolved now: a forced one that cannot serve raises here
+            name = _registry.resolve(algo, spec, self.np_dtype, precision, True, "fprop")
+            self.fprop = self._prepare("fprop", name, True)
+
+    # ---- CUDA ------------------------------------------------------------------------------------------------
+    def _prepare(self, pass_: str, name: str, aligned: bool) -> "_plan.Plan":
+        env = _plan.env(self.index, config.workspace_limit, aligned)
+        return _registry.prepare(name, pass_, self.spec, self.np_dtype, self.precision, env, self.bias and pass_ == "fprop")
+
+    def plan(self, pass_: str, ptrs: tuple) -> "_plan.Plan":
+        """The plan of ``pass_`` for these operand pointers (aligned or not), made the first time."""
+        aligned = _plan.is_aligned(*ptrs)
+        if pass_ == "fprop" and aligned and not self.benchmark:
+            return self.fprop
+        key = (pass_, aligned)
+        plan = self._plans.get(key)
+        if plan is None:
+            with self._lock:
+                plan = self._plans.get(key)
+                if plan is None:
+                    algo = self.algo if pass_ == "fprop" else backward_algo(self.algo, pass_)
+                    name = _registry.resolve(algo, self.spec, self.np_dtype, self.precision, True, pass_)
+                    if algo == "auto" and self.benchmark:
+                        name = self._tuned(pass_, name, ptrs, aligned)
+                    plan = self._plans[key] = self._prepare(pass_, name, aligned)
+        return plan
+
+    def _tuned(self, pass_: str, heuristic: str, ptrs: tuple, aligned: bool) -> str:
+        """``cuconv.config.benchmark``: the autotuner's pick, timing the candidates on these operands on torch's
+        stream (a signature timed before, or a capture, costs no timing)."""
         import cupy
 
-        a = cupy.from_dlpack(t)
-    else:
-        a = t.numpy()
-    return a.view(_bf16()) if bf16 else a
+        def run(name):
+            self._run(self._prepare(pass_, name, aligned), ptrs)
 
+        with cupy.cuda.ExternalStream(raw_stream(self.index), self.index):
+            return autotune.pick("auto", heuristic, self.spec, self.np_dtype, self.precision, pass_, run)
 
-def _torch_malloc(size: int, device_id: int) -> int:
-    return torch.cuda.caching_allocator_alloc(size, device_id, torch.cuda.current_stream(device_id))
+    def _run(self, plan: "_plan.Plan", ptrs: tuple) -> None:
+        stream = raw_stream(self.index)
+        if plan.workspace:
+            workspace = _workspace(plan.workspace, self.device, self.index, stream)
+            plan.run(ptrs, stream, workspace.data_ptr())
+        else:
+            plan.run(ptrs, stream, 0)
 
+    # ---- the passes (contiguous tensors of the layer's dtype and device) ------------------------------------
+    def forward(self, x: torch.Tensor, w: torch.Tensor, b) -> torch.Tensor:
+        out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        if self.index < 0:
+            return self._forward_cpu(x, w, b, out)
+        ptrs = (x.data_ptr(), w.data_ptr(), 0 if b is None else b.data_ptr(), out.data_ptr())
+        self._run(self.plan("fprop", ptrs), ptrs)
+        return out
 
-def _torch_free(ptr: int, device_id: int) -> None:
-    torch.cuda.caching_allocator_delete(ptr)
+    def dgrad(self, dy: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if self.index < 0:
+            return self._backward_cpu("dgrad", w, dy)
+        dx = torch.empty(self.x_shape, dtype=self.dtype, device=self.device)
+        ptrs = (dy.data_ptr(), w.data_ptr(), dx.data_ptr())
+        self._run(self.plan("dgrad", ptrs), ptrs)
+        return dx
 
+    def wgrad(self, x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+        if self.index < 0:
+            return self._backward_cpu("wgrad", x, dy)
+        dw = torch.empty(self.w_shape, dtype=self.dtype, device=self.device)
+        ptrs = (x.data_ptr(), dy.data_ptr(), dw.data_ptr())
+        self._run(self.plan("wgrad", ptrs), ptrs)
+        return dw
 
-@functools.lru_cache(maxsize=None)
-def _allocator():
-    import cupy
+    def bias_grad(self, dy: torch.Tensor) -> torch.Tensor:
+        """Σ of grad_output over (N, P, Q) (``bias_grad``), with the launch kept by the layer."""
+        if self.index < 0:
+            return bias_grad(dy)
+        launch = self._bias_grad
+        if launch is None:
+            launch = self._bias_grad = grad_launch(self.spec, self.np_dtype)
+        db = torch.empty((self.spec.k,), dtype=self.dtype, device=self.device)
+        if launch is not None:
+            launch(raw_stream(self.index), dy.data_ptr(), db.data_ptr())
+        return db
 
-    return cupy.cuda.memory.PythonFunctionAllocator(_torch_malloc, _torch_free)
+    # ---- CPU -----------------------------------------------------------------------------------------------
+    def _forward_cpu(self, x, w, b, out):
+        plan = _ForwardPlan(self.spec, "im2col_gemm", self.precision, self.spec.output_shape, False)
+        _run_forward(numpy, plan, as_array(x).reshape(self.spec.input_shape), as_array(w),
+                     None if b is None else as_array(b), as_array(out).reshape(self.spec.output_shape))
+        return out
 
-
-_streams = {}
-
-
-def _cupy_stream(stream: torch.cuda.Stream, device_id: int):
-    """CuPy's view of a torch stream, cached by handle (creating one per call costs host time)."""
-    import cupy
-
-    key = (stream.cuda_stream, device_id)
-    wrapped = _streams.get(key)
-    if wrapped is None:
-        wrapped = _streams[key] = cupy.cuda.ExternalStream(stream.cuda_stream, device_id)
-    return wrapped
-
-
-@contextlib.contextmanager
-def on_torch_stream(device: torch.device):
-    """CuPy on torch's current stream and allocator for ``device`` (no-op for CPU tensors)."""
-    if device.type != "cuda":
-        yield
-        return
-    import cupy
-
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    with torch.cuda.device(index), cupy.cuda.Device(index):
-        with _cupy_stream(torch.cuda.current_stream(index), index), \
-                cupy.cuda.using_allocator(_allocator().malloc):
-            yield
+    def _backward_cpu(self, pass_: str, first, second):
+        if pass_ == "dgrad":  # first: w, second: dy
+            result = _backward.dgrad_spec(as_array(first), as_array(second).reshape(self.spec.output_shape),
+                                          self.spec, "auto", self.precision).reshape(self.x_shape)
+        else:  # first: x, second: dy
+            result = _backward.wgrad_spec(as_array(first).reshape(self.spec.input_shape),
+                                          as_array(second).reshape(self.spec.output_shape), self.spec, "auto",
+                                          self.precision)
+        return _as_tensor(result, self.dtype)
