@@ -1,4 +1,5 @@
-"""``python -m cuconv bench``: cuconv against cuDNN (through torch) on the problems of PROBLEMS.md.
+"""``python -m cuconv bench``: cuconv against cuDNN (through torch) on the problems of PROBLEMS.md; with
+``--models``, on whole torchvision models and their layers (``bench_models``).
 
 Method (see README "Benchmark"): one process, same inputs for both sides, CUDA events around each call,
 warm-up first, median of many runs; torch with ``cudnn.benchmark = True`` and its TF32 switch set to the
@@ -21,7 +22,7 @@ import time
 
 import numpy
 
-from . import _dtypes, autotune, registry
+from . import _dtypes, autotune, bench_models, registry
 from .problems import PROBLEMS, SUITES
 
 __all__ = ["main"]
@@ -46,6 +47,7 @@ def _parse(argv):
                     help="memory format of torch's tensors (nhwc: torch.channels_last, cuDNN's fastest for "
                          "half types); cuconv always takes NCHW")
     ap.add_argument("--json", metavar="PATH", help="also write all figures to this JSON file")
+    bench_models.add_arguments(ap)
     args = ap.parse_args(argv)
     names = [n for item in args.problem for n in item.split(",") if n] or list(SUITES[args.suite])
     unknown = [n for n in names if n not in _BY_NAME]
@@ -401,6 +403,8 @@ def main(argv=None) -> int:
     from . import _backend
 
     args, names, algos = _parse(argv)
+    if args.models:
+        return bench_models.main(args)
     if not _backend.gpu_available():
         _bench_cpu(args)
         return 0

@@ -1,0 +1,603 @@
+"""``python -m cuconv bench --models ...``: whole torchvision models, converted, against cuDNN.
+
+The measure users feel (``MODELS.md``). For each model (built with ``weights=None``: nothing is downloaded) and
+each mode (``tf32``: float32 with TF32 on both sides; ``bf16`` / ``fp16``: ``torch.autocast``), both sides in
+one process, same weights and inputs, torch with ``cudnn.benchmark = True``, the same memory format:
+
+- per layer: every distinct ``Conv2d`` (its input shape at ``--batch`` and its geometry) with the number of
+  times it occurs, forward and forward+backward, timed three ways: *eager* (CUDA events around one call,
+  median), *GPU alone* (a run of calls captured in a CUDA graph and replayed, per call) and *host* (wall time
+  of calls back to back without synchronising, per call); the algorithms ``auto`` chose; sums weighted by
+  occurrence;
+- end to end: eager inference (``eval``, ``no_grad``, ``--infer-batch``) and an eager training step (forward,
+  a cross-entropy loss, backward; ``--batch``), the converted model against the same model on cuDNN, and with
+  ``--compile`` the same under ``torch.compile`` (default and ``mode="reduce-overhead"``);
+- correctness alongside: outputs and gradients against torch in float32 without TF32, beside torch's own
+  error at the same precision, and (``tf32`` mode) every gradient of a float64 copy of the model against
+  torch's in float64.
+
+Ratios are torch time / cuconv time: above 1, cuconv is faster.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import sys
+import time
+
+import numpy
+
+__all__ = ["main", "add_arguments", "MODES"]
+
+MODES = ("tf32", "bf16", "fp16")
+_AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def add_arguments(ap) -> None:
+    """The options of ``--models`` (on ``python -m cuconv bench``'s parser)."""
+    g = ap.add_argument_group("models (python -m cuconv bench --models NAME[,NAME...])")
+    g.add_argument("--models", metavar="NAMES",
+                   help="torchvision classification models (weights=None), comma-separated, e.g. "
+                        "resnet50,mobilenet_v3_large,efficientnet_b0,regnet_y_800mf,convnext_tiny")
+    g.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)} (default all)")
+    g.add_argument("--batch", type=int, default=32, help="batch of the layers and the training step (default 32)")
+    g.add_argument("--infer-batch", type=int, default=64, help="batch of end-to-end inference (default 64)")
+    g.add_argument("--image", type=int, default=224, help="input height and width (default 224)")
+    g.add_argument("--channels-last", action="store_true",
+                   help="both sides in torch.channels_last (cuconv makes its tensors contiguous NCHW for now)")
+    g.add_argument("--compile", action="store_true",
+                   help="also time torch.compile of both models (default and mode='reduce-overhead')")
+    g.add_argument("--no-layers", action="store_true", help="skip the per-layer measurements")
+    g.add_argument("--no-e2e", action="store_true", help="skip the end-to-end measurements")
+    g.add_argument("--no-check", action="store_true", help="skip the correctness checks")
+    g.add_argument("--layer-reps", type=int, default=15, help="timed runs per layer measurement (median)")
+
+
+# --------------------------------------------------------------------------------------------------------
+# timers (torch's current stream)
+# --------------------------------------------------------------------------------------------------------
+def _events_ms(fn, reps: int, warmup: int = 2) -> float:
+    """Median milliseconds of one call of ``fn``, CUDA events around it, the GPU idle before each."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def _graph_ms(fn, reps: int, calls: int = 8) -> float:
+    """Median milliseconds per call of ``fn`` with host time taken out: ``calls`` calls captured in a CUDA graph
+    (after a warm-up on a side stream, as torch's notes on graphs show), the replay timed."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / calls)
+    del graph
+    return statistics.median(times)
+
+
+def _host_us(fn, contexts=(), rounds: int = 7, calls: int = 20) -> float:
+    """Median microseconds of host time per call: wall time of ``calls`` calls back to back, not synchronised
+    inside (few enough that the launch queue never fills), per call; ``contexts`` (no_grad, autocast) are
+    entered once around the calls, as a model's forward enters them once around its layers."""
+    import contextlib
+
+    import torch
+
+    samples = []
+    with contextlib.ExitStack() as stack:
+        for c in contexts:
+            stack.enter_context(c)
+        for _ in range(rounds):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples.append((time.perf_counter() - t0) / calls * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def _rel_err(a, b) -> float:
+    a, b = a.detach().double().flatten(), b.detach().double().flatten()
+    return float((a - b).norm() / max(float(b.norm()), 1e-300))
+
+
+# --------------------------------------------------------------------------------------------------------
+# modes
+# --------------------------------------------------------------------------------------------------------
+class _Mode:
+    """A precision both sides run at: TF32 float32 (``tf32``), or autocast to a half type; ``ieee`` is the
+    float32 reference (TF32 off) of the correctness checks."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def autocast(self, cache: bool = True):
+        import contextlib
+
+        import torch
+
+        if self.name not in _AUTOCAST:
+            return contextlib.nullcontext()
+        return torch.autocast("cuda", dtype=getattr(torch, _AUTOCAST[self.name]), cache_enabled=cache)
+
+    def __enter__(self):
+        import torch
+
+        self._saved = torch.backends.cudnn.allow_tf32, _fp32_precision()
+        _set_tf32(self.name != "ieee")
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.backends.cudnn.allow_tf32 = self._saved[0]
+        if self._saved[1] is not None:
+            torch.backends.cudnn.conv.fp32_precision = self._saved[1]
+
+    @property
+    def input_dtype(self):
+        import torch
+
+        return getattr(torch, _AUTOCAST[self.name]) if self.name in _AUTOCAST else torch.float32
+
+
+def _fp32_precision():
+    import torch
+
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    return getattr(conv, "fp32_precision", None) if conv is not None else None
+
+
+def _set_tf32(on: bool) -> None:
+    import torch
+
+    torch.backends.cudnn.allow_tf32 = on
+    if _fp32_precision() is not None:
+        torch.backends.cudnn.conv.fp32_precision = "tf32" if on else "ieee"
+
+
+# --------------------------------------------------------------------------------------------------------
+# the layers of a model
+# --------------------------------------------------------------------------------------------------------
+def _build(name: str):
+    import torchvision
+
+    return torchvision.models.get_model(name, weights=None)
+
+
+def distinct_layers(model, batch: int, image: int, channels_last: bool = False):
+    """[(geometry dict, input shape, count, first)] of every ``torch.nn.Conv2d`` the model runs on a
+    ``(batch, 3, image, image)`` input, in the order first met; ``first`` marks the model's first convolution
+    (its input needs no gradient)."""
+    import torch
+
+    seen = {}
+    order = []
+
+    def hook(module, args):
+        x = args[0]
+        geometry = dict(in_channels=module.in_channels, out_channels=module.out_channels,
+                        kernel_size=tuple(module.kernel_size), stride=tuple(module.stride),
+                        padding=module.padding if isinstance(module.padding, str) else tuple(module.padding),
+                        dilation=tuple(module.dilation), groups=module.groups, bias=module.bias is not None,
+                        padding_mode=module.padding_mode)
+        key = (tuple(x.shape), tuple(sorted(geometry.items())))
+        if key not in seen:
+            seen[key] = [geometry, tuple(x.shape), 0, not order]
+            order.append(key)
+        seen[key][2] += 1
+
+    handles = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    try:
+        x = torch.randn(batch, 3, image, image, device="cuda")
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with torch.no_grad():
+            model.eval()(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return [tuple(seen[k]) for k in order]
+
+
+def _layer_pair(geometry: dict, channels_last: bool):
+    """A torch.nn.Conv2d with this geometry and its cuconv twin with the same weights, on the GPU."""
+    import torch
+
+    import cuconv.nn
+
+    theirs = torch.nn.Conv2d(**geometry).cuda()
+    ours = cuconv.nn.Conv2d(**geometry).cuda()
+    ours.load_state_dict(theirs.state_dict())
+    if channels_last:
+        theirs = theirs.to(memory_format=torch.channels_last)
+        ours = ours.to(memory_format=torch.channels_last)
+    return theirs, ours
+
+
+def _chosen(geometry: dict, shape: tuple, mode: _Mode) -> dict:
+    """The algorithm ``auto`` runs for each pass of this layer in this mode (config.benchmark off)."""
+    import cuconv
+    from cuconv import _dtypes
+    from cuconv.spec import ConvSpec
+
+    k = geometry["kernel_size"]
+    spec = ConvSpec.from_args(shape, (geometry["out_channels"], geometry["in_channels"] // geometry["groups"], *k),
+                              geometry["stride"], geometry["padding"], geometry["dilation"], geometry["groups"])
+    dtype = _dtypes.by_name({"tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}[mode.name])
+    precision = "tf32" if mode.name == "tf32" else "ieee"
+    return {p: cuconv.select_algorithm(spec, dtype, precision, True, p) for p in ("fprop", "dgrad", "wgrad")}
+
+
+def measure_layer(geometry: dict, shape: tuple, first: bool, mode: _Mode, reps: int, channels_last: bool) -> dict:
+    """One layer in one mode, both sides: eager, GPU-alone and host times of the forward and of forward +
+    backward; the forward's relative difference between the sides."""
+    import torch
+
+    theirs, ours = _layer_pair(geometry, channels_last)
+    gen = torch.Generator(device="cuda").manual_seed(hash(shape) & 0xFFFF)
+    x = torch.randn(shape, device="cuda", generator=gen).to(mode.input_dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_(not first)
+    with torch.no_grad(), mode.autocast():
+        dy = torch.randn_like(theirs(x), dtype=mode.input_dtype if mode.name in _AUTOCAST else torch.float32)
+    row = dict(count=None, shape=list(shape), **{k: (list(v) if isinstance(v, tuple) else v)
+                                                   for k, v in geometry.items()})
+    row["algos"] = _chosen(geometry, shape, mode)
+    for side, module in (("torch", theirs), ("cuconv", ours)):
+        inputs = [t for t in (x, module.weight, module.bias) if t is not None and t.requires_grad]
+
+        def fwd(module=module):
+            with torch.no_grad(), mode.autocast(cache=False):
+                return module(x)
+
+        def fwd_bwd(module=module, inputs=inputs):
+            with mode.autocast(cache=False):
+                y = module(x)
+            return torch.autograd.grad(y, inputs, dy)
+
+        def call(module=module):
+            return module(x)
+
+        row[f"{side}_fwd_ms"] = _events_ms(fwd, reps)
+        row[f"{side}_fwd_gpu_ms"] = _graph_ms(fwd, reps)
+        row[f"{side}_fwd_host_us"] = _host_us(call, (torch.no_grad(), mode.autocast()))
+        row[f"{side}_fb_ms"] = _events_ms(fwd_bwd, reps)
+        row[f"{side}_fb_gpu_ms"] = _graph_ms(fwd_bwd, reps)
+        row[f"{side}_fb_host_us"] = _host_us(fwd_bwd)  # (autocast around the forward only, as in training)
+    with torch.no_grad(), mode.autocast():
+        row["fwd_rel_diff"] = _rel_err(ours(x), theirs(x))
+    return row
+
+
+# --------------------------------------------------------------------------------------------------------
+# end to end
+# --------------------------------------------------------------------------------------------------------
+def _inputs(batch: int, image: int, channels_last: bool, seed: int):
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(batch, 3, image, image, device="cuda", generator=gen)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    labels = torch.randint(0, 1000, (batch,), device="cuda", generator=gen)
+    return x, labels
+
+
+def _infer_fn(model, x, mode: _Mode):
+    import torch
+
+    def run():
+        with torch.no_grad(), mode.autocast():
+            return model(x)
+    return run
+
+
+def _train_fn(model, x, labels, mode: _Mode):
+    import torch
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        with mode.autocast():
+            out = model(x)
+        loss = torch.nn.functional.cross_entropy(out.float(), labels)
+        loss.backward()
+        return loss
+    return run
+
+
+def measure_e2e(pair, args, mode: _Mode) -> dict:
+    """Eager inference and training steps of both models in one mode (and compiled, with --compile)."""
+    import torch
+
+    theirs, ours = pair
+    row = {}
+    x_inf, _ = _inputs(args.infer_batch, args.image, args.channels_last, 1)
+    x_tr, labels = _inputs(args.batch, args.image, args.channels_last, 2)
+    for side, model in (("torch", theirs), ("cuconv", ours)):
+        model.eval()
+        row[f"{side}_infer_ms"] = _events_ms(_infer_fn(model, x_inf, mode), reps=10, warmup=3)
+        model.train()
+        row[f"{side}_train_ms"] = _events_ms(_train_fn(model, x_tr, labels, mode), reps=10, warmup=3)
+    if args.compile:
+        for how in ("default", "reduce-overhead"):
+            for side, model in (("torch", theirs), ("cuconv", ours)):
+                torch._dynamo.reset()
+                compiled = torch.compile(model, mode=None if how == "default" else how)
+                model.eval()
+                infer = _infer_fn(compiled, x_inf, mode)
+                row[f"{side}_compile_{how}_infer_ms"] = _events_ms(lambda: infer().clone(), reps=10, warmup=3)
+                model.train()
+                train = _train_fn(compiled, x_tr, labels, mode)
+                row[f"{side}_compile_{how}_train_ms"] = _events_ms(train, reps=10, warmup=3)
+        torch._dynamo.reset()
+    return row
+
+
+def check_model(pair, args, mode: _Mode) -> dict:
+    """One inference and one training step of both models on the same data: the converted model's output and
+    gradients against torch's float32 (TF32 off), beside torch's own error in this mode; for ``tf32`` also a
+    float64 copy of both models, whose every gradient must equal torch's to rounding."""
+    import torch
+
+    theirs, ours = pair
+    x, labels = _inputs(min(args.batch, 8), args.image, args.channels_last, 3)
+
+    def step(model, m: _Mode):
+        with m:
+            model.train()
+            model.zero_grad(set_to_none=True)
+            with m.autocast():
+                out = model(x)
+            torch.nn.functional.cross_entropy(out.float(), labels).backward()
+            grads = torch.cat([p.grad.flatten().double() for p in model.parameters() if p.grad is not None])
+            model.eval()
+            with torch.no_grad(), m.autocast():
+                y = model(x).double()
+            model.zero_grad(set_to_none=True)
+            return y, grads
+
+    # training mode updates BatchNorm's running statistics: every step starts from the same state
+    state = copy.deepcopy(theirs.state_dict())
+
+    def fresh(model):
+        model.load_state_dict(state)
+        return model
+
+    ref_y, ref_g = step(fresh(theirs), _Mode("ieee"))
+    torch_y, torch_g = step(fresh(theirs), mode)
+    ours_y, ours_g = step(fresh(ours), mode)
+    fresh(theirs)
+    fresh(ours)
+    row = dict(out_err=_rel_err(ours_y, ref_y), torch_out_err=_rel_err(torch_y, ref_y),
+               grad_err=_rel_err(ours_g, ref_g), torch_grad_err=_rel_err(torch_g, ref_g))
+    if mode.name == "tf32":
+        t64, o64 = copy.deepcopy(theirs).double(), copy.deepcopy(ours).double()
+        x64 = x[:2].double()
+        for model in (t64, o64):
+            model.train()
+            torch.nn.functional.cross_entropy(model(x64), labels[:2]).backward()
+        grads = [(po.grad, pt.grad) for po, pt in zip(o64.parameters(), t64.parameters()) if pt.grad is not None]
+        row["float64_grad_err"] = max(_rel_err(a, b) for a, b in grads)
+        del t64, o64
+    return row
+
+
+# --------------------------------------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------------------------------------
+def _progress(total: int, desc: str):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, file=sys.stderr, mininterval=10, leave=False)
+    except ImportError:  # a plain counter
+        class _Counter:
+            def __init__(self):
+                self.n = 0
+
+            def update(self, k=1):
+                self.n += k
+                if self.n % 20 == 0 or self.n == total:
+                    print(f"{desc}: {self.n}/{total}", file=sys.stderr, flush=True)
+
+            def close(self):
+                pass
+
+        return _Counter()
+
+
+def run(args) -> dict:
+    """All measurements of ``args.models`` in ``args.modes``; returns the JSON-ready report."""
+    import torch
+
+    import cuconv
+    import cuconv.nn
+
+    torch.backends.cudnn.benchmark = True
+    names = [n for n in args.models.split(",") if n]
+    modes = [_Mode(m) for m in args.modes.split(",") if m]
+    report = dict(meta=dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                            cudnn=torch.backends.cudnn.version(), cuconv=cuconv.__version__,
+                            date=time.strftime("%Y-%m-%d"), batch=args.batch, infer_batch=args.infer_batch,
+                            image=args.image, memory_format="channels_last" if args.channels_last else "nchw",
+                            modes=[m.name for m in modes]), models={})
+    for name in names:
+        started = time.perf_counter()
+        torch.manual_seed(0)
+        theirs = _build(name).cuda()
+        ours = cuconv.nn.convert(copy.deepcopy(theirs))
+        if args.channels_last:
+            theirs, ours = (m.to(memory_format=torch.channels_last) for m in (theirs, ours))
+        entry = report["models"][name] = dict(layers=[], modes={})
+        layers = distinct_layers(theirs, args.batch, args.image, args.channels_last)
+        entry["distinct_layers"] = len(layers)
+        entry["convolutions"] = sum(c for _, _, c, _ in layers)
+        for mode in modes:
+            result = entry["modes"][mode.name] = {}
+            with mode:
+                try:
+                    if not args.no_check:
+                        result["check"] = check_model((theirs, ours), args, mode)
+                    if not args.no_e2e:
+                        result["e2e"] = measure_e2e((theirs, ours), args, mode)
+                    if not args.no_layers:
+                        bar = _progress(len(layers), f"{name} {mode.name} layers")
+                        rows = []
+                        for geometry, shape, count, first in layers:
+                            row = measure_layer(geometry, shape, first, mode, args.layer_reps, args.channels_last)
+                            row["count"] = count
+                            rows.append(row)
+                            bar.update(1)
+                        bar.close()
+                        result["layers"] = rows
+                        result["sums"] = _sums(rows)
+                except Exception as exc:  # one failing model or mode must not lose the others' figures
+                    result["error"] = f"{type(exc).__name__}: {exc}"
+                    print(f"{name} {mode.name}: {result['error']}", file=sys.stderr, flush=True)
+            torch.cuda.empty_cache()
+        entry["seconds"] = time.perf_counter() - started
+        print(_model_summary(name, entry), file=sys.stderr, flush=True)
+        del theirs, ours
+        torch.cuda.empty_cache()
+    return report
+
+
+_TIMES = ("fwd_ms", "fwd_gpu_ms", "fb_ms", "fb_gpu_ms")
+
+
+def _sums(rows) -> dict:
+    """Occurrence-weighted sums of each time for both sides, their ratios, and the medians of host time."""
+    sums = {}
+    for t in _TIMES:
+        for side in ("torch", "cuconv"):
+            sums[f"{side}_{t}"] = sum(r["count"] * r[f"{side}_{t}"] for r in rows)
+        sums[f"ratio_{t}"] = sums[f"torch_{t}"] / max(sums[f"cuconv_{t}"], 1e-12)
+    for t in ("fwd_host_us", "fb_host_us"):
+        for side in ("torch", "cuconv"):
+            sums[f"{side}_median_{t}"] = statistics.median(r[f"{side}_{t}"] for r in rows)
+        sums[f"host_ratio_{t}"] = sums[f"cuconv_median_{t}"] / max(sums[f"torch_median_{t}"], 1e-12)
+    return sums
+
+
+def _model_summary(name: str, entry: dict) -> str:
+    parts = [f"{name}: {entry['distinct_layers']} distinct convolutions ({entry['convolutions']} in all), "
+             f"{entry['seconds']:.0f} s"]
+    for mode, result in entry["modes"].items():
+        if "error" in result:
+            parts.append(f"  {mode}: ERROR {result['error']}")
+            continue
+        e2e, sums = result.get("e2e"), result.get("sums")
+        text = f"  {mode}:"
+        if e2e:
+            text += (f" inference {e2e['torch_infer_ms'] / e2e['cuconv_infer_ms']:.2f}x, training step "
+                     f"{e2e['torch_train_ms'] / e2e['cuconv_train_ms']:.2f}x;")
+        if sums:
+            text += (f" layers GPU alone fwd {sums['ratio_fwd_gpu_ms']:.2f}x, fwd+bwd {sums['ratio_fb_gpu_ms']:.2f}x;"
+                     f" eager fwd {sums['ratio_fwd_ms']:.2f}x, fwd+bwd {sums['ratio_fb_ms']:.2f}x; host per call "
+                     f"(median) fwd {sums['cuconv_median_fwd_host_us']:.0f} / {sums['torch_median_fwd_host_us']:.0f} "
+                     f"us, fwd+bwd {sums['cuconv_median_fb_host_us']:.0f} / {sums['torch_median_fb_host_us']:.0f} us")
+        parts.append(text)
+    return "\n".join(parts)
+
+
+def _ratio(e2e: dict, kind: str) -> str:
+    key = f"torch_{kind}_ms"
+    return f"{e2e[key] / e2e[f'cuconv_{kind}_ms']:.2f}x" if key in e2e else "-"
+
+
+def print_tables(report: dict) -> None:
+    """The tables: models end to end and per-layer sums, then host time, then the correctness checks."""
+    meta = report["meta"]
+    print(f"\n{meta['device']}, {meta['date']}, torch {meta['torch']}, cuDNN {meta['cudnn']} "
+          f"(cudnn.benchmark=True), cuconv {meta['cuconv']}; memory format {meta['memory_format']} on both sides; "
+          f"batch {meta['batch']} (layers, training), {meta['infer_batch']} (inference), {meta['image']}x{meta['image']}")
+    print("ratio = torch time / cuconv time (above 1: cuconv faster); both sides at the same precision")
+    head = (f"{'model':<20} {'mode':<5} {'infer':>6} {'train':>6} {'fwd eager':>8} {'fwd GPU':>8} {'f+b eager':>9} "
+            f"{'f+b GPU':>9} {'host fwd us':>12} {'host f+b us':>12}")
+    print(head)
+    print("-" * len(head))
+    for name, entry in report["models"].items():
+        for mode, result in entry["modes"].items():
+            if "error" in result:
+                print(f"{name:<20} {mode:<5} ERROR {result['error']}")
+                continue
+            e2e, s = result.get("e2e", {}), result.get("sums", {})
+            cells = [_ratio(e2e, "infer"), _ratio(e2e, "train")]
+            cells += [f"{s[f'ratio_{t}']:.2f}x" if s else "-" for t in _TIMES]
+            cells += [f"{s[f'cuconv_median_{t}']:.0f}/{s[f'torch_median_{t}']:.0f}" if s else "-"
+                      for t in ("fwd_host_us", "fb_host_us")]
+            widths = (6, 6, 8, 8, 9, 9, 12, 12)
+            print(f"{name:<20} {mode:<5} " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
+    print("infer/train: end-to-end eager; fwd/f+b GPU: per-layer GPU time alone (CUDA graph replay) summed by "
+          "occurrence; eager: one timed call per layer; host: median over the layers of µs per call, cuconv/torch")
+    compiled = [(n, m, r["e2e"]) for n, e in report["models"].items() for m, r in e["modes"].items()
+                if any(k.startswith("torch_compile") for k in r.get("e2e", {}))]
+    if compiled:
+        print("\ntorch.compile (ratio torch / cuconv): default infer, train; reduce-overhead infer, train")
+        for name, mode, e in compiled:
+            vals = [e[f"torch_compile_{h}_{k}_ms"] / e[f"cuconv_compile_{h}_{k}_ms"]
+                    for h in ("default", "reduce-overhead") for k in ("infer", "train")]
+            print(f"  {name:<20} {mode:<5} " + " ".join(f"{v:.2f}x" for v in vals))
+    checks = [(n, m, r["check"]) for n, e in report["models"].items() for m, r in e["modes"].items() if "check" in r]
+    if checks:
+        print("\ncorrectness against torch float32 without TF32 (cuconv's error / torch's own at the same precision)")
+        for name, mode, c in checks:
+            f64 = f"; float64 gradients max rel diff {c['float64_grad_err']:.1e}" if "float64_grad_err" in c else ""
+            print(f"  {name:<20} {mode:<5} output {c['out_err']:.1e} / {c['torch_out_err']:.1e}, gradients "
+                  f"{c['grad_err']:.1e} / {c['torch_grad_err']:.1e}{f64}")
+
+
+def main(args) -> int:
+    from . import _backend
+
+    if not _backend.gpu_available():
+        print("No CUDA GPU visible (CuPy missing or no device): the model benchmark needs one.")
+        return 0
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        print("python -m cuconv bench --models needs torchvision: pip install 'cuconv[bench]'", file=sys.stderr)
+        return 2
+    unknown = [m for m in args.modes.split(",") if m and m not in MODES]
+    if unknown:
+        print(f"python -m cuconv bench: unknown mode(s) {unknown}; choose from {MODES}", file=sys.stderr)
+        return 2
+    report = run(args)
+    print_tables(report)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(report, fh, indent=1)
+    return 0
