@@ -43,6 +43,19 @@ _SNIPPET = textwrap.dedent("""
 
     report = {"cuconv": cuconv.__file__, "kernel_dir": str(_loader.KERNEL_DIR), "compiled": {}}
     print("KERNEL_DIR", _loader.KERNEL_DIR, flush=True)
+    # cuconv.nn from the wheel: a module forward and backward on CPU tensors, against torch
+    import torch
+    import cuconv.nn
+
+    report["nn"] = cuconv.nn.__file__
+    torch.manual_seed(0)
+    conv = cuconv.nn.Conv2d(3, 4, 3, padding=1).double()
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64, requires_grad=True)
+    y = conv(x)
+    y.square().sum().backward()
+    ref = torch.nn.functional.conv2d(x, conv.weight, conv.bias, padding=1)
+    (ref_grad,) = torch.autograd.grad(ref.square().sum(), x)
+    report["nn_errors"] = [float((y - ref).abs().max()), float((x.grad - ref_grad).abs().max())]
     if args["compile"]:
         spec = importlib.util.spec_from_file_location("kernel_compile_check", args["helpers"])
         helpers = importlib.util.module_from_spec(spec)
@@ -144,6 +157,9 @@ def test_wheel_ships_and_compiles_kernels(tmp_path):
     venv_root = venv.resolve()
     cuconv_file = pathlib.Path(report["cuconv"]).resolve()
     assert venv_root in cuconv_file.parents, f"cuconv imported from {cuconv_file}, not from the venv {venv_root}"
+    nn_file = pathlib.Path(report["nn"]).resolve()
+    assert venv_root in nn_file.parents, f"cuconv.nn imported from {nn_file}, not from the venv {venv_root}"
+    assert max(report["nn_errors"]) < 1e-12, report["nn_errors"]
     kernel_dir = pathlib.Path(report["kernel_dir"]).resolve()
     assert venv_root in kernel_dir.parents, f"KERNEL_DIR {kernel_dir} is not inside the venv {venv_root}"
     assert kernel_dir.parts[-2:] == ("cuconv", "kernels_cu"), kernel_dir
