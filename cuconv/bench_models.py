@@ -52,7 +52,7 @@ def add_arguments(ap) -> None:
     g.add_argument("--no-layers", action="store_true", help="skip the per-layer measurements")
     g.add_argument("--no-e2e", action="store_true", help="skip the end-to-end measurements")
     g.add_argument("--no-check", action="store_true", help="skip the correctness checks")
-    g.add_argument("--layer-reps", type=int, default=15, help="timed runs per layer measurement (median)")
+    g.add_argument("--layer-reps", type=int, default=10, help="timed runs per layer measurement (median)")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -76,7 +76,7 @@ def _events_ms(fn, reps: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def _graph_ms(fn, reps: int, calls: int = 8) -> float:
+def _graph_ms(fn, reps: int, calls: int = 5) -> float:
     """Median milliseconds per call of ``fn`` with host time taken out: ``calls`` calls captured in a CUDA graph
     (after a warm-up on a side stream, as torch's notes on graphs show), the replay timed."""
     import torch
@@ -105,7 +105,7 @@ def _graph_ms(fn, reps: int, calls: int = 8) -> float:
     return statistics.median(times)
 
 
-def _host_us(fn, contexts=(), rounds: int = 7, calls: int = 20) -> float:
+def _host_us(fn, contexts=(), rounds: int = 5, calls: int = 20) -> float:
     """Median microseconds of host time per call: wall time of ``calls`` calls back to back, not synchronised
     inside (few enough that the launch queue never fills), per call; ``contexts`` (no_grad, autocast) are
     entered once around the calls, as a model's forward enters them once around its layers."""
@@ -293,7 +293,8 @@ def measure_layer(geometry: dict, shape: tuple, first: bool, mode: _Mode, reps: 
 
         row[f"{side}_fwd_ms"] = _events_ms(fwd, reps)
         row[f"{side}_fwd_gpu_ms"] = _graph_ms(fwd, reps)
-        row[f"{side}_fwd_host_us"] = _host_us(call, (torch.no_grad(), mode.autocast()))
+        # (autocast's cast cache off: in a model each layer's weight is cast once per forward, on both sides)
+        row[f"{side}_fwd_host_us"] = _host_us(call, (torch.no_grad(), mode.autocast(cache=False)))
         row[f"{side}_fb_ms"] = _events_ms(fwd_bwd, reps)
         row[f"{side}_fb_gpu_ms"] = _graph_ms(fwd_bwd, reps)
         row[f"{side}_fb_host_us"] = _host_us(fwd_bwd)  # (autocast around the forward only, as in training)
@@ -490,6 +491,9 @@ def run(args) -> dict:
             torch.cuda.empty_cache()
         entry["seconds"] = time.perf_counter() - started
         print(_model_summary(name, entry), file=sys.stderr, flush=True)
+        if args.json:  # after each model: a run stopped early keeps the models it finished
+            with open(args.json, "w") as fh:
+                json.dump(report, fh, indent=1)
         del theirs, ours
         torch.cuda.empty_cache()
     return report

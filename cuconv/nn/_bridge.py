@@ -67,33 +67,6 @@ def backward_algo(algo: str, pass_: str) -> str:
     return algo if algo == "auto" or algo in _registry.algorithms(pass_) else "auto"
 
 
-# Workspaces kept per (device, stream): an allocation costs 5-7 µs of host time a call (H100 host), and a layer's
-# forward and backward take up to three. Work on one stream runs in order, so a stream's buffer is reused by each
-# call on it as soon as that call is enqueued. Not while a CUDA graph is being captured (the graph's memory must
-# come from its own pool: each captured call allocates its own), and not above KEEP_WORKSPACE_BYTES (a large
-# layer's allocation is a small part of its time; keeping it would hold the memory for good).
-KEEP_WORKSPACE_BYTES = 64 << 20
-_workspaces = {}
-
-try:
-    _capturing = torch._C._cuda_isCurrentStreamCapturing
-except AttributeError:  # pragma: no cover - a torch built without CUDA
-    def _capturing() -> bool:
-        return torch.cuda.is_current_stream_capturing()
-
-
-def _workspace(nbytes: int, device: torch.device, index: int, stream: int) -> torch.Tensor:
-    """``nbytes`` of device memory for a plan run on ``stream`` of device ``index`` (see above)."""
-    if nbytes > KEEP_WORKSPACE_BYTES or _capturing():
-        return torch.empty(nbytes, dtype=torch.uint8, device=device)
-    key = (index, stream)
-    kept = _workspaces.get(key)
-    if kept is None or kept.numel() < nbytes:
-        # (the old buffer goes back to torch's pool, in this stream's order: work enqueued on it finishes first)
-        kept = _workspaces[key] = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, device=device)
-    return kept
-
-
 _bias_launches = {}  # (N, K, P·Q, dtype, device index) -> the prepared bias_grad launch
 
 
@@ -178,12 +151,15 @@ class Layer:
             return autotune.pick("auto", heuristic, self.spec, self.np_dtype, self.precision, pass_, run)
 
     def _run(self, plan: "_plan.Plan", ptrs: tuple) -> None:
-        stream = raw_stream(self.index)
+        # The workspace comes from torch's caching allocator on the current stream, per call: inside a CUDA-graph
+        # capture (or a pool cudagraph trees route allocations to) it is the graph's memory. (A buffer kept per
+        # stream saves the ~6 µs of an allocation, but one first allocated while such a pool is active lives in
+        # it and is overwritten by the graphs' replays.)
         if plan.workspace:
-            workspace = _workspace(plan.workspace, self.device, self.index, stream)
-            plan.run(ptrs, stream, workspace.data_ptr())
+            workspace = torch.empty(plan.workspace, dtype=torch.uint8, device=self.device)
+            plan.run(ptrs, raw_stream(self.index), workspace.data_ptr())
         else:
-            plan.run(ptrs, stream, 0)
+            plan.run(ptrs, raw_stream(self.index), 0)
 
     # ---- the passes (contiguous tensors of the layer's dtype and device) ------------------------------------
     def forward(self, x: torch.Tensor, w: torch.Tensor, b) -> torch.Tensor:
