@@ -170,6 +170,30 @@ class Layer:
         self._run(self.plan("fprop", ptrs), ptrs)
         return out
 
+    def backward(self, dy: torch.Tensor, x, w, need_x: bool, need_w: bool, need_b: bool) -> tuple:
+        """(dx, dw, db), each None where not needed: dgrad and wgrad share one workspace (they run one after the
+        other on the stream), and the stream is asked once."""
+        if self.index < 0:
+            return (self.dgrad(dy, w) if need_x else None, self.wgrad(x, dy) if need_w else None,
+                    self.bias_grad(dy) if need_b else None)
+        dx = dw = None
+        dy_ptr = dy.data_ptr()
+        runs = []
+        if need_x:
+            dx = torch.empty(self.x_shape, dtype=self.dtype, device=self.device)
+            ptrs = (dy_ptr, w.data_ptr(), dx.data_ptr())
+            runs.append((self.plan("dgrad", ptrs), ptrs))
+        if need_w:
+            dw = torch.empty(self.w_shape, dtype=self.dtype, device=self.device)
+            ptrs = (x.data_ptr(), dy_ptr, dw.data_ptr())
+            runs.append((self.plan("wgrad", ptrs), ptrs))
+        stream = raw_stream(self.index)
+        nbytes = max((plan.workspace for plan, _ in runs), default=0)
+        workspace = torch.empty(nbytes, dtype=torch.uint8, device=self.device) if nbytes else None
+        for plan, ptrs in runs:
+            plan.run(ptrs, stream, 0 if workspace is None else workspace.data_ptr())
+        return dx, dw, self.bias_grad(dy) if need_b else None
+
     def dgrad(self, dy: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if self.index < 0:
             return self._backward_cpu("dgrad", w, dy)

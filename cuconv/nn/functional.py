@@ -96,8 +96,7 @@ class _Conv2d(torch.autograd.Function):
         dy = dy.contiguous()
         if torch.is_grad_enabled():  # create_graph=True: the custom ops, which autograd sees (and names)
             return _backward_ops(layer, x, w, dy, need_x, need_w, need_b) + (None,)
-        return (layer.dgrad(dy, w) if need_x else None, layer.wgrad(x, dy) if need_w else None,
-                layer.bias_grad(dy) if need_b else None, None)
+        return layer.backward(dy, x, w, need_x, need_w, need_b) + (None,)
 
 
 def _backward_ops(layer, x, w, dy, need_x: bool, need_w: bool, need_b: bool) -> tuple:
