@@ -532,3 +532,44 @@ def test_autocast_leaves_float64_alone():
         with pytest.raises(TypeError, match=r"Input type \(torch\.float64\) and weight type \(torch\.bfloat16\)"):
             F.conv2d(x, w)
     _assert_all_close([F.conv2d(x, w.double())], [torch.nn.functional.conv2d(x, w.double())])
+
+
+def test_convert_replaces_every_use_of_a_shared_module():
+    """A convolution used twice (in one Sequential, and under a second name elsewhere) becomes one converted
+    module in every place, still shared."""
+    conv = torch.nn.Conv2d(3, 3, 3, padding=1, dtype=torch.float64)
+    model = torch.nn.Sequential(conv, torch.nn.ReLU(), conv)
+    model.alias = conv
+    x = _inputs()
+    expected = model(x)
+    cuconv.nn.convert(model)
+    assert type(model[0]) is cuconv.nn.Conv2d and model[2] is model[0] and model.alias is model[0]
+    assert model[0].weight is conv.weight
+    _assert_all_close([model(x)], [expected])
+
+
+def test_converted_module_has_hook_and_parameter_dicts_of_its_own():
+    conv = torch.nn.Conv2d(3, 4, 3, dtype=torch.float64)
+    before = []
+    conv.register_forward_hook(lambda *a: before.append("before"))
+    new = cuconv.nn.convert(conv)
+    after = []
+    new.register_forward_hook(lambda *a: after.append("new"))
+    conv(_inputs())
+    assert before == ["before"] and after == []  # the hook registered on the new module stays there
+    new(_inputs())
+    assert before == ["before", "before"] and after == ["new"]  # the old hook was carried over
+    assert new._parameters is not conv._parameters and new.weight is conv.weight
+    new.register_parameter("extra", torch.nn.Parameter(torch.zeros(1)))
+    assert "extra" not in dict(conv.named_parameters())
+
+
+@pytest.mark.parametrize("model,algo,exc,message", [
+    (None, "auto", TypeError, r"convert\(\): argument 'model' must be a torch\.nn\.Module, not NoneType"),
+    ("conv", "auto", TypeError, r"must be a torch\.nn\.Module, not str"),
+    (torch.nn.Conv2d(1, 1, 1), "bogus", ValueError, r"cuconv: unknown algo 'bogus'"),
+    (torch.nn.Conv2d(1, 1, 1), None, TypeError, r"convert\(\): argument 'algo' must be str, not NoneType"),
+], ids=["none", "not_a_module", "unknown_algo", "algo_not_str"])
+def test_convert_refuses_bad_arguments_at_once(model, algo, exc, message):
+    with pytest.raises(exc, match=message):
+        cuconv.nn.convert(model, algo=algo)

@@ -54,8 +54,11 @@ class Conv2d(torch.nn.Conv2d):
 
 
 def _converted(conv: torch.nn.Conv2d, algo: str) -> Conv2d:
+    """A ``Conv2d`` holding ``conv``'s state: the same Parameter and buffer objects, hooks and training flag, in
+    dicts of its own (a hook registered on one module later does not fire on the other)."""
     new = Conv2d.__new__(Conv2d)
-    new.__dict__.update(conv.__dict__)  # the same Parameter objects, buffers, hooks and training flag
+    for name, value in conv.__dict__.items():
+        object.__setattr__(new, name, value.copy() if isinstance(value, (dict, set)) else value)
     new.algo = algo
     return new
 
@@ -63,8 +66,17 @@ def _converted(conv: torch.nn.Conv2d, algo: str) -> Conv2d:
 def convert(model: torch.nn.Module, *, algo: str = "auto") -> torch.nn.Module:
     """Replace every ``torch.nn.Conv2d`` in ``model`` by :class:`Conv2d`, in place; returns the model.
 
-    The new modules share the old ones' parameters (so optimizers keep working), buffers, hooks, device,
-    dtype and training mode. Subclasses of ``torch.nn.Conv2d`` other than plain ones are left alone.
+    Every use of a convolution is replaced, and a module used in several places (or under several names) by one
+    converted module, shared as the original was. The new modules hold the old ones' Parameter and buffer
+    objects (so optimizers keep working), hooks, device, dtype and training mode, in dicts of their own.
+    Subclasses of ``torch.nn.Conv2d`` other than plain ones are left alone.
+
+    Raises
+    ------
+    TypeError
+        ``model`` is not a ``torch.nn.Module``.
+    ValueError
+        ``algo`` is not ``"auto"`` or one of :func:`cuconv.algorithms`.
 
     Examples
     --------
@@ -75,11 +87,29 @@ def convert(model: torch.nn.Module, *, algo: str = "auto") -> torch.nn.Module:
     >>> type(m[0]).__module__
     'cuconv.nn.modules'
     """
-    if type(model) is torch.nn.Conv2d:
-        return _converted(model, algo)
-    for name, child in model.named_children():
-        if type(child) is torch.nn.Conv2d:
-            setattr(model, name, _converted(child, algo))
-        else:
-            convert(child, algo=algo)
-    return model
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"convert(): argument 'model' must be a torch.nn.Module, not {type(model).__name__}")
+    if not isinstance(algo, str):
+        raise TypeError(f"convert(): argument 'algo' must be str, not {type(algo).__name__}")
+    if algo != "auto" and algo not in algorithms():
+        raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {algorithms()}")
+    return _convert(model, algo, {}, set())
+
+
+def _convert(module: torch.nn.Module, algo: str, done: dict, walked: set) -> torch.nn.Module:
+    """``module`` with its convolutions replaced; ``done`` maps each original (by id) to (original, replacement),
+    so a module met again gets the same one, and ``walked`` holds the containers already walked."""
+    if type(module) is torch.nn.Conv2d:
+        entry = done.get(id(module))
+        if entry is None:  # (the original is kept in ``done`` while the walk lasts: its id cannot be reused)
+            entry = done[id(module)] = (module, _converted(module, algo))
+        return entry[1]
+    if id(module) in walked:
+        return module
+    walked.add(id(module))
+    for name, child in list(module._modules.items()):  # every name, a module held twice included
+        if child is not None:
+            replacement = _convert(child, algo, done, walked)
+            if replacement is not child:
+                module._modules[name] = replacement
+    return module
