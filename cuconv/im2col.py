@@ -79,7 +79,9 @@ def im2col_cpu(x: numpy.ndarray, spec: ConvSpec, p0: int, rows: int) -> numpy.nd
     # Window view (nb, C, R, S, rows, Q): element = xp[n, c, (p0+p)*sh + r*dh, q*sw + s*dw].
     s_n, s_c, s_h, s_w = xp.strides
     start = xp[:, :, p0 * sh:, :]
+    shape = (nb, c, spec.r, spec.s, rows, spec.q)
+    strides = (s_n, s_c, dh * s_h, dw * s_w, sh * s_h, sw * s_w)
+    # an axis of one position never steps: its stride is 0 (a huge stride or dilation would overflow the view's)
     view = numpy.lib.stride_tricks.as_strided(
-        start, shape=(nb, c, spec.r, spec.s, rows, spec.q),
-        strides=(s_n, s_c, dh * s_h, dw * s_w, sh * s_h, sw * s_w), writeable=False)
+        start, shape=shape, strides=tuple(0 if n == 1 else st for n, st in zip(shape, strides)), writeable=False)
     return view.reshape(nb, spec.crs, rows * spec.q)

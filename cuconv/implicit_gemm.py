@@ -323,6 +323,8 @@ def _forward_reason(spec: ConvSpec, dtype, precision: str):
                 "(precision='tf32')")
     if spec.groups != 1:
         return f"grouped convolutions (groups={spec.groups}) are not implemented"
+    if max(*spec.stride, *spec.dilation, *spec.pad, spec.p, spec.q) > _INT_MAX:
+        return "its geometry struct holds strides, dilations, paddings and output sizes in 32 bits"
     pl = plan(spec, dtype)
     padded_h, padded_w = spec.h + spec.pad[0] + spec.pad[1], spec.w + spec.pad[2] + spec.pad[3]
     if max(padded_h, padded_w) > _MAX_SIDE:

@@ -48,15 +48,26 @@ def _is_int(v) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
+_INT64 = 2**63
+
+
+def _int64(v) -> int:
+    """An argument as torch reads it: a 64-bit int (torch's argument parser refuses wider ones in these words)."""
+    v = int(v)
+    if not -_INT64 <= v < _INT64:
+        raise ValueError("Overflow when unpacking long long")
+    return v
+
+
 def pair(value, name: str) -> Tuple[int, int]:
     """Normalise an int or a length-2 sequence of ints to ``(h, w)``, as torch's ``_pair`` does."""
     if _is_int(value):
-        return (int(value), int(value))
+        return (_int64(value), _int64(value))
     if isinstance(value, (tuple, list)) and all(_is_int(v) for v in value):
         if len(value) == 1:
-            return (int(value[0]), int(value[0]))
+            return (_int64(value[0]), _int64(value[0]))
         if len(value) == 2:
-            return (int(value[0]), int(value[1]))
+            return (_int64(value[0]), _int64(value[1]))
         raise ValueError(
             f"expected {name} to be a single integer value or a list of 2 values to match the "
             f"convolution dimensions, but got {name}={list(value)}")
@@ -214,6 +225,9 @@ class ConvSpec:
             pad = (ph, ph, pw, pw)
 
         wshape = list(weight_shape)
+        if k < groups:  # K = 0 included
+            raise ValueError(f"Given groups={groups}, expected weight to be at least {groups} at dimension 0, but "
+                             f"got weight of size {wshape} instead")
         if k % groups != 0:
             raise ValueError(f"Given groups={groups}, expected weight to be divisible by {groups} at "
                              f"dimension 0, but got weight of size {wshape} instead")
@@ -227,4 +241,11 @@ class ConvSpec:
             raise ValueError(f"Calculated padded input size per channel: ({padded_h} x {padded_w}). "
                              f"Kernel size: ({extent_h} x {extent_w}). Kernel size can't be greater "
                              f"than actual input size")
+        # torch's next checks, in its order: an empty image only in an empty batch or with no channels (C = 0
+        # stays cuconv's: its output is K planes of bias, the sum over no channels), then a kernel of no taps
+        if n and c and not (h and w):
+            raise ValueError(f"Only zero batch or zero channel inputs are supported, but got input shape: "
+                             f"{list(input_shape)}")
+        if r <= 0 or s <= 0:
+            raise ValueError(f"kernel size should be greater than zero, but got kernel_height: {r} kernel_width: {s}")
         return cls(n, c, h, w, k, r, s, stride, pad, dilation, groups)

@@ -151,7 +151,6 @@ def test_unbatched_forms(case_id):
 @pytest.mark.parametrize("x_shape,w_shape,kwargs", [
     pytest.param((0, 3, 9, 8), (5, 3, 2, 3), dict(stride=2, padding=(0, 1)), id="no_samples"),
     pytest.param((0, 4, 6, 7), (6, 2, 3, 3), dict(groups=2, padding="same"), id="no_samples_groups2"),
-    pytest.param((2, 3, 6, 7), (0, 3, 3, 3), dict(padding=1), id="no_filters"),
 ])
 def test_degenerate_gives_zeros(x_shape, w_shape, kwargs, dtype):
     # Nothing is multiplied: both gradients are zeros of the right shape and dtype, never uninitialised.
@@ -165,6 +164,20 @@ def test_degenerate_gives_zeros(x_shape, w_shape, kwargs, dtype):
         assert got.shape == shape
         assert got.dtype == dtype
         numpy.testing.assert_array_equal(got, numpy.zeros(shape, dtype=dtype))
+
+
+def test_no_filters_is_refused_as_torch():
+    # A weight of no filters (K = 0): torch.nn.grad refuses it, in the words of its forward; so do both passes.
+    x = numpy.random.default_rng(6).standard_normal((2, 3, 6, 7))
+    w, dy = numpy.ones((0, 3, 3, 3)), numpy.ones((2, 0, 6, 7))
+    message = (r"Given groups=1, expected weight to be at least 1 at dimension 0, but got weight of size "
+               r"\[0, 3, 3, 3\] instead")
+    with pytest.raises(RuntimeError, match=message):
+        torch.nn.grad.conv2d_input(x.shape, torch.from_numpy(w), torch.from_numpy(dy), padding=1)
+    with pytest.raises(ValueError, match=message):
+        cuconv.conv2d_input(x.shape, w, dy, padding=1)
+    with pytest.raises(ValueError, match=message):
+        cuconv.conv2d_weight(x, w.shape, dy, padding=1)
 
 
 @pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32], ids=lambda d: numpy.dtype(d).name)

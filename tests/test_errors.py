@@ -205,3 +205,47 @@ def test_failed_config_block_changes_nothing(changes):
         with cuconv.config(**changes):
             pass  # pragma: no cover - entering must fail
     assert repr(cuconv.config) == before
+
+
+# Shapes at the edges, torch.nn.functional.conv2d on the CPU as the oracle: refused with its message where it
+# refuses, the same result where it accepts (C = 0 is the one documented difference: tests/test_conv_cpu.py).
+TORCH_EDGE_CASES = [
+    pytest.param((1, 1, 4, 4), (1, 1, 0, 1), {}, id="kernel_height_0"),
+    pytest.param((1, 1, 4, 4), (1, 1, 1, 0), {}, id="kernel_width_0"),
+    pytest.param((1, 1, 4, 4), (0, 1, 3, 3), {}, id="no_filters"),
+    pytest.param((1, 1, 4, 4), (0, 1, 0, 1), {}, id="no_filters_and_no_taps"),
+    pytest.param((1, 3, 4, 4), (2, 1, 3, 3), dict(groups=3), id="fewer_filters_than_groups"),
+    pytest.param((1, 1, 2, 2), (1, 1, 0, 5), {}, id="kernel_0_and_too_wide"),
+    pytest.param((1, 1, 4, 0), (1, 1, 1, 1), dict(padding=1), id="width_0_padded"),
+    pytest.param((1, 1, 0, 4), (1, 1, 1, 1), dict(padding=1), id="height_0_padded"),
+    pytest.param((1, 1, 0, 4), (1, 1, 0, 1), {}, id="height_0_and_no_taps"),
+    pytest.param((0, 1, 0, 4), (2, 1, 1, 1), dict(padding=1), id="empty_batch_height_0"),
+    pytest.param((2, 1, 4, 5), (3, 1, 3, 3), dict(stride=2**59), id="stride_2pow59"),
+    pytest.param((2, 1, 4, 5), (3, 1, 3, 3), dict(stride=(1, 2**62)), id="stride_2pow62"),
+    pytest.param((2, 1, 4, 5), (3, 1, 3, 3), dict(stride=2**63), id="stride_2pow63"),
+    pytest.param((2, 1, 4, 5), (3, 1, 3, 3), dict(dilation=2**40), id="dilation_2pow40"),
+]
+
+
+def _outcome(call):
+    try:
+        return call()
+    except (RuntimeError, ValueError, TypeError) as exc:
+        return str(exc).splitlines()[0]
+
+
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", TORCH_EDGE_CASES)
+def test_edge_shapes_as_torch(x_shape, w_shape, kwargs):
+    import cuconv.nn.functional as F
+
+    rng = numpy.random.default_rng(43)
+    x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape)
+    expected = _outcome(lambda: torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), **kwargs))
+    for got in (_outcome(lambda: cuconv.conv2d(x, w, **kwargs)),
+                _outcome(lambda: F.conv2d(torch.from_numpy(x), torch.from_numpy(w), **kwargs))):
+        if isinstance(expected, str):
+            assert got == expected
+        else:
+            got = numpy.asarray(got)
+            assert got.shape == tuple(expected.shape)
+            assert rel_err(got, expected.numpy()) <= tolerance(numpy.float64)
