@@ -4,18 +4,24 @@ Like ``torch.backends.cudnn.benchmark``: the first call with a given signature (
 precision, pass and the full geometry ``ConvSpec``) runs each algorithm that can serve it on the real
 inputs, timed with CUDA events on the current stream, and every later call with that signature runs the
 winner. Winners live in memory for the process and, where ``cuconv.config.benchmark_cache`` names a file,
-also on disk (JSON), so a later process on the same kind of device skips the timing. Entries carry the
+also on disk (JSON), so a later process on the same kind of device skips the timing. The file is a cache, never
+an authority: an entry that names no algorithm able to serve its case is timed afresh, a damaged file is
+rewritten, one that cannot be read is left alone, and writers (threads and processes) lock, merge and replace
+it atomically; a location that cannot be written costs a warning, not the call. Entries carry the
 device name: another device misses and times again. During CUDA-graph capture nothing is timed (that would
 synchronise): a signature timed before runs its winner, one never timed the heuristic choice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import statistics
+import tempfile
 import threading
+import warnings
 from typing import Callable, Dict, Optional
 
 import numpy
@@ -34,6 +40,7 @@ _chosen: Dict[tuple, str] = {}
 # costs one lookup, not the device's name and a key built again (host time on every call of a small layer).
 _picked: Dict[tuple, str] = {}
 _lock = threading.Lock()
+_disk_lock = threading.Lock()  # the cache file's writers in this process (the file lock covers other processes)
 
 
 def signature(device_name: str, dtype, precision: str, pass_: str, spec: ConvSpec) -> str:
@@ -51,22 +58,70 @@ def clear() -> None:
         _picked.clear()
 
 
-def _load_disk(path: str) -> Dict[str, str]:
+def _load_disk(path: str) -> Optional[Dict[str, str]]:
+    """The cache file's entries (pairs of strings; anything else in it is dropped): {} where the file is missing or
+    holds no JSON object (a damaged cache heals at the next store); None where it exists but cannot be read (it is
+    then never replaced)."""
     try:
-        with open(path) as fh:
-            data = json.load(fh)
-        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
         return {}
+    except (OSError, UnicodeDecodeError):  # a directory, no permission, not text
+        return None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):  # malformed, or nested deeper than the parser goes
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+@contextlib.contextmanager
+def _file_lock(path: str):
+    """Exclusive use of the cache file across threads and processes: a lock file beside it (``flock``; opened
+    without following a symbolic link), where the platform has one."""
+    with _disk_lock:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows: threads only
+            yield
+            return
+        fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # (releases the lock)
 
 
 def _store_disk(path: str, key: str, name: str) -> None:
-    data = _load_disk(path)
-    data[key] = name
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-    os.replace(tmp, path)  # atomic: concurrent processes never read half a file
+    """Add one winner to the cache file: read, merge and replace under the file lock, through a fresh temporary
+    file in the same directory (``mkstemp``: a unique name, created exclusively), so that concurrent writers
+    keep each other's entries and readers never see half a file. A location that cannot be written is a
+    warning, not an error: the winner is still used from memory."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        with _file_lock(path):
+            data = _load_disk(path)
+            if data is None:
+                warnings.warn(f"cuconv: the autotune cache {path} cannot be read; it is left as it is and this "
+                              f"process keeps its choices in memory", RuntimeWarning, stacklevel=3)
+                return
+            data[key] = name
+            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    json.dump(data, fh, indent=1, sort_keys=True)
+                os.replace(tmp, path)  # atomic: readers see the old file or the new one
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+    except OSError as exc:
+        warnings.warn(f"cuconv: could not write the autotune cache {path} ({exc}); this process keeps its "
+                      f"choices in memory", RuntimeWarning, stacklevel=3)
 
 
 def time_cuda(run: Callable[[], None], reps: int = 3, warmup: int = 1, calls: int = 1) -> float:
@@ -120,8 +175,10 @@ def _choose(spec, dtype, precision, pass_, run, device_name, timer) -> str:
         name = _winners.get(key)
     path = config.benchmark_cache
     if name is None and path:
-        name = _load_disk(path).get(key)
-    if name is not None and registry.reason_unsupported(name, spec, dtype, pass_, precision) is None:
+        name = (_load_disk(path) or {}).get(key)
+    # a name from the file is used only if it is an algorithm of this pass that can serve the case
+    if (name is not None and name in registry.algorithms(pass_)
+            and registry.reason_unsupported(name, spec, dtype, pass_, precision) is None):
         with _lock:
             _winners[key] = name
         return name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy
 import pytest
@@ -287,3 +288,76 @@ def test_implicit_gemm_reasons():
                                                               _F16)
     with cuconv.config(workspace_limit=1 << 20):
         assert "workspace_limit" in implicit_gemm.reason_unsupported(spec, _F16)
+
+
+def _cached_key(path):
+    return next(iter(json.loads(path.read_text())))
+
+
+@pytest.mark.parametrize("content", [
+    pytest.param(lambda key: json.dumps({key: "fft"}), id="unknown_algorithm"),
+    pytest.param(lambda key: json.dumps({key: 7}), id="not_a_name"),
+    pytest.param(lambda key: "[" * 100000 + "]" * 100000, id="nested_too_deep"),
+    pytest.param(lambda key: json.dumps([key, "direct"]), id="not_an_object"),
+])
+def test_autotune_cache_entries_that_cannot_serve_are_timed_afresh(tmp_path, content):
+    path = tmp_path / "winners.json"
+    timer = _FakeTimer({"im2col_gemm": 1.0, "direct": 2.0, "direct_smem": 3.0})
+    with cuconv.config(benchmark_cache=str(path)):
+        _choose(timer)
+        path.write_text(content(_cached_key(path)))
+        autotune.clear()
+        timer.timed.clear()
+        assert _choose(timer) == "im2col_gemm" and timer.timed  # never KeyError or RecursionError
+        assert json.loads(path.read_text())[_cached_key(path)] == "im2col_gemm"  # the cache healed
+
+
+@pytest.mark.parametrize("where", ["a_directory", "a_missing_directory"])
+def test_autotune_cache_that_cannot_be_written_warns_and_keeps_the_choice(tmp_path, where):
+    path = tmp_path / "winners.json"
+    if where == "a_directory":
+        path.mkdir()  # exists, cannot be read as a file: left alone
+    else:
+        path = tmp_path / "missing" / "winners.json"
+    timer = _FakeTimer({"im2col_gemm": 2.0, "direct": 3.0, "direct_smem": 1.0})
+    with cuconv.config(benchmark_cache=str(path)):
+        with pytest.warns(RuntimeWarning, match="autotune cache"):
+            assert _choose(timer) == "direct_smem"
+        timer.timed.clear()
+        assert _choose(timer) == "direct_smem" and timer.timed == []  # kept in memory
+    assert path.is_dir() if where == "a_directory" else not path.exists()
+
+
+def test_autotune_cache_concurrent_writers_keep_every_entry(tmp_path):
+    """Threads and processes storing into one file at once: every entry survives (a lock, a re-read before
+    each replace, a unique temporary file each)."""
+    import subprocess
+    import sys
+    import threading
+
+    path = str(tmp_path / "winners.json")
+    threads = [threading.Thread(target=lambda i=i: [autotune._store_disk(path, f"t{i}-{j}", "direct")
+                                                    for j in range(25)]) for i in range(8)]
+    script = ("import sys; from cuconv import autotune\n"
+              "for j in range(40): autotune._store_disk(sys.argv[1], f'p{sys.argv[2]}-{j}', 'im2col_gemm')")
+    procs = [subprocess.Popen([sys.executable, "-c", script, path, str(i)]) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    data = json.loads(open(path).read())
+    assert len(data) == 8 * 25 + 2 * 40
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+def test_autotune_cache_write_follows_no_planted_link(tmp_path):
+    """A symbolic link planted where a predictable temporary name would be is never written through."""
+    path = tmp_path / "winners.json"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    for name in (f"{path}.{os.getpid()}.tmp", f"{path}.tmp"):
+        os.symlink(victim, name)
+    autotune._store_disk(str(path), "k", "direct")
+    assert victim.read_text() == "keep me"
+    assert json.loads(path.read_text()) == {"k": "direct"}
