@@ -1,18 +1,65 @@
-"""Process-wide defaults, changeable for a block with ``with cuconv.config(precision="tf32"): ...``."""
+"""cuconv's defaults: process-wide by assignment, per thread and task for a ``with cuconv.config(...)`` block.
+
+``cuconv.config.precision = "tf32"`` changes the default for the whole process. ``with cuconv.config(
+precision="tf32"): ...`` changes it only in the block's own context (a ``contextvars`` context: its thread, or
+its asyncio task), so blocks in several threads never see each other's values, and leaving a block restores
+what it found there. A new thread starts from the process-wide defaults. Unknown names raise AttributeError.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
-import threading
 
 __all__ = ["config", "PRECISIONS"]
 
 PRECISIONS = ("ieee", "tf32")
+_FIELDS = ("precision", "workspace_limit", "benchmark", "benchmark_cache")
+_UNSET = object()
+
+# The current context's overrides by ``with cuconv.config(...)`` blocks: a dict (never mutated once set) or None.
+_overrides = contextvars.ContextVar("cuconv_config_overrides", default=None)
+
+
+def _valid(name: str, value):
+    """``value`` for field ``name``, checked; raises TypeError/ValueError in the setters' words."""
+    if name == "precision":
+        if value not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {value!r}")
+        return value
+    if name == "workspace_limit":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"workspace_limit must be a positive int (bytes), got {type(value).__name__} {value!r}")
+        if value <= 0:
+            raise ValueError(f"workspace_limit must be a positive int (bytes), got {value!r}")
+        return value
+    if name == "benchmark":
+        if not isinstance(value, bool):
+            raise TypeError(f"benchmark must be a bool, got {type(value).__name__}")
+        return value
+    if value is not None and not isinstance(value, (str, os.PathLike)):  # benchmark_cache
+        raise TypeError(f"benchmark_cache must be a path or None, got {type(value).__name__}")
+    return None if value is None else os.fspath(value)
+
+
+def _field(name: str, doc: str) -> property:
+    def get(self):
+        overrides = _overrides.get()
+        if overrides is not None:
+            value = overrides.get(name, _UNSET)
+            if value is not _UNSET:
+                return value
+        return self._defaults[name]
+
+    def set_(self, value):
+        self._defaults[name] = _valid(name, value)
+
+    return property(get, set_, doc=doc)
 
 
 class _Config:
-    """cuconv's defaults.
+    """cuconv's defaults (see the module docstring for their scope).
 
     Attributes
     ----------
@@ -31,77 +78,35 @@ class _Config:
         precision, pass and geometry (default None: in memory only).
     """
 
-    _lock = threading.Lock()
+    __slots__ = ("_defaults",)
+
+    precision = _field("precision", "float32 arithmetic when a call passes precision=None: 'ieee' or 'tf32'.")
+    workspace_limit = _field("workspace_limit", "Upper bound in bytes on one call's temporary buffers.")
+    benchmark = _field("benchmark", "Time every eligible algorithm once per signature (auto only).")
+    benchmark_cache = _field("benchmark_cache", "A JSON file keeping benchmark winners across processes.")
 
     def __init__(self):
-        self._precision = "ieee"
-        self._workspace_limit = 1 << 30
-        self._benchmark = False
-        self._benchmark_cache = None
+        object.__setattr__(self, "_defaults", {"precision": "ieee", "workspace_limit": 1 << 30, "benchmark": False,
+                                                "benchmark_cache": None})
 
-    @property
-    def benchmark(self) -> bool:
-        return self._benchmark
-
-    @benchmark.setter
-    def benchmark(self, value: bool) -> None:
-        if not isinstance(value, bool):
-            raise TypeError(f"benchmark must be a bool, got {type(value).__name__}")
-        self._benchmark = value
-
-    @property
-    def benchmark_cache(self):
-        return self._benchmark_cache
-
-    @benchmark_cache.setter
-    def benchmark_cache(self, value) -> None:
-        if value is not None and not isinstance(value, (str, os.PathLike)):
-            raise TypeError(f"benchmark_cache must be a path or None, got {type(value).__name__}")
-        self._benchmark_cache = None if value is None else os.fspath(value)
-
-    @property
-    def precision(self) -> str:
-        return self._precision
-
-    @precision.setter
-    def precision(self, value: str) -> None:
-        if value not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {value!r}")
-        self._precision = value
-
-    @property
-    def workspace_limit(self) -> int:
-        return self._workspace_limit
-
-    @workspace_limit.setter
-    def workspace_limit(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"workspace_limit must be a positive int (bytes), got {type(value).__name__} {value!r}")
-        if value <= 0:
-            raise ValueError(f"workspace_limit must be a positive int (bytes), got {value!r}")
-        self._workspace_limit = value
+    def __setattr__(self, name, value):
+        if name not in _FIELDS:
+            raise AttributeError(f"cuconv.config has no setting {name!r}; the settings are {', '.join(_FIELDS)}")
+        object.__setattr__(self, name, value)
 
     @contextlib.contextmanager
     def __call__(self, **changes):
-        """Temporarily change defaults: ``with cuconv.config(workspace_limit=1 << 28): ...``."""
-        unknown = set(changes) - {"precision", "workspace_limit", "benchmark", "benchmark_cache"}
+        """Change defaults in this context for a block: ``with cuconv.config(workspace_limit=1 << 28): ...``.
+        Every value is checked first: a bad one changes nothing."""
+        unknown = set(changes) - set(_FIELDS)
         if unknown:
             raise TypeError(f"config() got unexpected keyword argument(s) {sorted(unknown)}")
-        with self._lock:
-            saved = {name: getattr(self, name) for name in changes}
-            try:
-                for name, value in changes.items():
-                    setattr(self, name, value)
-            except Exception:  # a bad value: undo the ones already applied, change nothing
-                for name, value in saved.items():
-                    setattr(self, name, value)
-                raise
+        checked = {name: _valid(name, value) for name, value in changes.items()}
+        token = _overrides.set({**(_overrides.get() or {}), **checked})
         try:
             yield self
         finally:
-            with self._lock:
-                for name, value in saved.items():
-                    setattr(self, name, value)
+            _overrides.reset(token)
 
     def __repr__(self) -> str:
         return (f"cuconv.config(precision={self.precision!r}, workspace_limit={self.workspace_limit}, "

@@ -249,3 +249,83 @@ def test_edge_shapes_as_torch(x_shape, w_shape, kwargs):
             got = numpy.asarray(got)
             assert got.shape == tuple(expected.shape)
             assert rel_err(got, expected.numpy()) <= tolerance(numpy.float64)
+
+
+# ----- cuconv.config: process-wide by assignment, per thread and task for a block ---------------------------------
+def test_config_blocks_in_threads_see_only_their_own_values():
+    import threading
+
+    barrier = threading.Barrier(8)
+    seen = {}
+
+    def worker(i):
+        limit = (i + 1) << 20
+        with cuconv.config(workspace_limit=limit, precision="tf32" if i % 2 else "ieee"):
+            barrier.wait()  # every thread inside its block at once
+            seen[i] = [(cuconv.config.workspace_limit, cuconv.config.precision) for _ in range(1500)]
+            barrier.wait()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, reads in seen.items():
+        assert set(reads) == {((i + 1) << 20, "tf32" if i % 2 else "ieee")}, i
+    assert (cuconv.config.workspace_limit, cuconv.config.precision) == (1 << 30, "ieee")
+
+
+def test_config_blocks_left_out_of_order_across_threads_restore_the_default():
+    import threading
+
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+
+    def block(limit, entered, wait_for, left=None):
+        with cuconv.config(workspace_limit=limit):
+            entered.set()
+            wait_for.wait(5)
+        if left is not None:
+            left.set()
+
+    ta = threading.Thread(target=block, args=(1 << 20, a_in, b_in, a_out))
+    tb = threading.Thread(target=block, args=(2 << 20, b_in, a_out))
+    ta.start()
+    a_in.wait(5)
+    tb.start()  # A entered, B enters, A leaves, then B leaves
+    ta.join()
+    tb.join()
+    assert cuconv.config.workspace_limit == 1 << 30
+
+
+def test_config_assignment_is_process_wide_and_new_threads_start_from_it():
+    import threading
+
+    seen = []
+    with cuconv.config(precision="tf32"):
+        cuconv.config.workspace_limit = 5 << 20
+        t = threading.Thread(target=lambda: seen.append((cuconv.config.precision, cuconv.config.workspace_limit)))
+        t.start()
+        t.join()
+    assert seen == [("ieee", 5 << 20)]  # the assignment reaches it, the block's precision does not
+
+
+def test_config_blocks_in_asyncio_tasks_are_their_own():
+    import asyncio
+
+    async def task(limit):
+        with cuconv.config(workspace_limit=limit):
+            await asyncio.sleep(0.01)
+            return cuconv.config.workspace_limit
+
+    async def main():
+        return await asyncio.gather(*(task((i + 1) << 20) for i in range(4)))
+
+    assert asyncio.run(main()) == [(i + 1) << 20 for i in range(4)]
+
+
+@pytest.mark.parametrize("name", ["precison", "workspace", "Precision"])
+def test_config_unknown_setting_raises(name):
+    with pytest.raises(AttributeError, match=rf"cuconv\.config has no setting '{name}'"):
+        setattr(cuconv.config, name, "tf32")
+    with pytest.raises(AttributeError):
+        getattr(cuconv.config, name)

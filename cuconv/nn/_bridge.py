@@ -97,7 +97,7 @@ class Layer:
     (3-D for unbatched input: the data are the same)."""
 
     __slots__ = ("spec", "dtype", "np_dtype", "device", "index", "precision", "algo", "bias", "x_shape", "w_shape",
-                 "out_shape", "benchmark", "_plans", "_bias_grad", "_lock", "fprop")
+                 "out_shape", "benchmark", "workspace_limit", "_plans", "_bias_grad", "_lock", "fprop")
 
     def __init__(self, spec: ConvSpec, dtype: torch.dtype, device: torch.device, precision: str, algo: str,
                  bias: bool, x_shape: tuple, benchmark: bool = False):
@@ -108,6 +108,9 @@ class Layer:
         self.x_shape, self.w_shape = tuple(x_shape), spec.weight_shape
         self.out_shape = spec.output_shape[1:] if len(x_shape) == 3 else spec.output_shape
         self.benchmark = benchmark
+        # the workspace limit of the call that made the layer (part of its signature): its backward passes, which
+        # autograd may run in another thread (outside a ``with cuconv.config`` block), plan with the same
+        self.workspace_limit = config.workspace_limit
         self._plans = {}
         self._bias_grad = None
         self._lock = threading.Lock()
@@ -118,7 +121,7 @@ class Layer:
 
     # ---- CUDA ------------------------------------------------------------------------------------------------
     def _prepare(self, pass_: str, name: str, aligned: bool) -> "_plan.Plan":
-        env = _plan.env(self.index, config.workspace_limit, aligned)
+        env = _plan.env(self.index, self.workspace_limit, aligned)
         return _registry.prepare(name, pass_, self.spec, self.np_dtype, self.precision, env, self.bias and pass_ == "fprop")
 
     def plan(self, pass_: str, ptrs: tuple) -> "_plan.Plan":
