@@ -1,9 +1,6 @@
-"""``cuconv.nn`` on CPU tensors: ``functional.conv2d`` (custom ops with an autograd formula), the ``Conv2d``
-drop-in, ``convert`` and ``torch.compile``, all against torch in float64.
-
-Double backward is not supported: the backward ops ``cuconv::conv2d_input``/``conv2d_weight``/
-``conv2d_bias_grad`` have no autograd formula of their own, and torch says so when asked to differentiate
-through them (pinned below).
+"""``cuconv.nn`` on CPU tensors: ``functional.conv2d`` (an autograd.Function in eager mode, custom ops with
+autograd formulas under ``torch.compile`` and for double backward, forward-mode AD), the ``Conv2d`` drop-in,
+``convert`` and ``torch.compile``, all against torch in float64.
 """
 
 import copy
@@ -102,28 +99,46 @@ def test_gradcheck(x_shape, w_shape, bias, kwargs):
     assert torch.autograd.gradcheck(lambda *t: F.conv2d(*t, **kwargs), inputs)
 
 
-def _double_backward_inputs():
+@pytest.mark.parametrize("x_shape,w_shape,bias,kwargs", GRADCHECK_CASES)
+def test_gradgradcheck(x_shape, w_shape, bias, kwargs):
+    """Double backward (gradient penalties, MAML, Hessian-vector products): dgrad and wgrad have formulas of their
+    own, each again a convolution."""
     gen = torch.Generator().manual_seed(12)
-    return tuple(torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
-                 for shape in ((1, 2, 5, 4), (3, 2, 3, 3), (3,)))
+    make = lambda shape: torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
+    inputs = (make(x_shape), make(w_shape)) + ((make(w_shape[:1]),) if bias else ())
+    assert torch.autograd.gradgradcheck(lambda *t: F.conv2d(*t, **kwargs), inputs)
 
 
-@pytest.mark.parametrize("wrt,op", [(0, "conv2d_input"), (1, "conv2d_weight"), (2, "conv2d_bias_grad")],
-                         ids=["dx", "dw", "db"])
-def test_double_backward_raises(wrt, op):
-    # Not supported: differentiating a first derivative fails, clearly and naming the backward op.
-    inputs = _double_backward_inputs()
-    y = F.conv2d(*inputs, padding=1)
-    (first,) = torch.autograd.grad(y.square().sum(), inputs[wrt], create_graph=True)
-    message = rf"Trying to backward through cuconv\.{op}\.default but no autograd formula was registered"
-    with pytest.raises(RuntimeError, match=message):
-        first.sum().backward()
+def test_gradient_penalty_matches_torch():
+    """A WGAN-GP style penalty: the norm of d(out)/d(x), differentiated again with respect to the weight."""
+    gen = torch.Generator().manual_seed(13)
+    x = torch.randn(2, 3, 7, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    results = []
+    for conv in (F.conv2d, torch.nn.functional.conv2d):
+        (gx,) = torch.autograd.grad(conv(x, w, padding=1, stride=2).tanh().sum(), x, create_graph=True)
+        results.append(torch.autograd.grad(gx.square().sum(), w)[0])
+    _assert_all_close([results[0]], [results[1]])
 
 
-def test_gradgradcheck_raises():
-    with pytest.raises(RuntimeError, match=r"Trying to backward through cuconv\.conv2d_\w+\.default but no "
-                                           r"autograd formula was registered"):
-        torch.autograd.gradgradcheck(lambda *t: F.conv2d(*t, padding=1), _double_backward_inputs())
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # (torch.func's import)
+@pytest.mark.parametrize("x_shape,w_shape,bias,kwargs", GRADCHECK_CASES)
+def test_forward_mode_ad_matches_torch(x_shape, w_shape, bias, kwargs):
+    """Tangents through torch.func.jvp and torch.autograd.forward_ad equal torch's (never zeros, never None)."""
+    import torch.autograd.forward_ad as fwAD
+
+    gen = torch.Generator().manual_seed(14)
+    make = lambda shape: torch.randn(shape, generator=gen, dtype=torch.float64)
+    primals = (make(x_shape), make(w_shape)) + ((make(w_shape[:1]),) if bias else ())
+    tangents = tuple(make(p.shape) for p in primals)
+    ours = lambda *t: F.conv2d(*t, **kwargs)
+    ref = lambda *t: torch.nn.functional.conv2d(*t, **kwargs)
+    _assert_all_close([torch.func.jvp(ours, primals, tangents)[1]], [torch.func.jvp(ref, primals, tangents)[1]])
+    with fwAD.dual_level():
+        got = fwAD.unpack_dual(ours(fwAD.make_dual(primals[0], tangents[0]), *primals[1:])).tangent
+        expected = fwAD.unpack_dual(ref(fwAD.make_dual(primals[0], tangents[0]), *primals[1:])).tangent
+    assert got is not None
+    _assert_all_close([got], [expected])
 
 
 @pytest.mark.parametrize("needs", [(True, False, False), (False, True, False), (False, False, True),

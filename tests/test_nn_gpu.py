@@ -68,6 +68,24 @@ def test_gradcheck_float64_on_gpu():
         lambda x, w, b: F.conv2d(x, w, b, stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2), (x, w, b))
 
 
+def test_gradgradcheck_float64_on_gpu():
+    x = torch.randn(2, 4, 7, 6, dtype=torch.float64, device="cuda", requires_grad=True)
+    w = torch.randn(6, 2, 3, 2, dtype=torch.float64, device="cuda", requires_grad=True)
+    b = torch.randn(6, dtype=torch.float64, device="cuda", requires_grad=True)
+    assert torch.autograd.gradgradcheck(
+        lambda x, w, b: F.conv2d(x, w, b, stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2), (x, w, b))
+
+
+def test_forward_mode_ad_on_gpu_matches_torch():
+    gen = torch.Generator(device="cuda").manual_seed(46)
+    primals = tuple(torch.randn(s, dtype=torch.float64, device="cuda", generator=gen)
+                    for s in ((2, 4, 9, 8), (6, 4, 3, 3), (6,)))
+    tangents = tuple(torch.randn_like(p) for p in primals)
+    got = torch.func.jvp(lambda *t: F.conv2d(*t, padding=1), primals, tangents)[1]
+    expected = torch.func.jvp(lambda *t: torch.nn.functional.conv2d(*t, padding=1), primals, tangents)[1]
+    assert rel_err(got.cpu().numpy(), expected.cpu().numpy()) <= tolerance(numpy.float64)
+
+
 def test_tensors_cross_zero_copy(monkeypatch):
     """The plans get the tensors' own data pointers (no copy) and torch's current stream."""
     from cuconv import _plan

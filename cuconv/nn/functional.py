@@ -79,14 +79,21 @@ def _layer(x, w, b, spec: ConvSpec, algo: str, precision: str) -> "_bridge.Layer
 # Eager: an autograd.Function over a layer
 # ----------------------------------------------------------------------------------------------------------
 class _Conv2d(torch.autograd.Function):
-    """y = conv2d(x, w) + b through ``layer``; backward: dgrad, wgrad and the bias sum as needed."""
+    """y = conv2d(x, w) + b through ``layer``; backward: dgrad, wgrad and the bias sum as needed; forward-mode
+    AD: the tangent conv2d(ẋ, w) + conv2d(x, ẇ) + ḃ."""
 
     @staticmethod
-    def forward(ctx, x, w, b, layer):
+    def forward(x, w, b, layer):
+        return layer.forward(x, w, b)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, w, b, layer = inputs
         needs = ctx.needs_input_grad
         ctx.layer = layer
         ctx.save_for_backward(x if needs[1] else None, w if needs[0] else None)
-        return layer.forward(x, w, b)
+        if _forward_ad_level() >= 0:  # (a dual level is open: jvp may be asked)
+            ctx.save_for_forward(x, w)
 
     @staticmethod
     def backward(ctx, dy):
@@ -94,9 +101,38 @@ class _Conv2d(torch.autograd.Function):
         layer = ctx.layer
         need_x, need_w, need_b, _ = ctx.needs_input_grad
         dy = dy.contiguous()
-        if torch.is_grad_enabled():  # create_graph=True: the custom ops, which autograd sees (and names)
+        if torch.is_grad_enabled():  # create_graph=True: the custom ops, whose own formulas autograd records
             return _backward_ops(layer, x, w, dy, need_x, need_w, need_b) + (None,)
         return layer.backward(dy, x, w, need_x, need_w, need_b) + (None,)
+
+    @staticmethod
+    def jvp(ctx, x_t, w_t, b_t, _):
+        x, w = ctx.saved_tensors
+        layer = ctx.layer
+        spec = layer.spec
+        unbatched = len(layer.x_shape) == 3
+        geometry = (list(spec.stride), list(spec.pad), list(spec.dilation), spec.groups, layer.algo, layer.precision)
+
+        def conv(a, b):
+            a = a.unsqueeze(0) if unbatched else a
+            y = torch.ops.cuconv.conv2d(a.contiguous(), b.contiguous(), None, *geometry)
+            return y.squeeze(0) if unbatched else y
+
+        y_t = None
+        if x_t is not None:
+            y_t = conv(x_t, w)
+        if w_t is not None:
+            y_t = conv(x, w_t) if y_t is None else y_t + conv(x, w_t)
+        if b_t is not None:
+            shape = (-1, 1, 1) if unbatched else (1, -1, 1, 1)
+            y_t = (torch.zeros(layer.out_shape, dtype=b_t.dtype, device=b_t.device) if y_t is None else y_t) \
+                + b_t.reshape(shape)
+        return y_t
+
+
+def _forward_ad_level() -> int:
+    """The innermost open forward-mode AD level (-1: none): dual tensors may then reach a call."""
+    return torch.autograd.forward_ad._current_level
 
 
 def _backward_ops(layer, x, w, dy, need_x: bool, need_w: bool, need_b: bool) -> tuple:
@@ -129,7 +165,8 @@ def _run_layer(layer, x, w, b):
     w = w if w.is_contiguous() else w.contiguous()
     if b is not None and not b.is_contiguous():
         b = b.contiguous()
-    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
+    if ((torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)))
+            or _forward_ad_level() >= 0):
         return _Conv2d.apply(x, w, b, layer)
     return layer.forward(x, w, b)  # (it reads data pointers only: the result records no autograd history)
 
@@ -252,6 +289,61 @@ def _backward_formula(ctx, grad_output):
 
 
 torch.library.register_autograd("cuconv::conv2d", _backward_formula, setup_context=_setup_context)
+
+
+# Double backward: dgrad and wgrad are linear in both their tensors, and each of their derivatives is again one of
+# the three convolutions. With dx = dgrad(w, dy): <g, dx> = <conv2d(g, w), dy>, so d/d(dy) = conv2d(g, w) and
+# d/dw = wgrad(g, dy). With dw = wgrad(x, dy): <gw, dw> = <conv2d(x, gw), dy>, so d/d(dy) = conv2d(x, gw) and
+# d/dx = dgrad(gw, dy). The formulas call the ops, which have formulas too: every order is differentiable.
+def _save_geometry(ctx, inputs, output):
+    size, first, second, stride, padding, dilation, groups, algo, precision = inputs
+    ctx.save_for_backward(first, second)
+    ctx.size = size
+    ctx.geometry = (stride, padding, dilation, groups)
+    ctx.algo, ctx.precision = algo, precision
+
+
+def _dgrad_formula(ctx, g):
+    w, dy = ctx.saved_tensors
+    g = g.contiguous()
+    d_w = d_dy = None
+    if ctx.needs_input_grad[1]:
+        d_w = torch.ops.cuconv.conv2d_weight(g, list(w.shape), dy, *ctx.geometry,
+                                             _bridge.backward_algo(ctx.algo, "wgrad"), ctx.precision)
+    if ctx.needs_input_grad[2]:
+        d_dy = torch.ops.cuconv.conv2d(g, w, None, *ctx.geometry, ctx.algo, ctx.precision)
+    return None, d_w, d_dy, None, None, None, None, None, None
+
+
+def _wgrad_formula(ctx, g):
+    x, dy = ctx.saved_tensors
+    g = g.contiguous()
+    d_x = d_dy = None
+    if ctx.needs_input_grad[0]:
+        d_x = torch.ops.cuconv.conv2d_input(list(x.shape), g, dy, *ctx.geometry,
+                                            _bridge.backward_algo(ctx.algo, "dgrad"), ctx.precision)
+    if ctx.needs_input_grad[2]:
+        d_dy = torch.ops.cuconv.conv2d(x, g, None, *ctx.geometry, ctx.algo, ctx.precision)
+    return d_x, None, d_dy, None, None, None, None, None, None
+
+
+def _wgrad_setup(ctx, inputs, output):
+    x, size, dy, *rest = inputs
+    _save_geometry(ctx, (size, x, dy, *rest), output)
+
+
+def _bias_grad_setup(ctx, inputs, output):
+    ctx.shape = inputs[0].shape
+
+
+def _bias_grad_formula(ctx, g):
+    """db = Σ dy over (N, P, Q): d/d(dy) of <g, db> is g in every position of its channel."""
+    return g.reshape(1, -1, 1, 1).expand(ctx.shape)
+
+
+torch.library.register_autograd("cuconv::conv2d_input", _dgrad_formula, setup_context=_save_geometry)
+torch.library.register_autograd("cuconv::conv2d_weight", _wgrad_formula, setup_context=_wgrad_setup)
+torch.library.register_autograd("cuconv::conv2d_bias_grad", _bias_grad_formula, setup_context=_bias_grad_setup)
 
 
 # ----------------------------------------------------------------------------------------------------------
