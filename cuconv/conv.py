@@ -226,8 +226,10 @@ def _call_key(x, weight, bias, out, stride, padding, dilation, groups, algo, pre
 def _run(xp, plan: _Plan, x, weight, bias, out, requested="auto"):
     """Run ``plan`` on 4-D ``x``: into ``out`` (of the plan's result shape) when given, else a new array."""
     spec = plan.spec
-    # Compute into `out` directly when it is C-contiguous, else into a fresh array copied over at the end.
-    direct = out is not None and out.flags.c_contiguous
+    # Compute into `out` directly when it is C-contiguous and shares no memory with an operand (the kernels read
+    # the operands while they write: an aliased out would feed them what they already wrote), else into a fresh
+    # array copied over at the end.
+    direct = out is not None and out.flags.c_contiguous and not _overlaps(xp, out, x, weight, bias)
     if direct:  # a view costs host time (microseconds a call): built only when the shape differs
         y = out if out.shape == spec.output_shape else out.reshape(spec.output_shape)
     else:
@@ -251,6 +253,11 @@ def _run(xp, plan: _Plan, x, weight, bias, out, requested="auto"):
     if not direct:
         out[...] = y
     return out
+
+
+def _overlaps(xp, out, *operands) -> bool:
+    """Whether ``out`` may share memory with an operand (NumPy's and CuPy's bounds check)."""
+    return any(a is not None and xp.may_share_memory(out, a) for a in operands)
 
 
 def _run_gpu(plan: _Plan, requested: str, x, weight, bias, y) -> None:

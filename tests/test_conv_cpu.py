@@ -181,3 +181,31 @@ def test_tf32_is_ieee_on_cpu(case_id):
     with cuconv.config(precision="tf32"):
         numpy.testing.assert_array_equal(cuconv.conv2d(x, w, b, **case.kwargs), ieee)
     assert rel_err(ieee, reference(x, w, b, **case.kwargs)) <= tolerance(numpy.float32, "ieee")
+
+
+ALIASED_OUT = [
+    pytest.param((1, 8, 37, 33), (8, 8, 3, 3), dict(padding=1), "x", id="out_is_x"),
+    pytest.param((2, 6, 21, 19), (6, 3, 3, 3), dict(padding=1, groups=2), "x", id="out_is_x_groups2"),
+    pytest.param((3, 3, 5, 5), (3, 3, 3, 3), {}, "w", id="out_is_w"),
+    pytest.param((1, 4, 12, 12), (4, 4, 1, 1), {}, "x_view", id="out_overlaps_x"),
+]
+
+
+@pytest.mark.parametrize("limit", [1 << 30, 32 << 10], ids=["whole", "chunked"])
+@pytest.mark.parametrize("x_shape,w_shape,kwargs,alias", ALIASED_OUT)
+def test_out_aliasing_an_input_gives_the_right_result(x_shape, w_shape, kwargs, alias, limit):
+    """out= that is (or overlaps) an input: computed as if out were a separate array, as NumPy's ufuncs do
+    (chunks read input rows that earlier chunks would have overwritten)."""
+    rng = numpy.random.default_rng(44)
+    x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape)
+    expected = reference(x, w, None, **kwargs)
+    if alias == "x_view":
+        storage = numpy.concatenate([x.ravel(), numpy.zeros(8)])
+        x = storage[:x.size].reshape(x_shape)
+        out = storage[8:8 + expected.size].reshape(expected.shape)  # starts 8 elements into x
+    else:
+        out = x if alias == "x" else w
+    with cuconv.config(workspace_limit=limit):
+        y = cuconv.conv2d(x, w, out=out, **kwargs)
+    assert y is out
+    assert rel_err(y, expected) <= tolerance(numpy.float64)

@@ -701,3 +701,21 @@ def test_benchmark_mode_times_a_signature_once_until_cleared(monkeypatch):
     ref = reference(cupy.asnumpy(x).astype(numpy.float64), cupy.asnumpy(w).astype(numpy.float64), padding=1)
     for yi in y:
         assert rel_err(cupy.asnumpy(yi), ref) <= tolerance(numpy.float32)
+
+
+@pytest.mark.parametrize("precision", ["ieee", "tf32"])
+@pytest.mark.parametrize("alias", ["x", "w"])
+def test_out_aliasing_an_input_gives_the_right_result_on_gpu(alias, precision):
+    """Every GPU algorithm reads its operands while it writes: an aliased out= is computed apart and copied."""
+    import cupy
+
+    rng = numpy.random.default_rng(45)
+    x_shape, w_shape, kwargs = ((1, 64, 45, 45), (64, 64, 3, 3), dict(padding=1)) if alias == "x" else \
+        ((3, 3, 5, 5), (3, 3, 3, 3), {})
+    x, w = rng.standard_normal(x_shape).astype(numpy.float32), rng.standard_normal(w_shape).astype(numpy.float32)
+    expected = reference(x, w, None, **kwargs)
+    xg, wg = cupy.asarray(x), cupy.asarray(w)
+    out = xg if alias == "x" else wg
+    y = cuconv.conv2d(xg, wg, out=out, precision=precision, **kwargs)
+    assert y is out
+    assert rel_err(cupy.asnumpy(y), expected) <= tolerance(numpy.float32, precision)
