@@ -11,6 +11,7 @@ import numbers
 import numpy
 
 from . import _backend, _plan, autotune, registry as _registry
+from ._errors import ConvValueError
 from .conv import _array_kind, _check_same_device, _check_dtypes, _resolve_precision
 from .spec import ConvSpec
 
@@ -31,7 +32,7 @@ def _size(value, name: str, ranks=(3, 4)) -> tuple:
 def _check_grad_output(grad_output, spec: ConvSpec, unbatched: bool):
     expected = spec.output_shape[1:] if unbatched else spec.output_shape
     if tuple(grad_output.shape) != tuple(expected):
-        raise ValueError(f"Expected grad_output of size {list(expected)} for this convolution, but got "
+        raise ConvValueError(f"Expected grad_output of size {list(expected)} for this convolution, but got "
                          f"grad_output of size {list(grad_output.shape)}")
 
 
@@ -69,7 +70,7 @@ def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=
         raise TypeError("conv2d_input(): weight and grad_output must come from the same library")
     input_size = _size(input_size, "input_size")
     if weight.ndim != 4:
-        raise ValueError(f"Expected 4D weight (out_channels, in_channels/groups, kH, kW), but got weight "
+        raise ConvValueError(f"Expected 4D weight (out_channels, in_channels/groups, kH, kW), but got weight "
                          f"of size: {list(weight.shape)}")
     _check_dtypes(grad_output, weight, None, first="grad_output")
     unbatched = len(input_size) == 3
@@ -121,7 +122,7 @@ def conv2d_weight(x, weight_size, grad_output, stride=1, padding=0, dilation=1, 
         raise TypeError("conv2d_weight(): input and grad_output must come from the same library")
     weight_size = _size(weight_size, "weight_size", ranks=(4,))
     if x.ndim not in (3, 4):
-        raise ValueError(f"Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of "
+        raise ConvValueError(f"Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of "
                          f"size: {list(x.shape)}")
     _check_dtypes(x, grad_output, None, second="grad_output")
     if x.ndim == 3:

@@ -12,6 +12,7 @@ import numpy
 
 from . import _backend, _dtypes, _plan, autotune, registry as _registry
 from ._config import PRECISIONS, config
+from ._errors import ConvTypeError, ConvValueError
 from .spec import ConvSpec, _plain
 
 __all__ = ["conv2d"]
@@ -50,14 +51,14 @@ def _check_arrays(x, weight, bias, out):
             raise TypeError(f"conv2d(): input is a {kind} array but {name} is a {other} array; "
                             f"all arrays must come from the same library")
     if x.ndim not in (3, 4):
-        raise ValueError(f"Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of "
+        raise ConvValueError(f"Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of "
                          f"size: {_shape(x)}")
     if weight.ndim != 4:
-        raise ValueError(f"Expected 4D weight (out_channels, in_channels/groups, kH, kW) for conv2d, but "
+        raise ConvValueError(f"Expected 4D weight (out_channels, in_channels/groups, kH, kW) for conv2d, but "
                          f"got weight of size: {_shape(weight)}")
     _check_dtypes(x, weight, bias)
     if bias is not None and (bias.ndim != 1 or bias.shape[0] != weight.shape[0]):
-        raise ValueError(f"Given weight of size {_shape(weight)}, expected bias to be 1-dimensional "
+        raise ConvValueError(f"Given weight of size {_shape(weight)}, expected bias to be 1-dimensional "
                          f"with {weight.shape[0]} elements, but got bias of size {_shape(bias)} instead")
     if kind == "cupy":
         _check_same_device(x, weight=weight, bias=bias, out=out)
@@ -68,17 +69,17 @@ def _check_dtypes(first_array, second_array, bias, first="Input", second="weight
     """A supported float dtype, the same for every array (torch's "Input type ... and weight type ...")."""
     _dtypes.check_float_dtype(first_array.dtype, first.lower() if first == "Input" else first)
     if second_array.dtype != first_array.dtype:
-        raise TypeError(f"{first} type ({first_array.dtype}) and {second} type ({second_array.dtype}) "
+        raise ConvTypeError(f"{first} type ({first_array.dtype}) and {second} type ({second_array.dtype}) "
                         f"should be the same")
     if bias is not None and bias.dtype != first_array.dtype:
-        raise TypeError(f"{first} type ({first_array.dtype}) and bias type ({bias.dtype}) should be the same")
+        raise ConvTypeError(f"{first} type ({first_array.dtype}) and bias type ({bias.dtype}) should be the same")
 
 
 def _check_same_device(reference, reference_name="input", **others):
     dev = reference.data.device_id  # an int attribute: ``.device`` builds a Device object (host time)
     for name, a in others.items():
         if a is not None and a.data.device_id != dev:
-            raise ValueError(f"Expected all arrays to be on the same device, but found {reference_name} on "
+            raise ConvValueError(f"Expected all arrays to be on the same device, but found {reference_name} on "
                              f"cuda:{dev} and {name} on cuda:{a.data.device_id}")
 
 

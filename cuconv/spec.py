@@ -14,6 +14,8 @@ import functools
 import numbers
 from typing import Tuple
 
+from ._errors import ConvValueError
+
 __all__ = ["ConvSpec", "output_size", "pair"]
 
 
@@ -68,7 +70,7 @@ def pair(value, name: str) -> Tuple[int, int]:
             return (_int64(value[0]), _int64(value[0]))
         if len(value) == 2:
             return (_int64(value[0]), _int64(value[1]))
-        raise ValueError(
+        raise ConvValueError(
             f"expected {name} to be a single integer value or a list of 2 values to match the "
             f"convolution dimensions, but got {name}={list(value)}")
     raise TypeError(f"conv2d(): argument '{name}' must be an int or a tuple of 2 ints, "
@@ -201,51 +203,51 @@ class ConvSpec:
             raise TypeError(f"conv2d(): argument 'groups' must be int, not {type(groups).__name__}")
         groups = int(groups)
         if groups <= 0:
-            raise ValueError("non-positive groups is not supported")
+            raise ConvValueError("non-positive groups is not supported")
         if min(stride) <= 0:
-            raise ValueError("non-positive stride is not supported")
+            raise ConvValueError("non-positive stride is not supported")
         if min(dilation) <= 0:
-            raise ValueError("non-positive dilation is not supported")
+            raise ConvValueError("non-positive dilation is not supported")
 
         if isinstance(padding, str):
             if padding == "valid":
                 pad = (0, 0, 0, 0)
             elif padding == "same":
                 if stride != (1, 1):
-                    raise ValueError("padding='same' is not supported for strided convolutions")
+                    raise ConvValueError("padding='same' is not supported for strided convolutions")
                 # torch pads total // 2 before and the rest after, per axis.
                 th, tw = dilation[0] * (r - 1), dilation[1] * (s - 1)
                 pad = (th // 2, th - th // 2, tw // 2, tw - tw // 2)
             else:
-                raise ValueError(f"Invalid padding string: {padding!r}")
+                raise ConvValueError(f"Invalid padding string: {padding!r}")
         else:
             ph, pw = pair(padding, "padding")
             if min(ph, pw) < 0:
-                raise ValueError("negative padding is not supported")
+                raise ConvValueError("negative padding is not supported")
             pad = (ph, ph, pw, pw)
 
         wshape = list(weight_shape)
         if k < groups:  # K = 0 included
-            raise ValueError(f"Given groups={groups}, expected weight to be at least {groups} at dimension 0, but "
+            raise ConvValueError(f"Given groups={groups}, expected weight to be at least {groups} at dimension 0, but "
                              f"got weight of size {wshape} instead")
         if k % groups != 0:
-            raise ValueError(f"Given groups={groups}, expected weight to be divisible by {groups} at "
+            raise ConvValueError(f"Given groups={groups}, expected weight to be divisible by {groups} at "
                              f"dimension 0, but got weight of size {wshape} instead")
         if c != c_g * groups:
-            raise ValueError(f"Given groups={groups}, weight of size {wshape}, expected input"
+            raise ConvValueError(f"Given groups={groups}, weight of size {wshape}, expected input"
                              f"{list(input_shape)} to have {c_g * groups} channels, but got {c} "
                              f"channels instead")
         padded_h, padded_w = h + pad[0] + pad[1], w + pad[2] + pad[3]
         extent_h, extent_w = dilation[0] * (r - 1) + 1, dilation[1] * (s - 1) + 1
         if padded_h < extent_h or padded_w < extent_w:
-            raise ValueError(f"Calculated padded input size per channel: ({padded_h} x {padded_w}). "
+            raise ConvValueError(f"Calculated padded input size per channel: ({padded_h} x {padded_w}). "
                              f"Kernel size: ({extent_h} x {extent_w}). Kernel size can't be greater "
                              f"than actual input size")
         # torch's next checks, in its order: an empty image only in an empty batch or with no channels (C = 0
         # stays cuconv's: its output is K planes of bias, the sum over no channels), then a kernel of no taps
         if n and c and not (h and w):
-            raise ValueError(f"Only zero batch or zero channel inputs are supported, but got input shape: "
+            raise ConvValueError(f"Only zero batch or zero channel inputs are supported, but got input shape: "
                              f"{list(input_shape)}")
         if r <= 0 or s <= 0:
-            raise ValueError(f"kernel size should be greater than zero, but got kernel_height: {r} kernel_width: {s}")
+            raise ConvValueError(f"kernel size should be greater than zero, but got kernel_height: {r} kernel_width: {s}")
         return cls(n, c, h, w, k, r, s, stride, pad, dilation, groups)

@@ -1,7 +1,7 @@
 """Misuses of ``cuconv.conv2d`` and ``cuconv.config`` on NumPy arrays: exception type and message.
 
-Messages follow PyTorch's wording (``torch.nn.functional.conv2d`` raises RuntimeError where we raise
-ValueError/TypeError). Misuses that need a CuPy array (mixing NumPy and CuPy, arrays on different GPUs)
+Messages follow PyTorch's wording; where ``torch.nn.functional.conv2d`` raises RuntimeError, our ValueError and
+TypeError are ``cuconv.ConvValueError``/``ConvTypeError``, RuntimeErrors too. Misuses that need a CuPy array (mixing NumPy and CuPy, arrays on different GPUs)
 are pinned by the GPU tests.
 """
 
@@ -178,8 +178,11 @@ def restore_config():
 
 @pytest.mark.parametrize("misuse,exc,message", MISUSES)
 def test_misuse_raises(misuse, exc, message):
-    with pytest.raises(exc, match=message):
+    with pytest.raises(exc, match=message) as raised:
         misuse(_arrays())
+    # torch's wording, and where torch's class is RuntimeError (geometry, shapes, dtypes), that class too
+    if raised.type in (cuconv.ConvValueError, cuconv.ConvTypeError):
+        assert isinstance(raised.value, RuntimeError)
 
 
 @pytest.mark.parametrize("misuse,exc,message", MISUSES)

@@ -253,6 +253,23 @@ MISUSES = [
 
 
 @pytest.mark.parametrize("misuse,exc,message", MISUSES)
+def test_misuse_raises_what_torch_raises(misuse, exc, message, monkeypatch):
+    """Where torch's conv2d refuses the same call, our exception is also of torch's class (RuntimeError for
+    shapes, dtypes and geometry), besides the ValueError/TypeError of cuconv's array API."""
+    monkeypatch.setattr(F, "conv2d", lambda *a, algo="auto", **k: torch.nn.functional.conv2d(*a, **k))
+    try:
+        misuse()
+        theirs = None
+    except Exception as caught:  # torch's class, whatever it is
+        theirs = type(caught)
+    monkeypatch.undo()
+    with pytest.raises(exc) as ours:
+        misuse()
+    if theirs is not None:
+        assert isinstance(ours.value, theirs), (type(ours.value), theirs)
+
+
+@pytest.mark.parametrize("misuse,exc,message", MISUSES)
 def test_misuse_raises(misuse, exc, message):
     with pytest.raises(exc, match=message):
         misuse()

@@ -16,6 +16,7 @@ from typing import List, Optional
 import torch
 
 from .._config import config
+from .._errors import ConvTypeError, ConvValueError
 from ..registry import algorithms
 from ..spec import ConvSpec, _plain, output_size
 from . import _bridge
@@ -413,22 +414,22 @@ def _checked(input, weight, bias, stride, padding, dilation, groups, algo, autoc
         if device_type in ("cuda", "cpu") and torch.is_autocast_enabled(device_type):
             input, weight, bias = _autocast(input, weight, bias, device_type)
     if input.dim() not in (3, 4):
-        raise ValueError(f"Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of "
+        raise ConvValueError(f"Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of "
                          f"size: {list(input.shape)}")
     if weight.dim() != 4:
-        raise ValueError(f"Expected 4D weight (out_channels, in_channels/groups, kH, kW) for conv2d, but got "
+        raise ConvValueError(f"Expected 4D weight (out_channels, in_channels/groups, kH, kW) for conv2d, but got "
                          f"weight of size: {list(weight.shape)}")
     if input.dtype not in _TORCH_DTYPES:
         raise TypeError(f"cuconv: input dtype {input.dtype} is not supported; expected one of "
                         f"{', '.join(map(str, _TORCH_DTYPES))}")
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.dtype != input.dtype:
-            raise TypeError(f"Input type ({input.dtype}) and {name} type ({t.dtype}) should be the same")
+            raise ConvTypeError(f"Input type ({input.dtype}) and {name} type ({t.dtype}) should be the same")
         if t is not None and t.device != input.device:
-            raise ValueError(f"Expected all tensors to be on the same device, but found input on "
+            raise ConvValueError(f"Expected all tensors to be on the same device, but found input on "
                              f"{input.device} and {name} on {t.device}")
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
-        raise ValueError(f"Given weight of size {list(weight.shape)}, expected bias to be 1-dimensional with "
+        raise ConvValueError(f"Given weight of size {list(weight.shape)}, expected bias to be 1-dimensional with "
                          f"{weight.shape[0]} elements, but got bias of size {list(bias.shape)} instead")
     if algo != "auto" and algo not in algorithms():
         raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {algorithms()}")
