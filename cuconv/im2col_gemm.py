@@ -469,6 +469,7 @@ def wgrad_cpu(x: numpy.ndarray, dy: numpy.ndarray, spec: ConvSpec, dw: numpy.nda
         col = _im2col.im2col_cpu(x[n0:n0 + nb], spec, p0, rows).astype(cdt, copy=False)
         col = col.reshape(nb, g, crs_g, rows * spec.q)
         d = dy[n0:n0 + nb, :, p0:p0 + rows, :].astype(cdt).reshape(nb, g, kg, rows * spec.q)
-        # (g, K/g, CRS/g) += Σ_n (nb, g, K/g, L) @ (nb, g, L, CRS/g)
-        acc += numpy.einsum("ngkl,ngcl->gkc", d, col)
+        # (g, K/g, CRS/g) += Σ_n (nb, g, K/g, L) @ (nb, g, L, CRS/g): batched GEMMs through BLAS, then the sum
+        # over the samples (einsum contracts without BLAS: 10x slower)
+        acc += numpy.matmul(d, col.transpose(0, 1, 3, 2)).sum(axis=0)
     dw[...] = acc.reshape(dw.shape)
