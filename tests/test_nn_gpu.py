@@ -60,20 +60,14 @@ def test_forward_and_grads_match_oracle(case, dtype_name):
             assert err <= max(TORCH_ERROR_FACTOR * torch_err, 1e-7), f"{name} {err:.2e} vs torch {torch_err:.2e}"
 
 
-def test_gradcheck_float64_on_gpu():
+@pytest.mark.parametrize("check", [torch.autograd.gradcheck, torch.autograd.gradgradcheck],
+                         ids=["gradcheck", "gradgradcheck"])
+def test_gradchecks_float64_on_gpu(check):
     x = torch.randn(2, 4, 7, 6, dtype=torch.float64, device="cuda", requires_grad=True)
     w = torch.randn(6, 2, 3, 2, dtype=torch.float64, device="cuda", requires_grad=True)
     b = torch.randn(6, dtype=torch.float64, device="cuda", requires_grad=True)
-    assert torch.autograd.gradcheck(
-        lambda x, w, b: F.conv2d(x, w, b, stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2), (x, w, b))
-
-
-def test_gradgradcheck_float64_on_gpu():
-    x = torch.randn(2, 4, 7, 6, dtype=torch.float64, device="cuda", requires_grad=True)
-    w = torch.randn(6, 2, 3, 2, dtype=torch.float64, device="cuda", requires_grad=True)
-    b = torch.randn(6, dtype=torch.float64, device="cuda", requires_grad=True)
-    assert torch.autograd.gradgradcheck(
-        lambda x, w, b: F.conv2d(x, w, b, stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2), (x, w, b))
+    assert check(lambda x, w, b: F.conv2d(x, w, b, stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2),
+                 (x, w, b))
 
 
 def test_forward_mode_ad_on_gpu_matches_torch():
