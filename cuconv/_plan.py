@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy
 
-from . import _backend
+from . import _backend, _cublas
 
 __all__ = ["OPERANDS", "NULL", "Env", "env", "current_env", "is_aligned", "Plan", "Launch", "Gemm", "Layout", "Builder",
            "run_arrays", "run_on_arrays", "ALIGNMENT"]
@@ -183,7 +183,18 @@ class Builder:
             self.steps.append(step)
         return step
 
-    def gemm(self, prepared, a: tuple, b: tuple, c: tuple, append: bool = True):
+    def gemm(self, dtype, precision: str, m: int, n: int, k: int, a: tuple, lda: int, stride_a: int, b: tuple,
+             ldb: int, stride_b: int, c: tuple, ldc: int, stride_c: int, batch: int, beta: float = 0.0, *,
+             trans_a: str = "N", trans_b: str = "N", c_dtype=None, append: bool = True):
+        """A GEMM step (``_cublas.gemm``'s arguments, strides in elements) on operand references ``a``, ``b``,
+        ``c``: prepared for the alignments the references and the environment give."""
+        item = numpy.dtype(dtype).itemsize
+        c_item = item if c_dtype is None else numpy.dtype(c_dtype).itemsize
+        align = tuple(_cublas.alignment(ref[1], stride * size, self.base_aligned(ref), size)
+                      for ref, stride, size in ((a, stride_a, item), (b, stride_b, item), (c, stride_c, c_item)))
+        prepared = _cublas.PreparedGemm(dtype, precision, m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch,
+                                        beta, trans_a=trans_a, trans_b=trans_b, c_dtype=c_dtype, align=align,
+                                        device=self.env.device)
         step = Gemm(prepared, a, b, c, None)
         self._gemms.append(step)
         if append:

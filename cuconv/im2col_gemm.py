@@ -173,23 +173,6 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     return b.plan("im2col_gemm")
 
 
-def _align(b, ref, stride_bytes: int, itemsize: int) -> int:
-    return _cublas.alignment(ref[1], stride_bytes, b.base_aligned(ref), itemsize)
-
-
-def _gemm(b, dtype, precision, m, n, k, a, lda, stride_a, b_ref, ldb, stride_b, c, ldc, stride_c, batch, beta=0.0, *,
-          trans_a="N", trans_b="N", c_dtype=None, append=True):
-    """A GEMM step on operand references (see ``_cublas.gemm`` for the arguments; strides in elements)."""
-    item = numpy.dtype(dtype).itemsize
-    c_item = item if c_dtype is None else numpy.dtype(c_dtype).itemsize
-    align = (_align(b, a, stride_a * item, item), _align(b, b_ref, stride_b * item, item),
-             _align(b, c, stride_c * c_item, c_item))
-    prepared = _cublas.PreparedGemm(dtype, precision, m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch, beta,
-                                    trans_a=trans_a, trans_b=trans_b, c_dtype=c_dtype, align=align,
-                                    device=b.env.device)
-    return b.gemm(prepared, a, b_ref, c, append=append)
-
-
 class _BatchedGemm:
     """A step: ``cublasGemmBatchedEx`` over pointer arrays in the workspace (built by the step before)."""
 
@@ -214,7 +197,7 @@ def _pair_gemm(b, dtype, precision, spec, nb, m, n, k, a, lda, a_sample, a_group
     c_item = item if c_dtype is None else numpy.dtype(c_dtype).itemsize
     if g == 1 or nb == 1:
         by_sample = g == 1
-        _gemm(b, dtype, precision, m, n, k, a, lda, (a_sample if by_sample else a_group) // item,
+        b.gemm(dtype, precision, m, n, k, a, lda, (a_sample if by_sample else a_group) // item,
               w_ref, ldb, 0 if by_sample else w_group // item,
               c, ldc, (c_sample if by_sample else c_group) // c_item, nb if by_sample else g, beta,
               trans_b=trans_b, c_dtype=c_dtype)
@@ -235,7 +218,7 @@ def _forward_gemm(b, dtype, precision, spec, nb, length, col, col_ld, out, beta,
     item = dtype.itemsize
     g, kg, crs_g, pq = spec.groups, spec.k_per_group, spec.crs_per_group, spec.p * spec.q
     if not append:  # (one strided GEMM: the overlapped chunks hold their steps themselves)
-        return _gemm(b, dtype, precision, length, kg, crs_g, col, col_ld, spec.crs * col_ld, b.ref("w"), crs_g, 0,
+        return b.gemm(dtype, precision, length, kg, crs_g, col, col_ld, spec.crs * col_ld, b.ref("w"), crs_g, 0,
                      out, pq, spec.k * pq, nb, beta, append=False)
     _pair_gemm(b, dtype, precision, spec, nb, length, kg, crs_g, col, col_ld, spec.crs * col_ld * item,
                crs_g * col_ld * item, b.ref("w"), crs_g, kg * crs_g * item, out, pq, spec.k * pq * item,
@@ -402,7 +385,7 @@ def _wgrad_steps(b, spec: ConvSpec, dtype, precision: str) -> None:
             for s0 in range(0, nb, samples):
                 sb = min(samples, nb - s0)
                 # sums[i]ᵀ (CRS × K, ld CRS) = col[i] read as (L × CRS)ᵀ @ dY[i]ᵀ (L × K), for sb samples
-                _gemm(b, dtype, precision, spec.crs, spec.k, length,
+                b.gemm(dtype, precision, spec.crs, spec.k, length,
                       (col[0], col[1] + s0 * spec.crs * col_ld * item), col_ld, spec.crs * col_ld,
                       (dy[0], dy[1] + s0 * spec.k * pq * item), pq, spec.k * pq,
                       sums, spec.crs, outputs, sb, 0.0, trans_a="T", c_dtype=acc_dtype)
@@ -426,7 +409,7 @@ def _wgrad_gemm(b, dtype, precision, spec, length, col, col_ld, dy, acc, acc_dty
     Column-major: dW[g]ᵀ (CRS/g × K/g, ld CRS/g) = op_T(col[n, g] read as (L × CRS/g), ld col_ld)
     @ dY[n, g]ᵀ (L × K/g, ld P·Q); batched over groups."""
     g, kg, crs_g, pq = spec.groups, spec.k_per_group, spec.crs_per_group, spec.p * spec.q
-    _gemm(b, dtype, precision, crs_g, kg, length, col, col_ld, crs_g * col_ld, dy, pq, kg * pq,
+    b.gemm(dtype, precision, crs_g, kg, length, col, col_ld, crs_g * col_ld, dy, pq, kg * pq,
           acc, crs_g, kg * crs_g, g, beta, trans_a="T", c_dtype=acc_dtype)
 
 

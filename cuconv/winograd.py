@@ -36,7 +36,7 @@ import dataclasses
 
 import numpy
 
-from . import _cublas, _dtypes, _loader, _plan, dgrad_forward
+from . import _dtypes, _loader, _plan, dgrad_forward
 from ._config import config
 from .im2col_gemm import _balanced
 from .spec import ConvSpec
@@ -187,12 +187,8 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
                          i32(pl.tiles_w), i64(row0), i32(tiles), i64(pl.ld))),
                  b.ref("x"), v)
         # column-major: M[a]ᵀ (tiles × K) = V[a]ᵀ (tiles × C) @ U[a]ᵀ (C × K)
-        gemm = _cublas.PreparedGemm(dtype, "ieee", tiles, spec.k, spec.c, pl.ld, spec.c * pl.ld, spec.c,
-                                    spec.k * spec.c, pl.ld, spec.k * pl.ld, pl.points,
-                                    align=tuple(_cublas.alignment(0, s * item, True, item)
-                                                for s in (spec.c * pl.ld, spec.k * spec.c, spec.k * pl.ld)),
-                                    device=env.device)
-        b.gemm(gemm, v, u, m)
+        b.gemm(dtype, "ieee", tiles, spec.k, spec.c, v, pl.ld, spec.c * pl.ld, u, spec.c, spec.k * spec.c,
+               m, pl.ld, spec.k * pl.ld, pl.points)
         b.launch(kernel(names[2], (-(-tiles // _THREADS), spec.k, 1), 3,
                         (i64(spec.k), i64(spec.p), i64(spec.q), i64(pl.tiles_h), i32(pl.tiles_w), i64(row0), i32(tiles),
                          i64(pl.ld))),

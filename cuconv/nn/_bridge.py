@@ -122,7 +122,8 @@ class Layer:
     # ---- CUDA ------------------------------------------------------------------------------------------------
     def _prepare(self, pass_: str, name: str, aligned: bool) -> "_plan.Plan":
         env = _plan.env(self.index, self.workspace_limit, aligned)
-        return _registry.prepare(name, pass_, self.spec, self.np_dtype, self.precision, env, self.bias and pass_ == "fprop")
+        return _registry.prepare(name, pass_, self.spec, self.np_dtype, self.precision, env,
+                                 self.bias and pass_ == "fprop")
 
     def plan(self, pass_: str, ptrs: tuple) -> "_plan.Plan":
         """The plan of ``pass_`` for these operand pointers (aligned or not), made the first time."""
@@ -177,8 +178,8 @@ class Layer:
         """(dx, dw, db), each None where not needed: dgrad and wgrad share one workspace (they run one after the
         other on the stream), and the stream is asked once."""
         if self.index < 0:
-            return (self.dgrad(dy, w) if need_x else None, self.wgrad(x, dy) if need_w else None,
-                    self.bias_grad(dy) if need_b else None)
+            return (self._backward_cpu("dgrad", dy, w) if need_x else None,
+                    self._backward_cpu("wgrad", x, dy) if need_w else None, self.bias_grad(dy) if need_b else None)
         dx = dw = None
         dy_ptr = dy.data_ptr()
         runs = []
@@ -198,20 +199,10 @@ class Layer:
         return dx, dw, self.bias_grad(dy) if need_b else None
 
     def dgrad(self, dy: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        if self.index < 0:
-            return self._backward_cpu("dgrad", w, dy)
-        dx = torch.empty(self.x_shape, dtype=self.dtype, device=self.device)
-        ptrs = (dy.data_ptr(), w.data_ptr(), dx.data_ptr())
-        self._run(self.plan("dgrad", ptrs), ptrs)
-        return dx
+        return self.backward(dy, None, w, True, False, False)[0]
 
     def wgrad(self, x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-        if self.index < 0:
-            return self._backward_cpu("wgrad", x, dy)
-        dw = torch.empty(self.w_shape, dtype=self.dtype, device=self.device)
-        ptrs = (x.data_ptr(), dy.data_ptr(), dw.data_ptr())
-        self._run(self.plan("wgrad", ptrs), ptrs)
-        return dw
+        return self.backward(dy, x, None, False, True, False)[1]
 
     def bias_grad(self, dy: torch.Tensor) -> torch.Tensor:
         """Σ of grad_output over (N, P, Q) (``bias_grad``), with the launch kept by the layer."""
@@ -233,10 +224,11 @@ class Layer:
         return out
 
     def _backward_cpu(self, pass_: str, first, second):
-        if pass_ == "dgrad":  # first: w, second: dy
-            result = _backward.dgrad_spec(as_array(first), as_array(second).reshape(self.spec.output_shape),
+        """One backward pass on the CPU path; operands as ``_plan.OPERANDS`` (dgrad: dy, w; wgrad: x, dy)."""
+        if pass_ == "dgrad":
+            result = _backward.dgrad_spec(as_array(second), as_array(first).reshape(self.spec.output_shape),
                                           self.spec, "auto", self.precision).reshape(self.x_shape)
-        else:  # first: x, second: dy
+        else:
             result = _backward.wgrad_spec(as_array(first).reshape(self.spec.input_shape),
                                           as_array(second).reshape(self.spec.output_shape), self.spec, "auto",
                                           self.precision)

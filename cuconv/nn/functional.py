@@ -110,9 +110,8 @@ class _Conv2d(torch.autograd.Function):
     def jvp(ctx, x_t, w_t, b_t, _):
         x, w = ctx.saved_tensors
         layer = ctx.layer
-        spec = layer.spec
         unbatched = len(layer.x_shape) == 3
-        geometry = (list(spec.stride), list(spec.pad), list(spec.dilation), spec.groups, layer.algo, layer.precision)
+        geometry = _op_geometry(layer) + (layer.algo, layer.precision)
 
         def conv(a, b):
             a = a.unsqueeze(0) if unbatched else a
@@ -136,6 +135,12 @@ def _forward_ad_level() -> int:
     return torch.autograd.forward_ad._current_level
 
 
+def _op_geometry(layer) -> tuple:
+    """The layer's geometry as the custom ops take it: stride, four-sided padding, dilation, groups."""
+    spec = layer.spec
+    return list(spec.stride), list(spec.pad), list(spec.dilation), spec.groups
+
+
 def _backward_ops(layer, x, w, dy, need_x: bool, need_w: bool, need_b: bool) -> tuple:
     """dx, dw, db through the custom ops, on 4-D tensors (for a backward that records a graph)."""
     spec = layer.spec
@@ -143,7 +148,7 @@ def _backward_ops(layer, x, w, dy, need_x: bool, need_w: bool, need_b: bool) -> 
     if unbatched:
         dy = dy.unsqueeze(0)
         x = None if x is None else x.unsqueeze(0)
-    geometry = (list(spec.stride), list(spec.pad), list(spec.dilation), spec.groups)
+    geometry = _op_geometry(layer)
     dx = dw = db = None
     if need_x:
         dx = torch.ops.cuconv.conv2d_input(list(spec.input_shape), w, dy, *geometry,
@@ -297,9 +302,8 @@ torch.library.register_autograd("cuconv::conv2d", _backward_formula, setup_conte
 # d/dw = wgrad(g, dy). With dw = wgrad(x, dy): <gw, dw> = <conv2d(x, gw), dy>, so d/d(dy) = conv2d(x, gw) and
 # d/dx = dgrad(gw, dy). The formulas call the ops, which have formulas too: every order is differentiable.
 def _save_geometry(ctx, inputs, output):
-    size, first, second, stride, padding, dilation, groups, algo, precision = inputs
+    _, first, second, stride, padding, dilation, groups, algo, precision = inputs
     ctx.save_for_backward(first, second)
-    ctx.size = size
     ctx.geometry = (stride, padding, dilation, groups)
     ctx.algo, ctx.precision = algo, precision
 
