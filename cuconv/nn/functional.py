@@ -79,9 +79,66 @@ def _layer(x, w, b, spec: ConvSpec, algo: str, precision: str) -> "_bridge.Layer
 # ----------------------------------------------------------------------------------------------------------
 # Eager: an autograd.Function over a layer
 # ----------------------------------------------------------------------------------------------------------
+def _save(ctx, x, w, layer) -> None:
+    needs = ctx.needs_input_grad
+    ctx.layer = layer
+    ctx.save_for_backward(x if needs[1] else None, w if needs[0] else None)
+    if _forward_ad_level() >= 0:  # (a dual level is open: jvp may be asked)
+        ctx.save_for_forward(x, w)
+
+
+def _backward(ctx, dy):
+    x, w = ctx.saved_tensors
+    layer = ctx.layer
+    need_x, need_w, need_b, _ = ctx.needs_input_grad
+    dy = dy.contiguous()
+    if torch.is_grad_enabled():  # create_graph=True: the custom ops, whose own formulas autograd records
+        return _backward_ops(layer, x, w, dy, need_x, need_w, need_b) + (None,)
+    return layer.backward(dy, x, w, need_x, need_w, need_b) + (None,)
+
+
+def _jvp(ctx, x_t, w_t, b_t, _):
+    x, w = ctx.saved_tensors
+    layer = ctx.layer
+    unbatched = len(layer.x_shape) == 3
+    geometry = _op_geometry(layer) + (layer.algo, layer.precision)
+
+    def conv(a, b):
+        a = a.unsqueeze(0) if unbatched else a
+        y = torch.ops.cuconv.conv2d(a.contiguous(), b.contiguous(), None, *geometry)
+        return y.squeeze(0) if unbatched else y
+
+    y_t = None
+    if x_t is not None:
+        y_t = conv(x_t, w)
+    if w_t is not None:
+        y_t = conv(x, w_t) if y_t is None else y_t + conv(x, w_t)
+    if b_t is not None:
+        shape = (-1, 1, 1) if unbatched else (1, -1, 1, 1)
+        y_t = (torch.zeros(layer.out_shape, dtype=b_t.dtype, device=b_t.device) if y_t is None else y_t) \
+            + b_t.reshape(shape)
+    return y_t
+
+
 class _Conv2d(torch.autograd.Function):
     """y = conv2d(x, w) + b through ``layer``; backward: dgrad, wgrad and the bias sum as needed; forward-mode
-    AD: the tangent conv2d(ẋ, w) + conv2d(x, ẇ) + ḃ."""
+    AD: the tangent conv2d(ẋ, w) + conv2d(x, ẇ) + ḃ.
+
+    The forward takes ``ctx`` (no ``setup_context``): ``Function.apply`` of a class with ``setup_context`` binds
+    its arguments through ``inspect.signature`` on every call. ``_Conv2dTransformable`` is the same function in
+    the form functorch transforms (``torch.func``) require."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, layer):
+        _save(ctx, x, w, layer)
+        return layer.forward(x, w, b)
+
+    backward = staticmethod(_backward)
+    jvp = staticmethod(_jvp)
+
+
+class _Conv2dTransformable(torch.autograd.Function):
+    """``_Conv2d`` with ``setup_context``, for calls inside ``torch.func`` transforms."""
 
     @staticmethod
     def forward(x, w, b, layer):
@@ -89,45 +146,18 @@ class _Conv2d(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, w, b, layer = inputs
-        needs = ctx.needs_input_grad
-        ctx.layer = layer
-        ctx.save_for_backward(x if needs[1] else None, w if needs[0] else None)
-        if _forward_ad_level() >= 0:  # (a dual level is open: jvp may be asked)
-            ctx.save_for_forward(x, w)
+        x, w, _, layer = inputs
+        _save(ctx, x, w, layer)
 
-    @staticmethod
-    def backward(ctx, dy):
-        x, w = ctx.saved_tensors
-        layer = ctx.layer
-        need_x, need_w, need_b, _ = ctx.needs_input_grad
-        dy = dy.contiguous()
-        if torch.is_grad_enabled():  # create_graph=True: the custom ops, whose own formulas autograd records
-            return _backward_ops(layer, x, w, dy, need_x, need_w, need_b) + (None,)
-        return layer.backward(dy, x, w, need_x, need_w, need_b) + (None,)
+    backward = staticmethod(_backward)
+    jvp = staticmethod(_jvp)
 
-    @staticmethod
-    def jvp(ctx, x_t, w_t, b_t, _):
-        x, w = ctx.saved_tensors
-        layer = ctx.layer
-        unbatched = len(layer.x_shape) == 3
-        geometry = _op_geometry(layer) + (layer.algo, layer.precision)
 
-        def conv(a, b):
-            a = a.unsqueeze(0) if unbatched else a
-            y = torch.ops.cuconv.conv2d(a.contiguous(), b.contiguous(), None, *geometry)
-            return y.squeeze(0) if unbatched else y
-
-        y_t = None
-        if x_t is not None:
-            y_t = conv(x_t, w)
-        if w_t is not None:
-            y_t = conv(x, w_t) if y_t is None else y_t + conv(x, w_t)
-        if b_t is not None:
-            shape = (-1, 1, 1) if unbatched else (1, -1, 1, 1)
-            y_t = (torch.zeros(layer.out_shape, dtype=b_t.dtype, device=b_t.device) if y_t is None else y_t) \
-                + b_t.reshape(shape)
-        return y_t
+try:
+    _transforms_active = torch._C._are_functorch_transforms_active
+except AttributeError:  # pragma: no cover - a torch without functorch
+    def _transforms_active() -> bool:
+        return False
 
 
 def _forward_ad_level() -> int:
@@ -173,7 +203,7 @@ def _run_layer(layer, x, w, b):
         b = b.contiguous()
     if ((torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)))
             or _forward_ad_level() >= 0):
-        return _Conv2d.apply(x, w, b, layer)
+        return (_Conv2dTransformable if _transforms_active() else _Conv2d).apply(x, w, b, layer)
     return layer.forward(x, w, b)  # (it reads data pointers only: the result records no autograd history)
 
 
