@@ -4,8 +4,10 @@ Both produce the column matrix of a chunk of samples and output rows::
 
     col[n, (c, r, s), (p, q)] = x_padded[n, c, p*sh + r*dh, q*sw + s*dw]   for p in [p0, p0 + rows)
 
-of ``L = rows*Q`` columns; taps that fall in the padding are zero. On the GPU each row has a pitch
-``row_pitch(L, itemsize) >= L`` (16-byte aligned rows, whole-vector stores); on the CPU rows are dense.
+of ``L = rows*Q`` columns; taps that fall in the padding are zero. On the GPU each row is padded with zeros
+to ``row_pitch(L, itemsize) >= L`` elements (16-byte aligned rows, whole-vector stores), and the samples'
+matrices follow one another, ``(nb, C*R*S, pitch)``, or are interleaved row by row, ``(C*R*S, nb, pitch)``
+(``interleaved``: one GEMM then reduces over samples and positions together); on the CPU rows are dense.
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ def row_pitch(length: int, itemsize: int) -> int:
     return -(-length // vec) * vec
 
 
-def im2col_launch(spec: ConvSpec, dtype, nb: int, p0: int, rows: int) -> "_loader.PreparedLaunch":
+def im2col_launch(spec: ConvSpec, dtype, nb: int, p0: int, rows: int,
+                  interleaved: bool = False) -> "_loader.PreparedLaunch":
     """A launch gathering the column matrix of ``nb`` samples and output rows [p0, p0 + rows): pointers x (the
-    chunk's first sample, C-contiguous ``(nb, C, H, W)``) and col (``(nb, C*R*S, pitch)``, pitch
-    ``row_pitch(rows*Q, itemsize)``; columns past ``rows*Q`` hold don't-care values). None where the chunk is
-    empty."""
+    chunk's first sample, C-contiguous ``(nb, C, H, W)``) and col, ``(nb, C*R*S, pitch)`` or, ``interleaved``,
+    ``(C*R*S, nb, pitch)``, with pitch ``row_pitch(rows*Q, itemsize)`` (columns past ``rows*Q`` are zeros).
+    None where the chunk is empty."""
     dtype = numpy.dtype(dtype)
     length = rows * spec.q
     pitch = row_pitch(length, dtype.itemsize)
@@ -45,25 +48,27 @@ def im2col_launch(spec: ConvSpec, dtype, nb: int, p0: int, rows: int) -> "_loade
         return None
     if pitch > MAX_ROW_PITCH:
         raise NotImplementedError(f"cuconv: im2col row of {pitch} elements exceeds {MAX_ROW_PITCH}")
+    ld, ld_n = (nb * pitch, pitch) if interleaved else (pitch, spec.crs * pitch)
     vec = 16 // dtype.itemsize
     name = f"im2col<{_dtypes.ctype_of(dtype)}>"
     grid = (nb * spec.crs, min(_MAX_GRID_Y, -(-length // (_THREADS * _ITEMS * vec))), 1)
     i64 = numpy.int64
     scalars = (i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.r), i64(spec.s), i64(spec.q),
-               i64(p0), i64(length), i64(pitch), i64(spec.stride[0]), i64(spec.stride[1]),
+               i64(p0), i64(length), i64(ld), i64(ld_n), i64(spec.stride[0]), i64(spec.stride[1]),
                i64(spec.pad[0]), i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]))
     return _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_THREADS, 1, 1), 2, scalars)
 
 
-def im2col_gpu(x, spec: ConvSpec, p0: int, rows: int, col):
-    """Fill ``col`` (CuPy, C-contiguous ``(nb, C*R*S, pitch)``) from ``x`` (C-contiguous ``(nb, C, H, W)``) on
-    CuPy's current stream: ``im2col_launch`` on arrays."""
+def im2col_gpu(x, spec: ConvSpec, p0: int, rows: int, col, interleaved: bool = False):
+    """Fill ``col`` (CuPy, C-contiguous ``(nb, C*R*S, pitch)``, or ``(C*R*S, nb, pitch)`` where
+    ``interleaved``) from ``x`` (C-contiguous ``(nb, C, H, W)``) on CuPy's current stream: ``im2col_launch``
+    on arrays."""
     nb = x.shape[0]
-    pitch = col.shape[-1]
-    if pitch != row_pitch(rows * spec.q, x.dtype.itemsize) or col.shape[:2] != (nb, spec.crs):
-        raise ValueError(f"cuconv: column buffer of shape {col.shape} does not fit ({nb}, {spec.crs}, "
-                         f"{row_pitch(rows * spec.q, x.dtype.itemsize)})")
-    launch = im2col_launch(spec, x.dtype, nb, p0, rows)
+    pitch = row_pitch(rows * spec.q, x.dtype.itemsize)
+    shape = (spec.crs, nb, pitch) if interleaved else (nb, spec.crs, pitch)
+    if col.shape != shape:
+        raise ValueError(f"cuconv: column buffer of shape {col.shape} does not fit {shape}")
+    launch = im2col_launch(spec, x.dtype, nb, p0, rows, interleaved)
     if launch is not None:
         import cupy
 

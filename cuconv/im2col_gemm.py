@@ -13,8 +13,9 @@ Backward, same family (names as CUDA engineers use them)::
 
     dgrad:  col[n, g] (CRS/g, P·Q) = W[g]ᵀ (CRS/g, K/g) @ dY[n, g] (K/g, P·Q),  then col2im → dx
     wgrad:  dW[g] (K/g, CRS/g)    = Σ_n dY[n, g] (K/g, P·Q) @ col[n, g]ᵀ
-            (one group: per-sample products in one batched GEMM, summed by a GEMM with ones; several
-            groups: β = 1 over samples)
+            (one group, few outputs: per-sample products in one batched GEMM, then summed by one launch;
+            otherwise both operands gathered with the samples interleaved row by row, so that one GEMM
+            reduces over N·P·Q; where even two samples do not fit the workspace, β = 1 over samples)
 
 Half-precision dgrad keeps its column matrix in fp32 and wgrad accumulates in fp32: one rounding each.
 """
@@ -353,9 +354,10 @@ def _wgrad_steps(b, spec: ConvSpec, dtype, precision: str) -> None:
     fp64) onto the running sum, rounding into dw at the last turn (``elementwise.sum_partials``). A sample's
     own GEMM has only K × C·R·S outputs to spread over the GPU (resnet_1x1_256: two 128 x 128 tiles), so one
     GEMM per sample in turn left it idle (0.75 ms against cuDNN's 0.066 at TF32). Otherwise (several groups,
-    or outputs enough to fill the GPU): one GEMM per sample, batched over the groups, the first writing
-    (β = 0) and every later one adding (β = 1), then one rounding into dw. Both sum in a fixed order: the
-    result is deterministic."""
+    outputs enough to fill the GPU, or partial sums that take more than one turn): ``_wgrad_interleaved_steps``
+    where two samples fit the workspace, else
+    one GEMM per sample, batched over the groups, the first writing (β = 0) and every later one adding
+    (β = 1), then one rounding into dw. All sum in a fixed order: the result is deterministic."""
     acc_dtype = _accumulation_dtype(dtype)
     item, acc_item = dtype.itemsize, acc_dtype.itemsize
     pq = spec.p * spec.q
@@ -363,8 +365,11 @@ def _wgrad_steps(b, spec: ConvSpec, dtype, precision: str) -> None:
     dw = b.ref("dw")
     chunks_plan = plan_chunks(spec, item, b.env.workspace_limit, overlap=False)
     col_bytes = chunk_bytes(spec, chunks_plan.samples, chunks_plan.rows, item) if chunks_plan.buffers else 0
-    col_buf = b.take(col_bytes) if col_bytes else None
     samples = wgrad_partial_samples(spec, chunks_plan, acc_item, col_bytes, b.env.workspace_limit)
+    one_turn = samples == spec.n and chunks_plan.rows == spec.p
+    if not one_turn and _wgrad_interleaved_steps(b, spec, dtype, precision):
+        return
+    col_buf = b.take(col_bytes) if col_bytes else None
     chunks = list(chunks_plan.chunks(spec))
     turns = [s0 for _, nb, _, _ in chunks for s0 in range(0, nb, samples)] if samples else []
     # the running sum: dw itself where it holds the sums' type, else fp32 room (unless one turn writes dw)
@@ -397,19 +402,55 @@ def _wgrad_steps(b, spec: ConvSpec, dtype, precision: str) -> None:
             continue
         for ni in range(nb):
             _wgrad_gemm(b, dtype, precision, spec, length, (col[0], col[1] + ni * spec.crs * col_ld * item), col_ld,
-                        (dy[0], dy[1] + ni * spec.k * pq * item), acc, acc_dtype, beta)
+                        (dy[0], dy[1] + ni * spec.k * pq * item), pq, acc, acc_dtype, beta)
             beta = 1.0
     if not samples and acc != dw:
         b.launch(elementwise.cast(acc_dtype, dtype, outputs), acc, dw)
 
 
-def _wgrad_gemm(b, dtype, precision, spec, length, col, col_ld, dy, acc, acc_dtype, beta):
-    """dW[g] (K/g, CRS/g) (+)= dY[n, g] (K/g, L) @ col[n, g]ᵀ (L, CRS/g) for one sample, all groups.
+def _wgrad_interleaved_steps(b, spec: ConvSpec, dtype, precision: str) -> bool:
+    """wgrad as one GEMM per chunk of samples reducing over (sample, position) together: x's column matrix and
+    dy (its 1x1 gather) both gathered ``interleaved``, ``(rows, nb, pitch)`` with zeros past each sample's
+    P·Q, so that row i of either is one contiguous run of nb·pitch values. The GEMM is batched over groups
+    and runs K × C·R·S outputs over a reduction nb times longer than a sample's; chunks after the first add
+    onto an fp32 sum (half types) or dw. False (nothing added) where two samples' gathers do not fit the
+    workspace limit."""
+    acc_dtype = _accumulation_dtype(dtype)
+    item, acc_item = dtype.itemsize, acc_dtype.itemsize
+    pitch = row_pitch(spec.p * spec.q, item)
+    per_sample = (spec.crs + spec.k) * pitch * item
+    outputs = spec.k * spec.crs_per_group
+    budget = b.env.workspace_limit - outputs * acc_item
+    nb = min(spec.n, budget // per_sample if per_sample else spec.n, (2**31 - 1) // max(pitch, 1))
+    if nb < 2 or spec.p * spec.q == 0 or spec.crs == 0:
+        return False
+    nb = _balanced(spec.n, nb)
+    chunks = [(n0, min(nb, spec.n - n0)) for n0 in range(0, spec.n, nb)]
+    dw = b.ref("dw")
+    acc = dw if acc_dtype == dtype or len(chunks) == 1 else b.take(outputs * acc_item)
+    col = b.take(nb * spec.crs * pitch * item)
+    dy_col = b.take(nb * spec.k * pitch * item)
+    dy_spec = ConvSpec(spec.n, spec.k, spec.p, spec.q, 1, 1, 1)  # dy's gather: a 1x1 stride-1 "convolution"
+    for i, (n0, count) in enumerate(chunks):
+        b.launch(_im2col.im2col_launch(spec, dtype, count, 0, spec.p, interleaved=True),
+                 b.ref("x", n0 * spec.c * spec.h * spec.w * item), col)
+        b.launch(_im2col.im2col_launch(dy_spec, dtype, count, 0, spec.p, interleaved=True),
+                 b.ref("dy", n0 * spec.k * spec.p * spec.q * item), dy_col)
+        _wgrad_gemm(b, dtype, precision, spec, count * pitch, col, count * pitch, dy_col, count * pitch,
+                    acc, acc_dtype if acc != dw else None, 0.0 if i == 0 else 1.0)
+    if acc != dw:
+        b.launch(elementwise.cast(acc_dtype, dtype, outputs), acc, dw)
+    return True
 
-    Column-major: dW[g]ᵀ (CRS/g × K/g, ld CRS/g) = op_T(col[n, g] read as (L × CRS/g), ld col_ld)
-    @ dY[n, g]ᵀ (L × K/g, ld P·Q); batched over groups."""
-    g, kg, crs_g, pq = spec.groups, spec.k_per_group, spec.crs_per_group, spec.p * spec.q
-    b.gemm(dtype, precision, crs_g, kg, length, col, col_ld, crs_g * col_ld, dy, pq, kg * pq,
+
+def _wgrad_gemm(b, dtype, precision, spec, length, col, col_ld, dy, dy_ld, acc, acc_dtype, beta):
+    """dW[g] (K/g, CRS/g) (+)= dY[g] (K/g, L) @ col[g]ᵀ (L, CRS/g), all groups: one sample's, or a chunk's
+    interleaved (``_wgrad_interleaved_steps``; L then runs over its samples too).
+
+    Column-major: dW[g]ᵀ (CRS/g × K/g, ld CRS/g) = op_T(col[g] read as (L × CRS/g), ld col_ld)
+    @ dY[g]ᵀ (L × K/g, ld dy_ld); batched over groups."""
+    g, kg, crs_g = spec.groups, spec.k_per_group, spec.crs_per_group
+    b.gemm(dtype, precision, crs_g, kg, length, col, col_ld, crs_g * col_ld, dy, dy_ld, kg * dy_ld,
           acc, crs_g, kg * crs_g, g, beta, trans_a="T", c_dtype=acc_dtype)
 
 

@@ -3,12 +3,16 @@
 // Kernel   im2col<T>(x, col, ...)
 //   T      storage type (__half, __nv_bfloat16, float, double); values are copied, never rounded.
 //
-// Layouts: x is (nb, C, H, W) contiguous (the nb samples of a chunk); col is (nb, C*R*S, ld) with
-// row length L = rows * Q (output rows [p0, p0 + rows) of every sample, row-major over (p, q)) and
-// row pitch ld >= L, a multiple of V = 16 / sizeof(T) elements, so that every row starts 16-byte
-// aligned and every thread writes whole 16-byte vectors (the GEMM reads col with lda = ld). Elements
-// [L, ld) of a row are written with don't-care values. Row index ((n*C + c)*R + r)*S + s: one group's
-// rows are contiguous.
+// Layouts: x is (nb, C, H, W) contiguous (the nb samples of a chunk). The row of sample n and tap
+// (c, r, s) holds L = rows * Q values (output rows [p0, p0 + rows), row-major over (p, q)) and starts at
+// col + n * ld_n + ((c*R + r)*S + s) * ld, followed by zeros up to the next multiple of V = 16 / sizeof(T)
+// elements (every row starts 16-byte aligned, every thread writes whole 16-byte vectors; ld and ld_n are
+// multiples of V). Two layouts use this:
+//   ld_n = C*R*S * ld: (nb, C*R*S, ld), one sample's matrix after another (forward and dgrad GEMMs);
+//   ld = nb * ld_n:    (C*R*S, nb, ld_n), every row of taps holding the nb samples one after another, so
+//                      that one GEMM reduces over samples and positions together (wgrad; the zeros between
+//                      samples add nothing to it).
+// One group's rows are contiguous in both.
 //
 // Mapping: blockIdx.x = one column-matrix row (n, c, r, s), decoded once per block; blockIdx.y = a
 // segment of kItems * blockDim.x * V columns of that row. Each thread gathers kItems vectors (all loads
@@ -26,16 +30,17 @@ constexpr int kItems = 4;  // 16-byte vectors per thread per segment
 template <typename T>
 __global__ void __launch_bounds__(256)
 im2col(const T* __restrict__ x, T* __restrict__ col,
-       i64 C, i64 H, i64 W, i64 R, i64 S, i64 Q, i64 p0, i64 L, i64 ld,
+       i64 C, i64 H, i64 W, i64 R, i64 S, i64 Q, i64 p0, i64 L, i64 ld, i64 ld_n,
        i64 stride_h, i64 stride_w, i64 pad_top, i64 pad_left, i64 dil_h, i64 dil_w) {
     constexpr int V = cuconv::VecWidth<T>::value;
     // 32-bit decode (grid.x < 2^31): a 64-bit division is a ~100-instruction routine per thread.
     const int row = blockIdx.x;
-    const int Si = static_cast<int>(S), RSi = static_cast<int>(R * S);
+    const int Si = static_cast<int>(S), RSi = static_cast<int>(R * S), CRSi = static_cast<int>(C * R * S);
     const int s = row % Si;
     const int r = (row / Si) % static_cast<int>(R);
     const T* __restrict__ plane = x + static_cast<i64>(row / RSi) * H * W;  // (n*C + c)-th input plane
-    T* __restrict__ out = col + static_cast<i64>(row) * ld;
+    const int n = row / CRSi;
+    T* __restrict__ out = col + static_cast<i64>(n) * ld_n + static_cast<i64>(row - n * CRSi) * ld;
 
     const int Hi = static_cast<int>(H), Wi = static_cast<int>(W), Qi = static_cast<int>(Q);
     const int Li = static_cast<int>(L);
@@ -59,11 +64,12 @@ im2col(const T* __restrict__ x, T* __restrict__ col,
                 for (int e = 0; e < V; ++e) vec[it].v[e] = src[e];
                 continue;
             }
+            // (a vector that crosses L crosses an output row, so it takes this path: zeros past L)
 #pragma unroll
             for (int e = 0; e < V; ++e) {
                 const int ih = h_base + p * sh;
                 const int iw = w_base + q * sw;
-                const bool inside = ih >= 0 && ih < Hi && iw >= 0 && iw < Wi;
+                const bool inside = j0 + e < Li && ih >= 0 && ih < Hi && iw >= 0 && iw < Wi;
                 vec[it].v[e] = inside ? plane[static_cast<i64>(ih) * W + iw] : cuconv::zero<T>();
                 if (++q == Qi) { q = 0; ++p; }
             }

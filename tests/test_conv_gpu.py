@@ -265,9 +265,15 @@ def test_im2col_kernel_is_an_exact_gather(dtype_name, kwargs):
         spec = cuconv.ConvSpec.from_args(x.shape, (4, 3, 3, 4), **kwargs)
         for p0, rows in ((0, spec.p), (1, max(1, spec.p - 2))):
             length = rows * spec.q
-            col = cupy.full((2, spec.crs, row_pitch(length, dtype.itemsize)), numpy.nan, dtype=dtype)
+            pitch = row_pitch(length, dtype.itemsize)
+            expected = numpy.zeros((2, spec.crs, pitch), dtype)  # (zeros past the row's length)
+            expected[..., :length] = im2col_cpu(x, spec, p0, rows)
+            col = cupy.full((2, spec.crs, pitch), numpy.nan, dtype=dtype)
             im2col_gpu(cupy.asarray(x), spec, p0, rows, col)
-            numpy.testing.assert_array_equal(cupy.asnumpy(col[..., :length]), im2col_cpu(x, spec, p0, rows))
+            numpy.testing.assert_array_equal(cupy.asnumpy(col), expected)
+            col = cupy.full((spec.crs, 2, pitch), numpy.nan, dtype=dtype)  # samples interleaved row by row
+            im2col_gpu(cupy.asarray(x), spec, p0, rows, col, interleaved=True)
+            numpy.testing.assert_array_equal(cupy.asnumpy(col), expected.transpose(1, 0, 2))
 
 
 def test_mixing_numpy_and_cupy_is_refused_then_valid_call_works():
