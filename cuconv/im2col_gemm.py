@@ -22,6 +22,8 @@ Half-precision dgrad keeps its column matrix in fp32 and wgrad accumulates in fp
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 
@@ -36,7 +38,7 @@ from .bias import fill_launch as bias_fill_launch
 from .im2col import row_pitch
 
 __all__ = ["ChunkPlan", "plan_chunks", "chunk_bytes", "wgrad_partial_samples", "prepare", "forward_gpu", "forward_cpu",
-           "dgrad_gpu", "dgrad_cpu", "wgrad_gpu", "wgrad_cpu"]
+           "dgrad_gpu", "dgrad_cpu", "wgrad_gpu", "wgrad_cpu", "cpu_matmul"]
 
 
 # Below this many column-buffer bytes a problem runs as one chunk: splitting it would cost more in
@@ -112,6 +114,37 @@ def _compute_dtype(dtype: numpy.dtype) -> numpy.dtype:
     return numpy.dtype(numpy.float64) if dtype == numpy.float64 else numpy.dtype(numpy.float32)
 
 
+# The GEMMs of the CPU path: NumPy's, unless a caller brings its framework's own (``cpu_matmul``). The torch bridge
+# brings torch's for CPU tensors: NumPy's BLAS threads and torch's thread pool, each spinning after its work, took
+# turns starving each other on the same cores (a training step of a converted ResNet-18 on two cores: 7x torch's
+# time, against 1.5x with NumPy's BLAS on one thread).
+_matmul = contextvars.ContextVar("cuconv_cpu_matmul", default=numpy.matmul)
+
+
+@contextlib.contextmanager
+def cpu_matmul(fn):
+    """Within the block (this thread or task), the CPU path multiplies with ``fn(a, b)``, which must act as
+    ``numpy.matmul`` on float32/float64 arrays (broadcast batch dimensions included)."""
+    token = _matmul.set(fn)
+    try:
+        yield
+    finally:
+        _matmul.reset(token)
+
+
+def _samples_matmul(matmul, w: numpy.ndarray, x: numpy.ndarray) -> numpy.ndarray:
+    """(nb, g, M, L) = w (g, M, D) @ x (nb, g, D, L). Where M > L (deep layers, small planes) the samples are
+    folded into one GEMM per group, (g, M, D) @ (g, D, nb·L): broadcasting w over the samples would copy it
+    nb times (torch's matmul does) for GEMMs of L columns each; the fold copies x and the result instead,
+    which are the smaller ones there."""
+    nb, g, d, length = x.shape
+    m = w.shape[1]
+    if nb > 1 and m > length:
+        folded = matmul(w, x.transpose(1, 2, 0, 3).reshape(g, d, nb * length))
+        return folded.reshape(g, m, nb, length).transpose(2, 0, 1, 3)
+    return matmul(w, x)
+
+
 def forward_cpu(x: numpy.ndarray, w: numpy.ndarray, bias, spec: ConvSpec, out: numpy.ndarray) -> None:
     """NumPy twin of :func:`forward_gpu` (``precision`` has no effect: float32 is always IEEE here)."""
     cdt = _compute_dtype(x.dtype)
@@ -119,11 +152,12 @@ def forward_cpu(x: numpy.ndarray, w: numpy.ndarray, bias, spec: ConvSpec, out: n
     w_g = w.reshape(g, kg, crs_g).astype(cdt, copy=False)
     out_v = out.reshape(spec.n, g, kg, spec.p, spec.q)
     plan = plan_chunks(spec, numpy.dtype(cdt).itemsize, config.workspace_limit)
+    matmul = _matmul.get()
     for n0, nb, p0, rows in plan.chunks(spec):
         col = _im2col.im2col_cpu(x[n0:n0 + nb], spec, p0, rows).astype(cdt, copy=False)
         col = col.reshape(nb, g, crs_g, rows * spec.q)
         # (nb, g, K/g, L) = (g, K/g, CRS/g) @ (nb, g, CRS/g, L)
-        res = numpy.matmul(w_g, col)
+        res = _samples_matmul(matmul, w_g, col)
         if bias is not None:  # added before the one rounding to out.dtype, as on the GPU
             res += bias.astype(cdt).reshape(1, g, kg, 1)
         out_v[n0:n0 + nb, :, :, p0:p0 + rows, :] = res.reshape(nb, g, kg, rows, spec.q)
@@ -476,9 +510,10 @@ def dgrad_cpu(dy: numpy.ndarray, w: numpy.ndarray, spec: ConvSpec, dx: numpy.nda
     w_t = w.reshape(g, kg, crs_g).transpose(0, 2, 1).astype(cdt, copy=False)  # (g, CRS/g, K/g)
     acc = numpy.zeros(spec.input_shape, dtype=cdt)
     plan = plan_chunks(spec, numpy.dtype(cdt).itemsize, config.workspace_limit, overlap=False)
+    matmul = _matmul.get()
     for n0, nb, p0, rows in plan.chunks(spec):
         d = dy[n0:n0 + nb, :, p0:p0 + rows, :].astype(cdt).reshape(nb, g, kg, rows * spec.q)
-        col = numpy.matmul(w_t, d)  # (nb, g, CRS/g, L) = (g, CRS/g, K/g) @ (nb, g, K/g, L)
+        col = _samples_matmul(matmul, w_t, d)  # (nb, g, CRS/g, L) = (g, CRS/g, K/g) @ (nb, g, K/g, L)
         _col2im.col2im_cpu(col.reshape(nb, spec.crs, rows * spec.q), spec, p0, rows, acc[n0:n0 + nb])
     dx[...] = acc
 
@@ -489,11 +524,14 @@ def wgrad_cpu(x: numpy.ndarray, dy: numpy.ndarray, spec: ConvSpec, dw: numpy.nda
     g, kg, crs_g = spec.groups, spec.k_per_group, spec.crs_per_group
     acc = numpy.zeros((g, kg, crs_g), dtype=cdt)
     plan = plan_chunks(spec, numpy.dtype(cdt).itemsize, config.workspace_limit, overlap=False)
+    matmul = _matmul.get()
     for n0, nb, p0, rows in plan.chunks(spec):
         col = _im2col.im2col_cpu(x[n0:n0 + nb], spec, p0, rows).astype(cdt, copy=False)
-        col = col.reshape(nb, g, crs_g, rows * spec.q)
-        d = dy[n0:n0 + nb, :, p0:p0 + rows, :].astype(cdt).reshape(nb, g, kg, rows * spec.q)
-        # (g, K/g, CRS/g) += Σ_n (nb, g, K/g, L) @ (nb, g, L, CRS/g): batched GEMMs through BLAS, then the sum
-        # over the samples (einsum contracts without BLAS: 10x slower)
-        acc += numpy.matmul(d, col.transpose(0, 1, 3, 2)).sum(axis=0)
+        length = rows * spec.q
+        # samples interleaved, as on the GPU: (g, K/g, nb·L) @ (g, nb·L, CRS/g), one GEMM per group reducing over
+        # samples and positions together (per-sample GEMMs and a sum were several times slower through torch's
+        # batched matmul; einsum contracts without BLAS)
+        col = col.reshape(nb, g, crs_g, length).transpose(1, 0, 3, 2).reshape(g, nb * length, crs_g)
+        d = dy[n0:n0 + nb, :, p0:p0 + rows, :].astype(cdt).reshape(nb, g, kg, length)
+        acc += matmul(d.transpose(1, 2, 0, 3).reshape(g, kg, nb * length), col)
     dw[...] = acc.reshape(dw.shape)

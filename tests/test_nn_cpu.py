@@ -161,6 +161,32 @@ def test_backward_runs_only_needed_grads(needs, monkeypatch):
                                          _grad_output(y))[1:])
 
 
+@pytest.mark.parametrize("kwargs", [dict(padding=1), dict(stride=2, groups=3)], ids=["dense", "grouped_s2"])
+def test_cpu_path_multiplies_through_torch_not_numpy(kwargs, monkeypatch):
+    """Every GEMM of the CPU path under cuconv.nn runs as torch's matmul (on torch's threads): NumPy's BLAS threads
+    spinning beside torch's made a converted model's CPU training step several times slower on two cores."""
+    import contextvars
+
+    import cuconv.im2col_gemm
+    import cuconv.nn._bridge as bridge
+
+    def numpy_blas(a, b):
+        raise AssertionError("the CPU path multiplied through NumPy")
+
+    calls = []
+    real = bridge._torch_matmul
+    monkeypatch.setattr(cuconv.im2col_gemm, "_matmul", contextvars.ContextVar("t", default=numpy_blas))
+    monkeypatch.setattr(bridge, "_torch_matmul", lambda a, b: calls.append(a.shape) or real(a, b))
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 6, 9, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(12, 6 // kwargs.get("groups", 1), 3, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    y = F.conv2d(x, w, **kwargs)
+    y.backward(_grad_output(y))
+    assert len(calls) >= 3  # forward, dgrad, wgrad
+    _assert_all_close([y, x.grad, w.grad],
+                      _forward_and_grads(torch.nn.functional.conv2d, (x, w), kwargs, _grad_output(y)))
+
+
 def test_noncontiguous_tensors_and_expanded_grad_output():
     # channels_last input and weight, a transposed view, and y.sum()'s grad_output (an expanded tensor of
     # stride 0) all cross into the arrays as the values they hold.

@@ -6,7 +6,8 @@ context managers on the way. That keeps a layer called again within torch's own 
 makes every call capturable in a CUDA graph (outputs and workspaces come from the graph's pool).
 
 CPU tensors cross as zero-copy NumPy views (bfloat16 as int16 storage reinterpreted as
-``ml_dtypes.bfloat16``) and run cuconv's CPU path.
+``ml_dtypes.bfloat16``) and run cuconv's CPU path, its GEMMs through torch's (``im2col_gemm.cpu_matmul``): on
+torch's threads, none of NumPy's BLAS threads spinning beside them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from .. import _dtypes, _plan, autotune, backward as _backward, registry as _registry
 from .._config import config
 from ..bias import grad_launch
+from ..im2col_gemm import cpu_matmul
 from ..conv import _Plan as _ForwardPlan, _run as _run_forward
 from ..spec import ConvSpec
 
@@ -53,6 +55,18 @@ def as_array(t: torch.Tensor):
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(_bf16())
     return t.numpy()
+
+
+def _torch_matmul(a: numpy.ndarray, b: numpy.ndarray) -> numpy.ndarray:
+    """``numpy.matmul`` through torch's CPU GEMM, on torch's threads (the CPU path's GEMMs for torch tensors), in
+    the arrays' own precision (a CPU autocast region around the call would otherwise lower it)."""
+    with torch.autocast("cpu", enabled=False):
+        return torch.matmul(_writable_tensor(a), _writable_tensor(b)).numpy()
+
+
+def _writable_tensor(a: numpy.ndarray) -> torch.Tensor:
+    # (torch.from_numpy shares memory and warns on read-only arrays, such as broadcast or strided views)
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
 def _as_tensor(a: numpy.ndarray, dtype: torch.dtype) -> torch.Tensor:
@@ -219,12 +233,17 @@ class Layer:
     # ---- CPU -----------------------------------------------------------------------------------------------
     def _forward_cpu(self, x, w, b, out):
         plan = _ForwardPlan(self.spec, "im2col_gemm", self.precision, self.spec.output_shape, False)
-        _run_forward(numpy, plan, as_array(x).reshape(self.spec.input_shape), as_array(w),
-                     None if b is None else as_array(b), as_array(out).reshape(self.spec.output_shape))
+        with cpu_matmul(_torch_matmul):
+            _run_forward(numpy, plan, as_array(x).reshape(self.spec.input_shape), as_array(w),
+                         None if b is None else as_array(b), as_array(out).reshape(self.spec.output_shape))
         return out
 
     def _backward_cpu(self, pass_: str, first, second):
         """One backward pass on the CPU path; operands as ``_plan.OPERANDS`` (dgrad: dy, w; wgrad: x, dy)."""
+        with cpu_matmul(_torch_matmul):
+            return self._backward_cpu_numpy(pass_, first, second)
+
+    def _backward_cpu_numpy(self, pass_: str, first, second):
         if pass_ == "dgrad":
             result = _backward.dgrad_spec(as_array(second), as_array(first).reshape(self.spec.output_shape),
                                           self.spec, "auto", self.precision).reshape(self.x_shape)
