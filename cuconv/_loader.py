@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import pathlib
+import tempfile
 import threading
+import warnings
 
 __all__ = ["KERNEL_DIR", "kernel_dir", "kernel_source", "compile_options", "load", "get_function",
            "KernelLaunchError", "PreparedLaunch", "prepare", "smem_limit", "SMEM_DEFAULT"]
@@ -84,8 +87,8 @@ def load(stem: str, name_expressions: tuple):
             module = _modules.get(key)
             if module is None:
                 cc = cupy.cuda.Device(device).compute_capability
-                module = cupy.RawModule(code=kernel_source(stem), options=compile_options(stem, cc),
-                                        name_expressions=name_expressions)
+                module = _with_writable_cache(lambda: cupy.RawModule(
+                    code=kernel_source(stem), options=compile_options(stem, cc), name_expressions=name_expressions))
                 _modules[key] = module
     return module
 
@@ -97,9 +100,43 @@ def get_function(stem: str, name_expressions: tuple, name: str):
     key = (stem, name, cupy.cuda.runtime.getDevice())
     fn = _functions.get(key)
     if fn is None:
-        fn = load(stem, name_expressions).get_function(name)
+        module = load(stem, name_expressions)
+        fn = _with_writable_cache(lambda: module.get_function(name))  # (CuPy may compile here, not before)
         _functions[key] = fn
     return fn
+
+
+def _cupy_cache_dir() -> str:
+    from cupy.cuda import compiler
+
+    return compiler.get_cache_dir()
+
+
+def _with_writable_cache(build):
+    """``build()``; where it fails writing CuPy's kernel cache (a read-only or unusable ``CUPY_CACHE_DIR``), CuPy
+    is pointed at a private writable cache for the rest of the process, with a warning, and ``build`` runs
+    again. Every first use of a kernel would fail otherwise."""
+    try:
+        return build()
+    except OSError as exc:
+        cache = os.path.abspath(_cupy_cache_dir())
+        where = os.path.abspath(os.fsdecode(exc.filename)) if exc.filename is not None else ""
+        if not (where == cache or where.startswith(cache + os.sep)) or cache == _private_cache:
+            raise
+        _use_private_cache(cache, exc)
+    return build()
+
+
+_private_cache = None
+
+
+def _use_private_cache(cache: str, exc: OSError) -> None:
+    global _private_cache
+    private = tempfile.mkdtemp(prefix="cuconv-kernel-cache-")
+    os.environ["CUPY_CACHE_DIR"] = _private_cache = private
+    warnings.warn(f"cuconv: CuPy's kernel cache {cache} cannot be written ({exc.strerror}); kernels compile into "
+                  f"{private} for this process instead (set CUPY_CACHE_DIR to a writable directory to keep them)",
+                  RuntimeWarning, stacklevel=4)
 
 
 class KernelLaunchError(RuntimeError):

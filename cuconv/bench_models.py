@@ -52,7 +52,7 @@ def add_arguments(ap) -> None:
     g.add_argument("--no-layers", action="store_true", help="skip the per-layer measurements")
     g.add_argument("--no-e2e", action="store_true", help="skip the end-to-end measurements")
     g.add_argument("--no-check", action="store_true", help="skip the correctness checks")
-    g.add_argument("--layer-reps", type=int, default=10, help="timed runs per layer measurement (median)")
+    g.add_argument("--layer-reps", type=int, default=6, help="timed runs per layer measurement (median)")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -105,7 +105,7 @@ def _graph_ms(fn, reps: int, calls: int = 5) -> float:
     return statistics.median(times)
 
 
-def _host_us(fn, contexts=(), rounds: int = 5, calls: int = 20) -> float:
+def _host_us(fn, contexts=(), rounds: int = 7, calls: int = 10) -> float:
     """Median microseconds of host time per call: wall time of ``calls`` calls back to back, not synchronised
     inside (few enough that the launch queue never fills), per call; ``contexts`` (no_grad, autocast) are
     entered once around the calls, as a model's forward enters them once around its layers."""

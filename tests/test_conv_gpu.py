@@ -725,3 +725,72 @@ def test_out_aliasing_an_input_gives_the_right_result_on_gpu(alias, precision):
     y = cuconv.conv2d(xg, wg, out=out, precision=precision, **kwargs)
     assert y is out
     assert rel_err(cupy.asnumpy(y), expected) <= tolerance(numpy.float32, precision)
+
+
+def test_unwritable_kernel_cache_falls_back_to_a_private_one(tmp_path):
+    """A CUPY_CACHE_DIR that cannot be written (here: a path under a regular file, which defeats root too) costs a
+    warning, not the first call: kernels compile into a private cache and the result is right."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    blocker = tmp_path / "not_a_directory"
+    blocker.write_text("")
+    script = (
+        "import warnings, numpy, cupy, cuconv\n"
+        "x = numpy.random.default_rng(0).standard_normal((2, 3, 9, 9))\n"
+        "w = numpy.random.default_rng(1).standard_normal((4, 3, 3, 3))\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    y = cupy.asnumpy(cuconv.conv2d(cupy.asarray(x), cupy.asarray(w), padding=1, algo='direct'))\n"
+        "assert any('cannot be written' in str(m.message) for m in seen), [str(m.message) for m in seen]\n"
+        "ref = cuconv.conv2d(x, w, padding=1)\n"
+        "assert numpy.abs(y - ref).max() <= 1e-12 * numpy.abs(ref).max(), 'wrong result'\n"
+        "print('ok')\n")
+    env = dict(os.environ, CUPY_CACHE_DIR=str(blocker / "kernel_cache"))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=pathlib.Path(__file__).resolve().parents[1])
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("pass_", ["fprop", "dgrad"])
+@pytest.mark.parametrize("dtype_name", ["float32", "float64"])
+@pytest.mark.parametrize("w_shape, padding", [((24, 16, 3, 3), (1, 1)), ((24, 16, 5, 3), (2, 0))],
+                         ids=["3x3_pad1", "5x3_pad2x0"])
+def test_nonfinite_inputs_spoil_the_outputs_torch_spoils(pass_, dtype_name, w_shape, padding):
+    """A NaN and an Inf in the input (grad_output for dgrad) make non-finite exactly the outputs that torch's
+    float64 convolution makes non-finite, with every algorithm that serves the case: Winograd's transforms mix a
+    whole tile, so its outputs that come out non-finite are computed again from their own windows."""
+    import cupy
+    import torch
+
+    from cuconv import registry
+
+    dtype = numpy.dtype(dtype_name)
+    rng = numpy.random.default_rng(23)
+    x_shape = (2, 16, 19, 23)
+    spec = cuconv.ConvSpec.from_args(x_shape, w_shape, padding=padding)
+    w = rng.standard_normal(w_shape)
+    first = rng.standard_normal(x_shape if pass_ == "fprop" else spec.output_shape)
+    first[0, 3, 5, 7] = numpy.nan
+    first[1, 10, 12, 2] = numpy.inf
+    if pass_ == "fprop":
+        ref = torch.nn.functional.conv2d(torch.from_numpy(first), torch.from_numpy(w), padding=padding)
+    else:
+        ref = torch.nn.grad.conv2d_input(x_shape, torch.from_numpy(w), torch.from_numpy(first), padding=padding)
+    expected = ~numpy.isfinite(ref.numpy())
+    assert 0 < expected.sum() < expected.size / 4
+    served = [name for name in registry.algorithms(pass_)
+              if registry.reason_unsupported(name, spec, dtype, pass_, "ieee") is None]
+    assert "winograd" in served
+    for name in served:
+        a, b = cupy.asarray(first.astype(dtype)), cupy.asarray(w.astype(dtype))
+        with cuconv.config(precision="ieee"):
+            if pass_ == "fprop":
+                got = cuconv.conv2d(a, b, padding=padding, algo=name)
+            else:
+                got = cuconv.conv2d_input(x_shape, b, a, padding=padding, algo=name)
+        mask = ~numpy.isfinite(cupy.asnumpy(got))
+        assert (mask == expected).all(), f"{name}: {int((mask & ~expected).sum())} outputs spoiled that torch " \
+                                         f"keeps finite, {int((expected & ~mask).sum())} finite that torch spoils"
