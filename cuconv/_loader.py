@@ -107,9 +107,15 @@ def get_function(stem: str, name_expressions: tuple, name: str):
 
 
 def _cupy_cache_dir() -> str:
+    """The directory CuPy's kernel cache writes to now."""
     from cupy.cuda import compiler
 
-    return compiler.get_cache_dir()
+    # CuPy 14 keeps the directory its disk backend was made with at import (CUPY_CACHE_DIR then); older CuPy
+    # reads the variable on every compile
+    backend_dir = getattr(getattr(compiler, "_kernel_cache_backend", None), "_cache_dir", None)
+    if backend_dir is not None:
+        return backend_dir
+    return os.environ.get("CUPY_CACHE_DIR", os.path.expanduser("~/.cupy/kernel_cache"))
 
 
 def _with_writable_cache(build):
@@ -132,8 +138,13 @@ _private_cache = None
 
 def _use_private_cache(cache: str, exc: OSError) -> None:
     global _private_cache
+    from cupy.cuda import compiler
+
     private = tempfile.mkdtemp(prefix="cuconv-kernel-cache-")
     os.environ["CUPY_CACHE_DIR"] = _private_cache = private
+    backend = getattr(compiler, "_kernel_cache_backend", None)
+    if getattr(backend, "_cache_dir", None) is not None:  # (see _cupy_cache_dir)
+        backend._cache_dir = private
     warnings.warn(f"cuconv: CuPy's kernel cache {cache} cannot be written ({exc.strerror}); kernels compile into "
                   f"{private} for this process instead (set CUPY_CACHE_DIR to a writable directory to keep them)",
                   RuntimeWarning, stacklevel=4)
