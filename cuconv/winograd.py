@@ -43,7 +43,7 @@ from ._config import config
 from .im2col_gemm import _balanced
 from .spec import ConvSpec
 
-__all__ = ["prepare", "forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "TILE_BY_TAPS", "repair_launch",
+__all__ = ["prepare", "forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "TILE_BY_TAPS",
            "FLOAT32_MAX_CHANNELS", "NAME_EXPRESSIONS", "STEM", "EXACT_ON_INTEGERS"]
 
 STEM = "winograd"
@@ -67,34 +67,11 @@ def _names(ctype: str, r: int, s: int) -> tuple:
     return tuple(f"{kernel}<{ctype},{mh},{r},{mw},{s}>" for kernel in _KERNELS)
 
 
-def _repair_name(ctype: str) -> str:
-    return f"winograd_repair<{ctype}>"
-
-
-# Every instance this module launches: (R, S) in 1..7 (but 1x1), float and double, and the repair kernel.
-# Each kernel size is compiled on first use, alone (``_loader.load`` keyed by its own names), so a process
-# builds only the sizes it runs; CI compiles them all.
+# Every instance this module launches: (R, S) in 1..7 (but 1x1), float and double. Each kernel size is
+# compiled on first use, alone (``_loader.load`` keyed by its own names), so a process builds only the
+# sizes it runs; CI compiles them all.
 _SIZES = tuple((r, s) for r in TILE_BY_TAPS for s in TILE_BY_TAPS if r * s > 1)
-NAME_EXPRESSIONS = (tuple(n for t in _CTYPES for r, s in _SIZES for n in _names(t, r, s))
-                    + tuple(_repair_name(t) for t in _CTYPES))
-
-
-def repair_launch(spec: ConvSpec, dtype) -> "_loader.PreparedLaunch":
-    """The launch that computes again, directly from their windows, the outputs of a stride-1 one-group
-    convolution that came out non-finite (see ``kernels_cu/winograd.cu``): pointers x, w, bias (or 0), out.
-    None where there is no output."""
-    total = spec.n * spec.k * spec.p * spec.q
-    if total == 0:
-        return None
-    name = _repair_name(_dtypes.ctype_of(dtype))
-    i64 = numpy.int64
-    scalars = (i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q), numpy.int32(spec.r),
-               numpy.int32(spec.s), i64(spec.pad[0]), i64(spec.pad[2]), i64(total))
-    grid = (min(-(-total // _THREADS), _REPAIR_MAX_BLOCKS), 1, 1)
-    return _loader.prepare(STEM, (name,), name, grid, (_THREADS, 1, 1), 4, scalars)
-
-
-_REPAIR_MAX_BLOCKS = 132 * 16  # a grid-stride loop: a few waves of blocks read every output once
+NAME_EXPRESSIONS = tuple(n for t in _CTYPES for r, s in _SIZES for n in _names(t, r, s))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,8 +6,8 @@ writes and re-reads ``V`` and ``M``: for ``square_3x3_1024``, 16 input channels 
 values per 16 outputs, 19 GB of traffic per pass). 16 products per 4 outputs and channel instead of 36.
 
 A call transforms the weights once (``winograd_fused_weight``, into a ``(16, C, K)`` workspace padded to
-the tile), launches one kernel, then ``winograd``'s repair pass: outputs that came out NaN or Inf (a tile with
-a non-finite input spoils all its outputs) are computed again directly from their windows. Float32 only, any ``precision`` (the arithmetic is IEEE
+the tile) and launches one kernel; nothing else. Its epilogue computes an output that comes out NaN or Inf (a
+tile with a non-finite input spoils all its outputs) again directly from its window, from the weights as given. Float32 only, any ``precision`` (the arithmetic is IEEE
 FFMA either way; tensor-core precisions are faster on ``implicit_gemm``). Its transforms hold only 0, ±1 and
 ±1/2, so integer-valued inputs of moderate size are summed exactly, like a direct sum.
 
@@ -24,7 +24,7 @@ import dataclasses
 
 import numpy
 
-from . import _loader, _plan, dgrad_forward, elementwise, winograd
+from . import _loader, _plan, dgrad_forward, elementwise
 from ._config import config
 from .spec import ConvSpec
 from .winograd import _round_up
@@ -156,11 +156,9 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     scalars = (i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q),
                i64(spec.pad[0]), i64(spec.pad[2]), numpy.int32(pl.tiles_h), numpy.int32(pl.col_blocks),
                numpy.int32(pl.k_blocks), i64(pl.c_pad), i64(pl.k_pad))
-    b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, t.kernel_name, (pl.blocks, 1, 1), (t.threads, 1, 1), 4, scalars,
+    b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, t.kernel_name, (pl.blocks, 1, 1), (t.threads, 1, 1), 5, scalars,
                              t.smem_bytes),
-             b.ref("x"), u, b.ref("bias"), b.ref("out"))
-    # outputs of tiles with a NaN or Inf among their inputs, computed again from their own windows
-    b.launch(winograd.repair_launch(spec, numpy.float32), b.ref("x"), b.ref("w"), b.ref("bias"), b.ref("out"))
+             b.ref("x"), u, b.ref("bias"), b.ref("out"), b.ref("w"))
     return b.plan(STEM)
 
 

@@ -16,11 +16,7 @@
 //   winograd_weight<T, MH, RH, MW, RW>(w, u, K, C)         one thread per (k, c); w is (K, C, RH, RW)
 //   winograd_input<T, MH, RH, MW, RW>(x, v, ...)           one thread per (tile, c): blockIdx.y = c
 //   winograd_output<T, MH, RH, MW, RW>(m, bias, y, x, w, ...)  one thread per (tile, k): blockIdx.y = k
-//   winograd_repair<T>(x, w, bias, y, ...)                 grid-stride over y: winograd_fused's outputs
-// Non-finite values: the transforms mix every input of a tile (and 0 · Inf is NaN), so one NaN or Inf in a
-// tile's input makes all its outputs non-finite, where a direct sum spoils only the outputs whose window holds
-// it. An output that comes out non-finite is therefore computed again directly from its own window
-// (direct_output); finite results are untouched, so this costs one test per output where inputs are finite.
+// Non-finite values: see wino::direct_output (winograd.cuh); winograd_output applies it to its outputs.
 // Tiles: output tile (th, tw) of sample n covers rows th·MH.. and columns tw·MW..; tiles are numbered
 // t = (n·tiles_h + th)·tiles_w + tw, and a launch covers the tiles of the tile rows n·tiles_h + th in
 // [row0, row0 + tiles / tiles_w) (a chunk of whole tile rows, so that the GEMM operands of one chunk fit
@@ -44,26 +40,6 @@ __device__ __forceinline__ TileOrigin tile_origin(int t, i64 row0, int tiles_w, 
     const i64 row = row0 + t / tiles_w;
     const i64 n = row / tiles_h;
     return {n, row - n * tiles_h, t % tiles_w};
-}
-
-// y[n, k, p, q] of a stride-1, dilation-1, one-group convolution as a direct sum over its window (no bias).
-template <typename T>
-__device__ T direct_output(const T* __restrict__ x, const T* __restrict__ w, i64 n, i64 k, i64 p, i64 q, i64 C,
-                           i64 H, i64 W, int R, int S, i64 pad_top, i64 pad_left) {
-    T acc = T(0);
-    const T* __restrict__ wk = w + k * C * R * S;
-    for (i64 c = 0; c < C; ++c) {
-        const T* __restrict__ plane = x + (n * C + c) * H * W;
-        for (int r = 0; r < R; ++r) {
-            const i64 ih = p + r - pad_top;
-            if (ih < 0 || ih >= H) continue;
-            for (int s = 0; s < S; ++s) {
-                const i64 iw = q + s - pad_left;
-                if (iw >= 0 && iw < W) acc += plane[ih * W + iw] * wk[(c * R + r) * S + s];
-            }
-        }
-    }
-    return acc;
 }
 
 }  // namespace wino
@@ -156,22 +132,8 @@ winograd_output(const T* __restrict__ m, const T* __restrict__ bias, T* __restri
         for (int j = 0; j < MW; ++j)
             if (p0 + i < P && q0 + j < Q) {
                 T v = out[i][j];
-                if (!isfinite(v))  // (see the header: a tile with a NaN or Inf among its inputs)
+                if (!isfinite(v))  // (a NaN or Inf among the tile's inputs: see wino::direct_output)
                     v = wino::direct_output(x, w, o.n, k, p0 + i, q0 + j, C, H, W, RH, RW, pad_top, pad_left);
                 plane[(p0 + i) * Q + q0 + j] = v + add;
             }
-}
-
-// winograd_fused's outputs that came out non-finite, computed again directly (see the header); total = N·K·P·Q.
-template <typename T>
-__global__ void __launch_bounds__(256)
-winograd_repair(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
-                i64 C, i64 H, i64 W, i64 K, i64 P, i64 Q, int R, int S, i64 pad_top, i64 pad_left, i64 total) {
-    for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < total;
-         i += static_cast<i64>(gridDim.x) * blockDim.x) {
-        if (isfinite(y[i])) continue;
-        const i64 q = i % Q, p = (i / Q) % P, k = (i / (P * Q)) % K, n = i / (K * P * Q);
-        y[i] = wino::direct_output(x, w, n, k, p, q, C, H, W, R, S, pad_top, pad_left) +
-               (bias != nullptr ? bias[k] : T(0));
-    }
 }

@@ -1,6 +1,6 @@
 // winograd.cuh: the Winograd (Toom-Cook) transform matrices F(M, R) and the 2-D transform of a tile in
 // registers, shared by winograd.cu (transforms through memory, cuBLAS GEMMs) and winograd_fused.cu (F(2x2,
-// 3x3) in one kernel). The matrices are computed at compile time from the interpolation points, so their zeros
+// 3x3) in one kernel), and the direct recomputation of an output that comes out non-finite. The matrices are computed at compile time from the interpolation points, so their zeros
 // cost nothing and their ones no multiply.
 #pragma once
 
@@ -101,6 +101,31 @@ __device__ __forceinline__ void transform(const double (&left)[OH][IH], const T 
             for (int j = 0; j < IW; ++j) sum = combine_term(sum, right[b][j], rows[a][j]);
             out[a][b] = sum;
         }
+}
+
+// Non-finite values. The transforms mix every input of a tile (and 0 · Inf is NaN), so one NaN or Inf in a tile's
+// input makes all its outputs non-finite, where a direct sum (torch's convolution) spoils only the outputs whose
+// window holds it. Both families therefore compute an output that comes out non-finite again, directly from its
+// own window: y[n, k, p, q] of a stride-1, dilation-1, one-group convolution, bias not added. Finite outputs cost
+// one test each.
+template <typename T>
+__device__ T direct_output(const T* __restrict__ x, const T* __restrict__ w, long long n, long long k,
+                                        long long p, long long q, long long C, long long H, long long W, int R,
+                                        int S, long long pad_top, long long pad_left) {
+    T acc = T(0);
+    const T* __restrict__ wk = w + k * C * R * S;
+    for (long long c = 0; c < C; ++c) {
+        const T* __restrict__ plane = x + (n * C + c) * H * W;
+        for (int r = 0; r < R; ++r) {
+            const long long ih = p + r - pad_top;
+            if (ih < 0 || ih >= H) continue;
+            for (int s = 0; s < S; ++s) {
+                const long long iw = q + s - pad_left;
+                if (iw >= 0 && iw < W) acc += plane[ih * W + iw] * wk[(c * R + r) * S + s];
+            }
+        }
+    }
+    return acc;
 }
 
 }  // namespace wino

@@ -13,7 +13,8 @@
 // Kernels (float32 only: a lane's 128 accumulators would need 256 registers in float64):
 //   winograd_fused_weight(w, u, K, C, c_pad, k_pad)   one thread per (k, c); w is (K, C, 3, 3), u is
 //       (16, c_pad, k_pad) and zero where c >= C or k >= K (the caller zero-fills it)
-//   winograd_fused_3x3<BK, BT, WARPS, CC, MIN_BLOCKS>(x, u, bias, y, ...)   MIN_BLOCKS: per SM (registers)
+//   winograd_fused_3x3<BK, BT, WARPS, CC, MIN_BLOCKS>(x, u, bias, y, w, ...)   MIN_BLOCKS: per SM (registers);
+//   w (the weights as given) only for outputs that come out non-finite (wino::direct_output)
 //       one block per (sample n, tile row th, BT tiles of that row, BK filters); blockIdx.x enumerates them
 //       with the filter block fastest, so the blocks sharing an input row run together (L2). x NCHW, y NCHW.
 // A block walks the input channels CC at a time, two shared-memory buffers deep: U's slice and the input
@@ -87,7 +88,7 @@ winograd_fused_weight(const float* __restrict__ w, float* __restrict__ u, i64 K,
 template <int BK, int BT, int WARPS, int CC, int MIN_BLOCKS>
 __global__ void __launch_bounds__(32 * WARPS, MIN_BLOCKS)
 winograd_fused_3x3(const float* __restrict__ x, const float* __restrict__ u, const float* __restrict__ bias,
-                   float* __restrict__ y,
+                   float* __restrict__ y, const float* __restrict__ w,
                    i64 C, i64 H, i64 W, i64 K, i64 P, i64 Q, i64 pad_top, i64 pad_left, int tiles_h,
                    int col_blocks, int k_blocks, i64 c_pad, i64 k_pad) {
     using T = float;
@@ -278,6 +279,12 @@ winograd_fused_3x3(const float* __restrict__ x, const float* __restrict__ u, con
             for (int b = 0; b < 4; ++b) e[a][b] = m_s[((a * 4 + b) * BK + kl) * kLdM + tl];
         float o[2][2];
         wino::transform(ax.at, e, ax.at, o);
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+                if (!isfinite(o[i][j]))  // (a NaN or Inf among the tile's inputs: see wino::direct_output)
+                    o[i][j] = wino::direct_output(x, w, n, k0 + kl, p0 + i, q0 + j, C, H, W, 3, 3, pad_top, pad_left);
         const float add = bias != nullptr ? __ldg(bias + k0 + kl) : 0.0f;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
