@@ -115,9 +115,8 @@ def _compute_dtype(dtype: numpy.dtype) -> numpy.dtype:
 
 
 # The GEMMs of the CPU path: NumPy's, unless a caller brings its framework's own (``cpu_matmul``). The torch bridge
-# brings torch's for CPU tensors: NumPy's BLAS threads and torch's thread pool, each spinning after its work, took
-# turns starving each other on the same cores (a training step of a converted ResNet-18 on two cores: 7x torch's
-# time, against 1.5x with NumPy's BLAS on one thread).
+# brings torch's for CPU tensors: NumPy's BLAS threads and torch's thread pool, each spinning after its work, would
+# take turns starving each other on the same cores (docs/perf-notes.md).
 _matmul = contextvars.ContextVar("cuconv_cpu_matmul", default=numpy.matmul)
 
 
