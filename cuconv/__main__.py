@@ -5,7 +5,7 @@ import sys
 
 def _usage(status: int = 2) -> int:
     print("usage: python -m cuconv {bench,info} [options]\n"
-          "  bench  time cuconv against cuDNN on the PROBLEMS.md shapes (--help for options)\n"
+          "  bench  time cuconv against cuDNN on the docs/problems.md shapes (--help for options)\n"
           "  info   versions, device, compute capability, kernel cache location",
           file=sys.stderr if status else sys.stdout)
     return status

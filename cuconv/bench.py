@@ -1,4 +1,4 @@
-"""``python -m cuconv bench``: cuconv against cuDNN (through torch) on the problems of PROBLEMS.md; with
+"""``python -m cuconv bench``: cuconv against cuDNN (through torch) on the problems of docs/problems.md; with
 ``--models``, on whole torchvision models and their layers (``bench_models``).
 
 Method (see README "Benchmark"): one process, same inputs for both sides, CUDA events around each call,

@@ -1,4 +1,4 @@
-"""The benchmark problems of PROBLEMS.md (shapes that define "fast" for cuconv), as data."""
+"""The benchmark problems of docs/problems.md (shapes that define "fast" for cuconv), as data."""
 
 from __future__ import annotations
 

@@ -139,22 +139,18 @@ def _select_algorithm(spec, dtype, precision, on_gpu, pass_, smem_limit, wgmma, 
     raise NotImplementedError(f"cuconv: no algorithm supports {spec} in {dtype} for {pass_}")  # pragma: no cover
 
 
-# winograd_fused's tile holds 64 filters: with 16 (square_3x3_1024's fp32-IEEE dgrad) it ran 33.9 ms against
-# 18.4 for winograd on an H200.
+# The rules of _preference and their thresholds were drawn between measured points; the measurements are in
+# docs/perf-notes.md ("Why auto chooses what it chooses").
+
+# winograd_fused's tile holds 64 filters: with fewer most of it idles and winograd is faster.
 _WINOGRAD_FUSED_MIN_FILTERS = 64
 # Its products cost 16 per 4 outputs and channel against winograd's 36 per 16 (F(4x4, 3x3)), whose price is the
-# traffic of its transformed operands: with few channels that traffic wins (16 channels, 128 filters: 14.0 ms
-# against 18.4), with more the products do (resnet_3x3_64, 64 channels: 0.150 against 0.131 ms in a loop, 0.232
-# against 0.186 one call). The line is drawn at 32, between the two measured points.
+# traffic of its transformed operands: with few channels that traffic wins, with more the products do.
 _WINOGRAD_FUSED_MAX_CHANNELS = 32
 
-# 1x1 stride-1 forwards at tensor-core precisions: cuBLASLt's GEMM per sample (im2col_gemm) against implicit_gemm's
-# NCHW kernel (wgmma), measured on ResNet-50's 1x1 layers at batch 32 through conv2d (H200, session 13; µs one call /
-# in a loop). On 56x56 and 28x28 planes the GEMM runs as fast as cuDNN and the NCHW kernel does not
-# (resnet_1x1_256 fp16: 36.2/22.2 against cuDNN's 34.8/22.1 and the NCHW kernel's 46.7/38.1; TF32 55.1/39.6, 53.1/41.2
-# and 53.1/45.1). On 7x7 planes batches of 49-column GEMMs are slow (fp16 512->2048: 89.5 against 35.1). On 14x14
-# it depends on the precision: in the half types the GEMM wins (1024->256: 38.2 against 45.4), at TF32 it can lose
-# by 1.4x (1024->512: 91.6 against 66.5). The GEMM takes planes of at least this many pixels:
+# 1x1 stride-1 forwards at tensor-core precisions: cuBLASLt's GEMM per sample (im2col_gemm) runs as fast as cuDNN
+# on large planes, where implicit_gemm's NCHW kernel does not; on small planes batches of short GEMMs are slow
+# and the NCHW kernel wins (earlier in the half types than at TF32). The GEMM takes planes of at least:
 _POINTWISE_GEMM_MIN_PIXELS_HALF = 14 * 14
 _POINTWISE_GEMM_MIN_PIXELS_TF32 = 28 * 28
 
@@ -163,39 +159,28 @@ def _pointwise_gemm_min_pixels(dtype) -> int:
     return _POINTWISE_GEMM_MIN_PIXELS_HALF if numpy.dtype(dtype).itemsize == 2 else _POINTWISE_GEMM_MIN_PIXELS_TF32
 
 
-# implicit_gemm's narrowest tile holds 64 filters: with fewer than 32 in the pass most of it idles (TF32
-# square_3x3_1024 dgrad, 16 filters: 24.5 ms against 14.4 for im2col_gemm on an H200).
+# implicit_gemm's narrowest tile holds 64 filters: with fewer than 32 in the pass most of it idles.
 _IMPLICIT_GEMM_MIN_FILTERS = 32
 
 
 def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool = False):
-    """Candidates, best first, from what each family is good at (measured on an H200; README "Algorithms").
+    """Candidates, best first, from what each family is good at. "In the pass": a dgrad at stride 1 is a forward
+    convolution of dy with C/groups filters over K/groups channels (``dgrad_forward``).
 
-    - depthwise layers: ``depthwise`` (memory-bound; im2col_gemm runs one tiny GEMM per group, 4-7x slower);
+    - depthwise layers: ``depthwise`` (memory-bound; a GEMM per group is several times slower);
     - float32 at "ieee", 3x3, stride 1, no dilation, one group, at least 64 filters and 16 to 32 input channels
-      in the pass: ``winograd_fused`` (F(2x2, 3x3) in one kernel, no transformed operand in memory:
-      square_3x3_1024 14.0 ms against 18.4 for winograd and 17.8 for im2col_gemm; 1.6e-7 error against
-      winograd's 1e-6; with 64 channels winograd's fewer products win, resnet_3x3_64 0.131 against 0.150 ms);
-    - plain fp32 "ieee" and fp64 arithmetic, stride 1, no dilation, one group, kernels up to 7x7 with at
-      least 16 input channels and 16 filters in the pass (and, in float32, at most 128-512 input channels:
-      its error limit): ``winograd`` (2.9x fewer multiplications for 5x7, 4x for 3x3; rect_5x7 fprop 8.6 ms
-      against 15.3 for direct_smem, its dgrad 8.3 against 15.8; resnet_3x3_64 0.18 ms against 0.41 for
-      im2col_gemm; with 3 input channels it is slower than im2col_gemm, 0.27 against 0.16 ms);
-    - plain-FFMA arithmetic (fp32 "ieee", fp64) on large layers with many taps and up to 128 filters per
-      group: ``direct_smem`` (no column matrix; square_5x9 9.7 ms, dilated_padded_5x9 10.0 ms and rect_5x7
-      15.4 ms against 12.9, 12.6 and 15.8 for im2col_gemm), while with 9 taps cuBLAS's GEMM wins
-      (square_3x3_1024: 17.9 against 22.9 ms); with tensor cores (TF32, fp16, bf16) FFMA kernels are out of
-      the race. dgrad at
-      stride 1 is a forward convolution with C/groups filters (``dgrad_forward``): the same rule applies
-      with C/groups in place of K/groups, against im2col_gemm's dgrad whose GEMM reduces over K/groups only;
+      in the pass: ``winograd_fused`` (F(2x2, 3x3) in one kernel, no transformed operand in memory, the error
+      of a direct sum);
+    - FFMA arithmetic (fp32 "ieee", fp64), stride 1, no dilation, one group, kernels up to 7x7, at least 16
+      input channels and 16 filters in the pass (and float32's cap on input channels, for its error):
+      ``winograd`` (1.7-4x fewer multiplications; with fewer channels im2col_gemm is faster);
+    - FFMA arithmetic on large layers with at least 25 taps and up to 128 filters per group: ``direct_smem``
+      (no column matrix; with fewer taps cuBLAS's GEMM wins); with tensor cores FFMA kernels are out of the
+      race;
     - tensor-core arithmetic (float32 "tf32", float16, bfloat16), forward and stride-1 dgrad with at least
       32 filters in the pass, except 1x1 stride-1 unpadded layers (a plain GEMM for im2col_gemm) unless the
-      pass is a forward on a device that runs wgmma (``wgmma``) on small planes (below 14x14 pixels in the half
-      types, 28x28 at TF32: ``_POINTWISE_GEMM_MIN_PIXELS_*``), where implicit_gemm's NchwTile reads them as they
-      are and cuBLASLt's batches of short GEMMs are slow (the dgrad, 256 filters over 64 channels: a GEMM,
-      0.094 against 0.152 ms):
-      ``implicit_gemm``, which never writes the column matrix (TF32 square_5x9 3.0 ms against 6.9 ms for
-      im2col_gemm; stem_7x7_s2 1.2x cuDNN);
+      pass is a forward on a device that runs wgmma on small planes (``_POINTWISE_GEMM_MIN_PIXELS_*``), where
+      implicit_gemm's NchwTile reads them as they are: ``implicit_gemm``, which never writes the column matrix;
     - otherwise ``im2col_gemm``.
     """
     depthwise = spec.groups == spec.c and spec.groups > 1 and spec.c_per_group == 1

@@ -13,7 +13,7 @@
 // Shared memory holds STAGES tiles of A (BM rows) and B (BN rows), each row KB bytes of k (KB = 128: 32
 // floats or 64 halves; or 64) plus 16 bytes of padding: the 144- (80-) byte pitch makes ldmatrix reads
 // conflict-free. Each k step takes 32 bytes of every row: for TF32 that is k = 8 (m16n8k8), for halves
-// k = 16 (m16n8k16), and the ldmatrix addressing is byte-for-byte the same for both (see load_frags).
+// k = 16 (m16n8k16), and the ldmatrix addressing is byte-for-byte the same for both (the lane addressing in the main loop).
 // The epilogue stages the accumulator tile through shared memory as [n][m] and writes NCHW rows of m
 // with 128-byte coalesced stores, bias added in fp32 before the one rounding.
 //

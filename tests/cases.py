@@ -73,7 +73,7 @@ CASES = [
     _p("unbatched", (3, 9, 8), (4, 3, 3, 3), padding=1),
 ]
 
-# Reduced versions of every problem in PROBLEMS.md (same kernel geometry, small batch and image).
+# Reduced versions of every problem in docs/problems.md (same kernel geometry, small batch and image).
 PROBLEM_CASES = [
     pytest.param(Case(p.scaled(n=2, hw=min(p.h, 24 if p.kernel[0] < 7 else 30)).input_shape, p.weight_shape,
                       p.conv_kwargs, False), id=f"reduced_{p.name}")

@@ -200,7 +200,7 @@ def test_options_match_the_loader(nvrtc):
     from cuconv import _loader
 
     flags = [f.decode() for f in nvrtc_options("sm_90", "probe").as_bytes("nvrtc")]
-    # What CuPy 14 adds to every RawModule (STACK_NOTES.md): spelled out here, not read back from the loader.
+    # What CuPy 14 adds to every RawModule: spelled out here, not read back from the loader.
     expected = ["-arch=sm_90", "--std=c++17", "--ftz=true", f"--include-path={cuda_include_dir()}"]
     for opt in _loader.compile_options():
         expected.append(("--include-path=" if opt.startswith("-I") else "--define-macro=") + opt[2:])
