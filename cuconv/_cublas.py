@@ -10,8 +10,8 @@ float32 can never be turned into TF32 by someone else's setting. The libraries a
 ``gemm`` runs ``cublasLtMatmul`` with a plan made once per problem (descriptors and the algorithm cuBLASLt's
 heuristic picks for that shape, those alignments and that workspace) and kept for the process: the same
 kernels as ``cublasGemmStridedBatchedEx``, which asks the heuristic again on every call. That is host time
-a small layer pays before its GPU work starts (H200, resnet_1x1_256: 14.5 against 28.6 µs a call in fp32,
-9.3 against 18.1 in fp16). A call seen before (same shapes, strides, pointer alignments, device, stream and
+a small layer pays before its GPU work starts (about half a 1x1 layer's call; docs/perf-notes.md). A call seen
+before (same shapes, strides, pointer alignments, device, stream and
 thread) goes straight to ``cublasLtMatmul`` with its arguments kept from the first time, without building the
 plan's key again. Where cuBLASLt offers no algorithm, the plan says so and ``gemm`` calls
 ``cublasGemmStridedBatchedEx``.
@@ -271,8 +271,8 @@ def _alignment(ptr: int, stride_bytes: int) -> int:
 
 _lt_plans = {}  # key -> (desc, A, B, C layouts, algo pointer, workspace bytes, owner) or None (no algorithm)
 # gemm's calls as they come (see gemm's call_key) -> cublasLtMatmul and every argument but the three pointers and
-# the stream: a GEMM made before skips building and hashing the plan's key (H200, resnet_1x1_256 fp16: the call
-# took ~5 µs of host time besides cublasLtMatmul's own). Holds its plan, so its descriptors live as long.
+# the stream: a GEMM made before skips building and hashing the plan's key. Holds its plan, so its descriptors
+# live as long.
 _lt_calls = {}
 _lt_lock = threading.Lock()
 

@@ -150,8 +150,8 @@ def time_cuda(run: Callable[[], None], reps: int = 3, warmup: int = 1, calls: in
 def _candidate_time(run: Callable[[], None]) -> float:
     """The autotuner's time of one candidate: after two warm-up calls (compiles, allocations), the median
     per-call time of calls back to back, as many as fill ~2 ms. A single call of a small layer is mostly
-    host time and its noise (H200, TF32: with one call per timing, the tuned choice for stem_7x7_s2 and
-    depthwise_3x3 ran 1.3x slower than the best algorithm)."""
+    host time and its noise: timed one call at a time, the tuner picked algorithms measurably slower than the
+    best (docs/perf-notes.md)."""
     one = time_cuda(run, reps=1, warmup=2)
     return time_cuda(run, reps=3, warmup=0, calls=max(1, min(20, int(2.0 / max(one, 1e-3)))))
 

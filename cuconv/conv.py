@@ -186,9 +186,8 @@ class _Plan(NamedTuple):
     gpu: "_plan.Plan" = None     # ... and the algorithm's plan in it (with a bias where the signature has one)
 
 
-# A GPU call's signature (``_call_key``) -> its _Plan. The checks, the spec and the choice of algorithm cost
-# ~10 µs of host time a call on an H200, as much as the launch they precede on a small layer; a layer called
-# again skips them. Bounded: cleared when full, like ConvSpec's memo.
+# A GPU call's signature (``_call_key``) -> its _Plan. The checks, the spec and the choice of algorithm cost as
+# much host time as the launch they precede on a small layer; a layer called again skips them. Bounded: cleared when full, like ConvSpec's memo.
 _plans: dict = {}
 _PLANS_MAX = 4096
 

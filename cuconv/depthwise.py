@@ -10,8 +10,7 @@ convolution with the flipped kernel), by preference:
   kernel's centred padding left and right, rows of whole 16-byte vectors and 16-byte aligned tensors: each
   thread owns one 16-byte vector of a strip of rows (its halo from the neighbouring lanes by shuffles), its
   window in registers, the next step's rows loaded a step early in the 16-bit types, else prefetched into
-  L2 (depthwise_3x3 on an H200, a loop of calls: fp32 60 µs of GPU time, 87% of a same-size copy; fp16
-  36.5 µs, 75%);
+  L2 (near the time of a same-size copy; docs/perf-notes.md);
 - ``depthwise_fwd_plane`` (``plane_plan``) for 3×3 (and 5×5 summing in float) where a padded plane fits in
   shared memory and rows are 16-byte aligned: a persistent grid stages whole input planes by 16-byte
   ``cp.async`` copies, several buffers deep, and walks column strips of output rows from shared memory
@@ -151,7 +150,7 @@ def plane_plan(spec: ConvSpec, dtype):
     """(rows per strip, strips per plane, lead, pitch, buffers, shared-memory bytes) for
     ``depthwise_fwd_plane``, or None where it does not apply: it needs stride = dilation = 1, a kernel of
     ``_PLANE_KERNELS`` (3×3, and 5×5 where sums are in float), rows of a multiple of 16 bytes (its copies;
-    without them the strips kernel is as fast: H200, 57×57 fp32) and two padded input planes within
+    without them the strips kernel is as fast) and two padded input planes within
     ``_PLANE_SMEM`` and the device's limit. The input's base address must be 16-byte aligned too (the
     launcher's check).
 

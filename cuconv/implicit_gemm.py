@@ -203,11 +203,10 @@ def _packed_k_tiles(spec: ConvSpec, itemsize: int, kbytes: int) -> int:
     return -(-(spec.r * spec.s * _padded_channels(spec, itemsize) * itemsize) // kbytes)
 
 
-# An NchwTile instead of packing where the pack costs as much as the gather it saves (H200, docs/perf-notes.md
-# v6): the pack moves the input twice, the GEMM reads it K·R·S / (tile) times more, so the pack weighs most
-# where K·R·S is small. 1x1 layers (resnet_1x1_256: 46 against 113 us float32, 40 against 78 us float16);
-# float32 up to K·R·S = 576 (resnet_3x3_64: 72.9 against 72.3 us pack included, one launch and no allocation
-# fewer); float16 gathers two bytes per load and lost on 3x3 (64 against 44 us).
+# An NchwTile instead of packing where the pack costs as much as the gather it saves (docs/perf-notes.md, v6):
+# the pack moves the input twice, the GEMM reads it K·R·S / (tile) times more, so the pack weighs most where
+# K·R·S is small: 1x1 layers, and float32 up to K·R·S = 576 (one launch and no allocation fewer); float16
+# gathers two bytes per load and loses on 3x3.
 _NCHW_MAX_FILTER_TAPS_FP32 = 576
 
 

@@ -20,8 +20,8 @@
 //   depthwise_fwd_rows<T, KR, KS, kSegmented>(x, w, bias, out, ..., slots, strips, segs, seg_lanes,
 //                                             rows_per_strip)
 //       stride = dilation = 1, KS odd with its centred padding left and right (Q == W), rows of a multiple
-//       of 16 bytes, 16-byte aligned tensors: the fastest where it applies (depthwise_3x3 on an H200, in
-//       a loop of calls: fp32 60 µs, 87% of a same-size copy; fp16 36.5 µs, 75%). A thread owns
+//       of 16 bytes, 16-byte aligned tensors: the fastest where it applies (near a same-size copy's time;
+//       docs/perf-notes.md). A thread owns
 //       V = 16 / sizeof(T) consecutive columns of a strip of output rows: per input row one 16-byte load
 //       (the KS - 1 halo columns come from the neighbouring lanes by shuffles), KR·KS·V FMAs and one
 //       16-byte store per output row; its KR window rows stay in registers, indexed j % KR so that a step of
@@ -235,8 +235,8 @@ depthwise_fwd_strips(const T* __restrict__ x, const T* __restrict__ w, const T* 
 }
 
 // depthwise_fwd_rows: registers allow two blocks per SM for 3×3 summing in float (~110 registers in the
-// half types, whose window is converted once), else one (5×5: 150-200). Measured on depthwise_3x3 (H200):
-// a third block at 80 registers spills in the half types and is 10-25% slower.
+// half types, whose window is converted once), else one (5×5: 150-200). A third block at 80 registers spills
+// in the half types and is slower (docs/perf-notes.md).
 template <typename T, int KR>
 __host__ __device__ constexpr int rows_min_blocks() {
     return KR <= 3 && sizeof(typename cuconv::Acc<T>::type) == 4 ? 2 : 1;
@@ -379,11 +379,9 @@ depthwise_fwd_rows(const T* __restrict__ x, const T* __restrict__ w, const T* __
         // Output rows i .. i + KR - 1 per step (rps is a multiple of KR); src at window row i + KR - 1.
         // When a step's KR rows are loaded: 16-bit types (unsegmented rows) load the next step's rows while
         // this one is convolved (registers double-buffered); the others load a step's rows as it starts and
-        // prefetch the next step's into L2. Measured in a loop of calls on an H200: 16-bit types ~10% faster
-        // loaded early (depthwise_3x3 fp16 41.1 -> 36.5 µs, 67% -> 75% of a same-size copy; bf16 38.6 ->
-        // 36.0-37.8; 5x5 fp16 on 112x112: 104 -> 91), float not (3x3: 59.2 -> 62.4 µs; 5x5 116 -> 133): the
-        // extra registers halve its resident blocks (4 -> 2 per SM), whose loads were in flight side by side
-        // already; nor segmented fp16 rows (8x64x128x512: 42.1 -> 46.6 µs).
+        // prefetch the next step's into L2. Loading early pays in the 16-bit types; in float the extra
+        // registers halve its resident blocks, whose loads were in flight side by side already, and segmented
+        // 16-bit rows lose too (measurements: docs/perf-notes.md).
         constexpr bool kEarly = sizeof(T) == 2 && !kSegmented;
         uint4 next[KR];
         bool next_ok[KR];

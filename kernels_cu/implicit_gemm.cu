@@ -87,7 +87,7 @@ using namespace cuconv;
 
 // ---------------------------------------------------------------------------------------------------
 // Packing: one launch per chunk packs the input and, in the first chunk's launch, the weight as well (a
-// launch costs the host ~10 µs through CuPy, as much as a small layer's pack itself).
+// launch costs the host as much time as a small layer's pack itself).
 //
 // The weight: KCRS (k, c, r·s) -> (kp, row) with row index (r·s)·cp + ch, zero for k >= k_valid,
 // ch >= c and past r·s·cp (the last k tile's padding); elements first, first + step, ... of w_total (0:
@@ -124,8 +124,7 @@ __device__ __forceinline__ void pack_weight_part(const T* __restrict__ src, T* _
 // The input: NCHW (n, c, hw) -> (n, hw, cp), pad channels zero; 32-channel x 64-pixel tiles through smem so
 // both the read (along hw) and the write (along c) are coalesced. Block (32, 8); grid (hw tile blocks,
 // channel tiles, samples + 1 if the weight is packed too: the last z slice packs it). Each block walks
-// several hw tiles. Each thread has 8 loads in flight: with 32 x 32 tiles (4) the pack ran at 2.5 TB/s on
-// resnet_3x3_64, latency-bound (H200).
+// several hw tiles. Each thread has 8 loads in flight: with 32 x 32 tiles (4) the pack was latency-bound.
 template <typename T, bool kTf32>
 __global__ void __launch_bounds__(256)
 pack_nhwc(const T* __restrict__ src, T* __restrict__ dst, const T* __restrict__ w_src, T* __restrict__ w_dst,
@@ -341,8 +340,7 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
 }  // namespace cuconv
 
 // Both GEMM kernels take the packed operands, the bias (or null), the output chunk and the geometry as one
-// struct: a launch through CuPy costs ~0.25 µs of host time per argument (H200: 21 arguments 9.0 µs, five
-// 4.7 µs).
+// struct: a launch's host time grows with its argument count.
 #define CUCONV_IGEMM_PARAMS                                                                          \
     const T *__restrict__ x, const T *__restrict__ wp, const T *__restrict__ bias, T *__restrict__ y, \
         const igemm::Geometry g
@@ -481,7 +479,7 @@ implicit_gemm_fprop(CUCONV_IGEMM_PARAMS) {
 // The epilogue stages the accumulators in the retired pipeline slots as [filter][pixel] and writes NCHW
 // rows through store_tile_nchw, as implicit_gemm_fprop (128 pixels of a filter row per warp store where the
 // tile lies inside one image). Writing straight from the accumulators (8 filters x 8 pixels per warp store)
-// was 1.3x slower on square_3x3_1024, whose 8.5 GB of output dominate.
+// was slower where the output dominates (square_3x3_1024).
 
 namespace cuconv {
 namespace igemm {
@@ -670,9 +668,8 @@ implicit_gemm_wgmma(CUCONV_IGEMM_PARAMS) {
 // else element by element), rounds float32 to TF32 on the way, and stores both in the swizzled layout of
 // implicit_gemm_wgmma. What a packed input buys (one 16-byte cp.async per 4 or 8 k) costs a separate
 // launch and a round trip of the input through memory. Where the GEMM does little work per input element
-// that round trip costs more than this gather (1x1 layers: resnet_1x1_256 46 against 113 us in float32, 40
-// against 78 in float16), or as much (float32 resnet_3x3_64: 72.9 against 72.3 us, one launch fewer);
-// elsewhere the packed kernels win (square_3x3_1024: 7.2 against 6.1 ms; H200, docs/perf-notes.md v6).
+// that round trip costs more than this gather (1x1 layers), or as much (float32 resnet_3x3_64, one launch
+// fewer); elsewhere the packed kernels win (docs/perf-notes.md, v6).
 //
 // k order here is the weight's own, k = (c·R + r)·S + s over C·R·S (g.w_row; g.cp is C), zero past it up
 // to whole 128-byte k tiles. A table in shared memory gives each k its input offset c·H·W + r·dil_h·W +
@@ -791,8 +788,8 @@ implicit_gemm_wgmma_nchw(CUCONV_IGEMM_PARAMS) {
     };
     auto store_regs = [&](int slot) {
         unsigned char* s = stage + slot * kSlotBytes;
-        // TF32, rounded once as the pack kernels do: against truncation by the MMA, a normwise error of 2.9e-4
-        // instead of 4.7e-4 for 4% of resnet_3x3_64's time (H200)
+        // TF32, rounded once as the pack kernels do: more accurate than the MMA's truncation, for a few percent
+        // of the time
         if constexpr (sizeof(T) == 4) {
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
