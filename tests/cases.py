@@ -7,6 +7,7 @@ import dataclasses
 import numpy
 import pytest
 
+from cuconv import _dtypes
 from cuconv.problems import PROBLEMS
 
 # Normwise relative error ‖y - ref‖ / ‖ref‖ allowed per dtype (and per precision for float32).
@@ -230,3 +231,37 @@ def row_ranges(p):
     if p > 2:
         ranges.add((1, p - 2))
     return sorted(ranges)
+
+
+# dtypes whose GPU results must equal the CPU path bit for bit on integer inputs
+EXACT_DTYPES = ["float64", "float32", "float16"] + (["bfloat16"] if _dtypes.bfloat16 is not None else [])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# GPU helpers shared by the GPU test files (CuPy imported only when called)
+# ----------------------------------------------------------------------------------------------------------
+def to_gpu(a, dtype):
+    """A NumPy array (or None) as a CuPy array of ``dtype``."""
+    import cupy
+
+    return None if a is None else cupy.asarray(a.astype(dtype))
+
+
+def assert_forward_equals_cpu_on_integers(case, dtype_name, seed, forward):
+    """``forward(x, w, b, spec, out)``, one algorithm's forward_gpu with its options, on the case's integer
+    inputs in ``dtype_name`` (a batch of one for an unbatched case) into a NaN-poisoned ``out``, equals the
+    CPU path bit for bit."""
+    import cupy
+
+    import cuconv
+    from cuconv import _dtypes
+
+    x, w, b = make_inputs(case, seed=seed, integer=True)
+    dtype = _dtypes.by_name(dtype_name)
+    cpu = cuconv.conv2d(x.astype(dtype), w.astype(dtype), None if b is None else b.astype(dtype), **case.kwargs)
+    x4 = x if x.ndim == 4 else x[None]
+    spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
+    out = cupy.full(spec.output_shape, numpy.nan, dtype=dtype)
+    forward(to_gpu(x4, dtype), to_gpu(w, dtype), to_gpu(b, dtype), spec, out)
+    numpy.testing.assert_array_equal(cupy.asnumpy(out).astype(numpy.float64).reshape(cpu.shape),
+                                     cpu.astype(numpy.float64))

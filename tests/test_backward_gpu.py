@@ -9,8 +9,8 @@ import pytest
 
 import cuconv
 from cases import (CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, algo_mode_cases, bound, exact_algo_cases, make_inputs,
-                   rel_err)
-from test_conv_gpu import MODES, _dtype, _to_gpu
+                   rel_err, to_gpu)
+from test_conv_gpu import MODES, _dtype
 
 pytestmark = pytest.mark.gpu
 
@@ -62,10 +62,10 @@ def _grad(pass_, x, w, dy, dtype, precision, algo, kwargs):
     import cupy
 
     if pass_ == "dgrad":
-        got = cuconv.conv2d_input(x.shape, _to_gpu(w, dtype), _to_gpu(dy, dtype), precision=precision,
+        got = cuconv.conv2d_input(x.shape, to_gpu(w, dtype), to_gpu(dy, dtype), precision=precision,
                                   algo=algo, **kwargs)
     else:
-        got = cuconv.conv2d_weight(_to_gpu(x, dtype), w.shape, _to_gpu(dy, dtype), precision=precision,
+        got = cuconv.conv2d_weight(to_gpu(x, dtype), w.shape, to_gpu(dy, dtype), precision=precision,
                                    algo=algo, **kwargs)
     assert got.dtype == dtype
     return cupy.asnumpy(got).astype(numpy.float64)
@@ -115,7 +115,7 @@ def test_chunked_grads_equal_one_chunk(case, rows):
 
     case = dataclasses.replace(case, x_shape=(3,) + case.x_shape[1:])
     x, w, dy = _inputs(case, 13, numpy.float32, integer=True)
-    xg, wg, dyg = (_to_gpu(a, numpy.float32) for a in (x, w, dy))
+    xg, wg, dyg = (to_gpu(a, numpy.float32) for a in (x, w, dy))
     whole_dx = cuconv.conv2d_input(x.shape, wg, dyg, **case.kwargs)
     whole_dw = cuconv.conv2d_weight(xg, w.shape, dyg, **case.kwargs)
     spec = cuconv.ConvSpec.from_args(x.shape, w.shape, **case.kwargs)
@@ -140,7 +140,7 @@ def test_wgrad_partial_sums_in_turns_equal_all_at_once(case, dtype_name, monkeyp
     dtype = _dtype(dtype_name)
     case = dataclasses.replace(case, x_shape=(5,) + case.x_shape[1:])
     x, w, dy = _inputs(case, 15, dtype, integer=True)
-    xg, dyg = _to_gpu(x, dtype), _to_gpu(dy, dtype)
+    xg, dyg = to_gpu(x, dtype), to_gpu(dy, dtype)
     whole = cupy.asnumpy(cuconv.conv2d_weight(xg, w.shape, dyg, algo="im2col_gemm", **case.kwargs))
     spec = cuconv.ConvSpec.from_args(x.shape, w.shape, **case.kwargs)
     monkeypatch.setattr(im2col_gemm, "_WGRAD_PARTIALS_BYTES", 2 * spec.k * spec.crs * 4)
@@ -156,7 +156,7 @@ def test_grads_are_deterministic():
 
     case = PROBLEM_CASES[0].values[0]
     x, w, dy = _inputs(case, 14, numpy.float32)
-    xg, wg, dyg = (_to_gpu(a, numpy.float32) for a in (x, w, dy))
+    xg, wg, dyg = (to_gpu(a, numpy.float32) for a in (x, w, dy))
     first = [cupy.asnumpy(cuconv.conv2d_input(x.shape, wg, dyg, **case.kwargs)),
              cupy.asnumpy(cuconv.conv2d_weight(xg, w.shape, dyg, **case.kwargs))]
     second = [cupy.asnumpy(cuconv.conv2d_input(x.shape, wg, dyg, **case.kwargs)),

@@ -1,13 +1,13 @@
-"""direct_smem's plan (tile, staged input window, channels per chunk, grid) and the limits it reports.
-
-No GPU needed: the kernels themselves run in test_conv_gpu.py (the case table, ``TILING_CASES``, and the
-integer-exact comparisons with the CPU path for every algorithm).
+"""direct_smem's plan (tile, staged input window, channels per chunk, grid) and the limits it reports (CPU), and
+on the GPU: ``direct`` and ``direct_smem`` bit for bit against the CPU path on integers, and the refusal of a
+window beyond the device's shared memory. The case table runs every algorithm in test_conv_gpu.py.
 """
 
 import numpy
 import pytest
 
-from cases import CASES, PROBLEM_CASES, TILING_CASES
+import cuconv
+from cases import CASES, EXACT_DTYPES, PROBLEM_CASES, TILING_CASES, make_inputs, to_gpu
 from cuconv import _dtypes, direct, direct_smem
 from cuconv.direct_smem import NAME_EXPRESSIONS, plan
 from cuconv.problems import PROBLEMS, SUITES
@@ -137,3 +137,35 @@ def test_reasons(dtype):
     # 70000 groups of one channel: more k tiles than gridDim.y allows.
     many = ConvSpec.from_args((1, 70000, 3, 3), (70000, 1, 3, 3), groups=70000)
     assert "exceeds the CUDA limits" in direct_smem.reason_unsupported(many, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo", ["direct", "direct_smem"])
+@pytest.mark.parametrize("dtype_name", EXACT_DTYPES)
+@pytest.mark.parametrize("case", TILING_CASES)
+def test_direct_tiles_equal_cpu_exactly_on_integers(case, dtype_name, algo):
+    """Across direct_smem's tile, chunk and shared-memory boundaries (TILING_CASES), on integer inputs: every
+    sum is exact in the float32/float64 accumulator, so each dtype equals the CPU path bit for bit (the half
+    types round the same exact sum once, on both sides)."""
+    import cupy
+
+    x, w, b = make_inputs(case, seed=12, integer=True)
+    dtype = _dtypes.by_name(dtype_name)
+    cpu = cuconv.conv2d(x.astype(dtype), w.astype(dtype), None if b is None else b.astype(dtype), **case.kwargs)
+    out = cupy.full(cpu.shape, numpy.nan, dtype=dtype)
+    cuconv.conv2d(to_gpu(x, dtype), to_gpu(w, dtype), to_gpu(b, dtype), algo=algo, out=out, **case.kwargs)
+    numpy.testing.assert_array_equal(cupy.asnumpy(out).astype(numpy.float64), cpu.astype(numpy.float64))
+
+
+
+@pytest.mark.gpu
+def test_direct_smem_refuses_a_window_beyond_the_device_shared_memory():
+    import cupy
+
+    x = cupy.zeros((1, 1, 401, 2001), dtype=numpy.float32)
+    w = cupy.zeros((2, 1, 3, 3), dtype=numpy.float32)
+    with pytest.raises(NotImplementedError, match=r"algo 'direct_smem' cannot run this fprop: .* bytes of shared "
+                                                  r"memory .* the device allows"):
+        cuconv.conv2d(x, w, dilation=(200, 1000), algo="direct_smem")
+    assert cuconv.conv2d(x, w, dilation=(200, 1000), algo="direct").shape == (1, 2, 1, 1)
+

@@ -1,11 +1,11 @@
-"""im2col_cpu is an exact gather: compared with atol=0 to a nested-loop reference on ``arange`` input.
-
-(The GPU gather, im2col_gpu, is tested against the same reference in the GPU test file.)
+"""im2col is an exact gather: im2col_cpu compared with atol=0 to a nested-loop reference on ``arange`` input;
+on the GPU, im2col_gpu equals im2col_cpu in both of its layouts, zeros past each row.
 """
 
 import numpy
 import pytest
 
+import cuconv
 from cases import GATHER_GEOMETRIES, noncontiguous, row_ranges
 from cuconv.im2col import im2col_cpu
 
@@ -50,3 +50,32 @@ def test_im2col_cpu_sample_slice_and_noncontiguous(spec):
     numpy.testing.assert_array_equal(im2col_cpu(x[1:2], spec, 1, spec.p - 1),
                                      expected[1:2].reshape(1, spec.crs, spec.p, spec.q)[..., 1:, :]
                                      .reshape(1, spec.crs, (spec.p - 1) * spec.q))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("kwargs", [{}, dict(stride=(2, 3), padding=(1, 2), dilation=(2, 1)),
+                                    dict(padding=(2, 4), dilation=(2, 3)), dict(padding=(0, 3))],
+                         ids=["plain", "stride_pad_dil", "pad_dil", "pad_w_only"])
+def test_im2col_kernel_is_an_exact_gather(dtype_name, kwargs):
+    import cupy
+
+    from cuconv.im2col import im2col_cpu, im2col_gpu, row_pitch
+
+    dtype = numpy.dtype(dtype_name)
+    # arange values are exact in every dtype below 2048; widths give aligned and unaligned row lengths
+    for w_in in (13, 16, 19):
+        x = (numpy.arange(2 * 3 * 11 * w_in) % 2039).astype(dtype).reshape(2, 3, 11, w_in)
+        spec = cuconv.ConvSpec.from_args(x.shape, (4, 3, 3, 4), **kwargs)
+        for p0, rows in ((0, spec.p), (1, max(1, spec.p - 2))):
+            length = rows * spec.q
+            pitch = row_pitch(length, dtype.itemsize)
+            expected = numpy.zeros((2, spec.crs, pitch), dtype)  # (zeros past the row's length)
+            expected[..., :length] = im2col_cpu(x, spec, p0, rows)
+            col = cupy.full((2, spec.crs, pitch), numpy.nan, dtype=dtype)
+            im2col_gpu(cupy.asarray(x), spec, p0, rows, col)
+            numpy.testing.assert_array_equal(cupy.asnumpy(col), expected)
+            col = cupy.full((spec.crs, 2, pitch), numpy.nan, dtype=dtype)  # samples interleaved row by row
+            im2col_gpu(cupy.asarray(x), spec, p0, rows, col, interleaved=True)
+            numpy.testing.assert_array_equal(cupy.asnumpy(col), expected.transpose(1, 0, 2))
+

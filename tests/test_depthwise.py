@@ -1,10 +1,16 @@
-"""depthwise's plans: which cases take ``depthwise_fwd_plane`` (``plane_plan``: a whole padded plane in shared
-memory) or ``depthwise_fwd_strips`` (``strips_plan``), and how a plane is cut. No GPU needed: the kernels run in test_conv_gpu.py and test_backward_gpu.py (case table, TILING_CASES)."""
+"""depthwise: its plans (CPU) - which cases take ``depthwise_fwd_plane`` (``plane_plan``: a whole padded plane in
+shared memory) or ``depthwise_fwd_strips`` (``strips_plan``), and how a plane is cut - and on the GPU every forward
+kernel bit for bit against the CPU path on integers, the rows kernel's fallback on misaligned tensors and a
+deterministic wgrad over many chunks. The case table runs it with every algorithm in test_conv_gpu.py and
+test_backward_gpu.py."""
 
 import numpy
 import pytest
 
-from cuconv import depthwise
+import cuconv
+from cases import (CASES, EXACT_DTYPES, PROBLEM_CASES, TILING_CASES, assert_forward_equals_cpu_on_integers,
+                   case_spec, make_inputs, reference, rel_err, tolerance)
+from cuconv import _dtypes, depthwise
 from cuconv.problems import PROBLEMS
 from cuconv.spec import ConvSpec
 
@@ -136,3 +142,82 @@ def test_forward_kernels_by_preference_and_alignment():
     assert depthwise.forward_kernels(spec, numpy.float16, x_aligned=False) == ("strips", "tiles")
     strided = ConvSpec.from_args((1, 4, 20, 32), (4, 1, 3, 3), groups=4, padding=1, stride=2)
     assert depthwise.forward_kernels(strided, numpy.float32) == ("tiles",)
+
+
+@pytest.mark.gpu
+def test_depthwise_wgrad_many_chunks_and_big_taps_is_deterministic():
+    """The wgrad partial sums split N·P·Q into many chunks; two runs agree bit for bit, and with the oracle."""
+    import cupy
+
+    from cases import Case
+
+    case = Case((6, 4, 40, 37), (8, 1, 7, 5), dict(padding=(3, 2), dilation=(1, 2), groups=4), False)
+    x, w, _ = make_inputs(case, seed=31)
+    ref_out = reference(x, w, **case.kwargs)
+    dy = numpy.random.default_rng(32).standard_normal(ref_out.shape)
+    import torch
+
+    xt, wt = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
+    torch.nn.functional.conv2d(xt, wt, **case.kwargs).backward(torch.from_numpy(dy))
+    runs = [cupy.asnumpy(cuconv.conv2d_weight(cupy.asarray(x), w.shape, cupy.asarray(dy), algo="depthwise",
+                                              **case.kwargs)) for _ in range(2)]
+    numpy.testing.assert_array_equal(runs[0], runs[1])
+    assert rel_err(runs[0], wt.grad.numpy()) <= tolerance(numpy.float64)
+
+
+
+@pytest.mark.gpu
+def _depthwise_kernel_cases():
+    from cuconv import depthwise
+
+    out = []
+    for param in CASES + PROBLEM_CASES + TILING_CASES:
+        case = param.values[0]
+        spec = case_spec(case)
+        if depthwise.reason_unsupported(spec, numpy.float32) is not None:
+            continue
+        for dtype_name in EXACT_DTYPES:
+            for kernel in depthwise.forward_kernels(spec, _dtypes.by_name(dtype_name)):
+                out.append(pytest.param(case, kernel, dtype_name, id=f"{param.id}-{kernel}-{dtype_name}"))
+    return out
+
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case,kernel,dtype_name", _depthwise_kernel_cases())
+def test_depthwise_forward_kernels_equal_cpu_exactly_on_integers(case, kernel, dtype_name):
+    """Each forward kernel of depthwise (rows, plane, strips, tiles) wherever it serves, on integer inputs:
+    every sum is exact in the float/double accumulator, so each dtype equals the CPU path bit for bit; the
+    outputs are poisoned with NaN first."""
+    from cuconv import depthwise
+
+    assert_forward_equals_cpu_on_integers(
+        case, dtype_name, 21, lambda x, w, b, spec, out: depthwise.forward_gpu(x, w, b, spec, out, "ieee",
+                                                                               kernel=kernel))
+
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["float32", "float16"])
+def test_depthwise_rows_fall_back_on_misaligned_tensors(dtype_name):
+    """16-byte vectors need 16-byte aligned input and output: contiguous views one element off their
+    allocation take another kernel, with the same result."""
+    import cupy
+
+    from cuconv import depthwise
+
+    dtype = _dtypes.by_name(dtype_name)
+    case = next(p.values[0] for p in TILING_CASES if p.id == "depthwise_rows_tall_padding")
+    x, w, _ = make_inputs(case, seed=22, integer=True)
+    spec = cuconv.ConvSpec.from_args(x.shape, w.shape, groups=2, padding=(2, 1))
+    assert depthwise.rows_layout(spec, dtype) is not None
+    xs = cupy.empty(x.size + 1, dtype)[1:].reshape(x.shape)
+    xs[...] = cupy.asarray(x.astype(dtype))
+    want = cuconv.conv2d(x.astype(dtype), w.astype(dtype), groups=2, padding=(2, 1))
+    for x_off, out_off in ((1, 0), (0, 1)):
+        xg = xs if x_off else cupy.asarray(x.astype(dtype))
+        out = cupy.full(want.size + 1, numpy.nan, dtype)[out_off:out_off + want.size].reshape(want.shape)
+        assert (xg.data.ptr % 16 != 0) or (out.data.ptr % 16 != 0)
+        cuconv.conv2d(xg, cupy.asarray(w.astype(dtype)), groups=2, padding=(2, 1), out=out, algo="depthwise")
+        numpy.testing.assert_array_equal(cupy.asnumpy(out), want)
+

@@ -1,0 +1,138 @@
+"""implicit_gemm on the GPU: every tile bit for bit against the CPU path on integers, the NCHW tiles' unaligned
+weights and vector stores, and the NHWC pack with its zero channels."""
+
+from __future__ import annotations
+
+import numpy
+import pytest
+
+import cuconv
+from cuconv import _dtypes
+from cases import CASES, EXACT_DTYPES, TILING_CASES, assert_forward_equals_cpu_on_integers, case_spec, to_gpu
+
+pytestmark = pytest.mark.gpu
+
+
+def _implicit_gemm_tile_cases():
+    from cuconv import implicit_gemm
+
+    out = []
+    for param in TILING_CASES + [c for c in CASES if c.id in ("k5x9_d2x3_p2x4", "stride2_dil2_pad3", "same_even_dil3")]:
+        case = param.values[0]
+        if implicit_gemm.reason_unsupported(case_spec(case), numpy.float16) is None:
+            out += [pytest.param(case, t, id=f"{param.id}-{t}") for t in implicit_gemm.TILES]
+    return out
+
+
+
+@pytest.mark.parametrize("dtype_name", [d for d in EXACT_DTYPES if d != "float64"])
+@pytest.mark.parametrize("case,tile", _implicit_gemm_tile_cases())
+def test_implicit_gemm_tiles_equal_cpu_exactly_on_integers(case, tile, dtype_name):
+    """Every tile instance of implicit_gemm, across M, N and k tile tails: small integers are exact in TF32,
+    fp16 and bf16 and every fp32 partial sum is exact, so each dtype equals the CPU path bit for bit."""
+    from cuconv import implicit_gemm
+
+    if implicit_gemm.TILES[tile].wgmma and not implicit_gemm.wgmma_available():
+        pytest.skip(f"tile {tile} runs wgmma, which needs compute capability 9.0")
+    assert_forward_equals_cpu_on_integers(
+        case, dtype_name, 16, lambda x, w, b, spec, out: implicit_gemm.forward_gpu(x, w, b, spec, out, "tf32",
+                                                                                   tile=implicit_gemm.TILES[tile]))
+
+
+
+@pytest.mark.parametrize("dtype_name", [d for d in EXACT_DTYPES if d != "float64"])
+@pytest.mark.parametrize("tile", ["nchw64", "nchw128"])
+@pytest.mark.parametrize("shape", [((3, 8, 9, 37), (72, 8, 3, 3)), ((2, 24, 17, 19), (40, 24, 1, 1))],
+                         ids=["3x3", "1x1"])
+def test_implicit_gemm_nchw_tiles_read_an_unaligned_weight(shape, tile, dtype_name):
+    """An NchwTile reads the weight as it is: in 16-byte vectors where C·R·S and the pointer allow, element by
+    element otherwise; a weight one element into its allocation (C·R·S a whole number of vectors) takes the
+    second way, and rows past the last pixel and filter (M and K tails) stay out of the output."""
+    import cupy
+
+    from cuconv import implicit_gemm
+
+    if not implicit_gemm.wgmma_available():
+        pytest.skip("the NchwTiles run wgmma, which needs compute capability 9.0")
+    dtype = _dtypes.by_name(dtype_name)
+    (xs, ws), rng = shape, numpy.random.default_rng(7)
+    x = rng.integers(-4, 5, xs).astype(dtype)
+    w = rng.integers(-4, 5, ws).astype(dtype)
+    b = rng.integers(-4, 5, ws[0]).astype(dtype)
+    spec = cuconv.ConvSpec.from_args(xs, ws, padding=ws[2] // 2)
+    want = cuconv.conv2d(x, w, b, padding=ws[2] // 2)
+    wg = cupy.empty(w.size + 1, dtype=dtype)[1:].reshape(ws)
+    wg[...] = cupy.asarray(w)
+    assert wg.flags.c_contiguous and wg.data.ptr % 16 != 0
+    out = cupy.full(spec.output_shape, numpy.nan, dtype=dtype)
+    implicit_gemm.forward_gpu(cupy.asarray(x), wg, cupy.asarray(b), spec, out, "tf32", tile=implicit_gemm.TILES[tile])
+    numpy.testing.assert_array_equal(cupy.asnumpy(out).astype(numpy.float64), want.astype(numpy.float64))
+
+
+
+@pytest.mark.parametrize("dtype_name", [d for d in EXACT_DTYPES if d != "float64"])
+@pytest.mark.parametrize("tile", ["128x64", "wg64x128s3", "wg128x128r", "wg128x256", "nchw64"])
+@pytest.mark.parametrize("out_offset", [0, 1], ids=["aligned-out", "unaligned-out"])
+def test_implicit_gemm_stores_whole_tiles_as_vectors_where_aligned(out_offset, tile, dtype_name):
+    """The epilogue writes a tile of 128 or 256 pixels inside one image as 4-pixel vectors (P·Q = 384, a
+    multiple of 4: three 128-pixel tiles per image; 256-pixel tiles at pixels 0 and 512 lie inside an image,
+    the one at 256 crosses two), pixel by pixel where a tile crosses images or the output is not aligned for
+    them (one element into its allocation); bias added: all equal the CPU path bit for bit."""
+    import cupy
+
+    from cuconv import implicit_gemm
+
+    t = implicit_gemm.TILES[tile]
+    if t.wgmma and not implicit_gemm.wgmma_available():
+        pytest.skip(f"tile {tile} runs wgmma, which needs compute capability 9.0")
+    dtype = _dtypes.by_name(dtype_name)
+    rng = numpy.random.default_rng(11)
+    x = rng.integers(-4, 5, (2, 8, 16, 24)).astype(dtype)
+    w = rng.integers(-4, 5, (40, 8, 3, 3)).astype(dtype)
+    b = rng.integers(-4, 5, 40).astype(dtype)
+    spec = cuconv.ConvSpec.from_args(x.shape, w.shape, padding=1)
+    assert spec.p * spec.q == 384
+    want = cuconv.conv2d(x, w, b, padding=1)
+    size = int(numpy.prod(spec.output_shape))
+    out = cupy.full(size + out_offset, numpy.nan, dtype)[out_offset:].reshape(spec.output_shape)
+    assert (out.data.ptr % 8 == 0) == (out_offset == 0)
+    implicit_gemm.forward_gpu(cupy.asarray(x), cupy.asarray(w), cupy.asarray(b), spec, out, "tf32", tile=t)
+    numpy.testing.assert_array_equal(cupy.asnumpy(out).astype(numpy.float64), want.astype(numpy.float64))
+
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("c", [1, 3, 8, 16, 20, 33, 64, 72, 136])
+@pytest.mark.parametrize("image", [(3, 13, 11), (1, 190, 180)], ids=["odd", "more-tiles-than-the-grid"])
+def test_implicit_gemm_pack_is_nhwc_with_zero_channels(image, c, dtype_name):
+    """Both pack kernels (pixels up to 256 bytes one thread per vector, 32 x 64 transposes above): NHWC with
+    the channels padded to cp with zeros, TF32-rounded for float32, over several samples and an odd image
+    size (and one of more than 512 tiles, which the grid walks); and the weight, packed by the same launch,
+    (kp, w_row) with k index (r·S + s)·cp + c and zeros elsewhere."""
+    import cupy
+
+    from cuconv import implicit_gemm
+
+    dtype = _dtypes.by_name(dtype_name)
+    n, h, w_ = image
+    spec = cuconv.ConvSpec.from_args((n, c, h, w_), (5, c, 3, 2))
+    pl = implicit_gemm.plan(spec, dtype, implicit_gemm.choose_tile(spec, dtype, nchw=False))  # a packing tile
+    rng = numpy.random.default_rng(c)
+    x = rng.integers(-8, 9, (n, c, h, w_)).astype(dtype)
+    w = rng.integers(-8, 9, (5, c, 3, 2)).astype(dtype)
+    packed_x = cupy.full(n * h * w_ * pl.cp, numpy.nan, dtype=dtype)
+    packed_w = cupy.full(pl.kp * pl.w_row, numpy.nan, dtype=dtype)
+    implicit_gemm.pack_operands(to_gpu(x, dtype), to_gpu(w, dtype), spec, pl, packed_x, packed_w)
+    want_x = numpy.zeros((n, h, w_, pl.cp), dtype)
+    want_x[..., :c] = x.transpose(0, 2, 3, 1)
+    want_w = numpy.zeros((pl.kp, pl.w_row), dtype)
+    for tap in range(3 * 2):
+        want_w[:5, tap * pl.cp:tap * pl.cp + c] = w[:, :, tap // 2, tap % 2]
+    for got, want in ((packed_x, want_x), (packed_w, want_w)):
+        numpy.testing.assert_array_equal(cupy.asnumpy(got).reshape(want.shape).astype(numpy.float64),
+                                         want.astype(numpy.float64))
+    packed_x.fill(numpy.nan)  # without a weight: the input alone
+    implicit_gemm.pack_operands(to_gpu(x, dtype), None, spec, pl, packed_x)
+    numpy.testing.assert_array_equal(cupy.asnumpy(packed_x).reshape(want_x.shape).astype(numpy.float64),
+                                     want_x.astype(numpy.float64))
+
