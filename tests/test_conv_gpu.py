@@ -390,53 +390,6 @@ def test_column_chunk_past_2_31_elements():
         assert err <= tolerance(numpy.float16)
 
 
-def test_benchmark_mode_times_and_remembers_the_fastest(tmp_path):
-    import cupy
-
-    from cuconv import autotune
-
-    case = PROBLEM_CASES[0].values[0]
-    x, w, b = make_inputs(case, seed=41)
-    ref = reference(x, w, b, **case.kwargs)
-    autotune.clear()
-    path = tmp_path / "winners.json"
-    with cuconv.config(benchmark=True, benchmark_cache=path):
-        y = cuconv.conv2d(cupy.asarray(x), cupy.asarray(w), None if b is None else cupy.asarray(b), **case.kwargs)
-        dx = cuconv.conv2d_input(x.shape, cupy.asarray(w), cupy.asarray(y), **case.kwargs)
-    assert rel_err(cupy.asnumpy(y), ref) <= tolerance(numpy.float64)
-    assert dx.shape == x.shape
-    import json
-
-    passes = sorted(key.split("|")[3] for key in json.loads(path.read_text()))
-    assert passes == ["dgrad", "fprop"]
-
-
-def test_benchmark_mode_times_a_signature_once_until_cleared(monkeypatch):
-    """A tuned layer called again runs its winner from one lookup (no timing, no key built again);
-    ``autotune.clear()`` forgets it, and another dtype is another signature."""
-    import cupy
-
-    from cuconv import autotune
-
-    x = cupy.random.standard_normal((2, 8, 12, 12), dtype=numpy.float32)
-    w = cupy.random.standard_normal((16, 8, 3, 3), dtype=numpy.float32)
-    timed = []
-    real_choose = autotune.choose
-    monkeypatch.setattr(autotune, "choose", lambda *a, **k: (timed.append(a[3]), real_choose(*a, **k))[1])
-    autotune.clear()
-    with cuconv.config(benchmark=True):
-        y = [cuconv.conv2d(x, w, padding=1) for _ in range(3)]
-        assert len(timed) == 1
-        cuconv.conv2d(x.astype(numpy.float64), w.astype(numpy.float64), padding=1)
-        assert len(timed) == 2
-        autotune.clear()
-        cuconv.conv2d(x, w, padding=1)
-        assert len(timed) == 3
-    ref = reference(cupy.asnumpy(x).astype(numpy.float64), cupy.asnumpy(w).astype(numpy.float64), padding=1)
-    for yi in y:
-        assert rel_err(cupy.asnumpy(yi), ref) <= tolerance(numpy.float32)
-
-
 @pytest.mark.parametrize("precision", ["ieee", "tf32"])
 @pytest.mark.parametrize("alias", ["x", "w"])
 def test_out_aliasing_an_input_gives_the_right_result_on_gpu(alias, precision):
