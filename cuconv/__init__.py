@@ -9,5 +9,5 @@ from .spec import ConvSpec, output_size
 
 __version__ = "0.1.0"
 
-__all__ = ["conv2d", "conv2d_input", "conv2d_weight", "algorithms", "select_algorithm", "config", "ConvSpec", "output_size", "ConvValueError", "ConvTypeError",
-           "__version__"]
+__all__ = ["conv2d", "conv2d_input", "conv2d_weight", "algorithms", "select_algorithm", "config", "ConvSpec",
+           "output_size", "ConvValueError", "ConvTypeError", "__version__"]

@@ -33,7 +33,7 @@ def _check_grad_output(grad_output, spec: ConvSpec, unbatched: bool):
     expected = spec.output_shape[1:] if unbatched else spec.output_shape
     if tuple(grad_output.shape) != tuple(expected):
         raise ConvValueError(f"Expected grad_output of size {list(expected)} for this convolution, but got "
-                         f"grad_output of size {list(grad_output.shape)}")
+                             f"grad_output of size {list(grad_output.shape)}")
 
 
 def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=1, groups=1, *,
@@ -71,7 +71,7 @@ def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=
     input_size = _size(input_size, "input_size")
     if weight.ndim != 4:
         raise ConvValueError(f"Expected 4D weight (out_channels, in_channels/groups, kH, kW), but got weight "
-                         f"of size: {list(weight.shape)}")
+                             f"of size: {list(weight.shape)}")
     _check_dtypes(grad_output, weight, None, first="grad_output")
     unbatched = len(input_size) == 3
     if unbatched:
@@ -123,7 +123,7 @@ def conv2d_weight(x, weight_size, grad_output, stride=1, padding=0, dilation=1, 
     weight_size = _size(weight_size, "weight_size", ranks=(4,))
     if x.ndim not in (3, 4):
         raise ConvValueError(f"Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of "
-                         f"size: {list(x.shape)}")
+                             f"size: {list(x.shape)}")
     _check_dtypes(x, grad_output, None, second="grad_output")
     if x.ndim == 3:
         x = x[None]

@@ -52,14 +52,14 @@ def _check_arrays(x, weight, bias, out):
                             f"all arrays must come from the same library")
     if x.ndim not in (3, 4):
         raise ConvValueError(f"Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of "
-                         f"size: {_shape(x)}")
+                             f"size: {_shape(x)}")
     if weight.ndim != 4:
         raise ConvValueError(f"Expected 4D weight (out_channels, in_channels/groups, kH, kW) for conv2d, but "
-                         f"got weight of size: {_shape(weight)}")
+                             f"got weight of size: {_shape(weight)}")
     _check_dtypes(x, weight, bias)
     if bias is not None and (bias.ndim != 1 or bias.shape[0] != weight.shape[0]):
         raise ConvValueError(f"Given weight of size {_shape(weight)}, expected bias to be 1-dimensional "
-                         f"with {weight.shape[0]} elements, but got bias of size {_shape(bias)} instead")
+                             f"with {weight.shape[0]} elements, but got bias of size {_shape(bias)} instead")
     if kind == "cupy":
         _check_same_device(x, weight=weight, bias=bias, out=out)
     return kind
@@ -70,7 +70,7 @@ def _check_dtypes(first_array, second_array, bias, first="Input", second="weight
     _dtypes.check_float_dtype(first_array.dtype, first.lower() if first == "Input" else first)
     if second_array.dtype != first_array.dtype:
         raise ConvTypeError(f"{first} type ({first_array.dtype}) and {second} type ({second_array.dtype}) "
-                        f"should be the same")
+                            f"should be the same")
     if bias is not None and bias.dtype != first_array.dtype:
         raise ConvTypeError(f"{first} type ({first_array.dtype}) and bias type ({bias.dtype}) should be the same")
 
@@ -80,7 +80,7 @@ def _check_same_device(reference, reference_name="input", **others):
     for name, a in others.items():
         if a is not None and a.data.device_id != dev:
             raise ConvValueError(f"Expected all arrays to be on the same device, but found {reference_name} on "
-                             f"cuda:{dev} and {name} on cuda:{a.data.device_id}")
+                                 f"cuda:{dev} and {name} on cuda:{a.data.device_id}")
 
 
 def _check_out(out, shape, dtype):
@@ -187,7 +187,8 @@ class _Plan(NamedTuple):
 
 
 # A GPU call's signature (``_call_key``) -> its _Plan. The checks, the spec and the choice of algorithm cost as
-# much host time as the launch they precede on a small layer; a layer called again skips them. Bounded: cleared when full, like ConvSpec's memo.
+# much host time as the launch they precede on a small layer; a layer called again skips them. Bounded: cleared
+# when full, like ConvSpec's memo.
 _plans: dict = {}
 _PLANS_MAX = 4096
 

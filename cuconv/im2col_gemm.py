@@ -231,9 +231,9 @@ def _pair_gemm(b, dtype, precision, spec, nb, m, n, k, a, lda, a_sample, a_group
     if g == 1 or nb == 1:
         by_sample = g == 1
         b.gemm(dtype, precision, m, n, k, a, lda, (a_sample if by_sample else a_group) // item,
-              w_ref, ldb, 0 if by_sample else w_group // item,
-              c, ldc, (c_sample if by_sample else c_group) // c_item, nb if by_sample else g, beta,
-              trans_b=trans_b, c_dtype=c_dtype)
+               w_ref, ldb, 0 if by_sample else w_group // item,
+               c, ldc, (c_sample if by_sample else c_group) // c_item, nb if by_sample else g, beta,
+               trans_b=trans_b, c_dtype=c_dtype)
         return
     count = nb * g
     arrays = b.take(3 * 8 * count)
@@ -249,10 +249,10 @@ def _forward_gemm(b, dtype, precision, spec, nb, length, col, col_ld, out, beta,
 
     Column-major for cuBLAS: out[n, g]ᵀ (L × K/g, ld P·Q) = col[n, g]ᵀ (L × CRS/g, ld col_ld) @ W[g]ᵀ."""
     item = dtype.itemsize
-    g, kg, crs_g, pq = spec.groups, spec.k_per_group, spec.crs_per_group, spec.p * spec.q
+    kg, crs_g, pq = spec.k_per_group, spec.crs_per_group, spec.p * spec.q
     if not append:  # (one strided GEMM: the overlapped chunks hold their steps themselves)
         return b.gemm(dtype, precision, length, kg, crs_g, col, col_ld, spec.crs * col_ld, b.ref("w"), crs_g, 0,
-                     out, pq, spec.k * pq, nb, beta, append=False)
+                      out, pq, spec.k * pq, nb, beta, append=False)
     _pair_gemm(b, dtype, precision, spec, nb, length, kg, crs_g, col, col_ld, spec.crs * col_ld * item,
                crs_g * col_ld * item, b.ref("w"), crs_g, kg * crs_g * item, out, pq, spec.k * pq * item,
                kg * pq * item, beta)
@@ -423,9 +423,9 @@ def _wgrad_steps(b, spec: ConvSpec, dtype, precision: str) -> None:
                 sb = min(samples, nb - s0)
                 # sums[i]ᵀ (CRS × K, ld CRS) = col[i] read as (L × CRS)ᵀ @ dY[i]ᵀ (L × K), for sb samples
                 b.gemm(dtype, precision, spec.crs, spec.k, length,
-                      (col[0], col[1] + s0 * spec.crs * col_ld * item), col_ld, spec.crs * col_ld,
-                      (dy[0], dy[1] + s0 * spec.k * pq * item), pq, spec.k * pq,
-                      sums, spec.crs, outputs, sb, 0.0, trans_a="T", c_dtype=acc_dtype)
+                       (col[0], col[1] + s0 * spec.crs * col_ld * item), col_ld, spec.crs * col_ld,
+                       (dy[0], dy[1] + s0 * spec.k * pq * item), pq, spec.k * pq,
+                       sums, spec.crs, outputs, sb, 0.0, trans_a="T", c_dtype=acc_dtype)
                 last = turn == len(turns) - 1
                 # running sum (+)= Σ of the sb partial sums, in order; the last turn rounds into dw
                 b.launch(elementwise.sum_partials(acc_dtype, dtype if last else acc_dtype, outputs, sb), sums,
@@ -483,7 +483,7 @@ def _wgrad_gemm(b, dtype, precision, spec, length, col, col_ld, dy, dy_ld, acc, 
     @ dY[g]ᵀ (L × K/g, ld dy_ld); batched over groups."""
     g, kg, crs_g = spec.groups, spec.k_per_group, spec.crs_per_group
     b.gemm(dtype, precision, crs_g, kg, length, col, col_ld, crs_g * col_ld, dy, dy_ld, kg * dy_ld,
-          acc, crs_g, kg * crs_g, g, beta, trans_a="T", c_dtype=acc_dtype)
+           acc, crs_g, kg * crs_g, g, beta, trans_a="T", c_dtype=acc_dtype)
 
 
 def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str) -> None:

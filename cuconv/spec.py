@@ -71,8 +71,8 @@ def pair(value, name: str) -> Tuple[int, int]:
         if len(value) == 2:
             return (_int64(value[0]), _int64(value[1]))
         raise ConvValueError(
-            f"expected {name} to be a single integer value or a list of 2 values to match the "
-            f"convolution dimensions, but got {name}={list(value)}")
+                             f"expected {name} to be a single integer value or a list of 2 values to match the "
+                             f"convolution dimensions, but got {name}={list(value)}")
     raise TypeError(f"conv2d(): argument '{name}' must be an int or a tuple of 2 ints, "
                     f"not {type(value).__name__}")
 
@@ -229,25 +229,26 @@ class ConvSpec:
         wshape = list(weight_shape)
         if k < groups:  # K = 0 included
             raise ConvValueError(f"Given groups={groups}, expected weight to be at least {groups} at dimension 0, but "
-                             f"got weight of size {wshape} instead")
+                                 f"got weight of size {wshape} instead")
         if k % groups != 0:
             raise ConvValueError(f"Given groups={groups}, expected weight to be divisible by {groups} at "
-                             f"dimension 0, but got weight of size {wshape} instead")
+                                 f"dimension 0, but got weight of size {wshape} instead")
         if c != c_g * groups:
             raise ConvValueError(f"Given groups={groups}, weight of size {wshape}, expected input"
-                             f"{list(input_shape)} to have {c_g * groups} channels, but got {c} "
-                             f"channels instead")
+                                 f"{list(input_shape)} to have {c_g * groups} channels, but got {c} "
+                                 f"channels instead")
         padded_h, padded_w = h + pad[0] + pad[1], w + pad[2] + pad[3]
         extent_h, extent_w = dilation[0] * (r - 1) + 1, dilation[1] * (s - 1) + 1
         if padded_h < extent_h or padded_w < extent_w:
             raise ConvValueError(f"Calculated padded input size per channel: ({padded_h} x {padded_w}). "
-                             f"Kernel size: ({extent_h} x {extent_w}). Kernel size can't be greater "
-                             f"than actual input size")
+                                 f"Kernel size: ({extent_h} x {extent_w}). Kernel size can't be greater "
+                                 f"than actual input size")
         # torch's next checks, in its order: an empty image only in an empty batch or with no channels (C = 0
         # stays cuconv's: its output is K planes of bias, the sum over no channels), then a kernel of no taps
         if n and c and not (h and w):
             raise ConvValueError(f"Only zero batch or zero channel inputs are supported, but got input shape: "
-                             f"{list(input_shape)}")
+                                 f"{list(input_shape)}")
         if r <= 0 or s <= 0:
-            raise ConvValueError(f"kernel size should be greater than zero, but got kernel_height: {r} kernel_width: {s}")
+            raise ConvValueError(f"kernel size should be greater than zero, but got kernel_height: {r} "
+                                 f"kernel_width: {s}")
         return cls(n, c, h, w, k, r, s, stride, pad, dilation, groups)

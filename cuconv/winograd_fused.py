@@ -7,9 +7,10 @@ values per 16 outputs, 19 GB of traffic per pass). 16 products per 4 outputs and
 
 A call transforms the weights once (``winograd_fused_weight``, into a ``(16, C, K)`` workspace padded to
 the tile) and launches one kernel; nothing else. Its epilogue computes an output that comes out NaN or Inf (a
-tile with a non-finite input spoils all its outputs) again directly from its window, from the weights as given. Float32 only, any ``precision`` (the arithmetic is IEEE
-FFMA either way; tensor-core precisions are faster on ``implicit_gemm``). Its transforms hold only 0, ±1 and
-±1/2, so integer-valued inputs of moderate size are summed exactly, like a direct sum.
+tile with a non-finite input spoils all its outputs) again directly from its window, from the weights as given.
+Float32 only, any ``precision`` (the arithmetic is IEEE FFMA either way; tensor-core precisions are faster on
+``implicit_gemm``). Its transforms hold only 0, ±1 and ±1/2, so integer-valued inputs of moderate size are summed
+exactly, like a direct sum.
 
 Tiles (``Tile``): ``bk`` filters × ``bt`` tiles (a row of ``bt`` 2x2 tiles: 2 output rows × 2·bt columns)
 per block of ``warps`` warps, ``cc`` input channels per chunk (two chunks in flight). The 16 points split

@@ -192,8 +192,10 @@ class Layer:
         """(dx, dw, db), each None where not needed: dgrad and wgrad share one workspace (they run one after the
         other on the stream), and the stream is asked once."""
         if self.index < 0:
-            return (self._backward_cpu("dgrad", dy, w) if need_x else None,
-                    self._backward_cpu("wgrad", x, dy) if need_w else None, self.bias_grad(dy) if need_b else None)
+            with cpu_matmul(_torch_matmul):
+                return (self._backward_cpu("dgrad", dy, w) if need_x else None,
+                        self._backward_cpu("wgrad", x, dy) if need_w else None,
+                        self.bias_grad(dy) if need_b else None)
         dx = dw = None
         dy_ptr = dy.data_ptr()
         runs = []
@@ -239,11 +241,8 @@ class Layer:
         return out
 
     def _backward_cpu(self, pass_: str, first, second):
-        """One backward pass on the CPU path; operands as ``_plan.OPERANDS`` (dgrad: dy, w; wgrad: x, dy)."""
-        with cpu_matmul(_torch_matmul):
-            return self._backward_cpu_numpy(pass_, first, second)
-
-    def _backward_cpu_numpy(self, pass_: str, first, second):
+        """One backward pass on the CPU path (inside ``backward``'s ``cpu_matmul`` block); operands as
+        ``_plan.OPERANDS`` (dgrad: dy, w; wgrad: x, dy)."""
         if pass_ == "dgrad":
             result = _backward.dgrad_spec(as_array(second), as_array(first).reshape(self.spec.output_shape),
                                           self.spec, "auto", self.precision).reshape(self.x_shape)

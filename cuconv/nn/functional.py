@@ -449,10 +449,10 @@ def _checked(input, weight, bias, stride, padding, dilation, groups, algo, autoc
             input, weight, bias = _autocast(input, weight, bias, device_type)
     if input.dim() not in (3, 4):
         raise ConvValueError(f"Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of "
-                         f"size: {list(input.shape)}")
+                             f"size: {list(input.shape)}")
     if weight.dim() != 4:
         raise ConvValueError(f"Expected 4D weight (out_channels, in_channels/groups, kH, kW) for conv2d, but got "
-                         f"weight of size: {list(weight.shape)}")
+                             f"weight of size: {list(weight.shape)}")
     if input.dtype not in _TORCH_DTYPES:
         raise TypeError(f"cuconv: input dtype {input.dtype} is not supported; expected one of "
                         f"{', '.join(map(str, _TORCH_DTYPES))}")
@@ -461,10 +461,10 @@ def _checked(input, weight, bias, stride, padding, dilation, groups, algo, autoc
             raise ConvTypeError(f"Input type ({input.dtype}) and {name} type ({t.dtype}) should be the same")
         if t is not None and t.device != input.device:
             raise ConvValueError(f"Expected all tensors to be on the same device, but found input on "
-                             f"{input.device} and {name} on {t.device}")
+                                 f"{input.device} and {name} on {t.device}")
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
         raise ConvValueError(f"Given weight of size {list(weight.shape)}, expected bias to be 1-dimensional with "
-                         f"{weight.shape[0]} elements, but got bias of size {list(bias.shape)} instead")
+                             f"{weight.shape[0]} elements, but got bias of size {list(bias.shape)} instead")
     if algo != "auto" and algo not in algorithms():
         raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {algorithms()}")
     unbatched = input.dim() == 3
