@@ -107,9 +107,10 @@ __device__ __forceinline__ void transform(const double (&left)[OH][IH], const T 
 // input makes all its outputs non-finite, where a direct sum (torch's convolution) spoils only the outputs whose
 // window holds it. Both families therefore compute an output that comes out non-finite again, directly from its
 // own window: y[n, k, p, q] of a stride-1, dilation-1, one-group convolution, bias not added. Finite outputs cost
-// one test each.
+// one test each (winograd_fused: one per four). Not inlined: the rare path stays out of the callers' registers
+// and instruction stream.
 template <typename T>
-__device__ T direct_output(const T* __restrict__ x, const T* __restrict__ w, long long n, long long k,
+__device__ __noinline__ T direct_output(const T* __restrict__ x, const T* __restrict__ w, long long n, long long k,
                                         long long p, long long q, long long C, long long H, long long W, int R,
                                         int S, long long pad_top, long long pad_left) {
     T acc = T(0);

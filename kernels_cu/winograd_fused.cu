@@ -279,12 +279,17 @@ winograd_fused_3x3(const float* __restrict__ x, const float* __restrict__ u, con
             for (int b = 0; b < 4; ++b) e[a][b] = m_s[((a * 4 + b) * BK + kl) * kLdM + tl];
         float o[2][2];
         wino::transform(ax.at, e, ax.at, o);
+        // a NaN or Inf among the tile's inputs (see wino::direct_output): one test for the four outputs (their sum is
+        // non-finite if any is; one that overflows only costs a needless recomputation)
+        if (!isfinite((o[0][0] + o[0][1]) + (o[1][0] + o[1][1]))) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
+            for (int i = 0; i < 2; ++i)
 #pragma unroll
-            for (int j = 0; j < 2; ++j)
-                if (!isfinite(o[i][j]))  // (a NaN or Inf among the tile's inputs: see wino::direct_output)
-                    o[i][j] = wino::direct_output(x, w, n, k0 + kl, p0 + i, q0 + j, C, H, W, 3, 3, pad_top, pad_left);
+                for (int j = 0; j < 2; ++j)
+                    if (!isfinite(o[i][j]))
+                        o[i][j] = wino::direct_output(x, w, n, k0 + kl, p0 + i, q0 + j, C, H, W, 3, 3, pad_top,
+                                                      pad_left);
+        }
         const float add = bias != nullptr ? __ldg(bias + k0 + kl) : 0.0f;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
