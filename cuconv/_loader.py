@@ -72,7 +72,8 @@ CUPY_IMPLICIT_OPTIONS = {"std": "c++17", "ftz": True}
 
 _modules = {}
 _functions = {}
-_lock = threading.Lock()
+_lock = threading.Lock()  # guards _module_locks
+_module_locks = {}  # (stem, name_expressions, device) -> the lock its one compile holds
 
 
 def load(stem: str, name_expressions: tuple):
@@ -83,12 +84,17 @@ def load(stem: str, name_expressions: tuple):
     key = (stem, name_expressions, device)
     module = _modules.get(key)
     if module is None:
+        # one lock per module: threads compiling different modules run NVRTC at once (it releases the GIL),
+        # threads asking for the same one wait for its single compile
         with _lock:
+            module_lock = _module_locks.setdefault(key, threading.Lock())
+        with module_lock:
             module = _modules.get(key)
             if module is None:
                 cc = cupy.cuda.Device(device).compute_capability
-                module = _with_writable_cache(lambda: cupy.RawModule(
-                    code=kernel_source(stem), options=compile_options(stem, cc), name_expressions=name_expressions))
+                module = cupy.RawModule(code=kernel_source(stem), options=compile_options(stem, cc),
+                                        name_expressions=name_expressions)
+                _with_writable_cache(module.compile)  # (CuPy compiles lazily: here, under the module's lock)
                 _modules[key] = module
     return module
 
@@ -101,7 +107,7 @@ def get_function(stem: str, name_expressions: tuple, name: str):
     fn = _functions.get(key)
     if fn is None:
         module = load(stem, name_expressions)
-        fn = _with_writable_cache(lambda: module.get_function(name))  # (CuPy may compile here, not before)
+        fn = _with_writable_cache(lambda: module.get_function(name))  # (compiled in load: a lookup)
         _functions[key] = fn
     return fn
 
