@@ -631,3 +631,71 @@ def test_converted_module_has_hook_and_parameter_dicts_of_its_own():
 def test_convert_refuses_bad_arguments_at_once(model, algo, exc, message):
     with pytest.raises(exc, match=message):
         cuconv.nn.convert(model, algo=algo)
+
+
+# ---- cuconv.nn.warmup ------------------------------------------------------------------------------------
+class _Net(torch.nn.Module):
+    """Convolutions of several kinds, one reused, one with a bias and reflect padding, one unbatched-safe."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.dw = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8, padding_mode="reflect")
+        self.pw = torch.nn.Conv2d(8, 8, 1)
+
+    def forward(self, x, scale=1.0):
+        x = torch.relu(self.bn(self.stem(x)))
+        return self.pw(self.pw(self.dw(x))) * scale
+
+
+def test_warmup_records_every_convolution_on_meta_tensors():
+    from cuconv.nn import _warmup
+
+    model = cuconv.nn.convert(_Net())
+    x = torch.randn(2, 3, 17, 15)
+    calls = _warmup._record_calls(model, (x,), {"scale": 2.0})
+    got = [(tuple(c[0].shape), tuple(c[1].shape), c[2] is not None, c[7], c[10]) for c in calls]
+    assert got == [((2, 3, 17, 15), (8, 3, 3, 3), False, 1, True), ((2, 8, 11, 10), (8, 1, 3, 3), True, 8, False),
+                   ((2, 8, 9, 8), (8, 8, 1, 1), True, 1, False), ((2, 8, 9, 8), (8, 8, 1, 1), True, 1, False)]
+    assert all(c[0].device.type == "meta" for c in calls)
+    assert F._recorder is None and not model.bn.num_batches_tracked  # the model's own state untouched
+    assert all(p.device.type == "cpu" for p in model.parameters())
+
+
+def test_warmup_keys_are_the_keys_real_calls_look_up():
+    """A layer warmup keeps must be found by the call it was made for: the same key, built from shapes."""
+    x, w, b = torch.randn(2, 3, 9, 9), torch.randn(4, 3, 3, 3), torch.randn(4)
+    for bias in (b, None):
+        for stride, padding in (((2, 1), (1, 0)), (1, "same"), (2, 0)):
+            if padding == "same" and stride != 1:
+                continue
+            real = F._signature(x, w, bias, stride, padding, (1, 1), 1, "auto")
+            made = F._signature_of(x.shape, x.dtype, -1, w.shape, bias is not None and bias.shape, stride, padding,
+                                   (1, 1), 1, "auto", cuconv.config.workspace_limit, cuconv.config.benchmark)
+            assert made == real and hash(made) == hash(real)
+
+
+def test_warmup_has_nothing_to_do_on_the_cpu_and_refuses_bad_arguments():
+    model = cuconv.nn.convert(_Net())
+    assert cuconv.nn.warmup(model, torch.randn(1, 3, 8, 8)) == 0
+    with pytest.raises(TypeError, match="must be a torch.nn.Module"):
+        cuconv.nn.warmup("resnet", torch.randn(1, 3, 8, 8))
+    with pytest.raises(ValueError, match="threads must be a positive int"):
+        cuconv.nn.warmup(model, torch.randn(1, 3, 8, 8), threads=0)
+
+
+def test_warmup_names_a_model_that_cannot_run_on_meta_tensors():
+    from cuconv.nn import _warmup
+
+    class DataDependent(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = cuconv.nn.Conv2d(3, 3, 1)
+
+        def forward(self, x):
+            return self.conv(x) if x.sum().item() > 0 else x
+
+    with pytest.raises(RuntimeError, match="could not run on meta tensors"):
+        _warmup._record_calls(DataDependent(), (torch.randn(1, 3, 4, 4),), {})
+    assert F._recorder is None

@@ -453,3 +453,49 @@ def test_compile_reduce_overhead_equals_eager_on_repeated_calls():
         assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), seed
     assert not torch.equal(outs[0], outs[1])
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("low", [None, torch.bfloat16])
+def test_warmup_makes_the_layers_real_calls_use(low, monkeypatch):
+    """After ``warmup`` (threads compiling side by side) a training step and an inference make no layer and no
+    plan of their own, and give what an unwarmed twin gives."""
+    from cuconv import registry
+    from cuconv.nn import _bridge
+
+    def build():
+        torch.manual_seed(31)
+        return cuconv.nn.convert(torch.nn.Sequential(
+            torch.nn.Conv2d(3, 24, 3, stride=2, padding=1, bias=False), torch.nn.ReLU(),
+            torch.nn.Conv2d(24, 24, 5, padding=2, groups=24), torch.nn.Conv2d(24, 40, 1),
+            torch.nn.Conv2d(40, 40, 3, padding=1, padding_mode="circular"), torch.nn.Conv2d(40, 8, 3, dilation=2),
+            torch.nn.Flatten(), torch.nn.LazyLinear(5))).cuda()
+
+    x = torch.randn(5, 3, 29, 27, device="cuda")
+    twin, model = build(), build()
+    twin(x), model(x)  # (the lazy layer takes its shape)
+    model.load_state_dict(twin.state_dict())
+    F._layers.clear()
+    autocast = torch.autocast("cuda", dtype=low, enabled=low is not None)
+
+    def step(m):
+        m.zero_grad(set_to_none=True)
+        with autocast:
+            out = m(x)
+        out.float().square().mean().backward()
+        with torch.no_grad(), autocast:
+            return out, m(x), [p.grad for p in m.parameters()]
+
+    with autocast:
+        assert cuconv.nn.warmup(model, x, threads=4) == 5
+        assert cuconv.nn.warmup(model, x) == 0  # made already
+    made = []
+    monkeypatch.setattr(_bridge, "Layer", lambda *a, **k: made.append(a) or pytest.fail("a layer made anew"))
+    real_prepare = registry.prepare
+    monkeypatch.setattr(registry, "prepare", lambda *a, **k: made.append(a) or real_prepare(*a, **k))
+    ours = step(model)
+    assert made == []
+    monkeypatch.undo()
+    F._layers.clear()
+    theirs = step(twin)
+    for a, b in zip((ours[0], ours[1], *ours[2]), (theirs[0], theirs[1], *theirs[2])):
+        assert torch.equal(a, b)

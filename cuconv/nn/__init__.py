@@ -1,9 +1,11 @@
-"""cuconv for PyTorch: ``cuconv.nn.Conv2d``, ``cuconv.nn.convert`` and ``cuconv.nn.functional.conv2d``.
+"""cuconv for PyTorch: ``cuconv.nn.Conv2d``, ``cuconv.nn.convert``, ``cuconv.nn.functional.conv2d`` and
+``cuconv.nn.warmup`` (a model's kernels compiled side by side before its first call).
 
 Importing this package needs torch; ``import cuconv`` alone does not.
 """
 
 from . import functional
+from ._warmup import warmup
 from .modules import Conv2d, convert
 
-__all__ = ["Conv2d", "convert", "functional"]
+__all__ = ["Conv2d", "convert", "functional", "warmup"]

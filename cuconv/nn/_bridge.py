@@ -114,7 +114,7 @@ class Layer:
                  "out_shape", "benchmark", "workspace_limit", "_plans", "_bias_grad", "_lock", "fprop")
 
     def __init__(self, spec: ConvSpec, dtype: torch.dtype, device: torch.device, precision: str, algo: str,
-                 bias: bool, x_shape: tuple, benchmark: bool = False):
+                 bias: bool, x_shape: tuple, benchmark: bool = False, workspace_limit: int = None):
         self.spec, self.dtype, self.device, self.precision, self.algo, self.bias = (spec, dtype, device, precision,
                                                                                     algo, bias)
         self.np_dtype = _NUMPY_DTYPES[dtype]
@@ -124,7 +124,7 @@ class Layer:
         self.benchmark = benchmark
         # the workspace limit of the call that made the layer (part of its signature): its backward passes, which
         # autograd may run in another thread (outside a ``with cuconv.config`` block), plan with the same
-        self.workspace_limit = config.workspace_limit
+        self.workspace_limit = config.workspace_limit if workspace_limit is None else workspace_limit
         self._plans = {}
         self._bias_grad = None
         self._lock = threading.Lock()
@@ -156,6 +156,14 @@ class Layer:
                         name = self._tuned(pass_, name, ptrs, aligned)
                     plan = self._plans[key] = self._prepare(pass_, name, aligned)
         return plan
+
+    def prepare(self, passes) -> None:
+        """Plan ``passes`` (backward ones; the bias gradient's launch too where the layer has a bias) for operands
+        on 256-byte boundaries, ahead of their first call (``cuconv.nn.warmup``)."""
+        for pass_ in passes:
+            self.plan(pass_, (0, 0, 0))
+        if self.bias and passes and self._bias_grad is None:
+            self._bias_grad = grad_launch(self.spec, self.np_dtype)
 
     def _tuned(self, pass_: str, heuristic: str, ptrs: tuple, aligned: bool) -> str:
         """``cuconv.config.benchmark``: the autotuner's pick, timing the candidates on these operands on torch's

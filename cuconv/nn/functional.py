@@ -52,6 +52,11 @@ _layers: dict = {}
 _LAYERS_MAX = 4096
 
 
+# ``cuconv.nn.warmup``'s recorder while it runs a model on meta tensors (None otherwise: calls on meta tensors
+# are only shaped)
+_recorder = None
+
+
 def _plain_tensor(t) -> bool:
     """A tensor or parameter itself (subclasses take the checked path: their data may not be plain memory)."""
     return type(t) is _Tensor or type(t) is _PARAMETER
@@ -65,6 +70,17 @@ def _signature(x, w, b, stride, padding, dilation, groups, algo):
     return (x.shape, dtype, x.get_device(), w.shape, w.dtype, w.get_device(),
             None if b is None else (b.shape, b.dtype, b.get_device()), stride, padding, dilation, groups, algo,
             torch_precision() if dtype is torch.float32 else None, config.workspace_limit, config.benchmark)
+
+
+def _signature_of(x_shape, dtype, index: int, w_shape, b_shape, stride, padding, dilation, groups, algo,
+                  workspace_limit: int, benchmark: bool):
+    """``_signature`` of a call on CUDA device ``index`` with tensors of these shapes, all of ``dtype``
+    (``b_shape`` False: no bias): the key ``warmup`` keeps a layer under."""
+    if not (_plain(stride) and _plain(padding) and _plain(dilation) and type(groups) is int and type(algo) is str):
+        return None
+    return (torch.Size(x_shape), dtype, index, torch.Size(w_shape), dtype, index,
+            None if b_shape is False else (torch.Size(b_shape), dtype, index), stride, padding, dilation, groups,
+            algo, torch_precision() if dtype is torch.float32 else None, workspace_limit, benchmark)
 
 
 def _layer(x, w, b, spec: ConvSpec, algo: str, precision: str) -> "_bridge.Layer":
@@ -384,18 +400,23 @@ torch.library.register_autograd("cuconv::conv2d_bias_grad", _bias_grad_formula, 
 # ----------------------------------------------------------------------------------------------------------
 # The public function
 # ----------------------------------------------------------------------------------------------------------
+_LOWER = {torch.float16: _Tensor.half, torch.bfloat16: _Tensor.bfloat16}  # (cheaper to call than ``.to(dtype)``)
+
+
 def _autocast(input, weight, bias, device_type: str):
     """The tensors as torch's autocast casts a convolution's: floating-point tensors of the autocast device type,
     but float64 ones, to autocast's lower precision."""
     low = torch.get_autocast_dtype(device_type)
+    lower = _LOWER.get(low) or (lambda t: t.to(low))
+    return (_cast(input, low, lower, device_type), _cast(weight, low, lower, device_type),
+            None if bias is None else _cast(bias, low, lower, device_type))
 
-    def cast(t):
-        if (isinstance(t, _Tensor) and t.is_floating_point() and t.dtype != torch.float64 and t.dtype != low
-                and t.device.type == device_type):
-            return t.to(low)
-        return t
 
-    return cast(input), cast(weight), cast(bias)
+def _cast(t, low, lower, device_type: str):
+    if (isinstance(t, _Tensor) and t.dtype is not low and t.is_floating_point() and t.dtype is not torch.float64
+            and (t.is_cuda if device_type == "cuda" else t.device.type == device_type)):
+        return lower(t)
+    return t
 
 
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, stride=1,
@@ -473,6 +494,8 @@ def _checked(input, weight, bias, stride, padding, dilation, groups, algo, autoc
     precision = torch_precision()
     if torch.compiler.is_compiling() or input.device.type not in ("cuda", "cpu") or type(input) is not _Tensor:
         # traced, meta or subclass tensors: the custom op (its fake implementation where there is no data)
+        if _recorder is not None and input.device.type == "meta":  # (``warmup``'s shape run)
+            _recorder(input, weight, bias, spec, stride, padding, dilation, groups, algo, precision)
         x = input.unsqueeze(0) if unbatched else input
         y = torch.ops.cuconv.conv2d(x, weight, bias, list(spec.stride), list(spec.pad), list(spec.dilation),
                                     spec.groups, algo, precision)
