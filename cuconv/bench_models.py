@@ -7,8 +7,8 @@ one process, same weights and inputs, torch with ``cudnn.benchmark = True``, the
 - per layer: every distinct ``Conv2d`` (its input shape at ``--batch`` and its geometry) with the number of
   times it occurs, forward and forward+backward, timed three ways: *eager* (CUDA events around one call,
   median), *GPU alone* (a run of calls captured in a CUDA graph and replayed, per call) and *host* (wall time
-  of calls back to back without synchronising, per call); the algorithms ``auto`` chose; sums weighted by
-  occurrence;
+  of calls back to back without synchronising, per call, the two sides' rounds alternating); the algorithms
+  ``auto`` chose; sums weighted by occurrence;
 - end to end: eager inference (``eval``, ``no_grad``, ``--infer-batch``) and an eager training step (forward,
   a cross-entropy loss, backward; ``--batch``), the converted model against the same model on cuDNN, and with
   ``--compile`` the same under ``torch.compile`` (default and ``mode="reduce-overhead"``);
@@ -16,18 +16,19 @@ one process, same weights and inputs, torch with ``cudnn.benchmark = True``, the
   error at the same precision, and (``tf32`` mode) every gradient of a float64 copy of the model against
   torch's in float64.
 
-Ratios are torch time / cuconv time: above 1, cuconv is faster.
+Before a mode is measured, ``cuconv.nn.warmup`` compiles the converted model's kernels side by side (its
+seconds are reported: the cold start on an empty kernel cache). Ratios are torch time / cuconv time: above 1,
+cuconv is faster.
 """
 
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import statistics
 import sys
 import time
-
-import numpy
 
 __all__ = ["main", "add_arguments", "MODES"]
 
@@ -105,26 +106,30 @@ def _graph_ms(fn, reps: int, calls: int = 5) -> float:
     return statistics.median(times)
 
 
-def _host_us(fn, contexts=(), rounds: int = 7, calls: int = 10) -> float:
-    """Median microseconds of host time per call: wall time of ``calls`` calls back to back, not synchronised
-    inside (few enough that the launch queue never fills), per call; ``contexts`` (no_grad, autocast) are
-    entered once around the calls, as a model's forward enters them once around its layers."""
+def _host_us(fns, contexts=(), rounds: int = 9, calls: int = 10) -> list:
+    """Median microseconds of host time per call of each of ``fns`` (the two sides): wall time of ``calls`` calls
+    back to back, not synchronised inside (few enough that the launch queue never fills), per call. The sides'
+    rounds alternate (ABBAAB...), so drift of the machine (clocks, other processes, the garbage collector) falls
+    on both alike; ``contexts`` (no_grad, autocast) are entered once around the calls, as a model's forward
+    enters them once around its layers."""
     import contextlib
 
     import torch
 
-    samples = []
+    samples = [[] for _ in fns]
     with contextlib.ExitStack() as stack:
         for c in contexts:
             stack.enter_context(c)
-        for _ in range(rounds):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            samples.append((time.perf_counter() - t0) / calls * 1e6)
+        for r in range(rounds):
+            for i in (range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))):
+                fn = fns[i]
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                samples[i].append((time.perf_counter() - t0) / calls * 1e6)
     torch.cuda.synchronize()
-    return statistics.median(samples)
+    return [statistics.median(s) for s in samples]
 
 
 def _rel_err(a, b) -> float:
@@ -276,6 +281,7 @@ def measure_layer(geometry: dict, shape: tuple, first: bool, mode: _Mode, reps: 
     row = dict(count=None, shape=list(shape), **{k: (list(v) if isinstance(v, tuple) else v)
                                                    for k, v in geometry.items()})
     row["algos"] = _chosen(geometry, shape, mode)
+    calls, fwd_bwds = [], []
     for side, module in (("torch", theirs), ("cuconv", ours)):
         inputs = [t for t in (x, module.weight, module.bias) if t is not None and t.requires_grad]
 
@@ -293,11 +299,15 @@ def measure_layer(geometry: dict, shape: tuple, first: bool, mode: _Mode, reps: 
 
         row[f"{side}_fwd_ms"] = _events_ms(fwd, reps)
         row[f"{side}_fwd_gpu_ms"] = _graph_ms(fwd, reps)
-        # (autocast's cast cache off: in a model each layer's weight is cast once per forward, on both sides)
-        row[f"{side}_fwd_host_us"] = _host_us(call, (torch.no_grad(), mode.autocast(cache=False)))
         row[f"{side}_fb_ms"] = _events_ms(fwd_bwd, reps)
         row[f"{side}_fb_gpu_ms"] = _graph_ms(fwd_bwd, reps)
-        row[f"{side}_fb_host_us"] = _host_us(fwd_bwd)  # (autocast around the forward only, as in training)
+        calls.append(call)
+        fwd_bwds.append(fwd_bwd)
+    # (autocast's cast cache off: in a model each layer's weight is cast once per forward, on both sides)
+    row["torch_fwd_host_us"], row["cuconv_fwd_host_us"] = _host_us(calls, (torch.no_grad(),
+                                                                            mode.autocast(cache=False)))
+    # (autocast around the forward only, as in training)
+    row["torch_fb_host_us"], row["cuconv_fb_host_us"] = _host_us(fwd_bwds)
     with torch.no_grad(), mode.autocast():
         row["fwd_rel_diff"] = _rel_err(ours(x), theirs(x))
     return row
@@ -367,11 +377,28 @@ def measure_e2e(pair, args, mode: _Mode) -> dict:
     return row
 
 
+def warm_up(model, args, mode: _Mode) -> dict:
+    """``cuconv.nn.warmup`` of the converted model for every batch this run calls it at (the check's, the
+    training step's and the layers', inference's): its kernels compiled side by side before anything is timed."""
+    import torch
+
+    import cuconv.nn
+
+    started = time.perf_counter()
+    example = lambda batch: torch.empty(batch, 3, args.image, args.image, device="meta")
+    with mode.autocast():
+        layers = sum(cuconv.nn.warmup(model, example(b), backward=True) for b in {min(args.batch, 8), args.batch})
+        layers += cuconv.nn.warmup(model, example(args.infer_batch), backward=False)
+    return dict(layers=layers, seconds=time.perf_counter() - started)
+
+
 def check_model(pair, args, mode: _Mode) -> dict:
     """One inference and one training step of both models on the same data: the converted model's output and
     gradients against torch's float32 (TF32 off), beside torch's own error in this mode; for ``tf32`` also a
     float64 copy of both models, whose every gradient must equal torch's to rounding."""
     import torch
+
+    import cuconv.nn
 
     theirs, ours = pair
     x, labels = _inputs(min(args.batch, 8), args.image, args.channels_last, 3)
@@ -408,6 +435,7 @@ def check_model(pair, args, mode: _Mode) -> dict:
     if mode.name == "tf32":
         t64, o64 = copy.deepcopy(theirs).double(), copy.deepcopy(ours).double()
         x64 = x[:2].double()
+        cuconv.nn.warmup(o64, x64)
         for model in (t64, o64):
             model.train()
             torch.manual_seed(5)
@@ -473,10 +501,15 @@ def run(args) -> dict:
         layers = distinct_layers(theirs, args.batch, args.image, args.channels_last)
         entry["distinct_layers"] = len(layers)
         entry["convolutions"] = sum(c for _, _, c, _ in layers)
+        # the objects alive now (models, torch's and CuPy's modules) out of the collector's full passes while the
+        # model is measured: those pauses otherwise land in one side's host-time rounds at random
+        gc.collect()
+        gc.freeze()
         for mode in modes:
             result = entry["modes"][mode.name] = {}
             with mode:
                 try:
+                    result["warmup"] = warm_up(ours, args, mode)
                     if not args.no_check:
                         result["check"] = check_model((theirs, ours), args, mode)
                     if not args.no_e2e:
@@ -502,6 +535,7 @@ def run(args) -> dict:
             with open(args.json, "w") as fh:
                 json.dump(report, fh, indent=1)
         del theirs, ours
+        gc.unfreeze()
         torch.cuda.empty_cache()
     return report
 
@@ -532,6 +566,8 @@ def _model_summary(name: str, entry: dict) -> str:
             continue
         e2e, sums = result.get("e2e"), result.get("sums")
         text = f"  {mode}:"
+        if result.get("warmup"):
+            text += f" warm-up {result['warmup']['layers']} layers {result['warmup']['seconds']:.1f} s;"
         if e2e:
             text += (f" inference {e2e['torch_infer_ms'] / e2e['cuconv_infer_ms']:.2f}x, training step "
                      f"{e2e['torch_train_ms'] / e2e['cuconv_train_ms']:.2f}x;")
