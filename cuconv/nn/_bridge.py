@@ -189,7 +189,7 @@ class Layer:
 
     # ---- the passes (contiguous tensors of the layer's dtype and device) ------------------------------------
     def forward(self, x: torch.Tensor, w: torch.Tensor, b) -> torch.Tensor:
-        out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        out = x.new_empty(self.out_shape)  # (x is of the layer's dtype and device; no keywords to parse)
         if self.index < 0:
             return self._forward_cpu(x, w, b, out)
         ptrs = (x.data_ptr(), w.data_ptr(), 0 if b is None else b.data_ptr(), out.data_ptr())
@@ -208,11 +208,11 @@ class Layer:
         dy_ptr = dy.data_ptr()
         runs = []
         if need_x:
-            dx = torch.empty(self.x_shape, dtype=self.dtype, device=self.device)
+            dx = dy.new_empty(self.x_shape)
             ptrs = (dy_ptr, w.data_ptr(), dx.data_ptr())
             runs.append((self.plan("dgrad", ptrs), ptrs))
         if need_w:
-            dw = torch.empty(self.w_shape, dtype=self.dtype, device=self.device)
+            dw = dy.new_empty(self.w_shape)
             ptrs = (x.data_ptr(), dy_ptr, dw.data_ptr())
             runs.append((self.plan("wgrad", ptrs), ptrs))
         stream = raw_stream(self.index)
