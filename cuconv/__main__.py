@@ -1,12 +1,13 @@
-"""``python -m cuconv {bench,info}``."""
+"""``python -m cuconv {bench,info,warmup}``."""
 
 import sys
 
 
 def _usage(status: int = 2) -> int:
-    print("usage: python -m cuconv {bench,info} [options]\n"
-          "  bench  time cuconv against cuDNN on the docs/problems.md shapes (--help for options)\n"
-          "  info   versions, device, compute capability, kernel cache location",
+    print("usage: python -m cuconv {bench,info,warmup} [options]\n"
+          "  bench   time cuconv against cuDNN on the docs/problems.md shapes (--help for options)\n"
+          "  info    versions, device, compute capability, kernel cache location\n"
+          "  warmup  compile ahead of time what converted torchvision models need (--help for options)",
           file=sys.stderr if status else sys.stdout)
     return status
 
@@ -22,6 +23,10 @@ def main(argv=None) -> int:
         from .bench import main as bench_main
 
         return bench_main(rest)
+    if command == "warmup":
+        from .bench_models import warmup_main
+
+        return warmup_main(rest)
     if command == "info":
         from .info import main as info_main
 

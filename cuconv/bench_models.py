@@ -649,3 +649,65 @@ def main(args) -> int:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=1)
     return 0
+
+
+# --------------------------------------------------------------------------------------------------------
+# python -m cuconv warmup
+# --------------------------------------------------------------------------------------------------------
+def warmup_main(argv) -> int:
+    """``python -m cuconv warmup MODEL[,MODEL...]``: compile ahead of time what converted torchvision models
+    need (``cuconv.nn.warmup``, into CuPy's kernel cache), per mode; prints the seconds of the warm-up and of the
+    first forward that follows it (the cold start of a process whose kernel cache starts empty)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m cuconv warmup",
+                                 description="Compile the kernels converted torchvision models need, ahead of time "
+                                             "(into CuPy's kernel cache), and time the first forward after it.")
+    ap.add_argument("models", help="torchvision classification models (weights=None), comma-separated")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)} (default all)")
+    ap.add_argument("--batch", type=int, default=32, help="input batch (default 32)")
+    ap.add_argument("--image", type=int, default=224, help="input height and width (default 224)")
+    ap.add_argument("--forward-only", action="store_true", help="inference: no dgrad and wgrad plans")
+    ap.add_argument("--threads", type=int, default=None, help="threads compiling at once (default: CPUs, at most 16)")
+    args = ap.parse_args(argv)
+    unknown = [m for m in args.modes.split(",") if m and m not in MODES]
+    if unknown:
+        ap.error(f"unknown mode(s) {unknown}; choose from {MODES}")
+    if args.batch < 1 or args.image < 1 or (args.threads is not None and args.threads < 1):
+        ap.error("--batch, --image and --threads must be positive")
+    from . import _backend
+
+    if not _backend.gpu_available():
+        print("No CUDA GPU visible (CuPy missing or no device): nothing to compile for.")
+        return 0
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        print("python -m cuconv warmup needs torchvision: pip install 'cuconv[bench]'", file=sys.stderr)
+        return 2
+    import torch
+
+    import cuconv.nn
+
+    for name in filter(None, args.models.split(",")):
+        model = cuconv.nn.convert(_build(name)).cuda()
+        if args.forward_only:
+            model.eval().requires_grad_(False)
+        for mode in (_Mode(m) for m in args.modes.split(",") if m):
+            with mode, mode.autocast():
+                started = time.perf_counter()
+                layers = cuconv.nn.warmup(model, torch.empty(args.batch, 3, args.image, args.image, device="meta"),
+                                          backward=not args.forward_only, threads=args.threads)
+                warm = time.perf_counter() - started
+                x = torch.randn(args.batch, 3, args.image, args.image, device="cuda")
+                torch.cuda.synchronize()
+                started = time.perf_counter()
+                with torch.no_grad():
+                    model(x)
+                torch.cuda.synchronize()
+                first = time.perf_counter() - started
+            print(f"{name} {mode.name}: {layers} layers warmed up in {warm:.1f} s; the first forward after it "
+                  f"{first:.2f} s", flush=True)
+        del model
+        torch.cuda.empty_cache()
+    return 0

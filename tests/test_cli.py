@@ -54,5 +54,21 @@ def test_bench_unknown_problem_is_usage_error():
 def test_usage(args):
     proc = run_cli(*args)
     assert proc.returncode == 2
-    assert "usage: python -m cuconv {bench,info}" in proc.stderr
+    assert "usage: python -m cuconv {bench,info,warmup}" in proc.stderr
     assert proc.stdout == ""
+
+
+@without_gpu
+def test_warmup_without_gpu_says_so():
+    proc = run_cli("warmup", "resnet18", "--modes", "tf32")
+    assert proc.returncode == 0, proc.stderr
+    assert "No CUDA GPU visible" in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [(("resnet18", "--modes", "fp8"), "unknown mode(s) ['fp8']"),
+                                           (("resnet18", "--batch", "0"), "must be positive"),
+                                           ((), "the following arguments are required: models")])
+def test_warmup_bad_arguments_are_usage_errors(args, message):
+    proc = run_cli("warmup", *args)
+    assert proc.returncode == 2
+    assert "usage: python -m cuconv warmup" in proc.stderr and message in proc.stderr
