@@ -43,7 +43,7 @@
 // (transpose_weight<T>, below, into the plan's workspace) so that the k tile of one tap is contiguous (coalesced global reads, conflict-free shared stores);
 // out (N, K, P, Q); bias (K,) or a null pointer. Dynamic shared memory holds `stages` buffers, each ws
 // (ct_max*R*S*TK) then xs (ct_max*x_rows rows of stride_w*x_phase_cols, padded to 16 bytes), all Acc;
-// cuconv/direct_smem.py sizes it and passes ct_max, stages, stage_elems (one buffer), x_rows, x_cols and
+// cuconv/families/direct_smem.py sizes it and passes ct_max, stages, stage_elems (one buffer), x_rows, x_cols and
 // x_phase_cols. Plane and output offsets are 64-bit;
 // positions inside a plane and shared-memory indices are int.
 #include "common.cuh"

@@ -102,7 +102,7 @@ struct PackShape {
     long long w_row, w_total;
 };
 static_assert(sizeof(PackShape) == 48 && alignof(PackShape) == 8,  // 7 ints, 4 bytes of padding, 2 long longs
-              "PACK_SHAPE_DTYPE in cuconv/implicit_gemm.py has this layout");
+              "PACK_SHAPE_DTYPE in cuconv/families/implicit_gemm.py has this layout");
 
 template <typename T, bool kTf32>
 __device__ __forceinline__ void pack_weight_part(const T* __restrict__ src, T* __restrict__ dst, const PackShape& ps,
@@ -206,7 +206,7 @@ struct Geometry {
     long long w_row;
 };
 static_assert(sizeof(Geometry) == 72 && alignof(Geometry) == 8,  // 16 ints, then w_row at byte 64
-              "GEOMETRY_DTYPE in cuconv/implicit_gemm.py has this layout");
+              "GEOMETRY_DTYPE in cuconv/families/implicit_gemm.py has this layout");
 
 // One thread's share of a k tile: the 16-byte vector column `vec` of ROWS_A rows of A (output pixels,
 // gathered from the packed input) and ROWS_B rows of B (packed weight rows), every ROWS_PER_PASS-th row

@@ -14,9 +14,9 @@ import torch
 import cuconv
 from cases import (CASES, GATHER_GEOMETRIES, PROBLEM_CASES, TORCH_ERROR_FACTOR, Case, bound, make_inputs,
                    noncontiguous, rel_err, row_ranges, tolerance)
-from cuconv.col2im import col2im_cpu
-from cuconv.im2col import im2col_cpu
-from cuconv.im2col_gemm import chunk_bytes, plan_chunks
+from cuconv.families.col2im import col2im_cpu
+from cuconv.families.im2col import im2col_cpu
+from cuconv.families.im2col_gemm import chunk_bytes, plan_chunks
 from cuconv.spec import ConvSpec
 
 # torch notes that 'same' with an even kernel may copy the input; the oracle does not care.

@@ -111,7 +111,7 @@ def test_chunked_grads_equal_one_chunk(case, rows):
     """Row chunks (dgrad accumulating halo rows) and sample chunks give the one-chunk gradients."""
     import cupy
 
-    from cuconv.im2col_gemm import chunk_bytes, plan_chunks
+    from cuconv.families.im2col_gemm import chunk_bytes, plan_chunks
 
     case = dataclasses.replace(case, x_shape=(3,) + case.x_shape[1:])
     x, w, dy = _inputs(case, 13, numpy.float32, integer=True)
@@ -135,7 +135,7 @@ def test_wgrad_partial_sums_in_turns_equal_all_at_once(case, dtype_name, monkeyp
     samples: turns of 2, 2, 1) the result is the same, exactly on integers, and equals the CPU path."""
     import cupy
 
-    from cuconv import im2col_gemm
+    from cuconv.families import im2col_gemm
 
     dtype = _dtype(dtype_name)
     case = dataclasses.replace(case, x_shape=(5,) + case.x_shape[1:])
@@ -169,8 +169,8 @@ def test_col2im_kernel_is_the_adjoint_of_im2col():
     """<im2col(x), c> == <x, col2im(c)> exactly on integers, with a row sub-range and accumulation."""
     import cupy
 
-    from cuconv.col2im import col2im_gpu
-    from cuconv.im2col import im2col_gpu, row_pitch
+    from cuconv.families.col2im import col2im_gpu
+    from cuconv.families.im2col import im2col_gpu, row_pitch
 
     rng = numpy.random.default_rng(15)
     x = rng.integers(-3, 4, size=(2, 3, 13, 11)).astype(numpy.float64)

@@ -9,7 +9,7 @@ import pytest
 
 import cuconv
 from cuconv import _dtypes
-from cuconv.im2col_gemm import chunk_bytes, plan_chunks
+from cuconv.families.im2col_gemm import chunk_bytes, plan_chunks
 from test_errors import MISUSES, _arrays, _conv
 from cases import (CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, algo_mode_cases, bound,
                    exact_algo_cases, make_inputs, noncontiguous, reference, rel_err, to_gpu, tolerance)
@@ -284,7 +284,8 @@ def test_runs_on_the_inputs_device():
 def test_launch_failure_names_the_kernel_and_leaves_cuda_usable():
     import cupy
 
-    from cuconv import _loader, bias
+    from cuconv import _loader
+    from cuconv.families import bias
 
     out = cupy.zeros((1, 2, 3, 3), dtype=numpy.float32)
     launch = _loader.prepare(bias.STEM, bias.NAME_EXPRESSIONS, "bias_fill<float>", (1, 1, 1),

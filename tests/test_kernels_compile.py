@@ -94,18 +94,19 @@ def nvrtc_options(arch: str, name: str):
 
 
 def twin_name_expressions(stem: str) -> tuple:
-    """``NAME_EXPRESSIONS`` of the Python twin ``cuconv.<stem>`` of ``kernels_cu/<stem>.cu``."""
+    """``NAME_EXPRESSIONS`` of the Python twin ``cuconv.families.<stem>`` of ``kernels_cu/<stem>.cu``."""
+    module = f"cuconv.families.{stem}"
     try:
-        twin = importlib.import_module(f"cuconv.{stem}")
+        twin = importlib.import_module(module)
     except ModuleNotFoundError as exc:
-        if exc.name != f"cuconv.{stem}":
+        if exc.name != module:
             raise
-        raise AssertionError(f"kernels_cu/{stem}.cu has no Python twin cuconv/{stem}.py") from None
-    assert getattr(twin, "STEM", None) == stem, f"cuconv.{stem}.STEM should be {stem!r}"
+        raise AssertionError(f"kernels_cu/{stem}.cu has no Python twin cuconv/families/{stem}.py") from None
+    assert getattr(twin, "STEM", None) == stem, f"{module}.STEM should be {stem!r}"
     names = getattr(twin, "NAME_EXPRESSIONS", None)
     assert isinstance(names, tuple) and names and all(isinstance(n, str) for n in names), (
-        f"cuconv.{stem}.NAME_EXPRESSIONS should be a non-empty tuple of str, got {names!r}")
-    assert len(set(names)) == len(names), f"cuconv.{stem}.NAME_EXPRESSIONS has duplicates"
+        f"{module}.NAME_EXPRESSIONS should be a non-empty tuple of str, got {names!r}")
+    assert len(set(names)) == len(names), f"{module}.NAME_EXPRESSIONS has duplicates"
     return names
 
 
@@ -160,7 +161,7 @@ def test_implicit_gemm_structs_match_the_kernels():
     """The structs implicit_gemm passes by value (one launch argument instead of 9 or 17): the NumPy dtypes
     have the layouts that kernels_cu/implicit_gemm.cu static_asserts for PackShape and Geometry, which the
     compile tests build."""
-    from cuconv import implicit_gemm
+    from cuconv.families import implicit_gemm
 
     source = (REPO_KERNELS / "implicit_gemm.cu").read_text()
     for dtype, struct, size, w_row in ((implicit_gemm.PACK_SHAPE_DTYPE, "PackShape", 48, 32),

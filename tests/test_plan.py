@@ -3,7 +3,7 @@
 import numpy
 import pytest
 
-from cuconv.im2col_gemm import ChunkPlan, chunk_bytes, plan_chunks
+from cuconv.families.im2col_gemm import ChunkPlan, chunk_bytes, plan_chunks
 from cuconv.problems import PROBLEMS, SUITES
 from cuconv.spec import ConvSpec
 
@@ -169,7 +169,7 @@ def _problem(name):
 def test_wgrad_batches_samples_into_partial_sums_where_few_outputs(name, samples):
     """One-group wgrad keeps per-sample partial sums for whole chunks of small layers (their own GEMMs would
     leave the GPU idle); the large problems' chunks hold one sample each and take the old path."""
-    from cuconv.im2col_gemm import wgrad_partial_samples
+    from cuconv.families.im2col_gemm import wgrad_partial_samples
 
     spec = _problem(name).spec()
     plan = plan_chunks(spec, 4, 1 << 30, overlap=False)
@@ -177,8 +177,9 @@ def test_wgrad_batches_samples_into_partial_sums_where_few_outputs(name, samples
 
 
 def test_wgrad_partial_sums_stay_within_their_budget_and_the_workspace_limit(monkeypatch):
-    from cuconv import config, im2col_gemm
-    from cuconv.im2col_gemm import wgrad_partial_samples
+    from cuconv import config
+    from cuconv.families import im2col_gemm
+    from cuconv.families.im2col_gemm import wgrad_partial_samples
 
     one = ConvSpec.from_args((32, 64, 56, 56), (64, 64, 3, 3), padding=1)  # 64 x 576 outputs: 147 KB a sample
     per = 64 * 576 * 4

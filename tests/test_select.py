@@ -129,14 +129,14 @@ _WIDE_1X1 = cuconv.ConvSpec.from_args((2, 64, 9, 9), (256, 64, 1, 1))
     ("stem_7x7_s2", _F32, True, True, "wg64x128s3"),
 ])
 def test_implicit_gemm_tile_choice(problem, dtype, wgmma, nchw, expected):
-    from cuconv import implicit_gemm
+    from cuconv.families import implicit_gemm
 
     spec = _WIDE_1X1 if problem == "wide_1x1" else _P[problem]
     assert implicit_gemm.choose_tile(spec, dtype, wgmma=wgmma, nchw=nchw) is implicit_gemm.TILES[expected]
 
 
 def test_implicit_gemm_tiles_fit_and_fall_back():
-    from cuconv import implicit_gemm
+    from cuconv.families import implicit_gemm
 
     tiles = implicit_gemm.TILES
     # past the NchwTile's limits (31 taps, reductions of 2048) a plan for it takes the packed wgmma tile
@@ -157,7 +157,7 @@ def test_implicit_gemm_tiles_fit_and_fall_back():
 
 
 def test_implicit_gemm_reasons():
-    from cuconv import implicit_gemm
+    from cuconv.families import implicit_gemm
     from cuconv.spec import ConvSpec
 
     spec = _P["square_5x9"]

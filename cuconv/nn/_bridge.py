@@ -19,8 +19,8 @@ import torch
 
 from .. import _dtypes, _plan, autotune, backward as _backward, registry as _registry
 from .._config import config
-from ..bias import grad_launch
-from ..im2col_gemm import cpu_matmul
+from ..families.bias import grad_launch
+from ..families.im2col_gemm import cpu_matmul
 from ..conv import _Plan as _ForwardPlan, _run as _run_forward
 from ..spec import ConvSpec
 

@@ -7,7 +7,7 @@ import pytest
 
 import cuconv
 from cases import GATHER_GEOMETRIES, noncontiguous, row_ranges
-from cuconv.im2col import im2col_cpu
+from cuconv.families.im2col import im2col_cpu
 
 
 def im2col_loops(x_nchw, spec, p0, rows):
@@ -60,7 +60,7 @@ def test_im2col_cpu_sample_slice_and_noncontiguous(spec):
 def test_im2col_kernel_is_an_exact_gather(dtype_name, kwargs):
     import cupy
 
-    from cuconv.im2col import im2col_cpu, im2col_gpu, row_pitch
+    from cuconv.families.im2col import im2col_cpu, im2col_gpu, row_pitch
 
     dtype = numpy.dtype(dtype_name)
     # arange values are exact in every dtype below 2048; widths give aligned and unaligned row lengths

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy
 
-from . import _dtypes, _loader
-from .spec import ConvSpec
+from .. import _dtypes, _loader
+from ..spec import ConvSpec
 
 __all__ = ["fill_launch", "grad_launch", "NAME_EXPRESSIONS", "STEM"]
 

@@ -10,7 +10,8 @@ import pytest
 import cuconv
 from cases import (CASES, EXACT_DTYPES, PROBLEM_CASES, TILING_CASES, assert_forward_equals_cpu_on_integers,
                    case_spec, make_inputs, reference, rel_err, tolerance)
-from cuconv import _dtypes, depthwise
+from cuconv import _dtypes
+from cuconv.families import depthwise
 from cuconv.problems import PROBLEMS
 from cuconv.spec import ConvSpec
 
@@ -168,7 +169,7 @@ def test_depthwise_wgrad_many_chunks_and_big_taps_is_deterministic():
 
 @pytest.mark.gpu
 def _depthwise_kernel_cases():
-    from cuconv import depthwise
+    from cuconv.families import depthwise
 
     out = []
     for param in CASES + PROBLEM_CASES + TILING_CASES:
@@ -189,7 +190,7 @@ def test_depthwise_forward_kernels_equal_cpu_exactly_on_integers(case, kernel, d
     """Each forward kernel of depthwise (rows, plane, strips, tiles) wherever it serves, on integer inputs:
     every sum is exact in the float/double accumulator, so each dtype equals the CPU path bit for bit; the
     outputs are poisoned with NaN first."""
-    from cuconv import depthwise
+    from cuconv.families import depthwise
 
     assert_forward_equals_cpu_on_integers(
         case, dtype_name, 21, lambda x, w, b, spec, out: depthwise.forward_gpu(x, w, b, spec, out, "ieee",
@@ -204,7 +205,7 @@ def test_depthwise_rows_fall_back_on_misaligned_tensors(dtype_name):
     allocation take another kernel, with the same result."""
     import cupy
 
-    from cuconv import depthwise
+    from cuconv.families import depthwise
 
     dtype = _dtypes.by_name(dtype_name)
     case = next(p.values[0] for p in TILING_CASES if p.id == "depthwise_rows_tall_padding")

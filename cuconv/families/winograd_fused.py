@@ -25,9 +25,10 @@ import dataclasses
 
 import numpy
 
-from . import _loader, _plan, dgrad_forward, elementwise
-from ._config import config
-from .spec import ConvSpec
+from .. import _loader, _plan
+from . import dgrad_forward, elementwise
+from .._config import config
+from ..spec import ConvSpec
 from .winograd import _round_up
 
 __all__ = ["prepare", "forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "Tile", "TILES", "NAME_EXPRESSIONS",

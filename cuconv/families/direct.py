@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy
 
-from . import _dtypes, _loader, _plan
-from .spec import ConvSpec
+from .. import _dtypes, _loader, _plan
+from ..spec import ConvSpec
 
 __all__ = ["prepare", "forward_gpu", "reason_unsupported", "NAME_EXPRESSIONS", "STEM"]
 

@@ -31,9 +31,10 @@ import functools
 
 import numpy
 
-from . import _dtypes, _loader, _plan, dgrad_forward
-from ._config import config
-from .spec import ConvSpec
+from .. import _dtypes, _loader, _plan
+from . import dgrad_forward
+from .._config import config
+from ..spec import ConvSpec
 
 __all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "Tile", "WgmmaTile", "NchwTile", "TILES",
            "wgmma_available", "choose_tile", "prefers_nchw", "nchw_fits", "Plan", "plan", "pack_operands",
@@ -179,7 +180,7 @@ _wgmma_by_device = {}
 def wgmma_available() -> bool:
     """Whether the current device runs the sm_90a wgmma kernels: compute capability 9.0 exactly (asked once
     per device: plans are made several times per call)."""
-    from . import _backend
+    from .. import _backend
 
     if not _backend.gpu_available():
         return False

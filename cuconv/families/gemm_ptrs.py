@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy
 
-from . import _loader
+from .. import _loader
 
 __all__ = ["pointers_launch", "NAME_EXPRESSIONS", "STEM"]
 

@@ -10,7 +10,7 @@ import numpy
 import pytest
 
 import cuconv
-from cuconv import winograd_fused
+from cuconv.families import winograd_fused
 from cuconv.spec import ConvSpec
 from cases import Case, _p, make_inputs, noncontiguous, reference, rel_err, tolerance
 

@@ -35,8 +35,9 @@ import dataclasses
 
 import numpy
 
-from . import _dtypes, _loader, _plan, dgrad_forward
-from .spec import ConvSpec
+from .. import _dtypes, _loader, _plan
+from . import dgrad_forward
+from ..spec import ConvSpec
 
 __all__ = ["prepare", "forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "Tile", "TILES", "NAME_EXPRESSIONS",
            "STEM"]

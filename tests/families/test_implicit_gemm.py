@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _implicit_gemm_tile_cases():
-    from cuconv import implicit_gemm
+    from cuconv.families import implicit_gemm
 
     out = []
     for param in TILING_CASES + [c for c in CASES if c.id in ("k5x9_d2x3_p2x4", "stride2_dil2_pad3", "same_even_dil3")]:
@@ -30,7 +30,7 @@ def _implicit_gemm_tile_cases():
 def test_implicit_gemm_tiles_equal_cpu_exactly_on_integers(case, tile, dtype_name):
     """Every tile instance of implicit_gemm, across M, N and k tile tails: small integers are exact in TF32,
     fp16 and bf16 and every fp32 partial sum is exact, so each dtype equals the CPU path bit for bit."""
-    from cuconv import implicit_gemm
+    from cuconv.families import implicit_gemm
 
     if implicit_gemm.TILES[tile].wgmma and not implicit_gemm.wgmma_available():
         pytest.skip(f"tile {tile} runs wgmma, which needs compute capability 9.0")
@@ -50,7 +50,7 @@ def test_implicit_gemm_nchw_tiles_read_an_unaligned_weight(shape, tile, dtype_na
     second way, and rows past the last pixel and filter (M and K tails) stay out of the output."""
     import cupy
 
-    from cuconv import implicit_gemm
+    from cuconv.families import implicit_gemm
 
     if not implicit_gemm.wgmma_available():
         pytest.skip("the NchwTiles run wgmma, which needs compute capability 9.0")
@@ -80,7 +80,7 @@ def test_implicit_gemm_stores_whole_tiles_as_vectors_where_aligned(out_offset, t
     them (one element into its allocation); bias added: all equal the CPU path bit for bit."""
     import cupy
 
-    from cuconv import implicit_gemm
+    from cuconv.families import implicit_gemm
 
     t = implicit_gemm.TILES[tile]
     if t.wgmma and not implicit_gemm.wgmma_available():
@@ -111,7 +111,7 @@ def test_implicit_gemm_pack_is_nhwc_with_zero_channels(image, c, dtype_name):
     (kp, w_row) with k index (r·S + s)·cp + c and zeros elsewhere."""
     import cupy
 
-    from cuconv import implicit_gemm
+    from cuconv.families import implicit_gemm
 
     dtype = _dtypes.by_name(dtype_name)
     n, h, w_ = image

@@ -8,8 +8,9 @@ import pytest
 
 import cuconv
 from cases import CASES, EXACT_DTYPES, PROBLEM_CASES, TILING_CASES, make_inputs, to_gpu
-from cuconv import _dtypes, direct, direct_smem
-from cuconv.direct_smem import NAME_EXPRESSIONS, plan
+from cuconv import _dtypes
+from cuconv.families import direct, direct_smem
+from cuconv.families.direct_smem import NAME_EXPRESSIONS, plan
 from cuconv.problems import PROBLEMS, SUITES
 from cuconv.spec import ConvSpec
 

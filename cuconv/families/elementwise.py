@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy
 
-from . import _dtypes, _loader
+from .. import _dtypes, _loader
 
 __all__ = ["fill", "cast", "sum_partials", "NAME_EXPRESSIONS", "STEM"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy
 
-from . import _dtypes, _loader
-from .spec import ConvSpec
+from .. import _dtypes, _loader
+from ..spec import ConvSpec
 
 __all__ = ["col2im_launch", "col2im_gpu", "col2im_cpu", "touched_rows", "NAME_EXPRESSIONS", "STEM"]
 

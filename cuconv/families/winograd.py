@@ -38,10 +38,11 @@ import dataclasses
 
 import numpy
 
-from . import _dtypes, _loader, _plan, dgrad_forward
-from ._config import config
+from .. import _dtypes, _loader, _plan
+from . import dgrad_forward
+from .._config import config
 from .im2col_gemm import _balanced
-from .spec import ConvSpec
+from ..spec import ConvSpec
 
 __all__ = ["prepare", "forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "TILE_BY_TAPS",
            "FLOAT32_MAX_CHANNELS", "NAME_EXPRESSIONS", "STEM", "EXACT_ON_INTEGERS"]

@@ -9,7 +9,7 @@ import numpy
 import pytest
 
 import cuconv
-from cuconv import winograd
+from cuconv.families import winograd
 from cuconv.spec import ConvSpec
 from cases import Case, _p, make_inputs, noncontiguous, reference, rel_err, tolerance
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy
 
-from . import _dtypes, _loader
-from .spec import ConvSpec
+from .. import _dtypes, _loader
+from ..spec import ConvSpec
 
 __all__ = ["im2col_launch", "im2col_gpu", "im2col_cpu", "row_pitch", "NAME_EXPRESSIONS", "STEM"]
 

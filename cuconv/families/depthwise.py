@@ -30,8 +30,9 @@ import functools
 
 import numpy
 
-from . import _dtypes, _loader, _plan, dgrad_forward
-from .spec import ConvSpec
+from .. import _dtypes, _loader, _plan
+from . import dgrad_forward
+from ..spec import ConvSpec
 
 __all__ = ["prepare", "forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "forward_smem", "rows_layout",
            "rows_strips", "plane_plan", "strips_plan", "forward_kernels", "FORWARD_KERNELS", "NAME_EXPRESSIONS",

@@ -14,8 +14,8 @@ from typing import Optional
 
 import numpy
 
-from . import _dtypes, _loader, _plan
-from .spec import ConvSpec
+from .. import _dtypes, _loader, _plan
+from ..spec import ConvSpec
 
 __all__ = ["forward_spec", "forward_weight", "prepare", "reason_unsupported", "NAME_EXPRESSIONS", "STEM"]
 

@@ -29,9 +29,10 @@ import functools
 
 import numpy
 
-from ._config import config
-from .spec import ConvSpec
-from . import _backend, _cublas, _plan, elementwise, gemm_ptrs
+from .._config import config
+from ..spec import ConvSpec
+from .. import _backend, _cublas, _plan
+from . import elementwise, gemm_ptrs
 from . import col2im as _col2im
 from . import im2col as _im2col
 from .bias import fill_launch as bias_fill_launch
