@@ -22,7 +22,7 @@ from ._config import config
 from .spec import ConvSpec
 from . import _backend, _loader, _plan
 from .families import (bias as _bias, depthwise, direct, direct_smem, elementwise, im2col_gemm, implicit_gemm,
-                         winograd, winograd_fused)
+                       winograd, winograd_fused)
 
 __all__ = ["PASSES", "algorithms", "select_algorithm", "resolve", "get", "prepare", "cpu", "reason_unsupported"]
 

@@ -661,6 +661,8 @@ def test_warmup_records_every_convolution_on_meta_tensors():
     assert all(c[0].device.type == "meta" for c in calls)
     assert F._recorder is None and not model.bn.num_batches_tracked  # the model's own state untouched
     assert all(p.device.type == "cpu" for p in model.parameters())
+    # an input that needs a gradient: the first layer's dgrad is wanted too
+    assert not _warmup._record_calls(model, (x.requires_grad_(),), {})[0][10]
 
 
 def test_warmup_keys_are_the_keys_real_calls_look_up():

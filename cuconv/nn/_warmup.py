@@ -25,6 +25,8 @@ __all__ = ["warmup"]
 def _to_meta(value):
     if isinstance(value, torch.Tensor):
         return torch.empty_like(value, device="meta").requires_grad_(value.requires_grad)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_to_meta(v) for v in value))
     if isinstance(value, (list, tuple)):
         return type(value)(_to_meta(v) for v in value)
     if isinstance(value, dict):
@@ -35,13 +37,15 @@ def _to_meta(value):
 def _record_calls(model: torch.nn.Module, inputs: tuple, kwargs: dict) -> list:
     """Every ``cuconv.nn.functional.conv2d`` call ``model(*inputs, **kwargs)`` makes, run on meta copies of
     its parameters, buffers and inputs: ``(input, weight, bias, spec, stride, padding, dilation, groups, algo,
-    precision, is_model_input)`` with meta tensors."""
+    precision, needs_no_dgrad)`` with meta tensors (the last: the input is one of ``inputs`` and needs no
+    gradient)."""
     calls = []
     meta_inputs = _to_meta(inputs)
     top = {id(t) for t in meta_inputs if isinstance(t, torch.Tensor)}
 
     def record(x, w, b, spec, stride, padding, dilation, groups, algo, precision):
-        calls.append((x, w, b, spec, stride, padding, dilation, groups, algo, precision, id(x) in top))
+        calls.append((x, w, b, spec, stride, padding, dilation, groups, algo, precision,
+                      id(x) in top and not x.requires_grad))
 
     state = {name: _to_meta(t) for name, t in (*model.named_parameters(), *model.named_buffers())}
     if functional._recorder is not None:
@@ -72,7 +76,7 @@ def warmup(model: torch.nn.Module, *inputs, backward: Optional[bool] = None, thr
     Parameters
     ----------
     backward : bool, optional
-        Also plan dgrad and wgrad (each layer's input gradient only where that input is not one of ``inputs``).
+        Also plan dgrad and wgrad (a layer's input gradient unless that input is one of ``inputs`` needing none).
         Default: whether any parameter of ``model`` requires a gradient.
     threads : int, optional
         Threads that compile at once (default: the CPUs this process may use, at most 16).
@@ -107,7 +111,7 @@ def warmup(model: torch.nn.Module, *inputs, backward: Optional[bool] = None, thr
     autocast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
     workspace_limit, benchmark = config.workspace_limit, config.benchmark
     jobs = {}
-    for x, w, b, spec, stride, padding, dilation, groups, algo, precision, is_input in _record_calls(
+    for x, w, b, spec, stride, padding, dilation, groups, algo, precision, no_dgrad in _record_calls(
             model, inputs, kwargs):
         dtype = x.dtype
         if autocast is not None and dtype in (torch.float16, torch.bfloat16, torch.float32):
@@ -119,7 +123,7 @@ def warmup(model: torch.nn.Module, *inputs, backward: Optional[bool] = None, thr
         if key is None or key in functional._layers:
             continue
         job = jobs.get(key)
-        passes = (("dgrad",) if not is_input else ()) + ("wgrad",) if backward else ()
+        passes = (() if no_dgrad else ("dgrad",)) + ("wgrad",) if backward else ()
         jobs[key] = (spec, dtype, precision, algo, b is not None, tuple(x.shape),
                      tuple(sorted(set(passes) | set(job[-1] if job else ()))))
     if not jobs:
