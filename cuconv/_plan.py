@@ -29,7 +29,7 @@ import numpy
 
 from . import _backend, _cublas
 
-__all__ = ["OPERANDS", "NULL", "Env", "env", "current_env", "is_aligned", "Plan", "Launch", "Gemm", "Layout", "Builder",
+__all__ = ["OPERANDS", "NULL", "Env", "Limits", "env", "current_env", "current_limits", "is_aligned", "Plan", "Launch", "Gemm", "Layout", "Builder",
            "run_arrays", "run_on_arrays", "ALIGNMENT"]
 
 OPERANDS = {"fprop": ("x", "w", "bias", "out"), "dgrad": ("dy", "w", "dx"), "wgrad": ("x", "dy", "dw")}
@@ -47,6 +47,16 @@ class Env(NamedTuple):
     sm_count: int
     smem_per_sm: int
     aligned: bool = True  # every operand pointer is a multiple of ALIGNMENT
+
+
+class Limits(NamedTuple):
+    """What whether a family can serve a problem depends on besides the problem (its ``reason_unsupported``):
+    the shared memory a block may opt into, whether the sm_90a (wgmma) kernels run, the workspace limit. An
+    ``Env`` has the same three fields and serves as one."""
+
+    smem_limit: int
+    wgmma: bool
+    workspace_limit: int
 
 
 _traits = {}  # device -> (smem_limit, wgmma, sm_count, smem_per_sm)
@@ -78,6 +88,20 @@ def env(device: int, workspace_limit: int, aligned: bool = True) -> Env:
                 _envs.clear()
             _envs[key] = e
     return e
+
+
+def current_limits(workspace_limit: int = None) -> Limits:
+    """The ``Limits`` of the current device (without a GPU: ``_loader``'s Hopper shared memory, no wgmma) and
+    ``workspace_limit`` (default ``cuconv.config.workspace_limit``)."""
+    from ._config import config
+
+    limit = config.workspace_limit if workspace_limit is None else workspace_limit
+    if not _backend.gpu_available():
+        from ._loader import smem_limit
+
+        return Limits(smem_limit(), False, limit)
+    smem, wgmma, _, _ = _device_traits(_backend.cupy_or_none().cuda.runtime.getDevice())
+    return Limits(smem, wgmma, limit)
 
 
 def is_aligned(*ptrs: int) -> bool:

@@ -4,8 +4,10 @@ An algorithm is a family module listed here with the passes it implements, and t
 ``cuconv._plan``: ``prepare(pass_, spec, dtype, precision, env, bias=False) -> Plan``, whose ``run(ptrs,
 stream, workspace)`` only launches. ``prepare`` here memoizes the families' plans per signature and takes care
 of the cases with nothing to compute (an empty output, no input channels, an empty batch). A family's
-``reason_unsupported(spec, dtype, pass_, precision) -> str | None`` says why it cannot serve a case; ``auto``
-never picks it there and forcing it raises ``NotImplementedError`` with that reason.
+``reason_unsupported(spec, dtype, pass_, precision, limits) -> str | None`` says why it cannot serve a case
+under ``limits`` (``_plan.Limits``: shared memory, wgmma, workspace limit, passed in, never read from the device
+or the config there); ``auto`` never picks it there and forcing it raises ``NotImplementedError`` with that
+reason.
 
 NumPy arrays always run the one CPU implementation (``im2col_gemm``'s NumPy twin): algorithms are GPU
 strategies, and every one of them computes the same function.
@@ -18,9 +20,8 @@ from typing import Optional
 
 import numpy
 
-from ._config import config
 from .spec import ConvSpec
-from . import _backend, _loader, _plan
+from . import _plan
 from .families import (bias as _bias, depthwise, direct, direct_smem, elementwise, im2col_gemm, implicit_gemm,
                        winograd, winograd_fused)
 
@@ -90,27 +91,10 @@ def _check_pass(pass_: str) -> None:
 
 def reason_unsupported(name: str, spec: ConvSpec, dtype, pass_: str = "fprop",
                        precision: str = "ieee") -> Optional[str]:
-    """Why algorithm ``name`` cannot run this case (float32 at ``precision``), or None when it can.
-
-    Memoized with what else the answers depend on, the device's shared-memory limit and wgmma (implicit_gemm's
-    tiles, hence its workspace) and ``cuconv.config.workspace_limit``: a layer called again costs a lookup."""
-    return _reason_unsupported(name, spec, numpy.dtype(dtype), pass_, precision, *_device_traits(),
-                               config.workspace_limit)
-
-
-_traits_by_device = {}
-
-
-def _device_traits() -> tuple:
-    """(shared-memory opt-in limit, wgmma) of the current device: what the algorithms' limits depend on
-    besides the problem. Asked once per device; a call costs one device lookup (host time per call)."""
-    if not _backend.gpu_available():
-        return _loader.smem_limit(), False
-    device = _backend.cupy_or_none().cuda.runtime.getDevice()
-    traits = _traits_by_device.get(device)
-    if traits is None:
-        traits = _traits_by_device[device] = (_loader.smem_limit(), implicit_gemm.wgmma_available())
-    return traits
+    """Why algorithm ``name`` cannot run this case (float32 at ``precision``) on the current device under
+    ``cuconv.config.workspace_limit``, or None when it can (memoized with those limits: a layer called again
+    costs a lookup)."""
+    return _reason_unsupported(name, spec, numpy.dtype(dtype), pass_, precision, *_plan.current_limits())
 
 
 @functools.lru_cache(maxsize=4096)
@@ -119,23 +103,24 @@ def _reason_unsupported(name, spec, dtype, pass_, precision, smem_limit, wgmma, 
     if pass_ not in passes:
         return f"it implements no {pass_}"
     check = getattr(module, "reason_unsupported", None)
-    return check(spec, dtype, pass_, precision) if check is not None else None
+    limits = _plan.Limits(smem_limit, wgmma, workspace_limit)
+    return check(spec, dtype, pass_, precision, limits) if check is not None else None
 
 
 def select_algorithm(spec: ConvSpec, dtype, precision: str = "ieee", on_gpu: bool = True,
                      pass_: str = "fprop") -> str:
-    """The algorithm ``algo="auto"`` runs for this problem and pass: a pure function of its arguments (and
-    of the device's shared-memory limit and ``cuconv.config.workspace_limit``, through the algorithms'
-    limits; memoized with them)."""
-    return _select_algorithm(spec, numpy.dtype(dtype), precision, on_gpu, pass_, *_device_traits(),
-                             config.workspace_limit)
+    """The algorithm ``algo="auto"`` runs for this problem and pass: a pure function of its arguments and of
+    the current device's limits and ``cuconv.config.workspace_limit`` (``_plan.current_limits``; memoized
+    with them)."""
+    return _select_algorithm(spec, numpy.dtype(dtype), precision, on_gpu, pass_, *_plan.current_limits())
 
 
 @functools.lru_cache(maxsize=4096)
 def _select_algorithm(spec, dtype, precision, on_gpu, pass_, smem_limit, wgmma, workspace_limit) -> str:
     _check_pass(pass_)
     for name in _preference(spec, dtype, precision, pass_, wgmma):
-        if name in _REGISTRY and reason_unsupported(name, spec, dtype, pass_, precision) is None:
+        if (name in _REGISTRY and _reason_unsupported(name, spec, dtype, pass_, precision, smem_limit, wgmma,
+                                                      workspace_limit) is None):
             return name
     raise NotImplementedError(f"cuconv: no algorithm supports {spec} in {dtype} for {pass_}")  # pragma: no cover
 

@@ -172,3 +172,33 @@ def test_implicit_gemm_reasons():
                                                               _F16)
     with cuconv.config(workspace_limit=1 << 20):
         assert "workspace_limit" in implicit_gemm.reason_unsupported(spec, _F16)
+
+
+def test_selection_reads_no_device_state_beyond_its_arguments(monkeypatch):
+    """The limits a choice depends on (shared memory, wgmma, workspace limit) are its arguments: with the
+    device's own answers made to fail, the memoized selector still decides, and decides by what it is given."""
+    from cuconv import _loader
+    from cuconv.families import implicit_gemm
+
+    def asked(*_):
+        raise AssertionError("the device was asked")
+
+    monkeypatch.setattr(_loader, "smem_limit", asked)
+    monkeypatch.setattr(implicit_gemm, "wgmma_available", asked)
+    monkeypatch.setattr(cuconv._plan, "current_limits", asked)
+    registry._select_algorithm.cache_clear()
+    registry._reason_unsupported.cache_clear()
+    try:
+        for problem in sorted(_P):
+            for pass_ in registry.PASSES:
+                for smem_limit, wgmma in ((227 << 10, True), (99 << 10, False), (48 << 10, False)):
+                    name = registry._select_algorithm(_P[problem], numpy.dtype(numpy.float32), "ieee", True, pass_,
+                                                      smem_limit, wgmma, 1 << 30)
+                    assert name in registry.algorithms(pass_)
+        # a workspace limit below what one packed sample needs refuses implicit_gemm, given, not read
+        tight = registry._reason_unsupported("implicit_gemm", _P["square_3x3_1024"], numpy.dtype(numpy.float16),
+                                             "fprop", "ieee", 227 << 10, True, 1 << 20)
+        assert "workspace_limit (1048576)" in tight
+    finally:
+        registry._select_algorithm.cache_clear()
+        registry._reason_unsupported.cache_clear()

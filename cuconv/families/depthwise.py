@@ -94,16 +94,18 @@ def _wgrad_threads(spec: ConvSpec, acc_size: int) -> int:
     return 0
 
 
-def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
+def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee",
+                       limits: "_plan.Limits" = None):
+    """Why ``depthwise`` cannot run this case under ``limits`` (default: the current device's), or None."""
     if not _is_depthwise(spec):
         return (f"not a depthwise convolution (needs groups == C with one input channel per group; got "
                 f"groups={spec.groups}, C={spec.c})")
     acc = _acc_size(dtype)
     if pass_ == "fprop":
         smem = forward_smem(spec, numpy.dtype(dtype).itemsize, acc)
-        if smem > _loader.smem_limit():
-            return (f"a 32x64 output tile's input window needs {smem} bytes of shared memory "
-                    f"(> {_loader.smem_limit()})")
+        limit = (limits or _plan.current_limits()).smem_limit
+        if smem > limit:
+            return f"a 32x64 output tile's input window needs {smem} bytes of shared memory (> {limit})"
     if pass_ == "wgrad" and _wgrad_threads(spec, acc) == 0:
         return f"{spec.r}x{spec.s} taps do not fit per-thread accumulators in {_SMEM_LIMIT} bytes"
     return None
@@ -288,7 +290,7 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
         b.launch(launch, b.ref("x"), b.ref("w"), b.ref("bias"), b.ref("out"))
     elif pass_ == "dgrad":
         transposed = dgrad_forward.forward_spec(spec)
-        if transposed is not None and reason_unsupported(transposed, dtype) is None:
+        if transposed is not None and reason_unsupported(transposed, dtype, limits=env) is None:
             return dgrad_forward.prepare(prepare, spec, dtype, precision, env)
         b.launch(_dgrad_launch(spec, dtype), b.ref("dy"), b.ref("w"), b.ref("dx"))
     else:

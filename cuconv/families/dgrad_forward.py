@@ -80,15 +80,18 @@ class _Forward:
         self.forward.run((dy, ws + self.weight, 0, dx), stream, ws + self.workspace)
 
 
-def reason_unsupported(spec: ConvSpec, dtype, pass_: str, precision: str, forward_reason) -> Optional[str]:
+def reason_unsupported(spec: ConvSpec, dtype, pass_: str, precision: str, forward_reason,
+                       limits: "_plan.Limits" = None) -> Optional[str]:
     """``reason_unsupported`` of an algorithm with a forward pass (checked by ``forward_reason(spec, dtype,
-    precision)``) that serves dgrad as a forward convolution of dy and has no wgrad."""
+    precision, limits)``) that serves dgrad as a forward convolution of dy and has no wgrad; ``limits``
+    defaults to the current device's (``_plan.current_limits``)."""
+    limits = limits or _plan.current_limits()
     if pass_ == "dgrad":
         fspec = forward_spec(spec)
         if fspec is None:
             return ("its dgrad is a forward convolution of grad_output, which needs stride 1 and padding no "
                     "wider than the dilated kernel")
-        return forward_reason(fspec, dtype, precision)
+        return forward_reason(fspec, dtype, precision, limits)
     if pass_ != "fprop":
         return f"it implements no {pass_}"
-    return forward_reason(spec, dtype, precision)
+    return forward_reason(spec, dtype, precision, limits)

@@ -22,8 +22,9 @@ _MAX_BLOCKS = 1 << 20  # the grid-stride loop covers the rest
 NAME_EXPRESSIONS = tuple(f"direct<{t}>" for t in _dtypes.ALL_CTYPE_NAMES)
 
 
-def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
-    """Why ``direct`` cannot run this case, or None: it has a forward pass only, for every geometry."""
+def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee", limits=None):
+    """Why ``direct`` cannot run this case, or None: it has a forward pass only, for every geometry and under any
+    limits."""
     if pass_ != "fprop":
         return f"it implements no {pass_}"
     return None

@@ -131,7 +131,7 @@ class Plan:
         return self.stages * self.stage_elems * self.acc_size
 
 
-def plan(spec: ConvSpec, dtype) -> Plan:
+def plan(spec: ConvSpec, dtype, smem_limit: int = None) -> Plan:
     """The tile of ``dtype``; as many chunk buffers (up to three) as fit the block budget (``_BLOCK_SMEM``,
     or less where the device allows less) with one channel each; then as many input channels per chunk as
     fit, at most a ``2·stages``-th of the channels; then the smallest chunk that needs no more chunks than
@@ -147,7 +147,7 @@ def plan(spec: ConvSpec, dtype) -> Plan:
     channel_bytes = (spec.r * spec.s * tile.tk + x_rows * sw * x_phase_cols) * acc_size
     cpg = max(1, spec.c_per_group)
     # 64 bytes of slack for the 16-byte rounding of each buffer
-    budget = min(_BLOCK_SMEM, _loader.smem_limit() - 64)
+    budget = min(_BLOCK_SMEM, (_loader.smem_limit() if smem_limit is None else smem_limit) - 64)
     stages = max(1, min(_MAX_STAGES, budget // channel_bytes))
     ct = max(1, min(cpg, budget // (stages * channel_bytes), -(-cpg // (2 * stages))))
     ct = -(-cpg // -(-cpg // ct))
@@ -157,14 +157,15 @@ def plan(spec: ConvSpec, dtype) -> Plan:
                 acc_size, spec.r * spec.s, sw * x_phase_cols)
 
 
-def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
-    """Why ``direct_smem`` cannot run this case, or None."""
-    return dgrad_forward.reason_unsupported(spec, dtype, pass_, precision, _forward_reason)
+def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee",
+                       limits: "_plan.Limits" = None):
+    """Why ``direct_smem`` cannot run this case under ``limits`` (default: the current device's), or None."""
+    return dgrad_forward.reason_unsupported(spec, dtype, pass_, precision, _forward_reason, limits)
 
 
-def _forward_reason(spec: ConvSpec, dtype, precision: str):
-    pl = plan(spec, dtype)
-    limit = _loader.smem_limit()
+def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"):
+    pl = plan(spec, dtype, limits.smem_limit)
+    limit = limits.smem_limit
     if pl.smem_bytes > limit:
         return (f"one input channel's tile needs {pl.smem_bytes} bytes of shared memory (an {pl.x_rows}x"
                 f"{pl.x_cols} input window and {pl.tile.tk}x{spec.r}x{spec.s} weights); the device allows "
@@ -187,7 +188,7 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     b = _plan.Builder(pass_, env)
     if spec.n * spec.k * spec.p * spec.q == 0:
         return b.plan(STEM)
-    pl = plan(spec, dtype)
+    pl = plan(spec, dtype, env.smem_limit)
     ctype = _dtypes.ctype_of(dtype)
     i64 = numpy.int64
     w_gck = b.take(spec.k * spec.crs_per_group * dtype.itemsize)

@@ -309,12 +309,13 @@ def plan(spec: ConvSpec, dtype, tile: Tile = None, workspace_limit: int = None) 
     return Plan(tile, cp, k_tiles, w_row, kp, samples)
 
 
-def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
-    """Why ``implicit_gemm`` cannot run this case, or None."""
-    return dgrad_forward.reason_unsupported(spec, dtype, pass_, precision, _forward_reason)
+def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee",
+                       limits: "_plan.Limits" = None):
+    """Why ``implicit_gemm`` cannot run this case under ``limits`` (default: the current device's), or None."""
+    return dgrad_forward.reason_unsupported(spec, dtype, pass_, precision, _forward_reason, limits)
 
 
-def _forward_reason(spec: ConvSpec, dtype, precision: str):
+def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"):
     dtype = numpy.dtype(dtype)
     if dtype not in _dtypes.CTYPES or _dtypes.ctype_of(dtype) not in _TENSOR_CORE_TYPES:
         return f"it runs on tensor cores, which have no {dtype} arithmetic here (float64 uses FFMA algorithms)"
@@ -325,16 +326,16 @@ def _forward_reason(spec: ConvSpec, dtype, precision: str):
         return f"grouped convolutions (groups={spec.groups}) are not implemented"
     if max(*spec.stride, *spec.dilation, *spec.pad, spec.p, spec.q) > _INT_MAX:
         return "its geometry struct holds strides, dilations, paddings and output sizes in 32 bits"
-    pl = plan(spec, dtype)
+    pl = plan(spec, dtype, choose_tile(spec, dtype, limits.wgmma), limits.workspace_limit)
     padded_h, padded_w = spec.h + spec.pad[0] + spec.pad[1], spec.w + spec.pad[2] + spec.pad[3]
     if max(padded_h, padded_w) > _MAX_SIDE:
         return f"its padded image ({padded_h} x {padded_w}) exceeds the kernel's 16-bit pixel coordinates"
     if padded_h * padded_w * pl.cp > _INT_MAX:
         return "one sample's padded image is too large for the kernel's 32-bit in-sample offsets"
     need = pl.sample_bytes(spec, dtype.itemsize) + pl.weight_bytes(dtype.itemsize)
-    if need > config.workspace_limit:
+    if need > limits.workspace_limit:
         return (f"one sample packed to NHWC and the packed weight need {need} bytes, more than "
-                f"cuconv.config.workspace_limit ({config.workspace_limit})")
+                f"cuconv.config.workspace_limit ({limits.workspace_limit})")
     return None
 
 
@@ -445,7 +446,8 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     if spec.n * spec.k * spec.p * spec.q == 0:
         return b.plan(STEM)
     dtype = numpy.dtype(dtype)
-    pl, workspace, chunks = _launches(spec, dtype, tile, env.device, env.workspace_limit)
+    pl, workspace, chunks = _launches(spec, dtype, tile or choose_tile(spec, dtype, env.wgmma), env.device,
+                                      env.workspace_limit)
     if not workspace:  # an NchwTile: the GEMM reads x and w as they are
         for x_offset, out_offset, _, gemm in chunks:
             b.launch(gemm, b.ref("x", x_offset), b.ref("w"), b.ref("bias"), b.ref("out", out_offset))

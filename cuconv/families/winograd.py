@@ -125,12 +125,13 @@ def plan(spec: ConvSpec, dtype, workspace_limit: int = None) -> Plan:
     return Plan(m_h, m_w, a_h, a_w, tiles_h, tiles_w, rows, ld, u_bytes, ld * per_column)
 
 
-def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
-    """Why ``winograd`` cannot run this case, or None."""
-    return dgrad_forward.reason_unsupported(spec, dtype, pass_, precision, _forward_reason)
+def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee",
+                       limits: "_plan.Limits" = None):
+    """Why ``winograd`` cannot run this case under ``limits`` (default: the current device's), or None."""
+    return dgrad_forward.reason_unsupported(spec, dtype, pass_, precision, _forward_reason, limits)
 
 
-def _forward_reason(spec: ConvSpec, dtype, precision: str):
+def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"):
     dtype = numpy.dtype(dtype)
     if dtype not in (numpy.float32, numpy.float64):
         return f"it computes in float32 or float64, not {dtype} (its transforms need the bits)"
@@ -144,7 +145,7 @@ def _forward_reason(spec: ConvSpec, dtype, precision: str):
         return f"its kernels are 1 to 7 taps per axis and not 1x1, not {spec.r}x{spec.s}"
     if max(spec.c, spec.k) > _MAX_GRID_Y:
         return f"its grids put channels on blockIdx.y (at most {_MAX_GRID_Y}), not C={spec.c}, K={spec.k}"
-    pl = plan(spec, dtype)
+    pl = plan(spec, dtype, limits.workspace_limit)
     if dtype == numpy.float32:
         cap = FLOAT32_MAX_CHANNELS[max(pl.a_h, pl.a_w, 6)]
         if spec.c > cap:
@@ -153,7 +154,7 @@ def _forward_reason(spec: ConvSpec, dtype, precision: str):
     if spec.n and pl.rows == 0:
         row = _round_up(pl.tiles_w, _LD_ALIGN) * pl.points * (spec.c + spec.k) * dtype.itemsize
         return (f"its transformed weights ({pl.u_bytes} bytes) and one row of {pl.tiles_w} tiles ({row} bytes) "
-                f"exceed cuconv.config.workspace_limit={config.workspace_limit}")
+                f"exceed cuconv.config.workspace_limit={limits.workspace_limit}")
     return None
 
 

@@ -27,7 +27,6 @@ import numpy
 
 from .. import _loader, _plan
 from . import dgrad_forward, elementwise
-from .._config import config
 from ..spec import ConvSpec
 from .winograd import _round_up
 
@@ -95,10 +94,11 @@ class Plan:
         return 4 * _POINTS * self.c_pad * self.k_pad
 
 
-def plan(spec: ConvSpec, tile: Tile = None) -> Plan:
-    """The tile (the first of ``TILES`` whose shared memory the device gives a block, unless given) and grid."""
+def plan(spec: ConvSpec, tile: Tile = None, smem_limit: int = None) -> Plan:
+    """The tile (the first of ``TILES`` whose shared memory, at most ``smem_limit`` (default: the current
+    device's), a block gets, unless given) and grid."""
     if tile is None:
-        limit = _loader.smem_limit()
+        limit = _loader.smem_limit() if smem_limit is None else smem_limit
         tile = next((t for t in TILES if t.smem_bytes <= limit), TILES[-1])
     tiles_h, tiles_w = -(-spec.p // 2), -(-spec.q // 2)
     col_blocks = -(-tiles_w // tile.bt)
@@ -108,12 +108,13 @@ def plan(spec: ConvSpec, tile: Tile = None) -> Plan:
                 spec.n * tiles_h * col_blocks * k_blocks)
 
 
-def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee"):
-    """Why ``winograd_fused`` cannot run this case, or None."""
-    return dgrad_forward.reason_unsupported(spec, dtype, pass_, precision, _forward_reason)
+def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee",
+                       limits: "_plan.Limits" = None):
+    """Why ``winograd_fused`` cannot run this case under ``limits`` (default: the current device's), or None."""
+    return dgrad_forward.reason_unsupported(spec, dtype, pass_, precision, _forward_reason, limits)
 
 
-def _forward_reason(spec: ConvSpec, dtype, precision: str):
+def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"):
     dtype = numpy.dtype(dtype)
     if dtype != numpy.float32:
         return (f"it computes in float32 only, not {dtype} (a thread's 128 accumulators would take 256 registers "
@@ -122,15 +123,15 @@ def _forward_reason(spec: ConvSpec, dtype, precision: str):
         return "it needs a 3x3 kernel, stride 1 and dilation 1"
     if spec.groups != 1:
         return "it needs groups=1"
-    pl = plan(spec)
-    limit = _loader.smem_limit()
+    pl = plan(spec, smem_limit=limits.smem_limit)
+    limit = limits.smem_limit
     if pl.tile.smem_bytes > limit:
         return f"its tile needs {pl.tile.smem_bytes} bytes of shared memory; the device allows {limit}"
     if pl.blocks > _MAX_GRID_X:
         return f"its {pl.blocks} blocks exceed the CUDA grid limit ({_MAX_GRID_X})"
-    if pl.u_bytes > config.workspace_limit:
+    if pl.u_bytes > limits.workspace_limit:
         return (f"its transformed weights ({pl.u_bytes} bytes) exceed cuconv.config.workspace_limit="
-                f"{config.workspace_limit}")
+                f"{limits.workspace_limit}")
     return None
 
 
@@ -144,7 +145,7 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     b = _plan.Builder(pass_, env)
     if spec.n * spec.k * spec.p * spec.q == 0:
         return b.plan(STEM)
-    pl = plan(spec, tile)
+    pl = plan(spec, tile, env.smem_limit)
     i64 = numpy.int64
     u_count = _POINTS * pl.c_pad * pl.k_pad
     u = b.take(u_count * 4)

@@ -11,6 +11,7 @@ made and its kernels loaded.
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import os
 from typing import Optional
 
@@ -140,7 +141,9 @@ def warmup(model: torch.nn.Module, *inputs, backward: Optional[bool] = None, thr
         return key, layer
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-        made = [f.result() for f in [pool.submit(make, key, job) for key, job in jobs.items()]]
+        # each job in a copy of this context: a ``with cuconv.config(...)`` block around the call holds there too
+        made = [f.result() for f in [pool.submit(contextvars.copy_context().run, make, key, job)
+                                     for key, job in jobs.items()]]
     for key, layer in made:
         functional._remember(key, layer)
     return len(made)

@@ -51,9 +51,9 @@ def test_plan_takes_the_first_tile_the_shared_memory_allows(monkeypatch):
     spec = ConvSpec.from_args((1, 16, 20, 20), (64, 16, 3, 3))
     wide, narrow = winograd_fused.TILES[0], winograd_fused.TILES[1]
     assert narrow.smem_bytes < wide.smem_bytes
-    monkeypatch.setattr(winograd_fused._loader, "smem_limit", lambda: 227 << 10)
-    assert winograd_fused.plan(spec).tile == wide
-    monkeypatch.setattr(winograd_fused._loader, "smem_limit", lambda: 99 << 10)  # sm_86/sm_89
+    assert winograd_fused.plan(spec, smem_limit=227 << 10).tile == wide
+    assert winograd_fused.plan(spec, smem_limit=99 << 10).tile == narrow  # sm_86/sm_89
+    monkeypatch.setattr(winograd_fused._loader, "smem_limit", lambda: 99 << 10)  # the default: the device's
     assert winograd_fused.plan(spec).tile == narrow
 
 
