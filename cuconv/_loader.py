@@ -16,11 +16,12 @@ import tempfile
 import threading
 import warnings
 
+from . import _plan
+
 __all__ = ["KERNEL_DIR", "kernel_dir", "kernel_source", "compile_options", "load", "get_function",
            "KernelLaunchError", "PreparedLaunch", "prepare", "smem_limit", "SMEM_DEFAULT"]
 
 SMEM_DEFAULT = 48 << 10  # dynamic shared memory a block gets without opting in
-_SMEM_OPTIN_FALLBACK = 227 << 10  # H100/H200, used where no device can be asked (CPU-only planning)
 
 _HERE = pathlib.Path(__file__).resolve().parent
 
@@ -160,23 +161,13 @@ class KernelLaunchError(RuntimeError):
     """A cuconv kernel failed to launch; the message names the kernel."""
 
 
-_smem_limits = {}
 _smem_opted_in = {}  # id(function) -> (function, bytes opted into)
 
 
 def smem_limit() -> int:
-    """Dynamic shared memory a block may opt into on the current device; 227 KB (H100/H200) without one."""
-    from . import _backend
-
-    if not _backend.gpu_available():
-        return _SMEM_OPTIN_FALLBACK
-    runtime = _backend.cupy_or_none().cuda.runtime  # (every call asks: no import statement, one lookup)
-    dev = runtime.getDevice()
-    limit = _smem_limits.get(dev)
-    if limit is None:
-        limit = _smem_limits[dev] = runtime.deviceGetAttribute(runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                                               dev)
-    return limit
+    """Dynamic shared memory a block may opt into on the current device; 227 KB (H100/H200) without one
+    (``_plan.device_limits``, which keeps the devices' answers)."""
+    return _plan.device_limits()[0]
 
 
 def _opt_in(fn, nbytes: int) -> None:

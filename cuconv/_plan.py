@@ -29,7 +29,7 @@ import numpy
 
 from . import _backend, _cublas
 
-__all__ = ["OPERANDS", "NULL", "Env", "Limits", "env", "current_env", "current_limits", "is_aligned", "Plan", "Launch", "Gemm", "Layout", "Builder",
+__all__ = ["OPERANDS", "NULL", "Env", "Limits", "env", "current_env", "current_limits", "device_limits", "is_aligned", "Plan", "Launch", "Gemm", "Layout", "Builder",
            "run_arrays", "run_on_arrays", "ALIGNMENT"]
 
 OPERANDS = {"fprop": ("x", "w", "bias", "out"), "dgrad": ("dy", "w", "dx"), "wgrad": ("x", "dy", "dw")}
@@ -59,7 +59,8 @@ class Limits(NamedTuple):
     workspace_limit: int
 
 
-_traits = {}  # device -> (smem_limit, wgmma, sm_count, smem_per_sm)
+_traits = {}  # device -> (smem_limit, wgmma, sm_count, smem_per_sm): the one cache of what devices can do
+SMEM_OPTIN_WITHOUT_DEVICE = 227 << 10  # H100/H200: what planning assumes where no device can be asked
 _envs = {}    # (device, workspace_limit, aligned) -> Env
 _lock = threading.Lock()
 
@@ -90,18 +91,21 @@ def env(device: int, workspace_limit: int, aligned: bool = True) -> Env:
     return e
 
 
+def device_limits() -> tuple:
+    """(the shared memory a block may opt into, whether the sm_90a wgmma kernels run) on the current device;
+    without a GPU, (``SMEM_OPTIN_WITHOUT_DEVICE``, False)."""
+    if not _backend.gpu_available():
+        return SMEM_OPTIN_WITHOUT_DEVICE, False
+    smem, wgmma, _, _ = _device_traits(_backend.cupy_or_none().cuda.runtime.getDevice())
+    return smem, wgmma
+
+
 def current_limits(workspace_limit: int = None) -> Limits:
-    """The ``Limits`` of the current device (without a GPU: ``_loader``'s Hopper shared memory, no wgmma) and
-    ``workspace_limit`` (default ``cuconv.config.workspace_limit``)."""
+    """The ``Limits`` of the current device (``device_limits``) and ``workspace_limit`` (default
+    ``cuconv.config.workspace_limit``)."""
     from ._config import config
 
-    limit = config.workspace_limit if workspace_limit is None else workspace_limit
-    if not _backend.gpu_available():
-        from ._loader import smem_limit
-
-        return Limits(smem_limit(), False, limit)
-    smem, wgmma, _, _ = _device_traits(_backend.cupy_or_none().cuda.runtime.getDevice())
-    return Limits(smem, wgmma, limit)
+    return Limits(*device_limits(), config.workspace_limit if workspace_limit is None else workspace_limit)
 
 
 def is_aligned(*ptrs: int) -> bool:

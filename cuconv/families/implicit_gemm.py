@@ -174,23 +174,10 @@ NAME_EXPRESSIONS = tuple(
        for c in _TENSOR_CORE_TYPES])
 
 
-_wgmma_by_device = {}
-
-
 def wgmma_available() -> bool:
-    """Whether the current device runs the sm_90a wgmma kernels: compute capability 9.0 exactly (asked once
-    per device: plans are made several times per call)."""
-    from .. import _backend
-
-    if not _backend.gpu_available():
-        return False
-    import cupy
-
-    device = cupy.cuda.runtime.getDevice()
-    available = _wgmma_by_device.get(device)
-    if available is None:
-        available = _wgmma_by_device[device] = cupy.cuda.Device(device).compute_capability == "90"
-    return available
+    """Whether the current device runs the sm_90a wgmma kernels: compute capability 9.0 exactly
+    (``_plan.device_limits``, which keeps the devices' answers)."""
+    return _plan.device_limits()[1]
 
 
 def _padded_channels(spec: ConvSpec, itemsize: int) -> int:
