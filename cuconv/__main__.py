@@ -20,15 +20,15 @@ def main(argv=None) -> int:
         return _usage(0)
     command, rest = argv[0], argv[1:]
     if command == "bench":
-        from .bench import main as bench_main
+        from .tools.bench import main as bench_main
 
         return bench_main(rest)
     if command == "warmup":
-        from .bench_models import warmup_main
+        from .tools.bench_models import warmup_main
 
         return warmup_main(rest)
     if command == "info":
-        from .info import main as info_main
+        from .tools.info import main as info_main
 
         return info_main(rest)
     print(f"python -m cuconv: unknown command {command!r}", file=sys.stderr)

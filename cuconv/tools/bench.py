@@ -22,8 +22,9 @@ import time
 
 import numpy
 
-from . import _dtypes, autotune, bench_models, registry
-from .problems import PROBLEMS, SUITES
+from .. import _dtypes, autotune, registry
+from . import bench_models
+from ..problems import PROBLEMS, SUITES
 
 __all__ = ["main"]
 
@@ -66,7 +67,7 @@ def _parse(argv):
 # ----------------------------------------------------------------------------------------------------
 def _time_gpu(fn, reps, warmup):
     """Median milliseconds of ``fn()`` over ``reps`` runs, timed with CUDA events on CuPy's stream."""
-    from .autotune import time_cuda
+    from ..autotune import time_cuda
 
     return time_cuda(fn, reps, warmup)
 
@@ -76,7 +77,7 @@ def _time_loop(fn, call_ms, reps=5):
     a layer called in a loop, where the host enqueues the next call while the GPU runs this one. Equal to
     the single-call time for large problems; for small ones it drops the idle GPU time before the launch
     that a single timed call includes (whichever of host and GPU is slower sets it)."""
-    from .autotune import time_cuda
+    from ..autotune import time_cuda
 
     return time_cuda(fn, reps, 1, calls=max(3, min(50, int(20.0 / max(call_ms, 1e-3)))))
 
@@ -99,7 +100,7 @@ def measure_ceilings(reps=10):
     """Measured cuBLAS GEMM rates (TFLOP/s) per (dtype, precision) and copy bandwidth (TB/s, read+write)."""
     import cupy
 
-    from . import _cublas
+    from .. import _cublas
 
     rates = {}
     n = 8192
@@ -400,7 +401,7 @@ def _bench_cpu(args):
 
 
 def main(argv=None) -> int:
-    from . import _backend
+    from .. import _backend
 
     args, names, algos = _parse(argv)
     if args.models:

@@ -12,7 +12,7 @@ import numpy
 def lines():
     import cuconv
 
-    from . import _backend, _loader
+    from .. import _backend, _loader
 
     yield f"cuconv        {cuconv.__version__} ({os.path.dirname(cuconv.__file__)})"
     yield f"python        {platform.python_version()} ({sys.executable})"
@@ -44,7 +44,7 @@ def lines():
         yield f"torch         {torch.__version__}"
     except ImportError:
         yield "torch         not installed (only needed for cuconv.nn, tests and the benchmark)"
-    from ._config import config
+    from .._config import config
 
     yield f"config        precision={config.precision}, workspace_limit={config.workspace_limit}"
 

@@ -629,7 +629,7 @@ def print_tables(report: dict) -> None:
 
 
 def main(args) -> int:
-    from . import _backend
+    from .. import _backend
 
     if not _backend.gpu_available():
         print("No CUDA GPU visible (CuPy missing or no device): the model benchmark needs one.")
@@ -675,7 +675,7 @@ def warmup_main(argv) -> int:
         ap.error(f"unknown mode(s) {unknown}; choose from {MODES}")
     if args.batch < 1 or args.image < 1 or (args.threads is not None and args.threads < 1):
         ap.error("--batch, --image and --threads must be positive")
-    from . import _backend
+    from .. import _backend
 
     if not _backend.gpu_available():
         print("No CUDA GPU visible (CuPy missing or no device): nothing to compile for.")
