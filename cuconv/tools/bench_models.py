@@ -628,17 +628,26 @@ def print_tables(report: dict) -> None:
                   f"{c['grad_err']:.1e} / {c['torch_grad_err']:.1e}{f64}")
 
 
-def main(args) -> int:
+def _missing(command: str, without_gpu: str):
+    """The exit status where ``command`` cannot run here (no GPU: 0, after saying ``without_gpu``; no torchvision:
+    2), else None."""
     from .. import _backend
 
     if not _backend.gpu_available():
-        print("No CUDA GPU visible (CuPy missing or no device): the model benchmark needs one.")
+        print(f"No CUDA GPU visible (CuPy missing or no device): {without_gpu}.")
         return 0
     try:
         import torchvision  # noqa: F401
     except ImportError:
-        print("python -m cuconv bench --models needs torchvision: pip install 'cuconv[bench]'", file=sys.stderr)
+        print(f"python -m cuconv {command} needs torchvision: pip install 'cuconv[bench]'", file=sys.stderr)
         return 2
+    return None
+
+
+def main(args) -> int:
+    status = _missing("bench --models", "the model benchmark needs one")
+    if status is not None:
+        return status
     unknown = [m for m in args.modes.split(",") if m and m not in MODES]
     if unknown:
         print(f"python -m cuconv bench: unknown mode(s) {unknown}; choose from {MODES}", file=sys.stderr)
@@ -675,16 +684,9 @@ def warmup_main(argv) -> int:
         ap.error(f"unknown mode(s) {unknown}; choose from {MODES}")
     if args.batch < 1 or args.image < 1 or (args.threads is not None and args.threads < 1):
         ap.error("--batch, --image and --threads must be positive")
-    from .. import _backend
-
-    if not _backend.gpu_available():
-        print("No CUDA GPU visible (CuPy missing or no device): nothing to compile for.")
-        return 0
-    try:
-        import torchvision  # noqa: F401
-    except ImportError:
-        print("python -m cuconv warmup needs torchvision: pip install 'cuconv[bench]'", file=sys.stderr)
-        return 2
+    status = _missing("warmup", "nothing to compile for")
+    if status is not None:
+        return status
     import torch
 
     import cuconv.nn
