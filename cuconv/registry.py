@@ -89,12 +89,13 @@ def _check_pass(pass_: str) -> None:
         raise ValueError(f"cuconv: unknown pass {pass_!r}; expected one of {PASSES}")
 
 
-def reason_unsupported(name: str, spec: ConvSpec, dtype, pass_: str = "fprop",
-                       precision: str = "ieee") -> Optional[str]:
+def reason_unsupported(name: str, spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee",
+                       workspace_limit: int = None) -> Optional[str]:
     """Why algorithm ``name`` cannot run this case (float32 at ``precision``) on the current device under
-    ``cuconv.config.workspace_limit``, or None when it can (memoized with those limits: a layer called again
-    costs a lookup)."""
-    return _reason_unsupported(name, spec, numpy.dtype(dtype), pass_, precision, *_plan.current_limits())
+    ``workspace_limit`` (default ``cuconv.config.workspace_limit``), or None when it can (memoized with those
+    limits: a layer called again costs a lookup)."""
+    return _reason_unsupported(name, spec, numpy.dtype(dtype), pass_, precision,
+                               *_plan.current_limits(workspace_limit))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -108,11 +109,12 @@ def _reason_unsupported(name, spec, dtype, pass_, precision, smem_limit, wgmma, 
 
 
 def select_algorithm(spec: ConvSpec, dtype, precision: str = "ieee", on_gpu: bool = True,
-                     pass_: str = "fprop") -> str:
+                     pass_: str = "fprop", workspace_limit: int = None) -> str:
     """The algorithm ``algo="auto"`` runs for this problem and pass: a pure function of its arguments and of
-    the current device's limits and ``cuconv.config.workspace_limit`` (``_plan.current_limits``; memoized
-    with them)."""
-    return _select_algorithm(spec, numpy.dtype(dtype), precision, on_gpu, pass_, *_plan.current_limits())
+    the current device's limits and ``workspace_limit`` (default ``cuconv.config.workspace_limit``;
+    ``_plan.current_limits``; memoized with them)."""
+    return _select_algorithm(spec, numpy.dtype(dtype), precision, on_gpu, pass_,
+                             *_plan.current_limits(workspace_limit))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -194,17 +196,19 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
     yield from _REGISTRY  # anything else that serves the case
 
 
-def resolve(algo: str, spec: ConvSpec, dtype, precision: str, on_gpu: bool, pass_: str = "fprop") -> str:
-    """Validate a user's ``algo=`` and turn ``"auto"`` into a concrete name for ``pass_``."""
+def resolve(algo: str, spec: ConvSpec, dtype, precision: str, on_gpu: bool, pass_: str = "fprop",
+            workspace_limit: int = None) -> str:
+    """Validate a user's ``algo=`` and turn ``"auto"`` into a concrete name for ``pass_`` under
+    ``workspace_limit`` (default ``cuconv.config.workspace_limit``)."""
     if not isinstance(algo, str):
         raise TypeError(f"conv2d(): argument 'algo' must be str, not {type(algo).__name__}")
     if algo == "auto":
-        return select_algorithm(spec, dtype, precision, on_gpu, pass_)
+        return select_algorithm(spec, dtype, precision, on_gpu, pass_, workspace_limit)
     if algo not in _REGISTRY:
         raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {tuple(_REGISTRY)}")
     if not on_gpu:
         return algo  # the CPU path serves every algorithm name
-    reason = reason_unsupported(algo, spec, dtype, pass_, precision)
+    reason = reason_unsupported(algo, spec, dtype, pass_, precision, workspace_limit)
     if reason is not None:
         raise NotImplementedError(f"cuconv: algo {algo!r} cannot run this {pass_}: {reason}")
     return algo

@@ -202,3 +202,17 @@ def test_selection_reads_no_device_state_beyond_its_arguments(monkeypatch):
     finally:
         registry._select_algorithm.cache_clear()
         registry._reason_unsupported.cache_clear()
+
+
+def test_resolve_takes_the_workspace_limit_it_is_given():
+    """A layer's backward passes resolve in autograd's thread, outside the caller's ``cuconv.config`` block: the
+    limit passed in decides as the block would have."""
+    spec, f16 = _P["square_3x3_1024"], numpy.dtype(numpy.float16)
+    with cuconv.config(workspace_limit=1 << 20):
+        in_block = registry.resolve("auto", spec, f16, "ieee", True, "fprop")
+        with pytest.raises(NotImplementedError, match="workspace_limit"):
+            registry.resolve("implicit_gemm", spec, f16, "ieee", True, "fprop")
+    assert registry.resolve("auto", spec, f16, "ieee", True, "fprop", 1 << 20) == in_block != "implicit_gemm"
+    assert registry.resolve("auto", spec, f16, "ieee", True, "fprop") == "implicit_gemm"
+    with pytest.raises(NotImplementedError, match="workspace_limit"):
+        registry.resolve("implicit_gemm", spec, f16, "ieee", True, "fprop", 1 << 20)

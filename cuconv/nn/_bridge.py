@@ -123,14 +123,14 @@ class Layer:
         self.out_shape = spec.output_shape[1:] if len(x_shape) == 3 else spec.output_shape
         self.benchmark = benchmark
         # the workspace limit of the call that made the layer (part of its signature): its backward passes, which
-        # autograd may run in another thread (outside a ``with cuconv.config`` block), plan with the same
+        # autograd may run in another thread (outside a ``with cuconv.config`` block), choose and plan with it
         self.workspace_limit = config.workspace_limit if workspace_limit is None else workspace_limit
         self._plans = {}
         self._bias_grad = None
         self._lock = threading.Lock()
         self.fprop = None
         if self.index >= 0:  # the forward's algorithm is resolved now: a forced one that cannot serve raises here
-            name = _registry.resolve(algo, spec, self.np_dtype, precision, True, "fprop")
+            name = _registry.resolve(algo, spec, self.np_dtype, precision, True, "fprop", self.workspace_limit)
             self.fprop = self._prepare("fprop", name, True)
 
     # ---- CUDA ------------------------------------------------------------------------------------------------
@@ -151,7 +151,8 @@ class Layer:
                 plan = self._plans.get(key)
                 if plan is None:
                     algo = self.algo if pass_ == "fprop" else backward_algo(self.algo, pass_)
-                    name = _registry.resolve(algo, self.spec, self.np_dtype, self.precision, True, pass_)
+                    name = _registry.resolve(algo, self.spec, self.np_dtype, self.precision, True, pass_,
+                                             self.workspace_limit)
                     if algo == "auto" and self.benchmark:
                         name = self._tuned(pass_, name, ptrs, aligned)
                     plan = self._plans[key] = self._prepare(pass_, name, aligned)
