@@ -1,4 +1,5 @@
-"""plan_chunks / ChunkPlan: the column buffers stay under workspace_limit and the chunks tile the problem."""
+"""im2col_gemm's chunk planning (plan_chunks / ChunkPlan): the column buffers stay under workspace_limit and
+the chunks tile the problem; wgrad's partial sums stay within their budget."""
 
 import numpy
 import pytest
