@@ -12,8 +12,8 @@ heuristic picks for that shape, those alignments and that workspace) and kept fo
 kernels as ``cublasGemmStridedBatchedEx``, which asks the heuristic again on every call. That is host time
 a small layer pays before its GPU work starts (about half a 1x1 layer's call; docs/perf-notes.md). A call seen
 before (same shapes, strides, pointer alignments, device, stream and thread) goes straight to
-``cublasLtMatmul`` with its arguments kept from the first time, without building the plan's key again. Where cuBLASLt offers no algorithm, the plan says so and ``gemm`` calls
-``cublasGemmStridedBatchedEx``.
+``cublasLtMatmul`` with its arguments kept from the first time, without building the plan's key again. Where
+cuBLASLt offers no algorithm, the plan says so and ``gemm`` calls ``cublasGemmStridedBatchedEx``.
 
 Workspace: cuBLAS gets a 32 MiB workspace per (device, stream), allocated with cudaMalloc the first time a
 stream is used outside a capture and kept for the process (as torch does). Inside a capture on a stream

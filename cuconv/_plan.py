@@ -29,8 +29,8 @@ import numpy
 
 from . import _backend, _cublas
 
-__all__ = ["OPERANDS", "NULL", "Env", "Limits", "env", "current_env", "current_limits", "device_limits", "is_aligned", "Plan", "Launch", "Gemm", "Layout", "Builder",
-           "run_arrays", "run_on_arrays", "ALIGNMENT"]
+__all__ = ["OPERANDS", "NULL", "Env", "Limits", "env", "current_env", "current_limits", "device_limits", "is_aligned",
+           "Plan", "Launch", "Gemm", "Layout", "Builder", "run_arrays", "run_on_arrays", "ALIGNMENT"]
 
 OPERANDS = {"fprop": ("x", "w", "bias", "out"), "dgrad": ("dy", "w", "dx"), "wgrad": ("x", "dy", "dw")}
 NULL = (-1, 0)  # a reference to the null pointer that ends every run's operands

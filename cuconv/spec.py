@@ -70,8 +70,7 @@ def pair(value, name: str) -> Tuple[int, int]:
             return (_int64(value[0]), _int64(value[0]))
         if len(value) == 2:
             return (_int64(value[0]), _int64(value[1]))
-        raise ConvValueError(
-                             f"expected {name} to be a single integer value or a list of 2 values to match the "
+        raise ConvValueError(f"expected {name} to be a single integer value or a list of 2 values to match the "
                              f"convolution dimensions, but got {name}={list(value)}")
     raise TypeError(f"conv2d(): argument '{name}' must be an int or a tuple of 2 ints, "
                     f"not {type(value).__name__}")

@@ -29,7 +29,8 @@ _GPU_MISUSES = [m for m in MISUSES if m.id not in ("out_wrong_shape", "out_wrong
     pytest.param(_conv(stride=(1, True)), TypeError, r"argument 'stride' must be an int or a tuple of 2 ints",
                  id="stride_tuple_with_bool"),
     pytest.param(_conv(padding=False), TypeError, r"argument 'padding' must be", id="padding_bool"),
-    pytest.param(_conv(groups=numpy.float64(1.0)), TypeError, r"argument 'groups' must be int", id="groups_numpy_float"),
+    pytest.param(_conv(groups=numpy.float64(1.0)), TypeError, r"argument 'groups' must be int",
+                 id="groups_numpy_float"),
 ]
 
 

@@ -39,8 +39,8 @@ from .. import _dtypes, _loader, _plan
 from . import dgrad_forward
 from ..spec import ConvSpec
 
-__all__ = ["prepare", "forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "Tile", "TILES", "NAME_EXPRESSIONS",
-           "STEM"]
+__all__ = ["prepare", "forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "Tile", "TILES",
+           "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "direct_smem"
 _THREADS = 256  # kThreads in direct_smem.cu

@@ -30,8 +30,8 @@ from . import dgrad_forward, elementwise
 from ..spec import ConvSpec
 from .winograd import _round_up
 
-__all__ = ["prepare", "forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "Tile", "TILES", "NAME_EXPRESSIONS",
-           "STEM", "EXACT_ON_INTEGERS"]
+__all__ = ["prepare", "forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "Tile", "TILES",
+           "NAME_EXPRESSIONS", "STEM", "EXACT_ON_INTEGERS"]
 
 STEM = "winograd_fused"
 EXACT_ON_INTEGERS = True  # transforms of 0, ±1 and ±1/2: integer inputs give multiples of 1/4, held exactly

@@ -357,9 +357,9 @@ def _print_table(meta, rows):
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['problem']:<20} {r['pass_']:<6} {r['algo']:<12} {r['ms']:>9.3f} {r['tflops']:>8.1f} {r['pct_floor']:>6.0f}% "
-              f"{r['cudnn_ms']:>9.3f} {r['ratio']:>5.2f}x {r['loop_ms']:>9.3f} {r['loop_ratio']:>5.2f}x "
-              f"{r['rel_err']:>8.1e} {r['torch_rel_err']:>9.1e} "
+        print(f"{r['problem']:<20} {r['pass_']:<6} {r['algo']:<12} {r['ms']:>9.3f} {r['tflops']:>8.1f} "
+              f"{r['pct_floor']:>6.0f}% {r['cudnn_ms']:>9.3f} {r['ratio']:>5.2f}x {r['loop_ms']:>9.3f} "
+              f"{r['loop_ratio']:>5.2f}x {r['rel_err']:>8.1e} {r['torch_rel_err']:>9.1e} "
               f"{r['host_us']:>8.0f} {r['workspace_mib']:>7.0f}")
     _print_auto_vs_best(rows)
     print("ratio: cuDNN time / cuconv time of one timed call; loop: the same for calls back to back "

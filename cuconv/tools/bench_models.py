@@ -590,7 +590,8 @@ def print_tables(report: dict) -> None:
     meta = report["meta"]
     print(f"\n{meta['device']}, {meta['date']}, torch {meta['torch']}, cuDNN {meta['cudnn']} "
           f"(cudnn.benchmark=True), cuconv {meta['cuconv']}; memory format {meta['memory_format']} on both sides; "
-          f"batch {meta['batch']} (layers, training), {meta['infer_batch']} (inference), {meta['image']}x{meta['image']}")
+          f"batch {meta['batch']} (layers, training), {meta['infer_batch']} (inference), "
+          f"{meta['image']}x{meta['image']}")
     print("ratio = torch time / cuconv time (above 1: cuconv faster); both sides at the same precision")
     head = (f"{'model':<20} {'mode':<5} {'infer':>6} {'train':>6} {'fwd eager':>8} {'fwd GPU':>8} {'f+b eager':>9} "
             f"{'f+b GPU':>9} {'host fwd us':>12} {'host f+b us':>12}")
@@ -622,8 +623,8 @@ def print_tables(report: dict) -> None:
     if checks:
         print("\ncorrectness against torch float32 without TF32 (cuconv's error / torch's own at the same precision)")
         for name, mode, c in checks:
-            f64 = (f"; float64 gradients {c['float64_grad_err']:.1e} (worst parameter {c['float64_worst_param_err']:.1e})"
-                   if "float64_grad_err" in c else "")
+            f64 = (f"; float64 gradients {c['float64_grad_err']:.1e} (worst parameter "
+                   f"{c['float64_worst_param_err']:.1e})" if "float64_grad_err" in c else "")
             print(f"  {name:<20} {mode:<5} output {c['out_err']:.1e} / {c['torch_out_err']:.1e}, gradients "
                   f"{c['grad_err']:.1e} / {c['torch_grad_err']:.1e}{f64}")
 
