@@ -2,7 +2,8 @@
 
 ``load(stem, name_expressions)`` reads ``kernels_cu/<stem>.cu``, prepends ``#line 1 "<path>"`` so compiler
 errors name the real file and line, compiles it with ``cupy.RawModule`` (CuPy's on-disk cache applies),
-and memoizes the module per device. ``compile_options()`` is also what the CPU-only compile check in the
+and memoizes the module per device. ``get_function`` compiles each kernel alone, on first use: a process
+builds only the instances it runs, and threads warming up different layers compile at once. ``compile_options()`` is also what the CPU-only compile check in the
 test suite passes to NVRTC, so CI builds exactly what the GPU will.
 """
 
@@ -101,13 +102,19 @@ def load(stem: str, name_expressions: tuple):
 
 
 def get_function(stem: str, name_expressions: tuple, name: str):
-    """A kernel of ``kernels_cu/<stem>.cu`` for the current device; ``name`` is one of the expressions."""
+    """A kernel of ``kernels_cu/<stem>.cu`` for the current device; ``name`` is one of the family's
+    ``name_expressions`` (all of which CI compiles) and is compiled alone, in a module of its own.
+
+    Why alone: a family's instances compiled as one module cost the first call all of them (the 33 of
+    ``implicit_gemm`` take seconds of NVRTC), and one module cannot be built by several threads at once."""
     import cupy
 
     key = (stem, name, cupy.cuda.runtime.getDevice())
     fn = _functions.get(key)
     if fn is None:
-        module = load(stem, name_expressions)
+        if name not in name_expressions:
+            raise ValueError(f"cuconv: {name} is not an instance of kernels_cu/{stem}.cu")
+        module = load(stem, (name,))
         fn = _with_writable_cache(lambda: module.get_function(name))  # (compiled in load: a lookup)
         _functions[key] = fn
     return fn

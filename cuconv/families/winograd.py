@@ -68,8 +68,8 @@ def _names(ctype: str, r: int, s: int) -> tuple:
     return tuple(f"{kernel}<{ctype},{mh},{r},{mw},{s}>" for kernel in _KERNELS)
 
 
-# Every instance this module launches: (R, S) in 1..7 (but 1x1), float and double. Each kernel size is
-# compiled on first use, alone (``_loader.load`` keyed by its own names), so a process builds only the
+# Every instance this module launches: (R, S) in 1..7 (but 1x1), float and double. Each kernel is
+# compiled on first use, alone (``_loader.get_function``), so a process builds only the
 # sizes it runs; CI compiles them all.
 _SIZES = tuple((r, s) for r in TILE_BY_TAPS for s in TILE_BY_TAPS if r * s > 1)
 NAME_EXPRESSIONS = tuple(n for t in _CTYPES for r, s in _SIZES for n in _names(t, r, s))
