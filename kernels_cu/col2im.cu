@@ -28,26 +28,31 @@ col2im(const Tcol* __restrict__ col, T* __restrict__ dx, i64 total,
        i64 C, i64 H, i64 W, i64 R, i64 S, i64 Q, i64 p0, i64 rows, i64 ld, i64 h0, i64 h_rows,
        i64 stride_h, i64 stride_w, i64 pad_top, i64 pad_left, i64 dil_h, i64 dil_w, int accumulate) {
     typedef typename cuconv::Acc<T>::type Acc;
+    // the geometry in Index: with int (the Python twin's choice where every value and the element count are
+    // below 2^30) the per-tap divisions are 32-bit; in i64 each is a software routine
     const Index Wx = static_cast<Index>(W), rows_x = static_cast<Index>(h_rows), Cx = static_cast<Index>(C);
+    const Index Rx = static_cast<Index>(R), Sx = static_cast<Index>(S), Qx = static_cast<Index>(Q);
+    const Index sh = static_cast<Index>(stride_h), sw = static_cast<Index>(stride_w);
+    const Index pt = static_cast<Index>(pad_top), pl = static_cast<Index>(pad_left);
+    const Index dh = static_cast<Index>(dil_h), dw = static_cast<Index>(dil_w);
+    const Index p0x = static_cast<Index>(p0), rows_c = static_cast<Index>(rows), h0x = static_cast<Index>(h0);
     for (Index idx = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; idx < static_cast<Index>(total);
          idx += static_cast<Index>(gridDim.x) * blockDim.x) {
-        const int w = static_cast<int>(idx % Wx);
-        const int h = static_cast<int>(h0 + (idx / Wx) % rows_x);
+        const Index w = idx % Wx;
+        const Index h = h0x + (idx / Wx) % rows_x;
         const i64 nc = idx / (Wx * rows_x);  // n * C + c
-        const int c = static_cast<int>(nc % Cx);
-        const i64 n = nc / Cx;
-        const Tcol* __restrict__ col_c = col + ((n * C + c) * R * S) * ld;
+        const Tcol* __restrict__ col_c = col + nc * R * S * ld;
         Acc sum = 0;
-        for (int r = 0; r < R; ++r) {
-            const int hp = h + static_cast<int>(pad_top - r * dil_h);  // = p * stride_h
-            if (hp < 0 || (!kUnitStride && hp % stride_h != 0)) continue;
-            const int p = (kUnitStride ? hp : hp / static_cast<int>(stride_h)) - static_cast<int>(p0);
-            if (p < 0 || p >= rows) continue;
-            for (int s = 0; s < S; ++s) {
-                const int wq = w + static_cast<int>(pad_left - s * dil_w);  // = q * stride_w
-                if (wq < 0 || (!kUnitStride && wq % stride_w != 0)) continue;
-                const int q = kUnitStride ? wq : wq / static_cast<int>(stride_w);
-                if (q >= Q) continue;
+        for (Index r = 0; r < Rx; ++r) {
+            const Index hp = h + pt - r * dh;  // = p * stride_h
+            if (hp < 0 || (!kUnitStride && hp % sh != 0)) continue;
+            const Index p = (kUnitStride ? hp : hp / sh) - p0x;
+            if (p < 0 || p >= rows_c) continue;
+            for (Index s = 0; s < Sx; ++s) {
+                const Index wq = w + pl - s * dw;  // = q * stride_w
+                if (wq < 0 || (!kUnitStride && wq % sw != 0)) continue;
+                const Index q = kUnitStride ? wq : wq / sw;
+                if (q >= Qx) continue;
                 sum += static_cast<Acc>(cuconv::to_acc(col_c[(static_cast<i64>(r) * S + s) * ld +
                                                              static_cast<i64>(p) * Q + q]));
             }

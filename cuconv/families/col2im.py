@@ -50,7 +50,10 @@ def col2im_launch(spec: ConvSpec, dtype, col_dtype, nb: int, p0: int, rows: int,
     if _dtypes.ctype_of(col_dtype) != _col_ctype(t):
         raise ValueError(f"cuconv: col2im sums {_col_ctype(t)} columns into {t}, not {_dtypes.ctype_of(col_dtype)}")
     unit = "true" if spec.stride == (1, 1) else "false"
-    index = "int" if total < 2**30 else "long long"  # 32-bit decode where idx + grid stride < 2^31
+    # 32-bit decode and taps where idx + grid stride and every coordinate (h + pad - r·dil) stay below 2^31
+    extents = (spec.c, spec.q, *spec.stride, spec.h + spec.pad[0] + spec.r * spec.dilation[0],
+               spec.w + spec.pad[2] + spec.s * spec.dilation[1])
+    index = "int" if total < 2**30 and max(extents) < 2**30 else "long long"
     name = f"col2im<{_col_ctype(t)},{t},{unit},{index}>"
     grid = (min(_MAX_BLOCKS, -(-total // _THREADS)), 1, 1)
     i64 = numpy.int64
