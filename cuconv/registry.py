@@ -22,8 +22,8 @@ import numpy
 
 from .spec import ConvSpec
 from . import _plan
-from .families import (bias as _bias, depthwise, direct, direct_smem, elementwise, im2col_gemm, implicit_gemm,
-                       winograd, winograd_fused)
+from .families import (bias as _bias, depthwise, dgrad_forward, direct, direct_smem, elementwise, im2col_gemm,
+                       implicit_gemm, winograd, winograd_fused)
 
 __all__ = ["PASSES", "algorithms", "select_algorithm", "resolve", "get", "prepare", "cpu", "reason_unsupported"]
 
@@ -36,7 +36,7 @@ _REGISTRY = {
     "depthwise": (depthwise, PASSES),
     "direct": (direct, ("fprop",)),
     "direct_smem": (direct_smem, ("fprop", "dgrad")),
-    "implicit_gemm": (implicit_gemm, ("fprop", "dgrad")),
+    "implicit_gemm": (implicit_gemm, PASSES),
     "winograd": (winograd, ("fprop", "dgrad")),
     "winograd_fused": (winograd_fused, ("fprop", "dgrad")),
 }
@@ -147,6 +147,19 @@ def _pointwise_gemm_min_pixels(dtype) -> int:
     return _POINTWISE_GEMM_MIN_PIXELS_HALF if numpy.dtype(dtype).itemsize == 2 else _POINTWISE_GEMM_MIN_PIXELS_TF32
 
 
+# 1x1 stride-1 wgrads: where the planes are large, im2col_gemm's GEMMs read x and dy as they are, while
+# implicit_gemm packs both first; from these planes on the GEMMs are faster (the reverse of the forward's order:
+# the half types pack half the bytes).
+_POINTWISE_WGRAD_GEMM_MIN_PIXELS_HALF = 28 * 28
+_POINTWISE_WGRAD_GEMM_MIN_PIXELS_TF32 = 14 * 14
+
+
+def _pointwise_wgrad_gemm_min_pixels(dtype) -> int:
+    if numpy.dtype(dtype).itemsize == 2:
+        return _POINTWISE_WGRAD_GEMM_MIN_PIXELS_HALF
+    return _POINTWISE_WGRAD_GEMM_MIN_PIXELS_TF32
+
+
 # implicit_gemm's narrowest tile holds 64 filters: with fewer than 32 in the pass most of it idles.
 _IMPLICIT_GEMM_MIN_FILTERS = 32
 
@@ -167,8 +180,11 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
       race;
     - tensor-core arithmetic (float32 "tf32", float16, bfloat16), forward and stride-1 dgrad with at least
       32 filters in the pass, except 1x1 stride-1 unpadded layers (a plain GEMM for im2col_gemm) unless the
-      pass is a forward on a device that runs wgmma on small planes (``_POINTWISE_GEMM_MIN_PIXELS_*``), where
-      implicit_gemm's NchwTile reads them as they are: ``implicit_gemm``, which never writes the column matrix;
+      device runs wgmma and the planes are small (``_POINTWISE_GEMM_MIN_PIXELS_*``), where implicit_gemm's
+      NchwTile reads them as they are: ``implicit_gemm``, which never writes the column matrix;
+    - tensor-core arithmetic, wgrad of one group, except 1x1 stride-1 unpadded layers on large planes
+      (``_POINTWISE_WGRAD_GEMM_MIN_PIXELS_*``): ``implicit_gemm`` (the forward kernels on x and dy with samples
+      and channels swapped, split over the reduction: no column matrix, no per-sample partial sums);
     - otherwise ``im2col_gemm``.
     """
     depthwise = spec.groups == spec.c and spec.groups > 1 and spec.c_per_group == 1
@@ -181,9 +197,14 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
     large = pixels >= (1 << 19)
     filters = {"fprop": spec.k_per_group, "dgrad": spec.c_per_group}.get(pass_)
     channels = {"fprop": spec.c_per_group, "dgrad": spec.k_per_group}.get(pass_)
-    pointwise = spec.is_pointwise_identity and not (wgmma and pass_ == "fprop" and implicit_gemm.nchw_fits(spec, dtype)
+    forward = spec if pass_ != "dgrad" else dgrad_forward.forward_spec(spec)  # (pointwise: never None)
+    pointwise = spec.is_pointwise_identity and not (wgmma and pass_ in ("fprop", "dgrad")
+                                                    and implicit_gemm.nchw_fits(forward, dtype)
                                                     and spec.p * spec.q < _pointwise_gemm_min_pixels(dtype))
     if not ffma and filters is not None and filters >= _IMPLICIT_GEMM_MIN_FILTERS and not pointwise:
+        yield "implicit_gemm"
+    if (not ffma and pass_ == "wgrad" and spec.groups == 1
+            and not (spec.is_pointwise_identity and spec.p * spec.q >= _pointwise_wgrad_gemm_min_pixels(dtype))):
         yield "implicit_gemm"
     if (filters is not None and ffma and dtype == numpy.float32 and filters >= _WINOGRAD_FUSED_MIN_FILTERS
             and 16 <= channels <= _WINOGRAD_FUSED_MAX_CHANNELS):

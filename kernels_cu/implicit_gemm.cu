@@ -96,27 +96,32 @@ using namespace cuconv;
 // Both pack kernels take their sizes as one struct (host time per launch argument, see CUCONV_IGEMM_PARAMS):
 // channels c and padded cp, pixels per sample hw, units (pack_nhwc: hw tiles; pack_nhwc_narrow: 16-byte
 // output vectors, of which in_blocks blocks take care), and the weight's k_valid filters, rs taps, row length
-// and total elements (0: none). The Python twin builds the same layout (PACK_SHAPE_DTYPE).
+// and total elements (0: none); then the input's strides in elements: between samples and between channels
+// (an NCHW input: c·hw and hw; wgrad packs x and dy with samples and channels swapped, ``transposed_spec``)
+// and between packed samples (hw·cp, or a packed weight row where wgrad packs dy as its weight). The Python
+// twin builds the same layout (PACK_SHAPE_DTYPE).
 struct PackShape {
     int c, cp, hw, units, in_blocks, k_valid, rs;
-    long long w_row, w_total;
+    long long w_row, w_total, src_sample, src_channel, dst_sample;
 };
-static_assert(sizeof(PackShape) == 48 && alignof(PackShape) == 8,  // 7 ints, 4 bytes of padding, 2 long longs
+static_assert(sizeof(PackShape) == 72 && alignof(PackShape) == 8,  // 7 ints, 4 bytes of padding, 5 long longs
               "PACK_SHAPE_DTYPE in cuconv/families/implicit_gemm.py has this layout");
 
+// Block `block` of `blocks` packs rows block, block + blocks, ... of the weight, its 256 threads along a row
+// (one 32-bit division per element: a row is below 2^31 elements, as the GEMM's k offsets).
 template <typename T, bool kTf32>
 __device__ __forceinline__ void pack_weight_part(const T* __restrict__ src, T* __restrict__ dst, const PackShape& ps,
-                                                 long long first, long long step) {
-    const long long row = ps.w_row;
-    for (long long i = first; i < ps.w_total; i += step) {
-        const long long kk = i / row;
-        const long long j = i - kk * row;
-        const long long tap = j / ps.cp;
-        const int ch = static_cast<int>(j - tap * ps.cp);
-        T v = zero<T>();
-        if (kk < ps.k_valid && ch < ps.c && tap < ps.rs)
-            v = igemm::prepare<T, kTf32>(src[(kk * ps.c + ch) * ps.rs + tap]);
-        dst[i] = v;
+                                                 int block, int blocks, int thread) {
+    const int row = static_cast<int>(ps.w_row);
+    const long long rows = ps.w_total / ps.w_row;
+    for (long long kk = block; kk < rows; kk += blocks) {
+        const T* s = src + kk * ps.c * ps.rs;
+        T* d = dst + kk * ps.w_row;
+        const bool k_ok = kk < ps.k_valid;
+        for (int j = thread; j < row; j += 256) {
+            const int tap = j / ps.cp, ch = j - tap * ps.cp;
+            d[j] = k_ok && ch < ps.c && tap < ps.rs ? igemm::prepare<T, kTf32>(s[ch * ps.rs + tap]) : zero<T>();
+        }
     }
 }
 
@@ -132,15 +137,14 @@ pack_nhwc(const T* __restrict__ src, T* __restrict__ dst, const T* __restrict__ 
     constexpr int kHalves = 2;  // 32-pixel halves of a tile
     const int c = ps.c, cp = ps.cp, hw = ps.hw, hw_tiles = ps.units;
     if (ps.w_total > 0 && blockIdx.z == gridDim.z - 1) {
-        const int block = blockIdx.y * gridDim.x + blockIdx.x;
-        pack_weight_part<T, kTf32>(w_src, w_dst, ps, block * 256LL + threadIdx.y * 32 + threadIdx.x,
-                                   gridDim.x * gridDim.y * 256LL);
+        pack_weight_part<T, kTf32>(w_src, w_dst, ps, blockIdx.y * gridDim.x + blockIdx.x, gridDim.x * gridDim.y,
+                                   threadIdx.y * 32 + threadIdx.x);
         return;
     }
     __shared__ T tile[kHalves][32][33];
     const int c0 = blockIdx.y * 32;
-    const T* s_n = src + static_cast<long long>(blockIdx.z) * c * hw;   // in-sample offsets are int:
-    T* d_n = dst + static_cast<long long>(blockIdx.z) * hw * cp;        // h·w·cp < 2^31 (Python twin)
+    const T* s_n = src + blockIdx.z * ps.src_sample;
+    T* d_n = dst + blockIdx.z * ps.dst_sample;  // in-sample offsets are int: h·w·cp < 2^31 (Python twin)
     for (int t = blockIdx.x; t < hw_tiles; t += gridDim.x) {
         const int hw0 = t * 32 * kHalves;
 #pragma unroll
@@ -149,7 +153,7 @@ pack_nhwc(const T* __restrict__ src, T* __restrict__ dst, const T* __restrict__ 
             for (int i = threadIdx.y; i < 32; i += 8) {
                 const int ch = c0 + i, pos = hw0 + half * 32 + threadIdx.x;
                 tile[half][i][threadIdx.x] =
-                    (ch < c && pos < hw) ? igemm::prepare<T, kTf32>(s_n[ch * hw + pos]) : zero<T>();
+                    (ch < c && pos < hw) ? igemm::prepare<T, kTf32>(s_n[ch * ps.src_channel + pos]) : zero<T>();
             }
         __syncthreads();
 #pragma unroll
@@ -174,8 +178,7 @@ pack_nhwc_narrow(const T* __restrict__ src, T* __restrict__ dst, const T* __rest
                  const PackShape ps) {
     const int c = ps.c, cp = ps.cp, hw = ps.hw, total_vecs = ps.units, in_blocks = ps.in_blocks;
     if (static_cast<int>(blockIdx.x) >= in_blocks) {
-        pack_weight_part<T, kTf32>(w_src, w_dst, ps, (blockIdx.x - in_blocks) * 256LL + threadIdx.x,
-                                   (gridDim.x - in_blocks) * 256LL);
+        pack_weight_part<T, kTf32>(w_src, w_dst, ps, blockIdx.x - in_blocks, gridDim.x - in_blocks, threadIdx.x);
         return;
     }
     constexpr int V = 16 / sizeof(T);
@@ -183,12 +186,33 @@ pack_nhwc_narrow(const T* __restrict__ src, T* __restrict__ dst, const T* __rest
     for (int i = blockIdx.x * 256 + threadIdx.x; i < total_vecs; i += in_blocks * 256) {
         const int pix = i / nvec;  // sample · hw + position
         const int ch0 = (i - pix * nvec) * V;
-        const int img = pix / hw;
-        const T* s = src + (img * c + ch0) * hw + (pix - img * hw);
+        const int img = pix / hw, pos = pix - img * hw;
+        const T* s = src + img * ps.src_sample + ch0 * ps.src_channel + pos;
         Vec16<T> v;
 #pragma unroll
-        for (int e = 0; e < V; ++e) v.v[e] = ch0 + e < c ? igemm::prepare<T, kTf32>(s[e * hw]) : zero<T>();
-        reinterpret_cast<Vec16<T>*>(dst)[i] = v;
+        for (int e = 0; e < V; ++e) v.v[e] = ch0 + e < c ? igemm::prepare<T, kTf32>(s[e * ps.src_channel]) : zero<T>();
+        *reinterpret_cast<Vec16<T>*>(dst + img * ps.dst_sample + pos * cp + ch0) = v;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Split-K's last launch: y = Σ_z partials[z] + bias, the fp32 partial sums of the GEMM's k ranges (z = 0, 1,
+// ... in order: deterministic) with the filter's bias, rounded once. The partials have y's layout, n elements
+// apart; an element's filter is (i / pq) % k (NCHW; wgrad has no bias).
+struct SplitSum {
+    long long n;
+    int splits, pq, k, unused;
+};
+static_assert(sizeof(SplitSum) == 24 && alignof(SplitSum) == 8, "SPLIT_SUM_DTYPE in cuconv/families/implicit_gemm.py");
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+sum_splits(const float* __restrict__ partials, const T* __restrict__ bias, T* __restrict__ y, const SplitSum ss) {
+    for (long long i = blockIdx.x * 256LL + threadIdx.x; i < ss.n; i += gridDim.x * 256LL) {
+        float v = bias != nullptr ? to_acc(bias[(i / ss.pq) % ss.k]) : 0.f;
+        float sum = 0.f;
+        for (int z = 0; z < ss.splits; ++z) sum += partials[z * ss.n + i];
+        y[i] = from_acc<T>(sum + v);
     }
 }
 
@@ -200,12 +224,17 @@ namespace igemm {
 
 // Packed input (n, h, w, cp) of this chunk's samples; output channels k and size p x q; kernel r x s,
 // stride, top and left padding, dilation; m = n·p·q, the GEMM's M; k_tiles = ceil(r·s·cp / tile k); w_row:
-// the packed weight's row length. The Python twin builds the same layout (GEOMETRY_DTYPE).
+// the packed weight's row length. The output's strides in elements between images and between filters
+// (NCHW: k·p·q and p·q; wgrad writes dW (K, C, R, S) from images that are its input channels: r·s and c·r·s).
+// Split-K: block z reduces k tiles [z·split_tiles, (z + 1)·split_tiles) and, where split_stride is not 0,
+// writes its fp32 partial sums at z·split_stride floats into the output (a workspace the caller sums in a
+// fixed order: deterministic). The Python twin builds the same layout (GEOMETRY_DTYPE).
 struct Geometry {
     int h, w, cp, k, p, q, r, s, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, m, k_tiles;
-    long long w_row;
+    long long w_row, out_img, out_k, split_stride;
+    int split_tiles, unused;
 };
-static_assert(sizeof(Geometry) == 72 && alignof(Geometry) == 8,  // 16 ints, then w_row at byte 64
+static_assert(sizeof(Geometry) == 104 && alignof(Geometry) == 8,  // 16 ints, 4 long longs from byte 64, 2 ints
               "GEOMETRY_DTYPE in cuconv/families/implicit_gemm.py has this layout");
 
 // One thread's share of a k tile: the 16-byte vector column `vec` of ROWS_A rows of A (output pixels,
@@ -216,7 +245,9 @@ static_assert(sizeof(Geometry) == 72 && alignof(Geometry) == 8,  // 16 ints, the
 // Per A row two registers: the element offset of the row's top-left input pixel (img, ih0, iw0) in the
 // packed chunk (int: the Python twin keeps chunks below 2^31 elements) and ih0, iw0 packed as 16-bit halves
 // (images below 32768 per side); ih0 = -32768 marks a row past M and fails every bounds check. The k
-// position (tap r, s and channel c of the vector) advances one tile at a time, without divisions.
+// position (tap r, s and channel c of the vector) starts at tile kt0 (split-K) and advances one tile at a
+// time, without divisions. B vectors past the reduction (r·s·cp) are zero-filled like A's, so a packed
+// weight row needs nothing written past it.
 template <typename T, int ROWS_A, int ROWS_B, int ROWS_PER_PASS, int TILE_K>
 struct TileLoader {
     static constexpr int A_ITERS = ROWS_A / ROWS_PER_PASS, B_ITERS = ROWS_B / ROWS_PER_PASS;
@@ -225,7 +256,8 @@ struct TileLoader {
     int kc, ks, kr;
     const T* b_ptr;
 
-    __device__ __forceinline__ TileLoader(const Geometry& g, const T* wp, int m0, int n0, int row0, int vec) {
+    __device__ __forceinline__ TileLoader(const Geometry& g, const T* wp, int m0, int n0, int row0, int vec,
+                                          int kt0) {
         const int pq = g.p * g.q;
 #pragma unroll
         for (int i = 0; i < A_ITERS; ++i) {
@@ -243,11 +275,12 @@ struct TileLoader {
                 a_hw[i] = static_cast<int>(0x80000000u);
             }
         }
-        kc = vec * (16 / static_cast<int>(sizeof(T)));
-        ks = 0;
-        kr = 0;
-        while (kc >= g.cp) { kc -= g.cp; if (++ks == g.s) { ks = 0; ++kr; } }
-        b_ptr = wp + static_cast<long long>(n0 + row0) * g.w_row + vec * (16 / static_cast<int>(sizeof(T)));
+        const int k0 = kt0 * TILE_K + vec * (16 / static_cast<int>(sizeof(T)));
+        const int tap = k0 / g.cp;
+        kc = k0 - tap * g.cp;
+        kr = tap / g.s;
+        ks = tap - kr * g.s;
+        b_ptr = wp + static_cast<long long>(n0 + row0) * g.w_row + k0;
     }
 
     // Issue this thread's cp.asyncs of the next k tile; a_dst/b_dst: shared address of its first row.
@@ -266,7 +299,7 @@ struct TileLoader {
 #pragma unroll
         for (int i = 0; i < B_ITERS; ++i)
             cp_async_cg16(b_dst + i * ROWS_PER_PASS * row_bytes,
-                          b_ptr + static_cast<long long>(i) * ROWS_PER_PASS * g.w_row, true);
+                          k_valid ? b_ptr + static_cast<long long>(i) * ROWS_PER_PASS * g.w_row : b_ptr, k_valid);
         b_ptr += TILE_K;
         kc += TILE_K;
         while (kc >= g.cp) { kc -= g.cp; if (++ks == g.s) { ks = 0; ++kr; } }
@@ -287,14 +320,14 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
     const int pq = g.p * g.q;
     if constexpr (BM % 128 == 0) {
         const int img = m0 / pq, rem = m0 - img * pq;
-        if (rem + BM <= pq && m0 + BM <= g.m && pq % 4 == 0 &&
+        if (rem + BM <= pq && m0 + BM <= g.m && pq % 4 == 0 && g.out_img % 4 == 0 && g.out_k % 4 == 0 &&
             reinterpret_cast<unsigned long long>(y) % (4 * sizeof(T)) == 0) {
-            T* yl = y + static_cast<long long>(img) * g.k * pq + rem + 4 * lane;
+            T* yl = y + img * g.out_img + rem + 4 * lane;
             for (int nl = warp; nl < BN; nl += WARPS) {
                 const int n = n0 + nl;
                 if (n >= g.k) break;
                 const float b = bias != nullptr ? to_acc(bias[n]) : 0.f;
-                T* dst = yl + static_cast<long long>(n) * pq;
+                T* dst = yl + n * g.out_k;
 #pragma unroll
                 for (int j = 0; j < BM / 128; ++j) {
                     const float4 v = *reinterpret_cast<const float4*>(&c_smem[nl * kCPitch + 128 * j + 4 * lane]);
@@ -323,17 +356,28 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
         const int m = m0 + lane + 32 * j;
         m_ok[j] = m < g.m;
         const int img = m_ok[j] ? m / pq : 0;
-        out_off[j] = static_cast<long long>(img) * g.k * pq + (m - img * pq);
+        out_off[j] = img * g.out_img + (m - img * pq);
     }
     for (int nl = warp; nl < BN; nl += WARPS) {
         const int n = n0 + nl;
         if (n >= g.k) break;
         const float b = bias != nullptr ? to_acc(bias[n]) : 0.f;
-        T* yn = y + static_cast<long long>(n) * pq;
+        T* yn = y + n * g.out_k;
 #pragma unroll
         for (int j = 0; j < kCols; ++j)
             if (m_ok[j]) yn[out_off[j]] = from_acc<T>(c_smem[nl * kCPitch + lane + 32 * j] + b);
     }
+}
+
+// The block's tile to the output in T, or, split over k (split_stride), to its fp32 partial sums.
+template <typename T, int BM, int BN, int WARPS>
+__device__ __forceinline__ void store_tile(const float* c_smem, const Geometry& g, const T* __restrict__ bias,
+                                           T* __restrict__ y, int m0, int n0, int warp, int lane) {
+    if (g.split_stride != 0)
+        store_tile_nchw<float, BM, BN, WARPS>(c_smem, g, nullptr, reinterpret_cast<float*>(y) +
+                                              blockIdx.z * g.split_stride, m0, n0, warp, lane);
+    else
+        store_tile_nchw<T, BM, BN, WARPS>(c_smem, g, bias, y, m0, n0, warp, lane);
 }
 
 }  // namespace igemm
@@ -374,7 +418,9 @@ implicit_gemm_fprop(CUCONV_IGEMM_PARAMS) {
 
     const int vec = tid % kVecPerRow;
     const int row0 = tid / kVecPerRow;
-    TileLoader<T, BM, BN, kRowsPerPass, kRowBytes / sizeof(T)> loader(g, wp, m0, n0, row0, vec);
+    const int kt0 = blockIdx.z * g.split_tiles;
+    const int k_tiles = min(g.split_tiles, g.k_tiles - kt0);
+    TileLoader<T, BM, BN, kRowsPerPass, kRowBytes / sizeof(T)> loader(g, wp, m0, n0, row0, vec, kt0);
     auto load_tile = [&](int stage) {
         loader.load(g, x, smem_addr(a_smem + (stage * BM + row0) * kPitch + vec * 16),
                     smem_addr(b_smem + (stage * BN + row0) * kPitch + vec * 16), kPitch);
@@ -390,7 +436,7 @@ implicit_gemm_fprop(CUCONV_IGEMM_PARAMS) {
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < g.k_tiles) load_tile(s);
+        if (s < k_tiles) load_tile(s);
         cp_async_commit();
     }
 
@@ -402,10 +448,10 @@ implicit_gemm_fprop(CUCONV_IGEMM_PARAMS) {
     const int b_row = warp_n * WTN + (lane & 7) + ((lane >> 4) << 3);
     const int b_byte = ((lane >> 3) & 1) * 16;
 
-    for (int kt = 0; kt < g.k_tiles; ++kt) {
+    for (int kt = 0; kt < k_tiles; ++kt) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();  // tile kt is visible; every warp is done with the stage refilled below
-        if (kt + STAGES - 1 < g.k_tiles) load_tile((kt + STAGES - 1) % STAGES);
+        if (kt + STAGES - 1 < k_tiles) load_tile((kt + STAGES - 1) % STAGES);
         cp_async_commit();
 
         const int stage = kt % STAGES;
@@ -449,7 +495,7 @@ implicit_gemm_fprop(CUCONV_IGEMM_PARAMS) {
         }
     __syncthreads();
 
-    store_tile_nchw<T, BM, BN, WARPS_M * WARPS_N>(c_smem, g, bias, y, m0, n0, warp, lane);
+    store_tile<T, BM, BN, WARPS_M * WARPS_N>(c_smem, g, bias, y, m0, n0, warp, lane);
 }
 
 
@@ -578,7 +624,7 @@ __device__ __forceinline__ void wgmma_epilogue(float (&acc)[NW][64], unsigned ch
                 make_float2(acc[n][4 * j + 2], acc[n][4 * j + 3]);
         }
     __syncthreads();
-    store_tile_nchw<T, BP, BF, kThreads / 32>(c_smem, g, bias, y, m0, n0, warp, lane);
+    store_tile<T, BP, BF, kThreads / 32>(c_smem, g, bias, y, m0, n0, warp, lane);
 }
 
 }  // namespace igemm
@@ -607,7 +653,9 @@ implicit_gemm_wgmma(CUCONV_IGEMM_PARAMS) {
     const int vec = tid % 8;
     const int row0 = tid / 8;
     const unsigned swizzled = row0 * kRowBytes + ((vec ^ (row0 & 7)) << 4);
-    TileLoader<T, BP, BF, kRowsPerPass, kRowBytes / sizeof(T)> loader(g, wp, m0, n0, row0, vec);
+    const int kt0 = blockIdx.z * g.split_tiles;
+    const int k_tiles = min(g.split_tiles, g.k_tiles - kt0);
+    TileLoader<T, BP, BF, kRowsPerPass, kRowBytes / sizeof(T)> loader(g, wp, m0, n0, row0, vec, kt0);
     auto load_tile = [&](int stage) {
         const unsigned slot = base + stage * kStageBytes;
         loader.load(g, x, slot + BF * kRowBytes + swizzled, slot + swizzled, kRowBytes);
@@ -628,14 +676,14 @@ implicit_gemm_wgmma(CUCONV_IGEMM_PARAMS) {
     static_assert(kAhead >= 1, "the pipeline needs a slot to load into");
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
-        if (s < g.k_tiles) load_tile(s);
+        if (s < k_tiles) load_tile(s);
         cp_async_commit();
     }
-    for (int kt = 0; kt < g.k_tiles; ++kt) {
+    for (int kt = 0; kt < k_tiles; ++kt) {
         cp_async_wait<kAhead - 1>();
         fence_proxy_async();
         __syncthreads();  // tile kt is visible; the wgmmas of tile kt - 2 (kt - 1 with RETIRE) are retired
-        if (kt + kAhead < g.k_tiles) load_tile((kt + kAhead) % STAGES);
+        if (kt + kAhead < k_tiles) load_tile((kt + kAhead) % STAGES);
         cp_async_commit();
 
         const unsigned slot = base + (kt % STAGES) * kStageBytes;

@@ -393,3 +393,36 @@ MISUSES = [
 def test_misuse_raises(misuse, exc, message):
     with pytest.raises(exc, match=message):
         misuse(_arrays())
+
+
+@pytest.mark.parametrize("case", [c for c in ALL_CASES if c.values[0].kwargs.get("groups", 1) == 1
+                                  and 0 not in c.values[0].x_shape])  # (empty problems never reach a family)
+def test_wgrad_is_the_forward_convolution_of_the_transposed_spec(case):
+    """implicit_gemm's wgrad: dW (K, C, R, S) is the forward convolution of x with samples and channels swapped
+    by dy likewise (``transposed_spec``), its output images being dW's (c, r, s) columns, in float64 against
+    torch's conv2d_weight. Negative padding (input rows no output reads) is a crop."""
+    from cuconv.families.implicit_gemm import transposed_spec
+
+    x, w, _ = make_inputs(case, seed=5)
+    x4 = x if x.ndim == 4 else x[None]
+    spec = ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
+    dy = numpy.random.default_rng(6).standard_normal(spec.output_shape)
+    t = transposed_spec(spec)
+    assert (t.n, t.c, t.k, t.r, t.s, t.p, t.q) == (spec.c, spec.n, spec.k, spec.p, spec.q, spec.r, spec.s)
+    xt = torch.from_numpy(x4).transpose(0, 1)
+    pt, pb, pl, pr = t.pad
+    xt = torch.nn.functional.pad(xt, (max(pl, 0), max(pr, 0), max(pt, 0), max(pb, 0)))
+    xt = xt[:, :, -min(pt, 0):xt.shape[2] + min(pb, 0), -min(pl, 0):xt.shape[3] + min(pr, 0)]
+    out = torch.nn.functional.conv2d(xt, torch.from_numpy(dy).transpose(0, 1), stride=t.stride, dilation=t.dilation)
+    ref = _wgrad_oracle(x4, w.shape, dy, spec)
+    numpy.testing.assert_allclose(out.transpose(0, 1).numpy(), ref, rtol=1e-12, atol=1e-12)
+
+
+def _wgrad_oracle(x, w_shape, dy, spec):
+    """conv2d_weight in float64 by autograd with the spec's four-sided padding applied to x first."""
+    pt, pb, pl, pr = spec.pad
+    xt = torch.nn.functional.pad(torch.from_numpy(x), (pl, pr, pt, pb))
+    w = torch.zeros(w_shape, dtype=torch.float64, requires_grad=True)
+    y = torch.nn.functional.conv2d(xt, w, stride=spec.stride, dilation=spec.dilation)
+    y.backward(torch.from_numpy(dy))
+    return w.grad.numpy()

@@ -159,16 +159,22 @@ def test_kernel_has_python_twin(stem):
 
 def test_implicit_gemm_structs_match_the_kernels():
     """The structs implicit_gemm passes by value (one launch argument instead of 9 or 17): the NumPy dtypes
-    have the layouts that kernels_cu/implicit_gemm.cu static_asserts for PackShape and Geometry, which the
-    compile tests build."""
+    have the fields, types and sizes of kernels_cu/implicit_gemm.cu's PackShape, Geometry and SplitSum, whose sizes it
+    static_asserts (the compile tests build it)."""
+    import re
+
     from cuconv.families import implicit_gemm
 
     source = (REPO_KERNELS / "implicit_gemm.cu").read_text()
-    for dtype, struct, size, w_row in ((implicit_gemm.PACK_SHAPE_DTYPE, "PackShape", 48, 32),
-                                       (implicit_gemm.GEOMETRY_DTYPE, "Geometry", 72, 64)):
-        assert f"sizeof({struct}) == {size} && alignof({struct}) == 8" in source
-        assert (dtype.itemsize, dtype.alignment, dtype.fields["w_row"][1]) == (size, 8, w_row)
-        assert all(dtype.fields[f][0] == numpy.int32 for f in dtype.names[:-2 if struct == "PackShape" else -1])
+    types = {"int": numpy.int32, "long long": numpy.int64}
+    for dtype, struct in ((implicit_gemm.PACK_SHAPE_DTYPE, "PackShape"), (implicit_gemm.GEOMETRY_DTYPE, "Geometry"),
+                          (implicit_gemm.SPLIT_SUM_DTYPE, "SplitSum")):
+        body = re.search(r"struct %s \{(.*?)\};" % struct, source, re.S).group(1)
+        fields = [(name.strip(), types[kind]) for kind, names in re.findall(r"(long long|int) ([^;]+);", body)
+                  for name in names.split(",")]
+        assert [(name, dtype.fields[name][0]) for name in dtype.names] == fields
+        assert f"sizeof({struct}) == {dtype.itemsize} && alignof({struct}) == 8" in source
+        assert dtype.alignment == 8
 
 
 def compile_all(jobs, workers=None) -> dict:

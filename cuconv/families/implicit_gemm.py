@@ -36,8 +36,8 @@ from . import dgrad_forward
 from .._config import config
 from ..spec import ConvSpec
 
-__all__ = ["forward_gpu", "dgrad_gpu", "reason_unsupported", "Tile", "WgmmaTile", "NchwTile", "TILES",
-           "wgmma_available", "choose_tile", "prefers_nchw", "nchw_fits", "Plan", "plan", "pack_operands",
+__all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "Tile", "WgmmaTile", "NchwTile", "TILES",
+           "transposed_spec", "wgrad_tile", "wgrad_splits", "wgmma_available", "choose_tile", "prefers_nchw", "nchw_fits", "Plan", "plan", "pack_operands",
            "prepare", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "implicit_gemm"
@@ -171,7 +171,8 @@ TILES = {
 NAME_EXPRESSIONS = tuple(
     [t.kernel_name(c) for c in _TENSOR_CORE_TYPES for t in TILES.values()]
     + [f"{k}<{c},{_tf32(c)}>" for k in ("pack_nhwc", "pack_nhwc_narrow")
-       for c in _TENSOR_CORE_TYPES])
+       for c in _TENSOR_CORE_TYPES]
+    + [f"sum_splits<{c}>" for c in _TENSOR_CORE_TYPES])
 
 
 def wgmma_available() -> bool:
@@ -299,16 +300,25 @@ def plan(spec: ConvSpec, dtype, tile: Tile = None, workspace_limit: int = None) 
 def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee",
                        limits: "_plan.Limits" = None):
     """Why ``implicit_gemm`` cannot run this case under ``limits`` (default: the current device's), or None."""
+    if pass_ == "wgrad":
+        return _wgrad_reason(spec, dtype, precision, limits or _plan.current_limits())
     return dgrad_forward.reason_unsupported(spec, dtype, pass_, precision, _forward_reason, limits)
 
 
-def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"):
-    dtype = numpy.dtype(dtype)
+def _arithmetic_reason(dtype, precision: str):
     if dtype not in _dtypes.CTYPES or _dtypes.ctype_of(dtype) not in _TENSOR_CORE_TYPES:
         return f"it runs on tensor cores, which have no {dtype} arithmetic here (float64 uses FFMA algorithms)"
     if _dtypes.ctype_of(dtype) == "float" and precision != "tf32":
         return ("float32 with precision='ieee' needs plain fp32 arithmetic; its tensor cores compute TF32 "
                 "(precision='tf32')")
+    return None
+
+
+def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"):
+    dtype = numpy.dtype(dtype)
+    reason = _arithmetic_reason(dtype, precision)
+    if reason is not None:
+        return reason
     if spec.groups != 1:
         return f"grouped convolutions (groups={spec.groups}) are not implemented"
     if max(*spec.stride, *spec.dilation, *spec.pad, spec.p, spec.q) > _INT_MAX:
@@ -339,34 +349,45 @@ def _kernel(name: str, grid: tuple, block: tuple, scalars: tuple, smem: int = 0)
 
 # The kernels' structs, passed by value: one argument instead of 9 or 17 (host time per launch).
 PACK_SHAPE_DTYPE = numpy.dtype([(f, numpy.int32) for f in ("c", "cp", "hw", "units", "in_blocks", "k_valid", "rs")]
-                               + [("w_row", numpy.int64), ("w_total", numpy.int64)], align=True)
+                               + [(f, numpy.int64) for f in ("w_row", "w_total", "src_sample", "src_channel",
+                                                             "dst_sample")], align=True)
 _GEOMETRY_FIELDS = ("h", "w", "cp", "k", "p", "q", "r", "s", "stride_h", "stride_w", "pad_h", "pad_w", "dil_h",
                     "dil_w", "m", "k_tiles")
-GEOMETRY_DTYPE = numpy.dtype([(f, numpy.int32) for f in _GEOMETRY_FIELDS] + [("w_row", numpy.int64)], align=True)
+GEOMETRY_DTYPE = numpy.dtype([(f, numpy.int32) for f in _GEOMETRY_FIELDS]
+                             + [(f, numpy.int64) for f in ("w_row", "out_img", "out_k", "split_stride")]
+                             + [("split_tiles", numpy.int32), ("unused", numpy.int32)], align=True)
 
 # pack_nhwc_narrow up to this many bytes per packed pixel: as fast as pack_nhwc or faster on every benchmark
 # layer (H200: 64-256 bytes, e.g. fp16 rect_5x7 96 against 117 us, fp32 square_5x9 151 against 177 us)
 _NARROW_PIXEL_BYTES = 256
-_WEIGHT_BLOCKS = 64       # blocks of 256 threads that pack the weight (at most 64 · 256 elements each)
+_WEIGHT_BLOCKS = 1024     # at most this many blocks of 256 threads pack the weight (one row each)
 
 
 def _pack_kernel(spec: ConvSpec, dtype, cp: int, samples: int, weight: "Plan" = None) -> "_loader.PreparedLaunch":
     """One launch packing ``samples`` samples (C, H, W) -> (H, W, cp), channels zero-padded, and with a
     ``weight`` plan also the weight, KCRS -> (kp, w_row) zero-padded with k index (r·S + s)·cp + c; float32
-    rounded to TF32 on the way. Pointers: x, packed x, w, packed w (ignored without a weight). Pixels of
-    up to 256 bytes take one thread per 16-byte output vector (``pack_nhwc_narrow``: 2-10x faster than
-    pack_nhwc below 64 bytes, where its 32-channel tiles idle, and up to 20% at 128-256), wider ones 32 x 64
-    transposes in shared memory; the weight takes extra blocks of the same launch."""
+    rounded to TF32 on the way. Pointers: x, packed x, w, packed w (ignored without a weight)."""
+    hw = spec.h * spec.w
+    return _pack_launch(dtype, spec.c, cp, hw, samples, spec.c * hw, hw, hw * cp, weight, spec.k, spec.r * spec.s)
+
+
+def _pack_launch(dtype, c: int, cp: int, hw: int, samples: int, src_sample: int, src_channel: int, dst_sample: int,
+                 weight: "Plan" = None, k_valid: int = 0, rs: int = 0) -> "_loader.PreparedLaunch":
+    """The packing launch: ``samples`` samples of ``c`` channels of ``hw`` pixels, ``src_sample`` and
+    ``src_channel`` elements apart, to (hw, cp) each, ``dst_sample`` elements apart, and with a ``weight`` plan
+    the KCRS weight of ``k_valid`` filters and ``rs`` taps too. Pixels of up to 256 bytes take one thread per
+    16-byte output vector (``pack_nhwc_narrow``: 2-10x faster than pack_nhwc below 64 bytes, where its
+    32-channel tiles idle, and up to 20% at 128-256), wider ones 32 x 64 transposes in shared memory; the
+    weight takes extra blocks of the same launch."""
     dtype = numpy.dtype(dtype)
     ctype = _dtypes.ctype_of(dtype)
-    hw = spec.h * spec.w
     w_total = 0 if weight is None else weight.kp * weight.w_row
     w_row = 0 if weight is None else weight.w_row
-    w_blocks = min(_WEIGHT_BLOCKS, -(-w_total // 256))
+    w_blocks = min(_WEIGHT_BLOCKS, w_total // w_row if w_row else 0)  # a block per row
 
     def shape(units: int, in_blocks: int = 0):
-        return numpy.array((spec.c, cp, hw, units, in_blocks, spec.k, spec.r * spec.s, w_row, w_total),
-                           dtype=PACK_SHAPE_DTYPE)[()]
+        return numpy.array((c, cp, hw, units, in_blocks, k_valid, rs, w_row, w_total, src_sample, src_channel,
+                            dst_sample), dtype=PACK_SHAPE_DTYPE)[()]
 
     if cp * dtype.itemsize <= _NARROW_PIXEL_BYTES:
         vecs = samples * hw * cp * dtype.itemsize // 16
@@ -374,39 +395,86 @@ def _pack_kernel(spec: ConvSpec, dtype, cp: int, samples: int, weight: "Plan" = 
         return _kernel(f"pack_nhwc_narrow<{ctype},{_tf32(ctype)}>", (blocks + w_blocks, 1, 1), (256, 1, 1),
                        (shape(vecs, blocks),))
     tiles = -(-hw // 64)  # pack_nhwc's tiles: 32 channels x 64 pixels
-    return _kernel(f"pack_nhwc<{ctype},{_tf32(ctype)}>", (min(tiles, 512), -(-cp // 32), samples + (w_total > 0)),
-                   (32, 8, 1), (shape(tiles),))
+    # the weight's z slice has gx x gy blocks: at least w_blocks (the input's extra blocks find no tile)
+    gx, gy = min(tiles, 512), -(-cp // 32)
+    gx = max(gx, -(-w_blocks // gy))
+    return _kernel(f"pack_nhwc<{ctype},{_tf32(ctype)}>", (gx, gy, samples + (w_total > 0)), (32, 8, 1), (shape(tiles),))
 
 
-def _gemm_kernel(spec: ConvSpec, dtype, pl: Plan, samples: int) -> "_loader.PreparedLaunch":
-    """The implicit GEMM of ``samples`` packed samples into their NCHW output, bias fused."""
+def _gemm_kernel(spec: ConvSpec, dtype, pl: Plan, samples: int, out_strides: tuple = None, splits: int = 1,
+                 split_tiles: int = None) -> "_loader.PreparedLaunch":
+    """The implicit GEMM of ``samples`` packed samples into their output, bias fused: NCHW, or images and filters
+    ``out_strides`` elements apart (wgrad); over ``splits`` ranges of ``split_tiles`` k tiles (grid z), each
+    writing fp32 partial sums, one output apart, where ``splits`` > 1."""
     t = pl.tile
     m = samples * spec.p * spec.q
+    out_img, out_k = out_strides or (spec.k * spec.p * spec.q, spec.p * spec.q)
+    split_tiles = split_tiles or pl.k_tiles
+    split_stride = 0 if splits == 1 else m * spec.k
     geometry = numpy.array((spec.h, spec.w, pl.cp, spec.k, spec.p, spec.q, spec.r, spec.s, spec.stride[0],
                             spec.stride[1], spec.pad[0], spec.pad[2], spec.dilation[0], spec.dilation[1], m,
-                            pl.k_tiles, pl.w_row), dtype=GEOMETRY_DTYPE)[()]
+                            pl.k_tiles, pl.w_row, out_img, out_k, split_stride, split_tiles, 0),
+                           dtype=GEOMETRY_DTYPE)[()]
     smem = t.smem_bytes + (t.table_bytes(pl.k_tiles, numpy.dtype(dtype).itemsize) if t.nchw else 0)
-    return _kernel(t.kernel_name(_dtypes.ctype_of(dtype)), (-(-m // t.bm), pl.kp // t.bn, 1), (t.threads, 1, 1),
+    return _kernel(t.kernel_name(_dtypes.ctype_of(dtype)), (-(-m // t.bm), pl.kp // t.bn, splits), (t.threads, 1, 1),
                    (geometry,), smem=smem)
 
 
+SPLIT_SUM_DTYPE = numpy.dtype([("n", numpy.int64), ("splits", numpy.int32), ("pq", numpy.int32), ("k", numpy.int32),
+                                ("unused", numpy.int32)], align=True)
+
+
+def _sum_kernel(dtype, n: int, splits: int, pq: int, k: int, sm_count: int) -> "_loader.PreparedLaunch":
+    """Split-K's last launch (pointers: partial sums, bias or null, output): ``n`` outputs of filter (i / pq) % k."""
+    name = f"sum_splits<{_dtypes.ctype_of(dtype)}>"
+    scalars = numpy.array((n, splits, pq, k, 0), dtype=SPLIT_SUM_DTYPE)[()]
+    return _loader.PreparedLaunch(_fn(name), name, (max(1, min(-(-n // 256), 8 * sm_count)), 1, 1), (256, 1, 1), 3,
+                                  (scalars,))
+
+
+# Split-K: about one block per SM over the device (the measured best from 1 to 16 splits followed SMs / blocks,
+# rounded, on every wgrad layer of the sweep in docs/perf-notes.md), each split at least this many k tiles, at
+# most this many splits.
+_SPLIT_MIN_TILES = 4
+_MAX_SPLITS = 128
+
+
+def splits_for(m: int, filters: int, tile, k_tiles: int, sm_count: int, room: int) -> int:
+    """How many k ranges a GEMM of ``m`` rows and ``filters`` filters (``k_tiles`` k tiles) on ``tile`` is split into
+    on a device of ``sm_count`` SMs, with ``room`` bytes for the fp32 partial sums of m x filters outputs each; 1
+    for an NchwTile (its kernel reduces every k tile itself)."""
+    if tile.nchw:
+        return 1
+    blocks = -(-m // tile.bm) * -(-filters // tile.bn)
+    splits = min(round(sm_count / blocks), k_tiles // _SPLIT_MIN_TILES, _MAX_SPLITS, room // max(1, 4 * m * filters))
+    return splits if splits >= 2 else 1
+
+
 @functools.lru_cache(maxsize=1024)
-def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int):
-    """(plan, workspace elements, chunks) of a forward; each chunk (x byte offset, out byte offset, packing,
-    GEMM), the first chunk's packing with the weight's. The workspace holds the packed weight (kp · w_row
-    elements: whole 128-byte rows) and then one chunk's packed input. An NchwTile packs nothing: no
-    workspace, packing None. Memoized per problem, tile, device and workspace limit: a layer called again
-    spends no host time planning."""
+def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int, sm_count: int, splits: int = None):
+    """(plan, workspace bytes, partial-sum bytes, chunks) of a forward; each chunk (x byte offset, out byte
+    offset, packing, GEMM, sum of the splits or None), the first chunk's packing with the weight's. The
+    workspace holds the packed weight (kp · w_row elements: whole 128-byte rows), then one chunk's packed input,
+    then where the GEMM is split over k (``splits_for``, or ``splits``) the fp32 partial sums. An NchwTile
+    packs nothing and is not split: no workspace, packing None. Memoized per problem, tile, device, workspace
+    limit and SMs: a layer called again spends no host time planning."""
     pl = plan(spec, dtype, tile, workspace_limit)
     itemsize = numpy.dtype(dtype).itemsize
+    packed = 0 if pl.tile.nchw else (pl.kp * pl.w_row + pl.samples * spec.h * spec.w * pl.cp) * itemsize
+    m = pl.samples * spec.p * spec.q
+    if splits is None:
+        splits = splits_for(m, spec.k, pl.tile, pl.k_tiles, sm_count, workspace_limit - packed)
+    split_tiles = -(-pl.k_tiles // splits)
+    splits = -(-pl.k_tiles // split_tiles)  # (no empty range)
     chunks = []
     for n0 in range(0, spec.n, pl.samples):
         nb = min(pl.samples, spec.n - n0)
         pack = None if pl.tile.nchw else _pack_kernel(spec, dtype, pl.cp, nb, pl if n0 == 0 else None)
+        sums = None if splits == 1 else _sum_kernel(dtype, nb * spec.k * spec.p * spec.q, splits, spec.p * spec.q,
+                                                     spec.k, sm_count)
         chunks.append((n0 * spec.c * spec.h * spec.w * itemsize, n0 * spec.k * spec.p * spec.q * itemsize, pack,
-                       _gemm_kernel(spec, dtype, pl, nb)))
-    workspace = 0 if pl.tile.nchw else pl.kp * pl.w_row + pl.samples * spec.h * spec.w * pl.cp  # elements
-    return pl, workspace, tuple(chunks)
+                       _gemm_kernel(spec, dtype, pl, nb, splits=splits, split_tiles=split_tiles), sums))
+    return pl, packed, 0 if splits == 1 else splits * m * spec.k * 4, tuple(chunks)
 
 
 def pack_operands(x, w, spec: ConvSpec, pl: Plan, packed_x, packed_w=None) -> None:
@@ -419,39 +487,177 @@ def pack_operands(x, w, spec: ConvSpec, pl: Plan, packed_x, packed_w=None) -> No
            0 if packed_w is None else packed_w.data.ptr)
 
 
+# ----------------------------------------------------------------------------------------------------------
+# wgrad: dW (K, C, R, S) = Σ over n, p, q of dy[n, k, p, q] · x[n, c, p·stride + r·dilation - pad, ...] is the
+# forward convolution of x with its samples and channels swapped (C images of N channels) by dy likewise (K
+# filters of N channels with P x Q taps, dilated by the stride), at a stride of the dilation, whose R x S
+# output images (one per input channel c) the GEMM writes as dW's columns. Its M is C·R·S, its N the filters
+# and its reduction N·P·Q: the same kernels as the forward, both operands packed by the forward's pack (the
+# strides of PackShape), no column matrix. Reductions are long and C·R·S x K often small: split over k
+# (``wgrad_splits``) into fp32 partial sums added in a fixed order (deterministic).
+# ----------------------------------------------------------------------------------------------------------
+def transposed_spec(spec: ConvSpec) -> ConvSpec:
+    """The forward convolution whose output images are dW's (c, r, s) columns (see above). Its bottom and right
+    padding (negative where the last input rows are not read) make its output exactly R x S."""
+    (sh, sw), (dh, dw) = spec.stride, spec.dilation
+    pt, pl = spec.pad[0], spec.pad[2]
+    pb = (spec.r - 1) * dh + sh * (spec.p - 1) + 1 - spec.h - pt
+    pr = (spec.s - 1) * dw + sw * (spec.q - 1) + 1 - spec.w - pl
+    return ConvSpec(spec.c, spec.n, spec.h, spec.w, spec.k, spec.p, spec.q, (dh, dw), (pt, pb, pl, pr), (sh, sw))
+
+
+def wgrad_tile(spec: ConvSpec, dtype, wgmma: bool):
+    """wgrad's tile: with wgmma 64 filters x 128 of dW's columns, four slots (the fastest of the packed tiles
+    on the layers of five torchvision models, alone or with its best split: docs/perf-notes.md); elsewhere the
+    packed tile ``choose_tile`` picks for ``transposed_spec`` (an NchwTile would read x and dy as NCHW images;
+    they are not)."""
+    if wgmma:
+        return TILES["wg64x128"]
+    return choose_tile(transposed_spec(spec), dtype, wgmma, nchw=False)
+
+
+_UNCHUNKED = 1 << 62  # wgrad's plan has one chunk: the whole transposed batch (its samples are x's channels)
+
+
+def wgrad_splits(spec: ConvSpec, dtype, tile, sm_count: int, workspace_limit: int) -> int:
+    """How many k ranges the wgrad GEMM of ``spec`` is split into on a device of ``sm_count`` SMs, the partial
+    sums within what ``workspace_limit`` leaves beside the packed operands."""
+    pl, x_bytes, dy_bytes, _ = _wgrad_sizes(spec, dtype, tile, 1)
+    return splits_for(spec.crs, spec.k, tile, pl.k_tiles, sm_count, workspace_limit - x_bytes - dy_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class WgradLaunches:
+    """A wgrad's launches (pointers: source, packed, null, null for the packs; packed x, packed dy, null and dW
+    or the partial sums for the GEMM; partial sums, null, dW for ``sums``) and workspace bytes of each part."""
+
+    pack_x: "_loader.PreparedLaunch"
+    pack_dy: "_loader.PreparedLaunch"
+    gemm: "_loader.PreparedLaunch"
+    sums: "_loader.PreparedLaunch"  # None: one split, the GEMM writes dW
+    x_bytes: int
+    dy_bytes: int
+    partial_bytes: int
+
+
+def _wgrad_sizes(spec: ConvSpec, dtype, tile, splits: int):
+    """(plan of ``transposed_spec``, packed x bytes, packed dy bytes, partial-sum bytes)."""
+    t = transposed_spec(spec)
+    pl = plan(t, dtype, tile, workspace_limit=_UNCHUNKED)
+    item = numpy.dtype(dtype).itemsize
+    partials = 0 if splits == 1 else splits * spec.k * spec.crs * 4
+    return pl, spec.c * spec.h * spec.w * pl.cp * item, pl.kp * pl.w_row * item, partials
+
+
+@functools.lru_cache(maxsize=1024)
+def _wgrad_launches(spec: ConvSpec, dtype, tile, splits: int, device: int, sm_count: int) -> WgradLaunches:
+    """Memoized per problem, tile, splits and device (a layer called again plans nothing)."""
+    t = transposed_spec(spec)
+    pl, x_bytes, dy_bytes, partial_bytes = _wgrad_sizes(spec, dtype, tile, splits)
+    hw, pq = spec.h * spec.w, spec.p * spec.q
+    # x as C images of N channels (n·C·H·W + c·H·W + pixel), dy as K filters of N channels and P·Q taps
+    pack_x = _pack_launch(dtype, spec.n, pl.cp, hw, spec.c, hw, spec.c * hw, hw * pl.cp)
+    pack_dy = _pack_launch(dtype, spec.n, pl.cp, pq, spec.k, pq, spec.k * pq, pl.w_row)
+    split_tiles = -(-pl.k_tiles // splits)
+    splits = -(-pl.k_tiles // split_tiles)  # (no empty range)
+    gemm = _gemm_kernel(t, dtype, pl, t.n, (spec.r * spec.s, spec.crs), splits, split_tiles)
+    sums = None if splits == 1 else _sum_kernel(dtype, spec.k * spec.crs, splits, 1, 1, sm_count)
+    return WgradLaunches(pack_x, pack_dy, gemm, sums, x_bytes, dy_bytes, partial_bytes)
+
+
+def _wgrad_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"):
+    dtype = numpy.dtype(dtype)
+    reason = _arithmetic_reason(dtype, precision)
+    if reason is not None:
+        return reason
+    if spec.groups != 1:
+        return f"grouped convolutions (groups={spec.groups}) are not implemented"
+    t = transposed_spec(spec)
+    if max(*spec.stride, *spec.dilation, *spec.pad, spec.p, spec.q) > _INT_MAX:
+        return "its geometry struct holds strides, dilations, paddings and output sizes in 32 bits"
+    if max(spec.h + max(t.pad[0], 0) + max(t.pad[1], 0), spec.w + max(t.pad[2], 0) + max(t.pad[3], 0)) > _MAX_SIDE:
+        return "its padded image exceeds the kernel's 16-bit pixel coordinates"
+    if max(spec.c, spec.k) > _MAX_GRID_Z:
+        return f"its packing runs one input channel or filter per grid z (at most {_MAX_GRID_Z})"
+    tile = wgrad_tile(spec, dtype, limits.wgmma)
+    pl, x_bytes, dy_bytes, _ = _wgrad_sizes(spec, dtype, tile, 1)
+    if max(x_bytes // dtype.itemsize, t.n * t.p * t.q * spec.k) > _INT_MAX:
+        return "x packed with channels and samples swapped, or dW, holds 2^31 elements or more (32-bit offsets)"
+    if x_bytes + dy_bytes > limits.workspace_limit:
+        return (f"x and grad_output packed need {x_bytes + dy_bytes} bytes, more than "
+                f"cuconv.config.workspace_limit ({limits.workspace_limit})")
+    return None
+
+
+def _wgrad_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, splits: int = None) -> "_plan.Plan":
+    """wgrad's plan: pack x and dy (two launches), the GEMM, and where split the sum of its partial sums."""
+    b = _plan.Builder("wgrad", env)
+    tile = tile or wgrad_tile(spec, dtype, env.wgmma)
+    if tile.nchw:
+        raise ValueError(f"implicit_gemm: wgrad reads packed operands; {tile} gathers NCHW ones")
+    if tile.wgmma and not env.wgmma:
+        raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
+    splits = splits or wgrad_splits(spec, dtype, tile, env.sm_count, env.workspace_limit)
+    ls = _wgrad_launches(spec, dtype, tile, splits, env.device, env.sm_count)
+    packed_x, packed_dy = b.take(ls.x_bytes), b.take(ls.dy_bytes)
+    b.launch(ls.pack_x, b.ref("x"), packed_x, _plan.NULL, _plan.NULL)
+    b.launch(ls.pack_dy, b.ref("dy"), packed_dy, _plan.NULL, _plan.NULL)
+    if ls.sums is None:
+        b.launch(ls.gemm, packed_x, packed_dy, _plan.NULL, b.ref("dw"))
+    else:
+        partials = b.take(ls.partial_bytes)
+        b.launch(ls.gemm, packed_x, packed_dy, _plan.NULL, partials)
+        b.launch(ls.sums, partials, _plan.NULL, b.ref("dw"))
+    return b.plan(STEM)
+
+
 def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
-            tile: Tile = None) -> "_plan.Plan":
+            tile: Tile = None, splits: int = None) -> "_plan.Plan":
     """The plan of ``pass_`` (see ``cuconv._plan``): per chunk, the packing launch and the GEMM (an NchwTile:
     the GEMM alone, reading x and w as they are); dgrad as the forward convolution of dy
-    (``dgrad_forward``). The workspace holds the packed weight, then one chunk's packed input. ``tile``
-    forces one of ``TILES`` (tests). float32 computes TF32."""
+    (``dgrad_forward``); wgrad as the forward convolution of x by dy, samples and channels swapped
+    (``transposed_spec``), split over ``splits`` k ranges (default ``wgrad_splits``). The workspace holds the
+    packed weight, then one chunk's packed input. ``tile`` forces one of ``TILES`` (tests). float32 computes
+    TF32."""
     if pass_ == "dgrad":
-        return dgrad_forward.prepare(prepare, spec, dtype, precision, env, tile=tile)
+        return dgrad_forward.prepare(prepare, spec, dtype, precision, env, tile=tile, splits=splits)
+    if pass_ == "wgrad":
+        return _wgrad_prepare(spec, numpy.dtype(dtype), env, tile, splits)
     if tile is not None and tile.wgmma and not env.wgmma:
         raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
     b = _plan.Builder(pass_, env)
     if spec.n * spec.k * spec.p * spec.q == 0:
         return b.plan(STEM)
     dtype = numpy.dtype(dtype)
-    pl, workspace, chunks = _launches(spec, dtype, tile or choose_tile(spec, dtype, env.wgmma), env.device,
-                                      env.workspace_limit)
-    if not workspace:  # an NchwTile: the GEMM reads x and w as they are
-        for x_offset, out_offset, _, gemm in chunks:
+    pl, packed, partial_bytes, chunks = _launches(spec, dtype, tile or choose_tile(spec, dtype, env.wgmma), env.device,
+                                                  env.workspace_limit, env.sm_count, splits)
+    if not packed:  # an NchwTile: the GEMM reads x and w as they are
+        for x_offset, out_offset, _, gemm, _ in chunks:
             b.launch(gemm, b.ref("x", x_offset), b.ref("w"), b.ref("bias"), b.ref("out", out_offset))
         return b.plan(STEM)
-    packed_w = b.take(workspace * dtype.itemsize)  # the packed weight, then the input
+    packed_w = b.take(packed)  # the packed weight, then the input
     packed_x = (packed_w[0], packed_w[1] + pl.weight_bytes(dtype.itemsize))
-    for x_offset, out_offset, pack, gemm in chunks:  # the first chunk's pack also packs the weight; the others
-        b.launch(pack, b.ref("x", x_offset), packed_x, b.ref("w"), packed_w)  # ignore its weight pointers
-        b.launch(gemm, packed_x, packed_w, b.ref("bias"), b.ref("out", out_offset))
+    partials = b.take(partial_bytes) if partial_bytes else None
+    for x_offset, out_offset, pack, gemm, sums in chunks:  # the first chunk's pack also packs the weight; the
+        b.launch(pack, b.ref("x", x_offset), packed_x, b.ref("w"), packed_w)  # others ignore its weight pointers
+        if sums is None:
+            b.launch(gemm, packed_x, packed_w, b.ref("bias"), b.ref("out", out_offset))
+        else:  # fp32 partial sums of the k ranges, then their sum with the bias
+            b.launch(gemm, packed_x, packed_w, _plan.NULL, partials)
+            b.launch(sums, partials, b.ref("bias"), b.ref("out", out_offset))
     return b.plan(STEM)
 
 
-def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, tile: Tile = None) -> None:
+def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, tile: Tile = None, splits: int = None) -> None:
     """out = conv(x, w) + bias on C-contiguous CuPy arrays, current stream (float32 computes TF32)."""
-    _plan.run_on_arrays(prepare, "fprop", spec, precision, x, w, bias, out, tile=tile)
+    _plan.run_on_arrays(prepare, "fprop", spec, precision, x, w, bias, out, tile=tile, splits=splits)
 
 
 def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
     """dx = conv2d_input(dy, w) as this algorithm's forward convolution of dy (stride 1; ``dgrad_forward``)."""
     _plan.run_on_arrays(prepare, "dgrad", spec, precision, dy, w, dx)
+
+
+def wgrad_gpu(x, dy, spec: ConvSpec, dw, precision: str, tile: Tile = None, splits: int = None) -> None:
+    """dw = conv2d_weight(x, dy) into C-contiguous ``dw`` (``transposed_spec``); float32 computes TF32."""
+    _plan.run_on_arrays(prepare, "wgrad", spec, precision, x, dy, dw, tile=tile, splits=splits)

@@ -1,5 +1,5 @@
-"""implicit_gemm on the GPU: every tile bit for bit against the CPU path on integers, the NCHW tiles' unaligned
-weights and vector stores, and the NHWC pack with its zero channels."""
+"""implicit_gemm on the GPU: every tile bit for bit against the CPU path on integers, forward and wgrad (split over
+k or not), the NCHW tiles' unaligned weights and vector stores, and the NHWC pack with its zero channels."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 
 import cuconv
 from cuconv import _dtypes
-from cases import CASES, EXACT_DTYPES, TILING_CASES, assert_forward_equals_cpu_on_integers, case_spec, to_gpu
+from cases import (CASES, EXACT_DTYPES, PROBLEM_CASES, TILING_CASES, assert_forward_equals_cpu_on_integers, case_spec,
+                   make_inputs, to_gpu)
 
 pytestmark = pytest.mark.gpu
 
@@ -38,6 +39,60 @@ def test_implicit_gemm_tiles_equal_cpu_exactly_on_integers(case, tile, dtype_nam
         case, dtype_name, 16, lambda x, w, b, spec, out: implicit_gemm.forward_gpu(x, w, b, spec, out, "tf32",
                                                                                    tile=implicit_gemm.TILES[tile]))
 
+
+@pytest.mark.parametrize("dtype_name", [d for d in EXACT_DTYPES if d != "float64"])
+@pytest.mark.parametrize("splits", [2, 3])
+@pytest.mark.parametrize("case,tile", [p for p in _implicit_gemm_tile_cases() if not p.values[1].startswith("nchw")])
+def test_implicit_gemm_split_forward_equals_cpu_exactly_on_integers(case, tile, splits, dtype_name):
+    """The forward split over k ranges: fp32 partial sums, then one launch adds them and the bias in order and
+    rounds once; on integers bit for bit the CPU path, every packed tile."""
+    from cuconv.families import implicit_gemm
+
+    if implicit_gemm.TILES[tile].wgmma and not implicit_gemm.wgmma_available():
+        pytest.skip(f"tile {tile} runs wgmma, which needs compute capability 9.0")
+    assert_forward_equals_cpu_on_integers(
+        case, dtype_name, 17, lambda x, w, b, spec, out: implicit_gemm.forward_gpu(
+            x, w, b, spec, out, "tf32", tile=implicit_gemm.TILES[tile], splits=splits))
+
+
+def _wgrad_tile_cases():
+    from cuconv.families import implicit_gemm
+
+    out = []
+    # the tiling cases, odd sizes, strides, dilations, paddings and batch 1 (every case runs the tile auto picks
+    # against the oracle in test_backward_gpu)
+    picked = ("k5x9_d2x3_p2x4", "stride2_dil2_pad3", "same_even_dil3", "batch1_odd", "pointwise_1x1_stride2",
+              "kernel_equals_input")
+    for param in TILING_CASES + [c for c in CASES + PROBLEM_CASES if c.id in picked or c.id.startswith("reduced_stem")]:
+        case = param.values[0]
+        if 0 in case.x_shape or implicit_gemm.reason_unsupported(case_spec(case), numpy.float16, "wgrad") is not None:
+            continue
+        out += [pytest.param(case, t, id=f"{param.id}-{t}") for t, tile in implicit_gemm.TILES.items() if not tile.nchw]
+    return out
+
+
+@pytest.mark.parametrize("dtype_name", [d for d in EXACT_DTYPES if d != "float64"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("case,tile", _wgrad_tile_cases())
+def test_implicit_gemm_wgrad_equals_cpu_exactly_on_integers(case, tile, splits, dtype_name):
+    """wgrad through every packed tile, whole or split over k (fp32 partial sums, then their sum): on integers
+    every partial sum is exact, so each dtype equals the CPU path bit for bit, into a NaN-poisoned dW."""
+    import cupy
+
+    from cuconv.families import implicit_gemm
+
+    if implicit_gemm.TILES[tile].wgmma and not implicit_gemm.wgmma_available():
+        pytest.skip(f"tile {tile} runs wgmma, which needs compute capability 9.0")
+    dtype = _dtypes.by_name(dtype_name)
+    x, w, _ = make_inputs(case, seed=23, integer=True)
+    x4 = x if x.ndim == 4 else x[None]
+    spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
+    dy = numpy.random.default_rng(24).integers(-3, 4, size=spec.output_shape).astype(numpy.float64)
+    cpu = cuconv.conv2d_weight(x4.astype(dtype), w.shape, dy.astype(dtype), **case.kwargs)
+    dw = cupy.full(w.shape, numpy.nan, dtype=dtype)
+    implicit_gemm.wgrad_gpu(to_gpu(x4, dtype), to_gpu(dy, dtype), spec, dw, "tf32", tile=implicit_gemm.TILES[tile],
+                            splits=splits)
+    numpy.testing.assert_array_equal(cupy.asnumpy(dw).astype(numpy.float64), cpu.astype(numpy.float64))
 
 
 @pytest.mark.parametrize("dtype_name", [d for d in EXACT_DTYPES if d != "float64"])
