@@ -22,8 +22,8 @@ import numpy
 
 from .spec import ConvSpec
 from . import _plan
-from .families import (bias as _bias, depthwise, dgrad_forward, direct, direct_smem, elementwise, im2col_gemm,
-                       implicit_gemm, winograd, winograd_fused)
+from .families import (bias as _bias, depthwise, direct, direct_smem, elementwise, im2col_gemm, implicit_gemm,
+                       winograd, winograd_fused)
 
 __all__ = ["PASSES", "algorithms", "select_algorithm", "resolve", "get", "prepare", "cpu", "reason_unsupported"]
 
@@ -179,9 +179,10 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
       (no column matrix; with fewer taps cuBLAS's GEMM wins); with tensor cores FFMA kernels are out of the
       race;
     - tensor-core arithmetic (float32 "tf32", float16, bfloat16), forward and stride-1 dgrad with at least
-      32 filters in the pass, except 1x1 stride-1 unpadded layers (a plain GEMM for im2col_gemm) unless the
-      device runs wgmma and the planes are small (``_POINTWISE_GEMM_MIN_PIXELS_*``), where implicit_gemm's
-      NchwTile reads them as they are: ``implicit_gemm``, which never writes the column matrix;
+      32 filters in the pass or several groups (im2col_gemm's GEMM per group is many times slower), except 1x1
+      stride-1 unpadded layers (a plain GEMM for im2col_gemm) unless the pass is a forward on a device that runs
+      wgmma on small planes (``_POINTWISE_GEMM_MIN_PIXELS_*``), where implicit_gemm's NchwTile reads them as they
+      are: ``implicit_gemm``, which never writes the column matrix;
     - tensor-core arithmetic, wgrad of one group, except 1x1 stride-1 unpadded layers on large planes
       (``_POINTWISE_WGRAD_GEMM_MIN_PIXELS_*``): ``implicit_gemm`` (the forward kernels on x and dy with samples
       and channels swapped, split over the reduction: no column matrix, no per-sample partial sums);
@@ -197,11 +198,9 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
     large = pixels >= (1 << 19)
     filters = {"fprop": spec.k_per_group, "dgrad": spec.c_per_group}.get(pass_)
     channels = {"fprop": spec.c_per_group, "dgrad": spec.k_per_group}.get(pass_)
-    forward = spec if pass_ != "dgrad" else dgrad_forward.forward_spec(spec)  # (pointwise: never None)
-    pointwise = spec.is_pointwise_identity and not (wgmma and pass_ in ("fprop", "dgrad")
-                                                    and implicit_gemm.nchw_fits(forward, dtype)
+    pointwise = spec.is_pointwise_identity and not (wgmma and pass_ == "fprop" and implicit_gemm.nchw_fits(spec, dtype)
                                                     and spec.p * spec.q < _pointwise_gemm_min_pixels(dtype))
-    if not ffma and filters is not None and filters >= _IMPLICIT_GEMM_MIN_FILTERS and not pointwise:
+    if not ffma and filters is not None and (filters >= _IMPLICIT_GEMM_MIN_FILTERS or spec.groups > 1) and not pointwise:
         yield "implicit_gemm"
     if (not ffma and pass_ == "wgrad" and spec.groups == 1
             and not (spec.is_pointwise_identity and spec.p * spec.q >= _pointwise_wgrad_gemm_min_pixels(dtype))):

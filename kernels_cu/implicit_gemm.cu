@@ -96,15 +96,16 @@ using namespace cuconv;
 // Both pack kernels take their sizes as one struct (host time per launch argument, see CUCONV_IGEMM_PARAMS):
 // channels c and padded cp, pixels per sample hw, units (pack_nhwc: hw tiles; pack_nhwc_narrow: 16-byte
 // output vectors, of which in_blocks blocks take care), and the weight's k_valid filters, rs taps, row length
-// and total elements (0: none); then the input's strides in elements: between samples and between channels
+// and total elements (0: none), its channels w_c, their pitch in a row w_cp (a group's padded channels) and
+// rows per group w_kp (groups follow each other: row kk is filter kk % w_kp of group kk / w_kp); then the input's strides in elements: between samples and channels
 // (an NCHW input: c·hw and hw; wgrad packs x and dy with samples and channels swapped, ``transposed_spec``)
 // and between packed samples (hw·cp, or a packed weight row where wgrad packs dy as its weight). The Python
 // twin builds the same layout (PACK_SHAPE_DTYPE).
 struct PackShape {
-    int c, cp, hw, units, in_blocks, k_valid, rs;
+    int c, cp, hw, units, in_blocks, k_valid, rs, w_c, w_cp, w_kp;
     long long w_row, w_total, src_sample, src_channel, dst_sample;
 };
-static_assert(sizeof(PackShape) == 72 && alignof(PackShape) == 8,  // 7 ints, 4 bytes of padding, 5 long longs
+static_assert(sizeof(PackShape) == 80 && alignof(PackShape) == 8,  // 10 ints, then 5 long longs
               "PACK_SHAPE_DTYPE in cuconv/families/implicit_gemm.py has this layout");
 
 // Block `block` of `blocks` packs rows block, block + blocks, ... of the weight, its 256 threads along a row
@@ -115,12 +116,13 @@ __device__ __forceinline__ void pack_weight_part(const T* __restrict__ src, T* _
     const int row = static_cast<int>(ps.w_row);
     const long long rows = ps.w_total / ps.w_row;
     for (long long kk = block; kk < rows; kk += blocks) {
-        const T* s = src + kk * ps.c * ps.rs;
+        const long long grp = kk / ps.w_kp, kl = kk - grp * ps.w_kp;
+        const T* s = src + (grp * ps.k_valid + kl) * ps.w_c * ps.rs;
         T* d = dst + kk * ps.w_row;
-        const bool k_ok = kk < ps.k_valid;
+        const bool k_ok = kl < ps.k_valid;
         for (int j = thread; j < row; j += 256) {
-            const int tap = j / ps.cp, ch = j - tap * ps.cp;
-            d[j] = k_ok && ch < ps.c && tap < ps.rs ? igemm::prepare<T, kTf32>(s[ch * ps.rs + tap]) : zero<T>();
+            const int tap = j / ps.w_cp, ch = j - tap * ps.w_cp;
+            d[j] = k_ok && ch < ps.w_c && tap < ps.rs ? igemm::prepare<T, kTf32>(s[ch * ps.rs + tap]) : zero<T>();
         }
     }
 }
@@ -228,13 +230,17 @@ namespace igemm {
 // (NCHW: k·p·q and p·q; wgrad writes dW (K, C, R, S) from images that are its input channels: r·s and c·r·s).
 // Split-K: block z reduces k tiles [z·split_tiles, (z + 1)·split_tiles) and, where split_stride is not 0,
 // writes its fp32 partial sums at z·split_stride floats into the output (a workspace the caller sums in a
-// fixed order: deterministic). The Python twin builds the same layout (GEOMETRY_DTYPE).
+// fixed order: deterministic). Groups: cp is a group's channels (its reduction), pix the packed input's pixel
+// stride (all groups' channels), k a group's filters and kp its rows of the packed weight; block row n0 of the
+// weight is group n0 / kp, which reads the input's channels from (n0 / kp)·cp and writes filters from
+// (n0 / kp)·k (one group: pix = cp, kp the padded filters). The Python twin builds the same layout
+// (GEOMETRY_DTYPE).
 struct Geometry {
     int h, w, cp, k, p, q, r, s, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, m, k_tiles;
     long long w_row, out_img, out_k, split_stride;
-    int split_tiles, unused;
+    int split_tiles, pix, kp, unused;
 };
-static_assert(sizeof(Geometry) == 104 && alignof(Geometry) == 8,  // 16 ints, 4 long longs from byte 64, 2 ints
+static_assert(sizeof(Geometry) == 112 && alignof(Geometry) == 8,  // 16 ints, 4 long longs from byte 64, 4 ints
               "GEOMETRY_DTYPE in cuconv/families/implicit_gemm.py has this layout");
 
 // One thread's share of a k tile: the 16-byte vector column `vec` of ROWS_A rows of A (output pixels,
@@ -268,7 +274,7 @@ struct TileLoader {
                 const int op = rem / g.q;
                 const int oq = rem - op * g.q;
                 const int ih = op * g.stride_h - g.pad_h, iw = oq * g.stride_w - g.pad_w;
-                a_off[i] = ((img * g.h + ih) * g.w + iw) * g.cp;
+                a_off[i] = ((img * g.h + ih) * g.w + iw) * g.pix + n0 / g.kp * g.cp;
                 a_hw[i] = (ih << 16) | (iw & 0xffff);
             } else {
                 a_off[i] = 0;
@@ -288,7 +294,7 @@ struct TileLoader {
                                          unsigned b_dst, int row_bytes) {
         const bool k_valid = kr < g.r;
         const int dr = kr * g.dil_h, ds = ks * g.dil_w;
-        const int offset = (dr * g.w + ds) * g.cp + kc;
+        const int offset = (dr * g.w + ds) * g.pix + kc;
 #pragma unroll
         for (int i = 0; i < A_ITERS; ++i) {
             const int ih = (a_hw[i] >> 16) + dr, iw = ((a_hw[i] << 16) >> 16) + ds;
@@ -318,6 +324,9 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
     constexpr int kCPitch = BM + 4;
     constexpr int kCols = BM / 32;  // output pixels per lane per channel
     const int pq = g.p * g.q;
+    const int grp = n0 / g.kp;  // the group's filters, from filter grp·k of the output
+    const long long filter0 = static_cast<long long>(grp) * g.k;
+    n0 -= grp * g.kp;
     if constexpr (BM % 128 == 0) {
         const int img = m0 / pq, rem = m0 - img * pq;
         if (rem + BM <= pq && m0 + BM <= g.m && pq % 4 == 0 && g.out_img % 4 == 0 && g.out_k % 4 == 0 &&
@@ -326,8 +335,8 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
             for (int nl = warp; nl < BN; nl += WARPS) {
                 const int n = n0 + nl;
                 if (n >= g.k) break;
-                const float b = bias != nullptr ? to_acc(bias[n]) : 0.f;
-                T* dst = yl + n * g.out_k;
+                const float b = bias != nullptr ? to_acc(bias[filter0 + n]) : 0.f;
+                T* dst = yl + (filter0 + n) * g.out_k;
 #pragma unroll
                 for (int j = 0; j < BM / 128; ++j) {
                     const float4 v = *reinterpret_cast<const float4*>(&c_smem[nl * kCPitch + 128 * j + 4 * lane]);
@@ -361,8 +370,8 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
     for (int nl = warp; nl < BN; nl += WARPS) {
         const int n = n0 + nl;
         if (n >= g.k) break;
-        const float b = bias != nullptr ? to_acc(bias[n]) : 0.f;
-        T* yn = y + n * g.out_k;
+        const float b = bias != nullptr ? to_acc(bias[filter0 + n]) : 0.f;
+        T* yn = y + (filter0 + n) * g.out_k;
 #pragma unroll
         for (int j = 0; j < kCols; ++j)
             if (m_ok[j]) yn[out_off[j]] = from_acc<T>(c_smem[nl * kCPitch + lane + 32 * j] + b);

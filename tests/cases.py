@@ -59,6 +59,8 @@ CASES = [
     _p("stride2x3_pad1x2", (2, 3, 19, 23), (4, 3, 3, 4), stride=(2, 3), padding=(1, 2)),
     _p("stride2_dil2_pad3", (2, 4, 21, 20), (5, 4, 3, 3), stride=2, dilation=2, padding=3),
     _p("groups2", (2, 6, 9, 10), (8, 3, 3, 3), groups=2, padding=1),
+    _p("groups4_c8", (2, 32, 11, 9), (24, 8, 3, 3), groups=4, padding=1),
+    _p("groups3_c16_stride2", (3, 48, 13, 10), (48, 16, 3, 3), groups=3, stride=2, padding=1, bias=False),
     _p("depthwise", (2, 5, 11, 9), (5, 1, 3, 3), groups=5, padding=1),
     _p("depthwise_mult3_3x1", (2, 4, 10, 9), (12, 1, 3, 1), groups=4, padding=(1, 0)),
     _p("same_even_4x2", (2, 3, 10, 9), (4, 3, 4, 2), padding="same"),

@@ -235,8 +235,9 @@ def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None, nchw: bool = None):
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """How one problem runs: the tile, padded channels ``cp``, the k tiles, packed weight rows (``kp`` ×
-    ``w_row``) and samples per chunk. An ``NchwTile`` packs nothing: ``cp`` is C and ``w_row`` C·R·S, the
+    """How one problem runs: the tile, a group's padded channels ``cp``, the k tiles, packed weight rows (``kp``
+    per group × ``w_row``), samples per chunk, the groups and the packed input's pixel stride ``pix`` (all
+    groups' channels: ``groups · cp``). An ``NchwTile`` packs nothing: ``cp`` is C and ``w_row`` C·R·S, the
     weight's own rows."""
 
     tile: Tile
@@ -245,15 +246,20 @@ class Plan:
     w_row: int
     kp: int
     samples: int
+    groups: int = 1
+
+    @property
+    def pix(self) -> int:
+        return self.groups * self.cp
 
     def sample_bytes(self, spec: ConvSpec, itemsize: int) -> int:
         """One packed sample of the workspace (none for an NchwTile)."""
-        return 0 if self.tile.nchw else spec.h * spec.w * self.cp * itemsize
+        return 0 if self.tile.nchw else spec.h * spec.w * self.pix * itemsize
 
     def weight_bytes(self, itemsize: int) -> int:
         """The packed weight, which shares the workspace with a chunk of packed samples (none for an
         NchwTile)."""
-        return 0 if self.tile.nchw else self.kp * self.w_row * itemsize
+        return 0 if self.tile.nchw else self.groups * self.kp * self.w_row * itemsize
 
 
 # An NchwTile's k table (8 bytes per k in shared memory) up to this many k: reductions up to C·R·S = 2048
@@ -264,10 +270,10 @@ _NCHW_MAX_TAPS = 31
 
 
 def nchw_fits(spec: ConvSpec, dtype) -> bool:
-    """Whether an ``NchwTile`` can serve this problem: its k table fits (``_NCHW_MAX_K``) and the kernel's taps
-    fit a 32-bit word (``_NCHW_MAX_TAPS``)."""
+    """Whether an ``NchwTile`` can serve this problem: one group, its k table fits (``_NCHW_MAX_K``) and the
+    kernel's taps fit a 32-bit word (``_NCHW_MAX_TAPS``)."""
     tile_k = WgmmaTile.kbytes // numpy.dtype(dtype).itemsize
-    return (-(-spec.crs_per_group // tile_k) * tile_k <= _NCHW_MAX_K
+    return (spec.groups == 1 and -(-spec.crs_per_group // tile_k) * tile_k <= _NCHW_MAX_K
             and spec.r * spec.s <= _NCHW_MAX_TAPS)
 
 
@@ -289,12 +295,12 @@ def plan(spec: ConvSpec, dtype, tile: Tile = None, workspace_limit: int = None) 
     k_tiles = _packed_k_tiles(spec, itemsize, tile.kbytes)
     w_row = k_tiles * tile_k
     limit = config.workspace_limit if workspace_limit is None else workspace_limit
-    per_sample = max(1, spec.h * spec.w * cp)
+    per_sample = max(1, spec.h * spec.w * cp * spec.groups)
     # the workspace: the packed weight, then the chunk. int offsets in the kernel: a chunk's packed input and
     # its GEMM rows stay below 2^31
-    samples = max(1, min(spec.n, (limit - kp * w_row * itemsize) // (per_sample * itemsize),
+    samples = max(1, min(spec.n, (limit - spec.groups * kp * w_row * itemsize) // (per_sample * itemsize),
                          _INT_MAX // per_sample, _INT_MAX // max(1, spec.p * spec.q), _MAX_GRID_Z))
-    return Plan(tile, cp, k_tiles, w_row, kp, samples)
+    return Plan(tile, cp, k_tiles, w_row, kp, samples, spec.groups)
 
 
 def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee",
@@ -319,15 +325,16 @@ def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits
     reason = _arithmetic_reason(dtype, precision)
     if reason is not None:
         return reason
-    if spec.groups != 1:
-        return f"grouped convolutions (groups={spec.groups}) are not implemented"
+    if spec.groups != 1 and spec.c_per_group * dtype.itemsize % 16:
+        return (f"a group's channels (C/groups = {spec.c_per_group}) must fill whole 16-byte vectors (a multiple "
+                f"of {16 // dtype.itemsize} in {dtype})")
     if max(*spec.stride, *spec.dilation, *spec.pad, spec.p, spec.q) > _INT_MAX:
         return "its geometry struct holds strides, dilations, paddings and output sizes in 32 bits"
     pl = plan(spec, dtype, choose_tile(spec, dtype, limits.wgmma), limits.workspace_limit)
     padded_h, padded_w = spec.h + spec.pad[0] + spec.pad[1], spec.w + spec.pad[2] + spec.pad[3]
     if max(padded_h, padded_w) > _MAX_SIDE:
         return f"its padded image ({padded_h} x {padded_w}) exceeds the kernel's 16-bit pixel coordinates"
-    if padded_h * padded_w * pl.cp > _INT_MAX:
+    if padded_h * padded_w * pl.pix > _INT_MAX:
         return "one sample's padded image is too large for the kernel's 32-bit in-sample offsets"
     need = pl.sample_bytes(spec, dtype.itemsize) + pl.weight_bytes(dtype.itemsize)
     if need > limits.workspace_limit:
@@ -348,14 +355,15 @@ def _kernel(name: str, grid: tuple, block: tuple, scalars: tuple, smem: int = 0)
 
 
 # The kernels' structs, passed by value: one argument instead of 9 or 17 (host time per launch).
-PACK_SHAPE_DTYPE = numpy.dtype([(f, numpy.int32) for f in ("c", "cp", "hw", "units", "in_blocks", "k_valid", "rs")]
+PACK_SHAPE_DTYPE = numpy.dtype([(f, numpy.int32) for f in ("c", "cp", "hw", "units", "in_blocks", "k_valid", "rs",
+                                                             "w_c", "w_cp", "w_kp")]
                                + [(f, numpy.int64) for f in ("w_row", "w_total", "src_sample", "src_channel",
                                                              "dst_sample")], align=True)
 _GEOMETRY_FIELDS = ("h", "w", "cp", "k", "p", "q", "r", "s", "stride_h", "stride_w", "pad_h", "pad_w", "dil_h",
                     "dil_w", "m", "k_tiles")
 GEOMETRY_DTYPE = numpy.dtype([(f, numpy.int32) for f in _GEOMETRY_FIELDS]
                              + [(f, numpy.int64) for f in ("w_row", "out_img", "out_k", "split_stride")]
-                             + [("split_tiles", numpy.int32), ("unused", numpy.int32)], align=True)
+                             + [(f, numpy.int32) for f in ("split_tiles", "pix", "kp", "unused")], align=True)
 
 # pack_nhwc_narrow up to this many bytes per packed pixel: as fast as pack_nhwc or faster on every benchmark
 # layer (H200: 64-256 bytes, e.g. fp16 rect_5x7 96 against 117 us, fp32 square_5x9 151 against 177 us)
@@ -364,30 +372,34 @@ _WEIGHT_BLOCKS = 1024     # at most this many blocks of 256 threads pack the wei
 
 
 def _pack_kernel(spec: ConvSpec, dtype, cp: int, samples: int, weight: "Plan" = None) -> "_loader.PreparedLaunch":
-    """One launch packing ``samples`` samples (C, H, W) -> (H, W, cp), channels zero-padded, and with a
-    ``weight`` plan also the weight, KCRS -> (kp, w_row) zero-padded with k index (r·S + s)·cp + c; float32
-    rounded to TF32 on the way. Pointers: x, packed x, w, packed w (ignored without a weight)."""
+    """One launch packing ``samples`` samples (C, H, W) -> (H, W, cp), channels zero-padded (``cp`` the pixel
+    stride: all groups' channels), and with a ``weight`` plan also the weight, KCRS -> (groups, kp, w_row)
+    zero-padded with k index (r·S + s)·cp + c; float32 rounded to TF32 on the way. Pointers: x, packed x, w,
+    packed w (ignored without a weight)."""
     hw = spec.h * spec.w
-    return _pack_launch(dtype, spec.c, cp, hw, samples, spec.c * hw, hw, hw * cp, weight, spec.k, spec.r * spec.s)
+    return _pack_launch(dtype, spec.c, cp, hw, samples, spec.c * hw, hw, hw * cp, weight, spec.k_per_group,
+                        spec.r * spec.s, spec.c_per_group)
 
 
 def _pack_launch(dtype, c: int, cp: int, hw: int, samples: int, src_sample: int, src_channel: int, dst_sample: int,
-                 weight: "Plan" = None, k_valid: int = 0, rs: int = 0) -> "_loader.PreparedLaunch":
+                 weight: "Plan" = None, k_valid: int = 0, rs: int = 0, w_c: int = 0) -> "_loader.PreparedLaunch":
     """The packing launch: ``samples`` samples of ``c`` channels of ``hw`` pixels, ``src_sample`` and
     ``src_channel`` elements apart, to (hw, cp) each, ``dst_sample`` elements apart, and with a ``weight`` plan
-    the KCRS weight of ``k_valid`` filters and ``rs`` taps too. Pixels of up to 256 bytes take one thread per
+    the KCRS weight of ``k_valid`` filters per group, ``w_c`` channels and ``rs`` taps too. Pixels of up to 256 bytes take one thread per
     16-byte output vector (``pack_nhwc_narrow``: 2-10x faster than pack_nhwc below 64 bytes, where its
     32-channel tiles idle, and up to 20% at 128-256), wider ones 32 x 64 transposes in shared memory; the
     weight takes extra blocks of the same launch."""
     dtype = numpy.dtype(dtype)
     ctype = _dtypes.ctype_of(dtype)
-    w_total = 0 if weight is None else weight.kp * weight.w_row
+    w_total = 0 if weight is None else weight.groups * weight.kp * weight.w_row
     w_row = 0 if weight is None else weight.w_row
+    w_kp = 1 if weight is None else weight.kp
+    w_cp = 1 if weight is None else weight.cp
     w_blocks = min(_WEIGHT_BLOCKS, w_total // w_row if w_row else 0)  # a block per row
 
     def shape(units: int, in_blocks: int = 0):
-        return numpy.array((c, cp, hw, units, in_blocks, k_valid, rs, w_row, w_total, src_sample, src_channel,
-                            dst_sample), dtype=PACK_SHAPE_DTYPE)[()]
+        return numpy.array((c, cp, hw, units, in_blocks, k_valid, rs, w_c, w_cp, w_kp, w_row, w_total, src_sample,
+                            src_channel, dst_sample), dtype=PACK_SHAPE_DTYPE)[()]
 
     if cp * dtype.itemsize <= _NARROW_PIXEL_BYTES:
         vecs = samples * hw * cp * dtype.itemsize // 16
@@ -411,13 +423,13 @@ def _gemm_kernel(spec: ConvSpec, dtype, pl: Plan, samples: int, out_strides: tup
     out_img, out_k = out_strides or (spec.k * spec.p * spec.q, spec.p * spec.q)
     split_tiles = split_tiles or pl.k_tiles
     split_stride = 0 if splits == 1 else m * spec.k
-    geometry = numpy.array((spec.h, spec.w, pl.cp, spec.k, spec.p, spec.q, spec.r, spec.s, spec.stride[0],
+    geometry = numpy.array((spec.h, spec.w, pl.cp, spec.k_per_group, spec.p, spec.q, spec.r, spec.s, spec.stride[0],
                             spec.stride[1], spec.pad[0], spec.pad[2], spec.dilation[0], spec.dilation[1], m,
-                            pl.k_tiles, pl.w_row, out_img, out_k, split_stride, split_tiles, 0),
+                            pl.k_tiles, pl.w_row, out_img, out_k, split_stride, split_tiles, pl.pix, pl.kp, 0),
                            dtype=GEOMETRY_DTYPE)[()]
     smem = t.smem_bytes + (t.table_bytes(pl.k_tiles, numpy.dtype(dtype).itemsize) if t.nchw else 0)
-    return _kernel(t.kernel_name(_dtypes.ctype_of(dtype)), (-(-m // t.bm), pl.kp // t.bn, splits), (t.threads, 1, 1),
-                   (geometry,), smem=smem)
+    return _kernel(t.kernel_name(_dtypes.ctype_of(dtype)), (-(-m // t.bm), pl.groups * pl.kp // t.bn, splits),
+                   (t.threads, 1, 1), (geometry,), smem=smem)
 
 
 SPLIT_SUM_DTYPE = numpy.dtype([("n", numpy.int64), ("splits", numpy.int32), ("pq", numpy.int32), ("k", numpy.int32),
@@ -439,13 +451,13 @@ _SPLIT_MIN_TILES = 4
 _MAX_SPLITS = 128
 
 
-def splits_for(m: int, filters: int, tile, k_tiles: int, sm_count: int, room: int) -> int:
-    """How many k ranges a GEMM of ``m`` rows and ``filters`` filters (``k_tiles`` k tiles) on ``tile`` is split into
-    on a device of ``sm_count`` SMs, with ``room`` bytes for the fp32 partial sums of m x filters outputs each; 1
-    for an NchwTile (its kernel reduces every k tile itself)."""
+def splits_for(m: int, filters: int, tile, k_tiles: int, sm_count: int, room: int, groups: int = 1) -> int:
+    """How many k ranges a GEMM of ``m`` rows and ``filters`` filters in ``groups`` groups (``k_tiles`` k tiles) on
+    ``tile`` is split into on a device of ``sm_count`` SMs, with ``room`` bytes for the fp32 partial sums of
+    m x filters outputs each; 1 for an NchwTile (its kernel reduces every k tile itself)."""
     if tile.nchw:
         return 1
-    blocks = -(-m // tile.bm) * -(-filters // tile.bn)
+    blocks = -(-m // tile.bm) * groups * -(-filters // groups // tile.bn)
     splits = min(round(sm_count / blocks), k_tiles // _SPLIT_MIN_TILES, _MAX_SPLITS, room // max(1, 4 * m * filters))
     return splits if splits >= 2 else 1
 
@@ -460,16 +472,16 @@ def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int, sm
     limit and SMs: a layer called again spends no host time planning."""
     pl = plan(spec, dtype, tile, workspace_limit)
     itemsize = numpy.dtype(dtype).itemsize
-    packed = 0 if pl.tile.nchw else (pl.kp * pl.w_row + pl.samples * spec.h * spec.w * pl.cp) * itemsize
+    packed = pl.weight_bytes(itemsize) + pl.samples * pl.sample_bytes(spec, itemsize)
     m = pl.samples * spec.p * spec.q
     if splits is None:
-        splits = splits_for(m, spec.k, pl.tile, pl.k_tiles, sm_count, workspace_limit - packed)
+        splits = splits_for(m, spec.k, pl.tile, pl.k_tiles, sm_count, workspace_limit - packed, spec.groups)
     split_tiles = -(-pl.k_tiles // splits)
     splits = -(-pl.k_tiles // split_tiles)  # (no empty range)
     chunks = []
     for n0 in range(0, spec.n, pl.samples):
         nb = min(pl.samples, spec.n - n0)
-        pack = None if pl.tile.nchw else _pack_kernel(spec, dtype, pl.cp, nb, pl if n0 == 0 else None)
+        pack = None if pl.tile.nchw else _pack_kernel(spec, dtype, pl.pix, nb, pl if n0 == 0 else None)
         sums = None if splits == 1 else _sum_kernel(dtype, nb * spec.k * spec.p * spec.q, splits, spec.p * spec.q,
                                                      spec.k, sm_count)
         chunks.append((n0 * spec.c * spec.h * spec.w * itemsize, n0 * spec.k * spec.p * spec.q * itemsize, pack,
@@ -482,7 +494,7 @@ def pack_operands(x, w, spec: ConvSpec, pl: Plan, packed_x, packed_w=None) -> No
     weight too, in one launch (``_pack_kernel``) on CuPy's current stream."""
     import cupy
 
-    kernel = _pack_kernel(spec, x.dtype, pl.cp, x.shape[0], None if packed_w is None else pl)
+    kernel = _pack_kernel(spec, x.dtype, pl.pix, x.shape[0], None if packed_w is None else pl)
     kernel(cupy.cuda.get_current_stream().ptr, x.data.ptr, packed_x.data.ptr, 0 if packed_w is None else w.data.ptr,
            0 if packed_w is None else packed_w.data.ptr)
 

@@ -18,7 +18,8 @@ def _implicit_gemm_tile_cases():
     from cuconv.families import implicit_gemm
 
     out = []
-    for param in TILING_CASES + [c for c in CASES if c.id in ("k5x9_d2x3_p2x4", "stride2_dil2_pad3", "same_even_dil3")]:
+    for param in TILING_CASES + [c for c in CASES if c.id in ("k5x9_d2x3_p2x4", "stride2_dil2_pad3", "same_even_dil3",
+                                                               "groups4_c8", "groups3_c16_stride2")]:
         case = param.values[0]
         if implicit_gemm.reason_unsupported(case_spec(case), numpy.float16) is None:
             out += [pytest.param(case, t, id=f"{param.id}-{t}") for t in implicit_gemm.TILES]
