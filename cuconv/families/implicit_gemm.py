@@ -1,7 +1,9 @@
 """Algorithm ``implicit_gemm``: Python twin of ``kernels_cu/implicit_gemm.cu``, tensor-core implicit GEMM.
 
-Forward (and dgrad at stride 1, as the forward convolution of ``dy``, ``dgrad_forward``) for float32 at
-``precision="tf32"``, float16 and bfloat16, fp32 accumulation. Per chunk of samples:
+Forward, dgrad at stride 1 (the forward convolution of ``dy``, ``dgrad_forward``) and wgrad (the forward
+convolution of x by dy with samples and channels swapped, ``transposed_spec``) for float32 at ``precision="tf32"``,
+float16 and bfloat16, fp32 accumulation; grouped forward and dgrad where C/groups fills 16-byte vectors (groups
+are blocks of the filter grid). Per chunk of samples:
 
 1. ``pack_nhwc`` (``pack_nhwc_narrow`` for few channels) copies the input to NHWC with channels padded to
    ``cp`` (a multiple of one 16-byte vector), rounding float32 to TF32 on the way (the workspace:
@@ -21,7 +23,8 @@ reduction length. The launches of a problem are planned once (``_launches``) and
 (``_loader.PreparedLaunch``): a call costs two launches per chunk and one allocation of host time, an
 NchwTile one launch per chunk and no allocation.
 float32 "ieee" and float64 are refused (they need FFMA arithmetic: ``direct_smem`` / ``im2col_gemm``), as are grouped
-convolutions.
+wgrads. Where the grid would leave SMs idle the GEMM is split over k ranges (``splits_for``): fp32 partial sums that
+``sum_splits`` adds in a fixed order with the bias.
 """
 
 from __future__ import annotations
