@@ -3,8 +3,9 @@
 ``load(stem, name_expressions)`` reads ``kernels_cu/<stem>.cu``, prepends ``#line 1 "<path>"`` so compiler
 errors name the real file and line, compiles it with ``cupy.RawModule`` (CuPy's on-disk cache applies),
 and memoizes the module per device. ``get_function`` compiles each kernel alone, on first use: a process
-builds only the instances it runs, and threads warming up different layers compile at once. ``compile_options()`` is also what the CPU-only compile check in the
-test suite passes to NVRTC, so CI builds exactly what the GPU will.
+builds only the instances it runs, and threads warming up different layers compile at once.
+``compile_options()`` is also what the CPU-only compile check in the test suite passes to NVRTC, so CI builds
+exactly what the GPU will.
 """
 
 from __future__ import annotations

@@ -155,9 +155,8 @@ _POINTWISE_WGRAD_GEMM_MIN_PIXELS_TF32 = 14 * 14
 
 
 def _pointwise_wgrad_gemm_min_pixels(dtype) -> int:
-    if numpy.dtype(dtype).itemsize == 2:
-        return _POINTWISE_WGRAD_GEMM_MIN_PIXELS_HALF
-    return _POINTWISE_WGRAD_GEMM_MIN_PIXELS_TF32
+    half = numpy.dtype(dtype).itemsize == 2
+    return _POINTWISE_WGRAD_GEMM_MIN_PIXELS_HALF if half else _POINTWISE_WGRAD_GEMM_MIN_PIXELS_TF32
 
 
 # implicit_gemm's narrowest tile holds 64 filters: with fewer than 32 in the pass most of it idles.
@@ -200,7 +199,8 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
     channels = {"fprop": spec.c_per_group, "dgrad": spec.k_per_group}.get(pass_)
     pointwise = spec.is_pointwise_identity and not (wgmma and pass_ == "fprop" and implicit_gemm.nchw_fits(spec, dtype)
                                                     and spec.p * spec.q < _pointwise_gemm_min_pixels(dtype))
-    if not ffma and filters is not None and (filters >= _IMPLICIT_GEMM_MIN_FILTERS or spec.groups > 1) and not pointwise:
+    many_filters = filters is not None and (filters >= _IMPLICIT_GEMM_MIN_FILTERS or spec.groups > 1)
+    if not ffma and many_filters and not pointwise:
         yield "implicit_gemm"
     if (not ffma and pass_ == "wgrad" and spec.groups == 1
             and not (spec.is_pointwise_identity and spec.p * spec.q >= _pointwise_wgrad_gemm_min_pixels(dtype))):

@@ -97,10 +97,10 @@ using namespace cuconv;
 // channels c and padded cp, pixels per sample hw, units (pack_nhwc: hw tiles; pack_nhwc_narrow: 16-byte
 // output vectors, of which in_blocks blocks take care), and the weight's k_valid filters, rs taps, row length
 // and total elements (0: none), its channels w_c, their pitch in a row w_cp (a group's padded channels) and
-// rows per group w_kp (groups follow each other: row kk is filter kk % w_kp of group kk / w_kp); then the input's strides in elements: between samples and channels
-// (an NCHW input: c·hw and hw; wgrad packs x and dy with samples and channels swapped, ``transposed_spec``)
-// and between packed samples (hw·cp, or a packed weight row where wgrad packs dy as its weight). The Python
-// twin builds the same layout (PACK_SHAPE_DTYPE).
+// rows per group w_kp (groups follow each other: row kk is filter kk % w_kp of group kk / w_kp); then the
+// input's strides in elements between samples and between channels (an NCHW input: c·hw and hw; wgrad packs x
+// and dy with samples and channels swapped, ``transposed_spec``) and between packed samples (hw·cp, or a packed
+// weight row where wgrad packs dy as its weight). The Python twin builds the same layout (PACK_SHAPE_DTYPE).
 struct PackShape {
     int c, cp, hw, units, in_blocks, k_valid, rs, w_c, w_cp, w_kp;
     long long w_row, w_total, src_sample, src_channel, dst_sample;
@@ -192,7 +192,8 @@ pack_nhwc_narrow(const T* __restrict__ src, T* __restrict__ dst, const T* __rest
         const T* s = src + img * ps.src_sample + ch0 * ps.src_channel + pos;
         Vec16<T> v;
 #pragma unroll
-        for (int e = 0; e < V; ++e) v.v[e] = ch0 + e < c ? igemm::prepare<T, kTf32>(s[e * ps.src_channel]) : zero<T>();
+        for (int e = 0; e < V; ++e)
+            v.v[e] = ch0 + e < c ? igemm::prepare<T, kTf32>(s[e * ps.src_channel]) : zero<T>();
         *reinterpret_cast<Vec16<T>*>(dst + img * ps.dst_sample + pos * cp + ch0) = v;
     }
 }
@@ -205,7 +206,8 @@ struct SplitSum {
     long long n;
     int splits, pq, k, unused;
 };
-static_assert(sizeof(SplitSum) == 24 && alignof(SplitSum) == 8, "SPLIT_SUM_DTYPE in cuconv/families/implicit_gemm.py");
+static_assert(sizeof(SplitSum) == 24 && alignof(SplitSum) == 8,
+              "SPLIT_SUM_DTYPE in cuconv/families/implicit_gemm.py has this layout");
 
 template <typename T>
 __global__ void __launch_bounds__(256)

@@ -40,8 +40,8 @@ from .._config import config
 from ..spec import ConvSpec
 
 __all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "Tile", "WgmmaTile", "NchwTile", "TILES",
-           "transposed_spec", "wgrad_tile", "wgrad_splits", "wgmma_available", "choose_tile", "prefers_nchw", "nchw_fits", "Plan", "plan", "pack_operands",
-           "prepare", "NAME_EXPRESSIONS", "STEM"]
+           "transposed_spec", "wgrad_tile", "wgrad_splits", "splits_for", "wgmma_available", "choose_tile",
+           "prefers_nchw", "nchw_fits", "Plan", "plan", "pack_operands", "prepare", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "implicit_gemm"
 _INT_MAX = 2**31 - 1
@@ -388,10 +388,10 @@ def _pack_launch(dtype, c: int, cp: int, hw: int, samples: int, src_sample: int,
                  weight: "Plan" = None, k_valid: int = 0, rs: int = 0, w_c: int = 0) -> "_loader.PreparedLaunch":
     """The packing launch: ``samples`` samples of ``c`` channels of ``hw`` pixels, ``src_sample`` and
     ``src_channel`` elements apart, to (hw, cp) each, ``dst_sample`` elements apart, and with a ``weight`` plan
-    the KCRS weight of ``k_valid`` filters per group, ``w_c`` channels and ``rs`` taps too. Pixels of up to 256 bytes take one thread per
-    16-byte output vector (``pack_nhwc_narrow``: 2-10x faster than pack_nhwc below 64 bytes, where its
-    32-channel tiles idle, and up to 20% at 128-256), wider ones 32 x 64 transposes in shared memory; the
-    weight takes extra blocks of the same launch."""
+    the KCRS weight of ``k_valid`` filters per group, ``w_c`` channels and ``rs`` taps too. Pixels of up to 256
+    bytes take one thread per 16-byte output vector (``pack_nhwc_narrow``: 2-10x faster than pack_nhwc below 64
+    bytes, where its 32-channel tiles idle, and up to 20% at 128-256), wider ones 32 x 64 transposes in shared
+    memory; the weight takes extra blocks of the same launch, one per row."""
     dtype = numpy.dtype(dtype)
     ctype = _dtypes.ctype_of(dtype)
     w_total = 0 if weight is None else weight.groups * weight.kp * weight.w_row
@@ -566,7 +566,7 @@ def _wgrad_sizes(spec: ConvSpec, dtype, tile, splits: int):
 
 @functools.lru_cache(maxsize=1024)
 def _wgrad_launches(spec: ConvSpec, dtype, tile, splits: int, device: int, sm_count: int) -> WgradLaunches:
-    """Memoized per problem, tile, splits and device (a layer called again plans nothing)."""
+    """Memoized per problem, tile, splits, device and SMs (a layer called again plans nothing)."""
     t = transposed_spec(spec)
     pl, x_bytes, dy_bytes, partial_bytes = _wgrad_sizes(spec, dtype, tile, splits)
     hw, pq = spec.h * spec.w, spec.p * spec.q
