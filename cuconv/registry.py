@@ -182,9 +182,10 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
       stride-1 unpadded layers (a plain GEMM for im2col_gemm) unless the pass is a forward on a device that runs
       wgmma on small planes (``_POINTWISE_GEMM_MIN_PIXELS_*``), where implicit_gemm's NchwTile reads them as they
       are: ``implicit_gemm``, which never writes the column matrix;
-    - tensor-core arithmetic, wgrad of one group, except 1x1 stride-1 unpadded layers on large planes
-      (``_POINTWISE_WGRAD_GEMM_MIN_PIXELS_*``): ``implicit_gemm`` (the forward kernels on x and dy with samples
-      and channels swapped, split over the reduction: no column matrix, no per-sample partial sums);
+    - tensor-core arithmetic, wgrad (grouped ones too: all groups in one launch), except 1x1 stride-1 unpadded
+      layers on large planes (``_POINTWISE_WGRAD_GEMM_MIN_PIXELS_*``): ``implicit_gemm`` (the forward kernels
+      on x and dy with samples and channels swapped, split over the reduction: no column matrix, no per-sample
+      partial sums);
     - otherwise ``im2col_gemm``.
     """
     depthwise = spec.groups == spec.c and spec.groups > 1 and spec.c_per_group == 1
@@ -202,7 +203,7 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
     many_filters = filters is not None and (filters >= _IMPLICIT_GEMM_MIN_FILTERS or spec.groups > 1)
     if not ffma and many_filters and not pointwise:
         yield "implicit_gemm"
-    if (not ffma and pass_ == "wgrad" and spec.groups == 1
+    if (not ffma and pass_ == "wgrad"
             and not (spec.is_pointwise_identity and spec.p * spec.q >= _pointwise_wgrad_gemm_min_pixels(dtype))):
         yield "implicit_gemm"
     if (filters is not None and ffma and dtype == numpy.float32 and filters >= _WINOGRAD_FUSED_MIN_FILTERS

@@ -198,6 +198,47 @@ pack_nhwc_narrow(const T* __restrict__ src, T* __restrict__ dst, const T* __rest
     }
 }
 
+// dgrad at a stride above 1 (implicit_gemm.py): dx's pixels h ≡ ph (mod stride_h), w ≡ pw (phase (ph, pw))
+// are the forward convolution of dy, at stride 1, by the kernel's taps r ≡ ph + pad_h (mod stride_h), s
+// likewise, flipped; each phase's weight is packed here as the forward's weight rows are (filter c of a group,
+// k index (tap)·cp + channel k), all phases in one launch, phase after phase, rows of w_row elements, zero past
+// the group's filters and channels and the phase's taps. Block `block` packs rows block, block + blocks, ...
+// Taps (a, b) of a phase of th x tw taps read weight tap (r0 + stride_h·(th - 1 - a), s0 + stride_w·(tw - 1 - b)).
+struct PhaseWeights {
+    int groups, kg, cg, kp, cp, r, s, stride_h, stride_w, pad_h, pad_w, unused;
+    long long w_row, rows;
+};
+static_assert(sizeof(PhaseWeights) == 64 && alignof(PhaseWeights) == 8,  // 12 ints, then 2 long longs
+              "PHASE_WEIGHTS_DTYPE in cuconv/families/implicit_gemm.py has this layout");
+
+template <typename T, bool kTf32>
+__global__ void __launch_bounds__(256)
+pack_dgrad_phases(const T* __restrict__ w, T* __restrict__ dst, const PhaseWeights pw) {
+    const int per_phase = pw.groups * pw.kp, row = static_cast<int>(pw.w_row);
+    for (long long kk = blockIdx.x; kk < pw.rows; kk += gridDim.x) {
+        const int phase = static_cast<int>(kk / per_phase), rem = static_cast<int>(kk - phase * per_phase);
+        const int grp = rem / pw.kp, c = rem - grp * pw.kp;  // filter c of group grp: an input channel of x
+        const int ph = phase / pw.stride_w, pwq = phase - ph * pw.stride_w;
+        const int r0 = (ph + pw.pad_h) % pw.stride_h, s0 = (pwq + pw.pad_w) % pw.stride_w;
+        const int th = r0 < pw.r ? (pw.r - r0 + pw.stride_h - 1) / pw.stride_h : 0;
+        const int tw = s0 < pw.s ? (pw.s - s0 + pw.stride_w - 1) / pw.stride_w : 0;
+        const long long rs = static_cast<long long>(pw.r) * pw.s;
+        const T* src = w + (static_cast<long long>(grp) * pw.kg * pw.cg + c) * rs +
+                       (r0 + pw.stride_h * (th - 1)) * pw.s + s0 + pw.stride_w * (tw - 1);
+        T* d = dst + kk * pw.w_row;
+        const bool c_ok = c < pw.cg;
+        for (int j = threadIdx.x; j < row; j += 256) {
+            const int tap = j / pw.cp, k = j - tap * pw.cp;
+            T v = zero<T>();
+            if (c_ok && k < pw.kg && tap < th * tw) {
+                const int a = tap / tw, b = tap - a * tw;
+                v = igemm::prepare<T, kTf32>(src[k * pw.cg * rs - pw.stride_h * pw.s * a - pw.stride_w * b]);
+            }
+            d[j] = v;
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Split-K's last launch: y = Σ_z partials[z] + bias, the fp32 partial sums of the GEMM's k ranges (z = 0, 1,
 // ... in order: deterministic) with the filter's bias, rounded once. The partials have y's layout, n elements
@@ -232,17 +273,21 @@ namespace igemm {
 // (NCHW: k·p·q and p·q; wgrad writes dW (K, C, R, S) from images that are its input channels: r·s and c·r·s).
 // Split-K: block z reduces k tiles [z·split_tiles, (z + 1)·split_tiles) and, where split_stride is not 0,
 // writes its fp32 partial sums at z·split_stride floats into the output (a workspace the caller sums in a
-// fixed order: deterministic). Groups: cp is a group's channels (its reduction), pix the packed input's pixel
-// stride (all groups' channels), k a group's filters and kp its rows of the packed weight; block row n0 of the
-// weight is group n0 / kp, which reads the input's channels from (n0 / kp)·cp and writes filters from
-// (n0 / kp)·k (one group: pix = cp, kp the padded filters). The Python twin builds the same layout
-// (GEOMETRY_DTYPE).
+// fixed order: deterministic). Groups: k is a group's filters and kp its block rows (a multiple of the
+// tile's); block row n0 is group grp = n0 / kp, which reads the packed input from element grp·grp_a on, the
+// packed weight from row grp·w_rows on (w_rows: a group's rows there) and writes filters from grp·k, its m
+// (a group's GEMM rows) its own. The forward's groups split the channels: cp is a group's (its reduction),
+// pix the packed input's pixel stride (all groups' channels), grp_a = cp and w_rows = kp. wgrad's split the
+// images (x's channels), each group a GEMM of m = C/groups·R·S rows over the whole reduction: pix = cp,
+// grp_a a group's images, w_rows = k (dy's filters packed one after another). One group: grp is 0. The
+// Python twin builds the same layout (GEOMETRY_DTYPE). Output pixel (p, q) of an image sits at
+// p·out_row + q·out_col (q and 1 but where dgrad's phases write every stride-th pixel of dx).
 struct Geometry {
     int h, w, cp, k, p, q, r, s, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, m, k_tiles;
     long long w_row, out_img, out_k, split_stride;
-    int split_tiles, pix, kp, unused;
+    int split_tiles, pix, kp, grp_a, w_rows, out_row, out_col, unused;
 };
-static_assert(sizeof(Geometry) == 112 && alignof(Geometry) == 8,  // 16 ints, 4 long longs from byte 64, 4 ints
+static_assert(sizeof(Geometry) == 128 && alignof(Geometry) == 8,  // 16 ints, 4 long longs from byte 64, 8 ints
               "GEOMETRY_DTYPE in cuconv/families/implicit_gemm.py has this layout");
 
 // One thread's share of a k tile: the 16-byte vector column `vec` of ROWS_A rows of A (output pixels,
@@ -267,6 +312,7 @@ struct TileLoader {
     __device__ __forceinline__ TileLoader(const Geometry& g, const T* wp, int m0, int n0, int row0, int vec,
                                           int kt0) {
         const int pq = g.p * g.q;
+        const int grp = n0 / g.kp;
 #pragma unroll
         for (int i = 0; i < A_ITERS; ++i) {
             const int m = m0 + row0 + i * ROWS_PER_PASS;
@@ -276,7 +322,7 @@ struct TileLoader {
                 const int op = rem / g.q;
                 const int oq = rem - op * g.q;
                 const int ih = op * g.stride_h - g.pad_h, iw = oq * g.stride_w - g.pad_w;
-                a_off[i] = ((img * g.h + ih) * g.w + iw) * g.pix + n0 / g.kp * g.cp;
+                a_off[i] = ((img * g.h + ih) * g.w + iw) * g.pix + grp * g.grp_a;
                 a_hw[i] = (ih << 16) | (iw & 0xffff);
             } else {
                 a_off[i] = 0;
@@ -288,7 +334,7 @@ struct TileLoader {
         kc = k0 - tap * g.cp;
         kr = tap / g.s;
         ks = tap - kr * g.s;
-        b_ptr = wp + static_cast<long long>(n0 + row0) * g.w_row + k0;
+        b_ptr = wp + (static_cast<long long>(grp) * g.w_rows + (n0 - grp * g.kp) + row0) * g.w_row + k0;
     }
 
     // Issue this thread's cp.asyncs of the next k tile; a_dst/b_dst: shared address of its first row.
@@ -316,10 +362,10 @@ struct TileLoader {
 
 // The epilogue's second half, shared by all GEMM kernels: the block's fp32 tile, staged in shared memory as
 // c_smem[filter][pixel] (pitch BM + 4), goes to NCHW rows with bias added before the one rounding. A warp
-// writes one filter's BM pixels at a time. Where the tile's pixels are one run of a single image and the
-// runs are aligned (P·Q a multiple of 4, the output 4-element aligned) a lane writes 4 consecutive pixels
-// per store, 128 pixels of a filter row per warp store; elsewhere 32 consecutive pixels per store (whole
-// 128-byte runs in fp32), each pixel's image found on its own.
+// writes one filter's BM pixels at a time. Where the tile's pixels are one run of a single image, stored
+// densely, and the runs are aligned (P·Q a multiple of 4, the output 4-element aligned) a lane writes 4
+// consecutive pixels per store, 128 pixels of a filter row per warp store; elsewhere 32 pixels per store
+// (whole 128-byte runs in fp32 where dense), each pixel's image and place found on its own.
 template <typename T, int BM, int BN, int WARPS>
 __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geometry& g, const T* __restrict__ bias,
                                                 T* __restrict__ y, int m0, int n0, int warp, int lane) {
@@ -332,6 +378,7 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
     if constexpr (BM % 128 == 0) {
         const int img = m0 / pq, rem = m0 - img * pq;
         if (rem + BM <= pq && m0 + BM <= g.m && pq % 4 == 0 && g.out_img % 4 == 0 && g.out_k % 4 == 0 &&
+            g.out_col == 1 && g.out_row == g.q &&
             reinterpret_cast<unsigned long long>(y) % (4 * sizeof(T)) == 0) {
             T* yl = y + img * g.out_img + rem + 4 * lane;
             for (int nl = warp; nl < BN; nl += WARPS) {
@@ -366,8 +413,8 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
     for (int j = 0; j < kCols; ++j) {
         const int m = m0 + lane + 32 * j;
         m_ok[j] = m < g.m;
-        const int img = m_ok[j] ? m / pq : 0;
-        out_off[j] = img * g.out_img + (m - img * pq);
+        const int img = m_ok[j] ? m / pq : 0, rem = m - img * pq, op = rem / g.q;
+        out_off[j] = img * g.out_img + op * g.out_row + (rem - op * g.q) * g.out_col;
     }
     for (int nl = warp; nl < BN; nl += WARPS) {
         const int n = n0 + nl;

@@ -166,14 +166,22 @@ def test_implicit_gemm_reasons():
     assert "float64" in implicit_gemm.reason_unsupported(spec, _F64, "fprop", "ieee")
     assert implicit_gemm.reason_unsupported(spec, _F16, "wgrad") is None
     assert "precision='tf32'" in implicit_gemm.reason_unsupported(spec, _F32, "wgrad", "ieee")
-    assert "groups=2" in implicit_gemm.reason_unsupported(ConvSpec.from_args((1, 4, 8, 8), (4, 2, 3, 3), groups=2),
-                                                          _F16, "wgrad")
+    # wgrad's packed channels are the samples: any C/groups, depthwise included
+    assert implicit_gemm.reason_unsupported(ConvSpec.from_args((1, 4, 8, 8), (4, 2, 3, 3), groups=2), _F16,
+                                            "wgrad") is None
+    assert implicit_gemm.reason_unsupported(ConvSpec.from_args((3, 6, 8, 8), (12, 1, 3, 3), groups=6), _F16,
+                                            "wgrad") is None
     assert "grid z" in implicit_gemm.reason_unsupported(ConvSpec.from_args((1, 70000, 3, 3), (8, 70000, 1, 1)),
                                                         _F16, "wgrad")
     assert "C/groups = 2" in implicit_gemm.reason_unsupported(
         ConvSpec.from_args((1, 4, 8, 8), (4, 2, 3, 3), groups=2), _F16)
     assert implicit_gemm.reason_unsupported(ConvSpec.from_args((1, 32, 8, 8), (64, 8, 3, 3), groups=4), _F16) is None
-    assert "stride 1" in implicit_gemm.reason_unsupported(_P["stem_7x7_s2"], _F16, "dgrad")
+    # dgrad at a stride above 1: a GEMM per phase of the stride, at dilation 1
+    assert implicit_gemm.reason_unsupported(_P["stem_7x7_s2"], _F16, "dgrad") is None
+    assert "dilation 1" in implicit_gemm.reason_unsupported(
+        ConvSpec.from_args((1, 8, 9, 9), (8, 8, 3, 3), stride=2, dilation=2), _F16, "dgrad")
+    assert "16-byte vectors" in implicit_gemm.reason_unsupported(
+        ConvSpec.from_args((1, 8, 9, 9), (12, 2, 3, 3), stride=2, groups=4), _F16, "dgrad")
     assert "16-bit pixel" in implicit_gemm.reason_unsupported(ConvSpec.from_args((1, 1, 1, 40000), (1, 1, 1, 3)),
                                                               _F16)
     with cuconv.config(workspace_limit=1 << 20):

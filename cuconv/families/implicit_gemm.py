@@ -1,9 +1,10 @@
 """Algorithm ``implicit_gemm``: Python twin of ``kernels_cu/implicit_gemm.cu``, tensor-core implicit GEMM.
 
-Forward, dgrad at stride 1 (the forward convolution of ``dy``, ``dgrad_forward``) and wgrad (the forward
-convolution of x by dy with samples and channels swapped, ``transposed_spec``) for float32 at ``precision="tf32"``,
-float16 and bfloat16, fp32 accumulation; grouped forward and dgrad where C/groups fills 16-byte vectors (groups
-are blocks of the filter grid). Per chunk of samples:
+Forward, dgrad (at stride 1 the forward convolution of ``dy``, ``dgrad_forward``; at a larger stride one forward
+convolution of dy per phase of the stride, ``phase_specs``) and wgrad (the forward convolution of x by dy with
+samples and channels swapped, ``transposed_spec``) for float32 at ``precision="tf32"``, float16 and bfloat16, fp32
+accumulation; grouped forward and dgrad where the pass's channels per group fill 16-byte vectors, grouped wgrad
+at any group size (groups are blocks of the filter grid). Per chunk of samples:
 
 1. ``pack_nhwc`` (``pack_nhwc_narrow`` for few channels) copies the input to NHWC with channels padded to
    ``cp`` (a multiple of one 16-byte vector), rounding float32 to TF32 on the way (the workspace:
@@ -22,9 +23,9 @@ most (1x1 layers; float32 with few filters and taps: ``prefers_nchw``). Tiles (`
 reduction length. The launches of a problem are planned once (``_launches``) and prepared
 (``_loader.PreparedLaunch``): a call costs two launches per chunk and one allocation of host time, an
 NchwTile one launch per chunk and no allocation.
-float32 "ieee" and float64 are refused (they need FFMA arithmetic: ``direct_smem`` / ``im2col_gemm``), as are grouped
-wgrads. Where the grid would leave SMs idle the GEMM is split over k ranges (``splits_for``): fp32 partial sums that
-``sum_splits`` adds in a fixed order with the bias.
+float32 "ieee" and float64 are refused (they need FFMA arithmetic: ``direct_smem`` / ``im2col_gemm``), as are dilated
+dgrads at a stride above 1. Where the grid would leave SMs idle the GEMM is split over k ranges (``splits_for``):
+fp32 partial sums that ``sum_splits`` adds in a fixed order with the bias.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from .._config import config
 from ..spec import ConvSpec
 
 __all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "Tile", "WgmmaTile", "NchwTile", "TILES",
-           "transposed_spec", "wgrad_tile", "wgrad_splits", "splits_for", "wgmma_available", "choose_tile",
-           "prefers_nchw", "nchw_fits", "Plan", "plan", "pack_operands", "prepare", "NAME_EXPRESSIONS", "STEM"]
+           "transposed_spec", "phase_specs", "wgrad_tile", "wgrad_splits", "splits_for", "wgmma_available", "choose_tile",
+           "prefers_nchw", "nchw_fits", "narrow_group_tile", "Plan", "plan", "pack_operands", "prepare",
+           "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "implicit_gemm"
 _INT_MAX = 2**31 - 1
@@ -160,6 +162,8 @@ class NchwTile:
 # SM won everywhere but TF32 rect_5x7 (long reduction, 128 filters: 128 x 256, one block per SM); blocks of
 # 256 and 512 pixels with two warpgroups were 10-40% slower.
 TILES = {
+    "128x16": Tile(128, 16, 4, 1, 3),             # narrow groups: 4 warps of 32 pixels x 16 filters
+    "128x32": Tile(128, 32, 4, 1, 4, 64),
     "128x128": Tile(128, 128, 2, 4, 3),
     "128x64": Tile(128, 64, 2, 2, 4),
     "128x64_k64": Tile(128, 64, 2, 2, 4, 64),
@@ -173,7 +177,7 @@ TILES = {
 
 NAME_EXPRESSIONS = tuple(
     [t.kernel_name(c) for c in _TENSOR_CORE_TYPES for t in TILES.values()]
-    + [f"{k}<{c},{_tf32(c)}>" for k in ("pack_nhwc", "pack_nhwc_narrow")
+    + [f"{k}<{c},{_tf32(c)}>" for k in ("pack_nhwc", "pack_nhwc_narrow", "pack_dgrad_phases")
        for c in _TENSOR_CORE_TYPES]
     + [f"sum_splits<{c}>" for c in _TENSOR_CORE_TYPES])
 
@@ -208,9 +212,18 @@ def prefers_nchw(spec: ConvSpec, dtype) -> bool:
     return taps == 1 or (numpy.dtype(dtype).itemsize == 4 and spec.k_per_group * taps <= _NCHW_MAX_FILTER_TAPS_FP32)
 
 
+def narrow_group_tile(spec: ConvSpec):
+    """For several groups of up to 32 filters each, the mma.sync tile of 16 or 32 filters a block (any
+    device): the wgmma tiles' 64 filters a warpgroup would compute zeros for the rest. None otherwise."""
+    if spec.groups == 1 or spec.k_per_group > 32:
+        return None
+    return TILES["128x16" if spec.k_per_group <= 16 else "128x32"]
+
+
 def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None, nchw: bool = None):
     """``wgmma`` defaults to whether the current device has it (compute capability 9.0), ``nchw`` to
-    ``prefers_nchw``. There: an NchwTile where it is preferred and fits (64 filters per block up to 64 filters,
+    ``prefers_nchw``. Several groups of up to 32 filters take ``narrow_group_tile`` on any device. Else, on a
+    wgmma device: an NchwTile where it is preferred and fits (64 filters per block up to 64 filters,
     else 128); otherwise 64 filters
     per block where K/groups <= 64, with four slots for float32 reductions of 16 k tiles or more and three
     (three blocks per SM) otherwise; above 64 filters, 128 x 256 blocks for float32 reductions of 32 k tiles
@@ -220,6 +233,9 @@ def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None, nchw: bool = None):
     if wgmma is None:
         wgmma = wgmma_available()
     itemsize = numpy.dtype(dtype).itemsize
+    narrow = narrow_group_tile(spec)
+    if narrow is not None:
+        return narrow
     if wgmma:
         if nchw is None:
             nchw = prefers_nchw(spec, dtype)
@@ -311,6 +327,8 @@ def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: s
     """Why ``implicit_gemm`` cannot run this case under ``limits`` (default: the current device's), or None."""
     if pass_ == "wgrad":
         return _wgrad_reason(spec, dtype, precision, limits or _plan.current_limits())
+    if pass_ == "dgrad" and dgrad_forward.forward_spec(spec) is None:
+        return _phases_reason(spec, dtype, precision, limits or _plan.current_limits())
     return dgrad_forward.reason_unsupported(spec, dtype, pass_, precision, _forward_reason, limits)
 
 
@@ -366,7 +384,11 @@ _GEOMETRY_FIELDS = ("h", "w", "cp", "k", "p", "q", "r", "s", "stride_h", "stride
                     "dil_w", "m", "k_tiles")
 GEOMETRY_DTYPE = numpy.dtype([(f, numpy.int32) for f in _GEOMETRY_FIELDS]
                              + [(f, numpy.int64) for f in ("w_row", "out_img", "out_k", "split_stride")]
-                             + [(f, numpy.int32) for f in ("split_tiles", "pix", "kp", "unused")], align=True)
+                             + [(f, numpy.int32) for f in ("split_tiles", "pix", "kp", "grp_a", "w_rows", "out_row",
+                                                           "out_col", "unused")], align=True)
+PHASE_WEIGHTS_DTYPE = numpy.dtype([(f, numpy.int32) for f in ("groups", "kg", "cg", "kp", "cp", "r", "s", "stride_h",
+                                                                "stride_w", "pad_h", "pad_w", "unused")]
+                                  + [(f, numpy.int64) for f in ("w_row", "rows")], align=True)
 
 # pack_nhwc_narrow up to this many bytes per packed pixel: as fast as pack_nhwc or faster on every benchmark
 # layer (H200: 64-256 bytes, e.g. fp16 rect_5x7 96 against 117 us, fp32 square_5x9 151 against 177 us)
@@ -416,22 +438,32 @@ def _pack_launch(dtype, c: int, cp: int, hw: int, samples: int, src_sample: int,
     return _kernel(f"pack_nhwc<{ctype},{_tf32(ctype)}>", (gx, gy, samples + (w_total > 0)), (32, 8, 1), (shape(tiles),))
 
 
-def _gemm_kernel(spec: ConvSpec, dtype, pl: Plan, samples: int, out_strides: tuple = None, splits: int = 1,
+def _gemm_kernel(spec: ConvSpec, dtype, pl: Plan, samples: int, splits: int = 1,
                  split_tiles: int = None) -> "_loader.PreparedLaunch":
-    """The implicit GEMM of ``samples`` packed samples into their output, bias fused: NCHW, or images and filters
-    ``out_strides`` elements apart (wgrad); over ``splits`` ranges of ``split_tiles`` k tiles (grid z), each
-    writing fp32 partial sums, one output apart, where ``splits`` > 1."""
-    t = pl.tile
+    """The implicit GEMM of ``samples`` packed samples into their NCHW output, bias fused; over ``splits`` ranges
+    of ``split_tiles`` k tiles (grid z), each writing fp32 partial sums, one output apart, where ``splits`` > 1.
+    Groups split the channels (``Geometry``)."""
     m = samples * spec.p * spec.q
-    out_img, out_k = out_strides or (spec.k * spec.p * spec.q, spec.p * spec.q)
-    split_tiles = split_tiles or pl.k_tiles
-    split_stride = 0 if splits == 1 else m * spec.k
-    geometry = numpy.array((spec.h, spec.w, pl.cp, spec.k_per_group, spec.p, spec.q, spec.r, spec.s, spec.stride[0],
+    return _gemm_launch(spec, dtype, pl, m, spec.k_per_group, pl.groups, pl.cp, pl.kp,
+                        (spec.k * spec.p * spec.q, spec.p * spec.q), splits, split_tiles or pl.k_tiles)
+
+
+def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: int, grp_a: int, w_rows: int,
+                 out_strides: tuple, splits: int, split_tiles: int, out_pixel: tuple = None
+                 ) -> "_loader.PreparedLaunch":
+    """The GEMM kernel of ``pl`` on ``spec``'s geometry: ``m`` rows and ``filters`` filters in each of ``groups``
+    groups, a group's packed input ``grp_a`` elements and its packed weight ``w_rows`` rows after the previous
+    one's, images and filters of the output ``out_strides`` elements apart, its rows and columns
+    ``out_pixel`` (default dense: Q and 1; ``Geometry``)."""
+    t = pl.tile
+    split_stride = 0 if splits == 1 else m * filters * groups
+    out_row, out_col = out_pixel or (spec.q, 1)
+    geometry = numpy.array((spec.h, spec.w, pl.cp, filters, spec.p, spec.q, spec.r, spec.s, spec.stride[0],
                             spec.stride[1], spec.pad[0], spec.pad[2], spec.dilation[0], spec.dilation[1], m,
-                            pl.k_tiles, pl.w_row, out_img, out_k, split_stride, split_tiles, pl.pix, pl.kp, 0),
-                           dtype=GEOMETRY_DTYPE)[()]
+                            pl.k_tiles, pl.w_row, *out_strides, split_stride, split_tiles, pl.pix, pl.kp, grp_a,
+                            w_rows, out_row, out_col, 0), dtype=GEOMETRY_DTYPE)[()]
     smem = t.smem_bytes + (t.table_bytes(pl.k_tiles, numpy.dtype(dtype).itemsize) if t.nchw else 0)
-    return _kernel(t.kernel_name(_dtypes.ctype_of(dtype)), (-(-m // t.bm), pl.groups * pl.kp // t.bn, splits),
+    return _kernel(t.kernel_name(_dtypes.ctype_of(dtype)), (-(-m // t.bm), groups * pl.kp // t.bn, splits),
                    (t.threads, 1, 1), (geometry,), smem=smem)
 
 
@@ -503,17 +535,21 @@ def pack_operands(x, w, spec: ConvSpec, pl: Plan, packed_x, packed_w=None) -> No
 
 
 # ----------------------------------------------------------------------------------------------------------
-# wgrad: dW (K, C, R, S) = Σ over n, p, q of dy[n, k, p, q] · x[n, c, p·stride + r·dilation - pad, ...] is the
-# forward convolution of x with its samples and channels swapped (C images of N channels) by dy likewise (K
+# wgrad: dW (K, C/groups, R, S) = Σ over n, p, q of dy[n, k, p, q] · x[n, c, p·stride + r·dilation - pad, ...] is
+# the forward convolution of x with its samples and channels swapped (C images of N channels) by dy likewise (K
 # filters of N channels with P x Q taps, dilated by the stride), at a stride of the dilation, whose R x S
 # output images (one per input channel c) the GEMM writes as dW's columns. Its M is C·R·S, its N the filters
 # and its reduction N·P·Q: the same kernels as the forward, both operands packed by the forward's pack (the
-# strides of PackShape), no column matrix. Reductions are long and C·R·S x K often small: split over k
-# (``wgrad_splits``) into fp32 partial sums added in a fixed order (deterministic).
+# strides of PackShape), no column matrix. Groups pair a group's filters with its own images only: one GEMM
+# of (C/groups)·R·S rows by K/groups filters per group, all in one launch (``Geometry``: grp_a, w_rows), the
+# reduction whole in each (any C/groups: the packed channels are the samples). Reductions are long and the
+# GEMMs often small: split over k (``wgrad_splits``) into fp32 partial sums added in a fixed order
+# (deterministic).
 # ----------------------------------------------------------------------------------------------------------
 def transposed_spec(spec: ConvSpec) -> ConvSpec:
-    """The forward convolution whose output images are dW's (c, r, s) columns (see above). Its bottom and right
-    padding (negative where the last input rows are not read) make its output exactly R x S."""
+    """The forward convolution whose output images are dW's (c, r, s) columns (see above), as one group: every
+    filter over every image (a grouped wgrad runs the pairs of each group). Its bottom and right padding
+    (negative where the last input rows are not read) make its output exactly R x S."""
     (sh, sw), (dh, dw) = spec.stride, spec.dilation
     pt, pl = spec.pad[0], spec.pad[2]
     pb = (spec.r - 1) * dh + sh * (spec.p - 1) + 1 - spec.h - pt
@@ -523,9 +559,9 @@ def transposed_spec(spec: ConvSpec) -> ConvSpec:
 
 def wgrad_tile(spec: ConvSpec, dtype, wgmma: bool):
     """wgrad's tile: with wgmma 64 filters x 128 of dW's columns, four slots (the fastest of the packed tiles
-    on the layers of five torchvision models, alone or with its best split: docs/perf-notes.md); elsewhere the
-    packed tile ``choose_tile`` picks for ``transposed_spec`` (an NchwTile would read x and dy as NCHW images;
-    they are not)."""
+    on the layers of five torchvision models, alone or with its best split, narrow groups included:
+    docs/perf-notes.md); elsewhere the packed tile ``choose_tile`` picks for ``transposed_spec`` (an NchwTile
+    would read x and dy as NCHW images; they are not)."""
     if wgmma:
         return TILES["wg64x128"]
     return choose_tile(transposed_spec(spec), dtype, wgmma, nchw=False)
@@ -538,7 +574,8 @@ def wgrad_splits(spec: ConvSpec, dtype, tile, sm_count: int, workspace_limit: in
     """How many k ranges the wgrad GEMM of ``spec`` is split into on a device of ``sm_count`` SMs, the partial
     sums within what ``workspace_limit`` leaves beside the packed operands."""
     pl, x_bytes, dy_bytes, _ = _wgrad_sizes(spec, dtype, tile, 1)
-    return splits_for(spec.crs, spec.k, tile, pl.k_tiles, sm_count, workspace_limit - x_bytes - dy_bytes)
+    return splits_for(spec.crs_per_group, spec.k, tile, pl.k_tiles, sm_count,
+                      workspace_limit - x_bytes - dy_bytes, spec.groups)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -556,12 +593,16 @@ class WgradLaunches:
 
 
 def _wgrad_sizes(spec: ConvSpec, dtype, tile, splits: int):
-    """(plan of ``transposed_spec``, packed x bytes, packed dy bytes, partial-sum bytes)."""
+    """(plan of ``transposed_spec`` with a group's filters in ``kp``, packed x bytes, packed dy bytes,
+    partial-sum bytes). Packed dy holds K rows and, after them, the rows the last group's tile reads past its
+    filters (their products land in columns no one stores)."""
     t = transposed_spec(spec)
     pl = plan(t, dtype, tile, workspace_limit=_UNCHUNKED)
+    pl = dataclasses.replace(pl, kp=-(-spec.k_per_group // pl.tile.bn) * pl.tile.bn)
     item = numpy.dtype(dtype).itemsize
-    partials = 0 if splits == 1 else splits * spec.k * spec.crs * 4
-    return pl, spec.c * spec.h * spec.w * pl.cp * item, pl.kp * pl.w_row * item, partials
+    partials = 0 if splits == 1 else splits * spec.k * spec.crs_per_group * 4
+    dy_rows = spec.k + pl.kp - spec.k_per_group
+    return pl, spec.c * spec.h * spec.w * pl.cp * item, dy_rows * pl.w_row * item, partials
 
 
 @functools.lru_cache(maxsize=1024)
@@ -569,14 +610,16 @@ def _wgrad_launches(spec: ConvSpec, dtype, tile, splits: int, device: int, sm_co
     """Memoized per problem, tile, splits, device and SMs (a layer called again plans nothing)."""
     t = transposed_spec(spec)
     pl, x_bytes, dy_bytes, partial_bytes = _wgrad_sizes(spec, dtype, tile, splits)
-    hw, pq = spec.h * spec.w, spec.p * spec.q
+    hw, pq, rs = spec.h * spec.w, spec.p * spec.q, spec.r * spec.s
     # x as C images of N channels (n·C·H·W + c·H·W + pixel), dy as K filters of N channels and P·Q taps
     pack_x = _pack_launch(dtype, spec.n, pl.cp, hw, spec.c, hw, spec.c * hw, hw * pl.cp)
     pack_dy = _pack_launch(dtype, spec.n, pl.cp, pq, spec.k, pq, spec.k * pq, pl.w_row)
     split_tiles = -(-pl.k_tiles // splits)
     splits = -(-pl.k_tiles // split_tiles)  # (no empty range)
-    gemm = _gemm_kernel(t, dtype, pl, t.n, (spec.r * spec.s, spec.crs), splits, split_tiles)
-    sums = None if splits == 1 else _sum_kernel(dtype, spec.k * spec.crs, splits, 1, 1, sm_count)
+    cg, kg = spec.c_per_group, spec.k_per_group
+    gemm = _gemm_launch(t, dtype, pl, cg * rs, kg, spec.groups, cg * hw * pl.cp, kg, (rs, cg * rs), splits,
+                        split_tiles)
+    sums = None if splits == 1 else _sum_kernel(dtype, spec.k * cg * rs, splits, 1, 1, sm_count)
     return WgradLaunches(pack_x, pack_dy, gemm, sums, x_bytes, dy_bytes, partial_bytes)
 
 
@@ -585,8 +628,6 @@ def _wgrad_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits")
     reason = _arithmetic_reason(dtype, precision)
     if reason is not None:
         return reason
-    if spec.groups != 1:
-        return f"grouped convolutions (groups={spec.groups}) are not implemented"
     t = transposed_spec(spec)
     if max(*spec.stride, *spec.dilation, *spec.pad, spec.p, spec.q) > _INT_MAX:
         return "its geometry struct holds strides, dilations, paddings and output sizes in 32 bits"
@@ -596,8 +637,9 @@ def _wgrad_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits")
         return f"its packing runs one input channel or filter per grid z (at most {_MAX_GRID_Z})"
     tile = wgrad_tile(spec, dtype, limits.wgmma)
     pl, x_bytes, dy_bytes, _ = _wgrad_sizes(spec, dtype, tile, 1)
-    if max(x_bytes // dtype.itemsize, t.n * t.p * t.q * spec.k) > _INT_MAX:
-        return "x packed with channels and samples swapped, or dW, holds 2^31 elements or more (32-bit offsets)"
+    if max(x_bytes // dtype.itemsize, dy_bytes // dtype.itemsize, spec.k * spec.crs_per_group) > _INT_MAX:
+        return "x or grad_output packed with channels and samples swapped, or dW, holds 2^31 elements or more " \
+               "(32-bit offsets)"
     if x_bytes + dy_bytes > limits.workspace_limit:
         return (f"x and grad_output packed need {x_bytes + dy_bytes} bytes, more than "
                 f"cuconv.config.workspace_limit ({limits.workspace_limit})")
@@ -626,6 +668,146 @@ def _wgrad_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, splits: i
     return b.plan(STEM)
 
 
+# ----------------------------------------------------------------------------------------------------------
+# dgrad where no single forward convolution of dy gives dx (a stride above 1, or padding wider than the dilated
+# kernel), at dilation 1: dx's pixels of phase (ph, pw), rows h ≡ ph (mod stride_h) and columns w ≡ pw, take
+# only the taps r ≡ ph + pad_h (mod stride_h) and s likewise; over those, the phase is the forward convolution
+# of dy at stride 1 by them flipped (``phase_specs``). One pack of dy to NHWC, one launch packing every
+# phase's weight (``pack_dgrad_phases``), then a GEMM per phase writing every stride-th pixel of dx (a phase
+# with no taps writes its zeros: a GEMM of no k tiles). No column matrix, no scatter.
+# ----------------------------------------------------------------------------------------------------------
+_MAX_PHASES = 16
+
+
+def _phase_axis(size: int, kernel: int, stride: int, pad: int, phase: int, out: int) -> tuple:
+    """(outputs, taps, first tap, top padding, bottom padding) of one axis of a phase: dx positions
+    phase, phase + stride, ... below ``size``, the kernel taps r0, r0 + stride, ... below ``kernel``, and the
+    padding of dy (``out`` long) that makes the stride-1 forward by the flipped taps produce exactly them."""
+    outputs = -(-(size - phase) // stride)
+    r0 = (phase + pad) % stride
+    taps = -(-(kernel - r0) // stride) if r0 < kernel else 0
+    top = max(taps, 1) - 1 - (phase + pad - r0) // stride
+    return outputs, taps, r0, top, outputs - 1 + max(taps, 1) - out - top
+
+
+def phase_specs(spec: ConvSpec) -> tuple:
+    """((ph, pw), taps, forward spec) per phase of dx with pixels: the forward convolution of dy (N, K, P, Q)
+    at stride 1 whose output (N, C, ·, ·) is that phase; ``taps`` th · tw (0: the phase gets zeros; its spec
+    then has one tap)."""
+    (sh, sw), out = spec.stride, []
+    for ph in range(sh):
+        ih, th, _, top, bottom = _phase_axis(spec.h, spec.r, sh, spec.pad[0], ph, spec.p)
+        for pw in range(sw):
+            iw, tw, _, left, right = _phase_axis(spec.w, spec.s, sw, spec.pad[2], pw, spec.q)
+            if ih > 0 and iw > 0:
+                out.append(((ph, pw), th * tw, ConvSpec(spec.n, spec.k, spec.p, spec.q, spec.c, max(th, 1),
+                                                        max(tw, 1), (1, 1), (top, bottom, left, right), (1, 1),
+                                                        spec.groups)))
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseLaunches:
+    """A phased dgrad's launches (pointers: dy, packed dy, null, null for ``pack_dy``; w, packed weights for
+    ``pack_w``; packed dy, the phase's packed weight, null, dx at the phase's first pixel for each GEMM, with
+    the byte offsets of that weight and pixel) and workspace bytes."""
+
+    pack_dy: "_loader.PreparedLaunch"
+    pack_w: "_loader.PreparedLaunch"
+    gemms: tuple  # (launch, packed weight byte offset, dx byte offset)
+    dy_bytes: int
+    w_bytes: int
+
+
+def _phase_plan(spec: ConvSpec, dtype, tile=None) -> tuple:
+    """(tile, padded channels of a group cp, rows per group kp, packed weight row w_row, phases) of a phased
+    dgrad: one tile for every phase, the one ``choose_tile`` picks for the phase of most taps."""
+    phases = phase_specs(spec)
+    itemsize = numpy.dtype(dtype).itemsize
+    widest = max(phases, key=lambda ph: ph[1])[2]
+    tile = tile or choose_tile(widest, dtype, nchw=False)
+    cp = _padded_channels(widest, itemsize)
+    tile_k = tile.kbytes // itemsize
+    w_row = max(1, -(-widest.r * widest.s * cp // tile_k)) * tile_k
+    return tile, cp, -(-spec.c_per_group // tile.bn) * tile.bn, w_row, phases
+
+
+@functools.lru_cache(maxsize=1024)
+def _phase_launches(spec: ConvSpec, dtype, tile, device: int) -> PhaseLaunches:
+    """Memoized per problem, tile and device (a layer called again plans nothing)."""
+    tile, cp, kp, w_row, phases = _phase_plan(spec, dtype, tile)
+    itemsize, g, pq, hw = numpy.dtype(dtype).itemsize, spec.groups, spec.p * spec.q, spec.h * spec.w
+    pix = g * cp
+    pack_dy = _pack_launch(dtype, spec.k, pix, pq, spec.n, spec.k * pq, pq, pq * pix)
+    rows = spec.stride[0] * spec.stride[1] * g * kp  # every phase's rows, in the kernel's order (ph, pw)
+    shape = numpy.array((g, spec.k_per_group, spec.c_per_group, kp, cp, spec.r, spec.s, *spec.stride, spec.pad[0],
+                         spec.pad[2], 0, w_row, rows), dtype=PHASE_WEIGHTS_DTYPE)[()]
+    ctype = _dtypes.ctype_of(dtype)
+    name = f"pack_dgrad_phases<{ctype},{_tf32(ctype)}>"
+    pack_w = _loader.PreparedLaunch(_fn(name), name, (min(rows, _WEIGHT_BLOCKS), 1, 1), (256, 1, 1), 2, (shape,))
+    gemms = []
+    for (ph, pw), taps, fs in phases:
+        k_tiles = -(-taps * cp * itemsize // tile.kbytes)
+        pl = Plan(tile, cp, k_tiles, w_row, kp, spec.n, g)
+        gemm = _gemm_launch(fs, dtype, pl, spec.n * fs.p * fs.q, spec.c_per_group, g, cp, kp,
+                            (spec.c * hw, hw), 1, k_tiles, (spec.stride[0] * spec.w, spec.stride[1]))
+        phase = ph * spec.stride[1] + pw
+        gemms.append((gemm, phase * g * kp * w_row * itemsize, (ph * spec.w + pw) * itemsize))
+    return PhaseLaunches(pack_dy, pack_w, tuple(gemms), spec.n * pq * pix * itemsize, rows * w_row * itemsize)
+
+
+def _phases_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"):
+    dtype = numpy.dtype(dtype)
+    reason = _arithmetic_reason(dtype, precision)
+    if reason is not None:
+        return reason
+    if spec.dilation != (1, 1):
+        return "its dgrad at a stride above 1 (or padding wider than the kernel) runs phases of dilation 1 only"
+    if spec.stride[0] * spec.stride[1] > _MAX_PHASES:
+        return f"its dgrad runs a GEMM per phase of the stride: at most {_MAX_PHASES} of them"
+    if spec.groups != 1 and spec.k_per_group * dtype.itemsize % 16:
+        return (f"a group's filters (K/groups = {spec.k_per_group}) must fill whole 16-byte vectors of the packed "
+                f"grad_output (a multiple of {16 // dtype.itemsize} in {dtype})")
+    if max(*spec.stride, *spec.pad, spec.h, spec.w) > _INT_MAX:
+        return "its geometry struct holds strides, paddings and sizes in 32 bits"
+    if spec.n > _MAX_GRID_Z:
+        return f"its packing runs one sample per grid z (at most {_MAX_GRID_Z})"
+    if spec.n * spec.c * spec.h * spec.w == 0:
+        return None
+    tile, cp, kp, w_row, phases = _phase_plan(spec, dtype, choose_tile(
+        max(phase_specs(spec), key=lambda ph: ph[1])[2], dtype, limits.wgmma, nchw=False))
+    if max(max(abs(p) for p in fs.pad) + max(spec.p, spec.q) for _, _, fs in phases) > _MAX_SIDE:
+        return "its padded grad_output exceeds the kernel's 16-bit pixel coordinates"
+    dy_elements = spec.n * spec.p * spec.q * spec.groups * cp
+    if max(dy_elements, spec.n * spec.c * spec.h * spec.w) > _INT_MAX:
+        return "grad_output packed, or grad_input, holds 2^31 elements or more (32-bit offsets)"
+    need = (dy_elements + spec.stride[0] * spec.stride[1] * spec.groups * kp * w_row) * dtype.itemsize
+    if need > limits.workspace_limit:
+        return (f"grad_output packed to NHWC and the phases' weights need {need} bytes, more than "
+                f"cuconv.config.workspace_limit ({limits.workspace_limit})")
+    return None
+
+
+def _phases_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None) -> "_plan.Plan":
+    """A phased dgrad's plan: pack dy, pack the phases' weights, a GEMM per phase."""
+    b = _plan.Builder("dgrad", env)
+    if spec.n * spec.c * spec.h * spec.w == 0:
+        return b.plan(STEM)
+    if tile is not None and tile.nchw:
+        raise ValueError(f"implicit_gemm: a phased dgrad reads packed operands; {tile} gathers NCHW ones")
+    tile = tile or choose_tile(max(phase_specs(spec), key=lambda ph: ph[1])[2], dtype, env.wgmma, nchw=False)
+    if tile.wgmma and not env.wgmma:
+        raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
+    ls = _phase_launches(spec, numpy.dtype(dtype), tile, env.device)
+    packed_dy, packed_w = b.take(ls.dy_bytes), b.take(ls.w_bytes)
+    if spec.k:
+        b.launch(ls.pack_dy, b.ref("dy"), packed_dy, _plan.NULL, _plan.NULL)
+        b.launch(ls.pack_w, b.ref("w"), packed_w)
+    for gemm, w_offset, dx_offset in ls.gemms:
+        b.launch(gemm, packed_dy, (packed_w[0], packed_w[1] + w_offset), _plan.NULL, b.ref("dx", dx_offset))
+    return b.plan(STEM)
+
+
 def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
             tile: Tile = None, splits: int = None) -> "_plan.Plan":
     """The plan of ``pass_`` (see ``cuconv._plan``): per chunk, the packing launch and the GEMM (an NchwTile:
@@ -635,6 +817,8 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     packed weight, then one chunk's packed input. ``tile`` forces one of ``TILES`` (tests). float32 computes
     TF32."""
     if pass_ == "dgrad":
+        if dgrad_forward.forward_spec(spec) is None:
+            return _phases_prepare(spec, dtype, env, tile)
         return dgrad_forward.prepare(prepare, spec, dtype, precision, env, tile=tile, splits=splits)
     if pass_ == "wgrad":
         return _wgrad_prepare(spec, numpy.dtype(dtype), env, tile, splits)
@@ -668,9 +852,10 @@ def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, tile: Tile = No
     _plan.run_on_arrays(prepare, "fprop", spec, precision, x, w, bias, out, tile=tile, splits=splits)
 
 
-def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
-    """dx = conv2d_input(dy, w) as this algorithm's forward convolution of dy (stride 1; ``dgrad_forward``)."""
-    _plan.run_on_arrays(prepare, "dgrad", spec, precision, dy, w, dx)
+def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str, tile: Tile = None) -> None:
+    """dx = conv2d_input(dy, w) as forward convolutions of dy: one (stride 1; ``dgrad_forward``), or one per
+    phase of the stride (``phase_specs``)."""
+    _plan.run_on_arrays(prepare, "dgrad", spec, precision, dy, w, dx, tile=tile)
 
 
 def wgrad_gpu(x, dy, spec: ConvSpec, dw, precision: str, tile: Tile = None, splits: int = None) -> None:

@@ -60,10 +60,12 @@ def _wgrad_tile_cases():
     from cuconv.families import implicit_gemm
 
     out = []
-    # the tiling cases, odd sizes, strides, dilations, paddings and batch 1 (every case runs the tile auto picks
-    # against the oracle in test_backward_gpu)
+    # the tiling cases, odd sizes, strides, dilations, paddings, batch 1 and groups (filters of a group that
+    # fill no tile, a group's rows over two tiles, depthwise; every case runs the tile auto picks against the
+    # oracle in test_backward_gpu)
     picked = ("k5x9_d2x3_p2x4", "stride2_dil2_pad3", "same_even_dil3", "batch1_odd", "pointwise_1x1_stride2",
-              "kernel_equals_input")
+              "kernel_equals_input", "groups2", "groups4_c8", "groups3_c16_stride2", "depthwise",
+              "depthwise_mult3_3x1", "chunks_groups_k_tail")
     for param in TILING_CASES + [c for c in CASES + PROBLEM_CASES if c.id in picked or c.id.startswith("reduced_stem")]:
         case = param.values[0]
         if 0 in case.x_shape or implicit_gemm.reason_unsupported(case_spec(case), numpy.float16, "wgrad") is not None:
@@ -192,3 +194,42 @@ def test_implicit_gemm_pack_is_nhwc_with_zero_channels(image, c, dtype_name):
     numpy.testing.assert_array_equal(cupy.asnumpy(packed_x).reshape(want_x.shape).astype(numpy.float64),
                                      want_x.astype(numpy.float64))
 
+
+
+def _phase_tile_cases():
+    """dgrad cases no single forward convolution of dy serves (a stride above 1, padding wider than the kernel),
+    each through every packed tile: the phases of the stride, phases without taps, groups."""
+    from cuconv.families import dgrad_forward, implicit_gemm
+
+    out = []
+    for param in TILING_CASES + CASES + PROBLEM_CASES:
+        case = param.values[0]
+        spec = case_spec(case)
+        if (0 in case.x_shape or dgrad_forward.forward_spec(spec) is not None
+                or implicit_gemm.reason_unsupported(spec, numpy.float16, "dgrad") is not None):
+            continue
+        out += [pytest.param(case, t, id=f"{param.id}-{t}") for t, tile in implicit_gemm.TILES.items() if not tile.nchw]
+    return out
+
+
+@pytest.mark.parametrize("dtype_name", [d for d in EXACT_DTYPES if d != "float64"])
+@pytest.mark.parametrize("case,tile", _phase_tile_cases())
+def test_implicit_gemm_phased_dgrad_equals_cpu_exactly_on_integers(case, tile, dtype_name):
+    """dgrad at a stride above 1 as one GEMM per phase of the stride, every packed tile: on integers each dtype
+    equals the CPU path bit for bit, into a NaN-poisoned dx (every pixel written, the phases without taps
+    with zeros)."""
+    import cupy
+
+    from cuconv.families import implicit_gemm
+
+    if implicit_gemm.TILES[tile].wgmma and not implicit_gemm.wgmma_available():
+        pytest.skip(f"tile {tile} runs wgmma, which needs compute capability 9.0")
+    dtype = _dtypes.by_name(dtype_name)
+    x, w, _ = make_inputs(case, seed=29, integer=True)
+    x4 = x if x.ndim == 4 else x[None]
+    spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
+    dy = numpy.random.default_rng(30).integers(-3, 4, size=spec.output_shape).astype(numpy.float64)
+    cpu = cuconv.conv2d_input(x4.shape, w.astype(dtype), dy.astype(dtype), **case.kwargs)
+    dx = cupy.full(x4.shape, numpy.nan, dtype=dtype)
+    implicit_gemm.dgrad_gpu(to_gpu(dy, dtype), to_gpu(w, dtype), spec, dx, "tf32", tile=implicit_gemm.TILES[tile])
+    numpy.testing.assert_array_equal(cupy.asnumpy(dx).astype(numpy.float64), cpu.astype(numpy.float64))
