@@ -36,12 +36,12 @@ import functools
 import numpy
 
 from .. import _dtypes, _loader, _plan
-from . import dgrad_forward
+from . import dgrad_forward, elementwise
 from .._config import config
 from ..spec import ConvSpec
 
 __all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "Tile", "WgmmaTile", "NchwTile", "TILES",
-           "transposed_spec", "phase_specs", "wgrad_tile", "wgrad_splits", "splits_for", "wgmma_available", "choose_tile",
+           "transposed_spec", "phase_specs", "phase_tile", "wgrad_tile", "wgrad_splits", "splits_for", "wgmma_available", "choose_tile",
            "prefers_nchw", "nchw_fits", "narrow_group_tile", "Plan", "plan", "pack_operands", "prepare",
            "NAME_EXPRESSIONS", "STEM"]
 
@@ -207,9 +207,24 @@ _NCHW_MAX_FILTER_TAPS_FP32 = 576
 
 
 def prefers_nchw(spec: ConvSpec, dtype) -> bool:
-    """Whether ``choose_tile`` takes an NchwTile (where it fits) on a wgmma device."""
-    taps = spec.r * spec.s
-    return taps == 1 or (numpy.dtype(dtype).itemsize == 4 and spec.k_per_group * taps <= _NCHW_MAX_FILTER_TAPS_FP32)
+    """Whether ``choose_tile`` takes an NchwTile (where it fits) on a wgmma device: layers whose windows do not
+    overlap (1x1, patchify: the pack would copy what the GEMM reads once), float32 with few filters and taps,
+    and inputs of fewer channels than one 16-byte vector (a stem's 3: packed, each pixel would take a whole
+    vector)."""
+    taps, itemsize = spec.r * spec.s, numpy.dtype(dtype).itemsize
+    disjoint = all(st >= d * (k - 1) + 1 for st, d, k in zip(spec.stride, spec.dilation, (spec.r, spec.s)))
+    return (taps == 1 or disjoint or (itemsize == 4 and spec.k_per_group * taps <= _NCHW_MAX_FILTER_TAPS_FP32)
+            or spec.c_per_group * itemsize < 16)
+
+
+# Measured per tile on the layers of five torchvision models (H100, docs/perf-notes.md): an NchwTile reduces
+# every k tile in its block (no split-K), so where its reduction is longer than _NCHW_MAX_SHORT_K_TILES tiles
+# of 32 k and more than 3/4 of such a tile per block of its grid (7x7 planes with few filters, squeeze-excitation's 1x1)
+# the packed tiles, split over k, win (2-3x on squeeze-excitation layers); on one row of pixel blocks 64
+# filters a block win. Above 64 filters a wgmma block of 64 filters wins below _WIDE_TILE_MIN_M output pixels
+# (more blocks: 10-25% on 14x14 and 7x7 layers).
+_NCHW_MAX_SHORT_K_TILES = 4
+_WIDE_TILE_MIN_M = 16384
 
 
 def narrow_group_tile(spec: ConvSpec):
@@ -222,12 +237,13 @@ def narrow_group_tile(spec: ConvSpec):
 
 def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None, nchw: bool = None):
     """``wgmma`` defaults to whether the current device has it (compute capability 9.0), ``nchw`` to
-    ``prefers_nchw``. Several groups of up to 32 filters take ``narrow_group_tile`` on any device. Else, on a
-    wgmma device: an NchwTile where it is preferred and fits (64 filters per block up to 64 filters,
-    else 128); otherwise 64 filters
-    per block where K/groups <= 64, with four slots for float32 reductions of 16 k tiles or more and three
-    (three blocks per SM) otherwise; above 64 filters, 128 x 256 blocks for float32 reductions of 32 k tiles
-    or more and 128 x 128 ones (two per SM) otherwise. Elsewhere (mma.sync): 128 filters per block where
+    ``prefers_nchw`` but for long reductions over few blocks (``_NCHW_MAX_SHORT_K_TILES``). Several
+    groups of up to 32 filters take ``narrow_group_tile`` on any device. Else, on a wgmma device: an NchwTile
+    where it is preferred and fits (64 filters per block up to 64 filters or on one row of pixel blocks, else
+    128); otherwise 64 filters per block where K/groups <= 64, with four slots for float32 reductions of 16 k
+    tiles or more and three (three blocks per SM) otherwise; above 64 filters, 64 x 128 blocks below
+    ``_WIDE_TILE_MIN_M`` output pixels, else 128 x 256 blocks for float32 reductions of 32 k tiles or more and
+    128 x 128 ones (two per SM) otherwise. Elsewhere (mma.sync): 128 filters per block where
     K/groups > 64; else 64, with 128-byte k tiles where the reduction (R·S·C/groups bytes) spans at least
     32 of them and 64-byte tiles (more blocks per SM) below."""
     if wgmma is None:
@@ -237,14 +253,21 @@ def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None, nchw: bool = None):
     if narrow is not None:
         return narrow
     if wgmma:
+        m = spec.n * spec.p * spec.q
+        m_blocks = -(-m // 128)
+        nchw_tile = TILES["nchw64" if spec.k_per_group <= 64 or m_blocks == 1 else "nchw128"]
         if nchw is None:
-            nchw = prefers_nchw(spec, dtype)
+            k_tiles = -(-spec.crs_per_group // 32)  # float32 k tiles: a gather costs per element, not per byte
+            blocks = m_blocks * -(-spec.k_per_group // nchw_tile.bn)
+            nchw = prefers_nchw(spec, dtype) and not (k_tiles > _NCHW_MAX_SHORT_K_TILES and 4 * k_tiles > 3 * blocks)
         if nchw and nchw_fits(spec, dtype):
-            return TILES["nchw64" if spec.k_per_group <= 64 else "nchw128"]
+            return nchw_tile
         k_tiles = _packed_k_tiles(spec, itemsize, WgmmaTile.kbytes)
         long_fp32 = itemsize == 4 and k_tiles >= (16 if spec.k_per_group <= 64 else 32)
         if spec.k_per_group <= 64:
             return TILES["wg64x128" if long_fp32 else "wg64x128s3"]
+        if m < _WIDE_TILE_MIN_M:
+            return TILES["wg64x128"]
         return TILES["wg128x256" if long_fp32 else "wg128x128r"]
     if spec.k_per_group > 64:
         return TILES["128x128"]
@@ -673,8 +696,8 @@ def _wgrad_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, splits: i
 # kernel), at dilation 1: dx's pixels of phase (ph, pw), rows h ≡ ph (mod stride_h) and columns w ≡ pw, take
 # only the taps r ≡ ph + pad_h (mod stride_h) and s likewise; over those, the phase is the forward convolution
 # of dy at stride 1 by them flipped (``phase_specs``). One pack of dy to NHWC, one launch packing every
-# phase's weight (``pack_dgrad_phases``), then a GEMM per phase writing every stride-th pixel of dx (a phase
-# with no taps writes its zeros: a GEMM of no k tiles). No column matrix, no scatter.
+# phase's weight (``pack_dgrad_phases``), then a GEMM per phase writing every stride-th pixel of dx (where a
+# phase has no taps, a fill of dx with zeros first). No column matrix, no scatter.
 # ----------------------------------------------------------------------------------------------------------
 _MAX_PHASES = 16
 
@@ -709,23 +732,40 @@ def phase_specs(spec: ConvSpec) -> tuple:
 @dataclasses.dataclass(frozen=True)
 class PhaseLaunches:
     """A phased dgrad's launches (pointers: dy, packed dy, null, null for ``pack_dy``; w, packed weights for
-    ``pack_w``; packed dy, the phase's packed weight, null, dx at the phase's first pixel for each GEMM, with
+    ``pack_w``; dx for ``zeros``; packed dy, the phase's packed weight, null, dx at the phase's first pixel for each GEMM, with
     the byte offsets of that weight and pixel) and workspace bytes."""
 
     pack_dy: "_loader.PreparedLaunch"
     pack_w: "_loader.PreparedLaunch"
-    gemms: tuple  # (launch, packed weight byte offset, dx byte offset)
+    zeros: "_loader.PreparedLaunch"  # None, or a fill of dx with zeros (phases without taps)
+    gemms: tuple  # (launch, packed weight byte offset, dx byte offset) per phase with taps
     dy_bytes: int
     w_bytes: int
 
 
-def _phase_plan(spec: ConvSpec, dtype, tile=None) -> tuple:
+# A phase's GEMM has a stride² share of dgrad's rows and of its taps: with more than 64 filters, 128 x 128
+# blocks (two per SM) where a phase has many rows, else 64 x 128 ones (more blocks: the fastest of the packed
+# tiles on the strided layers of five torchvision models, docs/perf-notes.md)
+_PHASE_WIDE_TILE_MIN_ROWS = 16384
+
+
+def phase_tile(spec: ConvSpec, dtype, wgmma: bool):
+    """The tile of every phase of a phased dgrad: where ``choose_tile`` of the phase of most taps would take a
+    wgmma tile of 128 filters, the 64 x 128 one unless a phase has ``_PHASE_WIDE_TILE_MIN_ROWS`` rows."""
+    phases = phase_specs(spec)
+    tile = choose_tile(max(phases, key=lambda ph: ph[1])[2], dtype, wgmma, nchw=False)
+    if tile.wgmma and tile.bn > 64:
+        rows = max(fs.n * fs.p * fs.q for _, _, fs in phases)
+        return TILES["wg128x128r" if rows >= _PHASE_WIDE_TILE_MIN_ROWS else "wg64x128"]
+    return tile
+
+
+def _phase_plan(spec: ConvSpec, dtype, tile) -> tuple:
     """(tile, padded channels of a group cp, rows per group kp, packed weight row w_row, phases) of a phased
-    dgrad: one tile for every phase, the one ``choose_tile`` picks for the phase of most taps."""
+    dgrad on ``tile``."""
     phases = phase_specs(spec)
     itemsize = numpy.dtype(dtype).itemsize
     widest = max(phases, key=lambda ph: ph[1])[2]
-    tile = tile or choose_tile(widest, dtype, nchw=False)
     cp = _padded_channels(widest, itemsize)
     tile_k = tile.kbytes // itemsize
     w_row = max(1, -(-widest.r * widest.s * cp // tile_k)) * tile_k
@@ -745,15 +785,20 @@ def _phase_launches(spec: ConvSpec, dtype, tile, device: int) -> PhaseLaunches:
     ctype = _dtypes.ctype_of(dtype)
     name = f"pack_dgrad_phases<{ctype},{_tf32(ctype)}>"
     pack_w = _loader.PreparedLaunch(_fn(name), name, (min(rows, _WEIGHT_BLOCKS), 1, 1), (256, 1, 1), 2, (shape,))
-    gemms = []
+    gemms, zeros = [], None
     for (ph, pw), taps, fs in phases:
+        if taps == 0:
+            # pixels no tap reaches: one dense fill of dx, before the GEMMs (a GEMM of no k tiles would write
+            # these zeros a stride apart, partial sectors)
+            zeros = elementwise.fill(dtype, spec.n * spec.c * hw)
+            continue
         k_tiles = -(-taps * cp * itemsize // tile.kbytes)
         pl = Plan(tile, cp, k_tiles, w_row, kp, spec.n, g)
         gemm = _gemm_launch(fs, dtype, pl, spec.n * fs.p * fs.q, spec.c_per_group, g, cp, kp,
                             (spec.c * hw, hw), 1, k_tiles, (spec.stride[0] * spec.w, spec.stride[1]))
         phase = ph * spec.stride[1] + pw
         gemms.append((gemm, phase * g * kp * w_row * itemsize, (ph * spec.w + pw) * itemsize))
-    return PhaseLaunches(pack_dy, pack_w, tuple(gemms), spec.n * pq * pix * itemsize, rows * w_row * itemsize)
+    return PhaseLaunches(pack_dy, pack_w, zeros, tuple(gemms), spec.n * pq * pix * itemsize, rows * w_row * itemsize)
 
 
 def _phases_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"):
@@ -774,8 +819,7 @@ def _phases_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"
         return f"its packing runs one sample per grid z (at most {_MAX_GRID_Z})"
     if spec.n * spec.c * spec.h * spec.w == 0:
         return None
-    tile, cp, kp, w_row, phases = _phase_plan(spec, dtype, choose_tile(
-        max(phase_specs(spec), key=lambda ph: ph[1])[2], dtype, limits.wgmma, nchw=False))
+    tile, cp, kp, w_row, phases = _phase_plan(spec, dtype, phase_tile(spec, dtype, limits.wgmma))
     if max(max(abs(p) for p in fs.pad) + max(spec.p, spec.q) for _, _, fs in phases) > _MAX_SIDE:
         return "its padded grad_output exceeds the kernel's 16-bit pixel coordinates"
     dy_elements = spec.n * spec.p * spec.q * spec.groups * cp
@@ -795,7 +839,7 @@ def _phases_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None) -> "_pla
         return b.plan(STEM)
     if tile is not None and tile.nchw:
         raise ValueError(f"implicit_gemm: a phased dgrad reads packed operands; {tile} gathers NCHW ones")
-    tile = tile or choose_tile(max(phase_specs(spec), key=lambda ph: ph[1])[2], dtype, env.wgmma, nchw=False)
+    tile = tile or phase_tile(spec, dtype, env.wgmma)
     if tile.wgmma and not env.wgmma:
         raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
     ls = _phase_launches(spec, numpy.dtype(dtype), tile, env.device)
@@ -803,6 +847,7 @@ def _phases_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None) -> "_pla
     if spec.k:
         b.launch(ls.pack_dy, b.ref("dy"), packed_dy, _plan.NULL, _plan.NULL)
         b.launch(ls.pack_w, b.ref("w"), packed_w)
+    b.launch(ls.zeros, b.ref("dx"))
     for gemm, w_offset, dx_offset in ls.gemms:
         b.launch(gemm, packed_dy, (packed_w[0], packed_w[1] + w_offset), _plan.NULL, b.ref("dx", dx_offset))
     return b.plan(STEM)

@@ -507,13 +507,19 @@ def run(args) -> dict:
         gc.freeze()
         for mode in modes:
             result = entry["modes"][mode.name] = {}
+            seconds = result["seconds"] = {}  # where the run's time goes (it must fit a 10-minute device call)
             with mode:
                 try:
+                    t0 = time.perf_counter()
                     result["warmup"] = warm_up(ours, args, mode)
+                    t1 = time.perf_counter()
                     if not args.no_check:
                         result["check"] = check_model((theirs, ours), args, mode)
+                    t2 = time.perf_counter()
                     if not args.no_e2e:
                         result["e2e"] = measure_e2e((theirs, ours), args, mode)
+                    t3 = time.perf_counter()
+                    seconds.update(warmup=t1 - t0, check=t2 - t1, e2e=t3 - t2)
                     if not args.no_layers:
                         bar = _progress(len(layers), f"{name} {mode.name} layers")
                         rows = []
@@ -525,6 +531,7 @@ def run(args) -> dict:
                         bar.close()
                         result["layers"] = rows
                         result["sums"] = _sums(rows)
+                        seconds["layers"] = time.perf_counter() - t3
                 except Exception as exc:  # one failing model or mode must not lose the others' figures
                     result["error"] = f"{type(exc).__name__}: {exc}"
                     print(f"{name} {mode.name}: {result['error']}", file=sys.stderr, flush=True)
@@ -565,7 +572,7 @@ def _model_summary(name: str, entry: dict) -> str:
             parts.append(f"  {mode}: ERROR {result['error']}")
             continue
         e2e, sums = result.get("e2e"), result.get("sums")
-        text = f"  {mode}:"
+        text = f"  {mode} ({', '.join(f'{k} {v:.0f} s' for k, v in result.get('seconds', {}).items())}):"
         if result.get("warmup"):
             text += f" warm-up {result['warmup']['layers']} layers {result['warmup']['seconds']:.1f} s;"
         if e2e:
