@@ -141,6 +141,9 @@ _WINOGRAD_FUSED_MAX_CHANNELS = 32
 # and the NCHW kernel wins (earlier in the half types than at TF32). The GEMM takes planes of at least:
 _POINTWISE_GEMM_MIN_PIXELS_HALF = 14 * 14
 _POINTWISE_GEMM_MIN_PIXELS_TF32 = 28 * 28
+# and squeeze-excitation's 1x1 planes, where the whole batch is one short GEMM (2-3x faster than any tile of
+# implicit_gemm's): fewer output pixels (N·P·Q) than
+_POINTWISE_IMPLICIT_MIN_OUTPUTS = 1024
 
 
 def _pointwise_gemm_min_pixels(dtype) -> int:
@@ -157,6 +160,19 @@ _POINTWISE_WGRAD_GEMM_MIN_PIXELS_TF32 = 14 * 14
 def _pointwise_wgrad_gemm_min_pixels(dtype) -> int:
     half = numpy.dtype(dtype).itemsize == 2
     return _POINTWISE_WGRAD_GEMM_MIN_PIXELS_HALF if half else _POINTWISE_WGRAD_GEMM_MIN_PIXELS_TF32
+
+
+# 1x1 stride-1 dgrads: cuBLASLt's GEMMs of dx (C x H·W) per sample are fast but on small planes; there, with
+# many channels and filters, implicit_gemm's forward of dy (one launch over the batch, split over k) is up to
+# 2x faster (7x7 planes at batch 32: 1.1-2x; 14x14 and larger, squeeze-excitation's 1x1 planes, or few
+# channels x filters: the GEMMs win).
+_POINTWISE_DGRAD_IMPLICIT_PIXELS = (1024, 4096)  # N·H·W from, below
+_POINTWISE_DGRAD_IMPLICIT_MIN_WEIGHT = 150000    # C·K
+
+
+def _pointwise_dgrad_by_implicit(spec: ConvSpec) -> bool:
+    low, high = _POINTWISE_DGRAD_IMPLICIT_PIXELS
+    return low <= spec.n * spec.h * spec.w < high and spec.c * spec.k_per_group >= _POINTWISE_DGRAD_IMPLICIT_MIN_WEIGHT
 
 
 # implicit_gemm's narrowest tile holds 64 filters: with fewer than 32 in the pass most of it idles.
@@ -179,9 +195,11 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
       race;
     - tensor-core arithmetic (float32 "tf32", float16, bfloat16), forward and stride-1 dgrad with at least
       32 filters in the pass or several groups (im2col_gemm's GEMM per group is many times slower), except 1x1
-      stride-1 unpadded layers (a plain GEMM for im2col_gemm) unless the pass is a forward on a device that runs
-      wgmma on small planes (``_POINTWISE_GEMM_MIN_PIXELS_*``), where implicit_gemm's NchwTile reads them as they
-      are: ``implicit_gemm``, which never writes the column matrix;
+      stride-1 unpadded layers (a plain GEMM for im2col_gemm) unless, on a device that runs wgmma, the pass is a
+      forward on small planes (``_POINTWISE_GEMM_MIN_PIXELS_*``) but squeeze-excitation's 1x1 ones
+      (``_POINTWISE_IMPLICIT_MIN_OUTPUTS``), where implicit_gemm's NchwTile reads them as
+      they are, or a dgrad on small planes with many channels and filters (``_pointwise_dgrad_by_implicit``):
+      ``implicit_gemm``, which never writes the column matrix;
     - tensor-core arithmetic, wgrad (grouped ones too: all groups in one launch), except 1x1 stride-1 unpadded
       layers on large planes (``_POINTWISE_WGRAD_GEMM_MIN_PIXELS_*``): ``implicit_gemm`` (the forward kernels
       on x and dy with samples and channels swapped, split over the reduction: no column matrix, no per-sample
@@ -198,8 +216,11 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
     large = pixels >= (1 << 19)
     filters = {"fprop": spec.k_per_group, "dgrad": spec.c_per_group}.get(pass_)
     channels = {"fprop": spec.c_per_group, "dgrad": spec.k_per_group}.get(pass_)
-    pointwise = spec.is_pointwise_identity and not (wgmma and pass_ == "fprop" and implicit_gemm.nchw_fits(spec, dtype)
-                                                    and spec.p * spec.q < _pointwise_gemm_min_pixels(dtype))
+    pointwise = spec.is_pointwise_identity and not (
+        (wgmma and pass_ == "fprop" and implicit_gemm.nchw_fits(spec, dtype)
+         and spec.p * spec.q < _pointwise_gemm_min_pixels(dtype)
+         and spec.n * spec.p * spec.q >= _POINTWISE_IMPLICIT_MIN_OUTPUTS)
+        or (wgmma and pass_ == "dgrad" and _pointwise_dgrad_by_implicit(spec)))
     many_filters = filters is not None and (filters >= _IMPLICIT_GEMM_MIN_FILTERS or spec.groups > 1)
     if not ffma and many_filters and not pointwise:
         yield "implicit_gemm"

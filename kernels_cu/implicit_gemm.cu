@@ -200,10 +200,13 @@ pack_nhwc_narrow(const T* __restrict__ src, T* __restrict__ dst, const T* __rest
 
 // dgrad at a stride above 1 (implicit_gemm.py): dx's pixels h ≡ ph (mod stride_h), w ≡ pw (phase (ph, pw))
 // are the forward convolution of dy, at stride 1, by the kernel's taps r ≡ ph + pad_h (mod stride_h), s
-// likewise, flipped; each phase's weight is packed here as the forward's weight rows are (filter c of a group,
-// k index (tap)·cp + channel k), all phases in one launch, phase after phase, rows of w_row elements, zero past
-// the group's filters and channels and the phase's taps. Block `block` packs rows block, block + blocks, ...
-// Taps (a, b) of a phase of th x tw taps read weight tap (r0 + stride_h·(th - 1 - a), s0 + stride_w·(tw - 1 - b)).
+// likewise, flipped: tap r = r0 + stride_h·(th - 1 - a) of the th taps of its phase (r0 = r mod stride_h) is the
+// phase's tap a. Each phase's weight is packed here as the forward's weight rows are: row (phase, group, c) for
+// filter c of the group (an input channel of x), its k index (a·tw + b)·cp + channel k; rows of w_row elements,
+// channels past the group's zero, rows past its filters and k past the phase's taps not written (the GEMM
+// drops those columns and zero-fills k past its reduction). Block (32, 8) transposes a 32 x 32 tile of
+// (channel k, filter c) of one group at one kernel tap through shared memory; grid (c tiles · groups, k tiles
+// over cp, taps). Offsets are 32-bit but the packed row's (Python twin).
 struct PhaseWeights {
     int groups, kg, cg, kp, cp, r, s, stride_h, stride_w, pad_h, pad_w, unused;
     long long w_row, rows;
@@ -214,28 +217,30 @@ static_assert(sizeof(PhaseWeights) == 64 && alignof(PhaseWeights) == 8,  // 12 i
 template <typename T, bool kTf32>
 __global__ void __launch_bounds__(256)
 pack_dgrad_phases(const T* __restrict__ w, T* __restrict__ dst, const PhaseWeights pw) {
-    const int per_phase = pw.groups * pw.kp, row = static_cast<int>(pw.w_row);
-    for (long long kk = blockIdx.x; kk < pw.rows; kk += gridDim.x) {
-        const int phase = static_cast<int>(kk / per_phase), rem = static_cast<int>(kk - phase * per_phase);
-        const int grp = rem / pw.kp, c = rem - grp * pw.kp;  // filter c of group grp: an input channel of x
-        const int ph = phase / pw.stride_w, pwq = phase - ph * pw.stride_w;
-        const int r0 = (ph + pw.pad_h) % pw.stride_h, s0 = (pwq + pw.pad_w) % pw.stride_w;
-        const int th = r0 < pw.r ? (pw.r - r0 + pw.stride_h - 1) / pw.stride_h : 0;
-        const int tw = s0 < pw.s ? (pw.s - s0 + pw.stride_w - 1) / pw.stride_w : 0;
-        const long long rs = static_cast<long long>(pw.r) * pw.s;
-        const T* src = w + (static_cast<long long>(grp) * pw.kg * pw.cg + c) * rs +
-                       (r0 + pw.stride_h * (th - 1)) * pw.s + s0 + pw.stride_w * (tw - 1);
-        T* d = dst + kk * pw.w_row;
-        const bool c_ok = c < pw.cg;
-        for (int j = threadIdx.x; j < row; j += 256) {
-            const int tap = j / pw.cp, k = j - tap * pw.cp;
-            T v = zero<T>();
-            if (c_ok && k < pw.kg && tap < th * tw) {
-                const int a = tap / tw, b = tap - a * tw;
-                v = igemm::prepare<T, kTf32>(src[k * pw.cg * rs - pw.stride_h * pw.s * a - pw.stride_w * b]);
-            }
-            d[j] = v;
-        }
+    __shared__ T tile[32][33];
+    const int c_tiles = (pw.cg + 31) / 32;
+    const int g = blockIdx.x / c_tiles;
+    const int c0 = (blockIdx.x - g * c_tiles) * 32, k0 = blockIdx.y * 32;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int rs = pw.r * pw.s;
+    const T* src = w + g * pw.kg * pw.cg * rs;
+    const int t = blockIdx.z, r = t / pw.s, s = t - r * pw.s;
+    const int ph = ((r - pw.pad_h) % pw.stride_h + pw.stride_h) % pw.stride_h, r0 = r % pw.stride_h;
+    const int th = (pw.r - r0 + pw.stride_h - 1) / pw.stride_h, a = th - 1 - (r - r0) / pw.stride_h;
+    const int pq = ((s - pw.pad_w) % pw.stride_w + pw.stride_w) % pw.stride_w, s0 = s % pw.stride_w;
+    const int tw = (pw.s - s0 + pw.stride_w - 1) / pw.stride_w, b = tw - 1 - (s - s0) / pw.stride_w;
+#pragma unroll
+    for (int i = ty; i < 32; i += 8) {  // tile[k][c] = w[k0 + i, c0 + tx, t], zero past the group
+        const int k = k0 + i, c = c0 + tx;
+        tile[i][tx] = k < pw.kg && c < pw.cg ? igemm::prepare<T, kTf32>(src[(k * pw.cg + c) * rs + t]) : zero<T>();
+    }
+    __syncthreads();
+    const long long row0 = static_cast<long long>((ph * pw.stride_w + pq) * pw.groups + g) * pw.kp;
+    const int k = k0 + tx, at = (a * tw + b) * pw.cp + k;
+#pragma unroll
+    for (int i = ty; i < 32; i += 8) {  // row (phase, g, c0 + i), channel k0 + tx
+        const int c = c0 + i;
+        if (c < pw.cg && k < pw.cp) dst[(row0 + c) * pw.w_row + at] = tile[tx][i];
     }
 }
 

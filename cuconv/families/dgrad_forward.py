@@ -21,7 +21,6 @@ __all__ = ["forward_spec", "forward_weight", "prepare", "reason_unsupported", "N
 
 STEM = "dgrad_forward"
 NAME_EXPRESSIONS = tuple(f"flip_weight<{t}>" for t in _dtypes.ALL_CTYPE_NAMES)
-_THREADS = 256
 
 
 def forward_spec(spec: ConvSpec) -> Optional[ConvSpec]:
@@ -42,15 +41,19 @@ def forward_weight(w, spec: ConvSpec):
     return w5.transpose(0, 2, 1, 3, 4).copy().reshape(spec.c, spec.k_per_group, spec.r, spec.s)
 
 
+FLIP_SHAPE_DTYPE = numpy.dtype([(f, numpy.int32) for f in ("groups", "kg", "cg", "rs", "c_tiles", "unused")])
+
+
 def flip_launch(spec: ConvSpec, dtype) -> "_loader.PreparedLaunch":
     """A launch writing ``forward_weight``'s w' (pointers: w, w'); None for an empty weight."""
     total = spec.k * spec.crs_per_group
     if total == 0:
         return None
-    i64 = numpy.int64
+    c_tiles, k_tiles = -(-spec.c_per_group // 32), -(-spec.k_per_group // 32)
+    shape = numpy.array((spec.groups, spec.k_per_group, spec.c_per_group, spec.r * spec.s, c_tiles, 0),
+                        dtype=FLIP_SHAPE_DTYPE)[()]
     return _loader.prepare(STEM, NAME_EXPRESSIONS, f"flip_weight<{_dtypes.ctype_of(dtype)}>",
-                           (max(1, min(1 << 16, -(-total // _THREADS))), 1, 1), (_THREADS, 1, 1), 2,
-                           (i64(spec.groups), i64(spec.k_per_group), i64(spec.c_per_group), i64(spec.r * spec.s)))
+                           (c_tiles * spec.groups, k_tiles, spec.r * spec.s), (32, 8, 1), 2, (shape,))
 
 
 def prepare(forward_prepare, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", **options) -> "_plan.Plan":
@@ -91,6 +94,9 @@ def reason_unsupported(spec: ConvSpec, dtype, pass_: str, precision: str, forwar
         if fspec is None:
             return ("its dgrad is a forward convolution of grad_output, which needs stride 1 and padding no "
                     "wider than the dilated kernel")
+        if spec.k * spec.crs_per_group >= 2**31 or spec.r * spec.s > 65535 or -(-spec.k_per_group // 32) > 65535:
+            return ("its dgrad flips the weight with 32-bit offsets, a grid z per kernel tap and one y per 32 "
+                    "filters of a group: fewer than 2^31 elements, 65536 taps and 2^21 filters")
         return forward_reason(fspec, dtype, precision, limits)
     if pass_ != "fprop":
         return f"it implements no {pass_}"

@@ -784,7 +784,8 @@ def _phase_launches(spec: ConvSpec, dtype, tile, device: int) -> PhaseLaunches:
                          spec.pad[2], 0, w_row, rows), dtype=PHASE_WEIGHTS_DTYPE)[()]
     ctype = _dtypes.ctype_of(dtype)
     name = f"pack_dgrad_phases<{ctype},{_tf32(ctype)}>"
-    pack_w = _loader.PreparedLaunch(_fn(name), name, (min(rows, _WEIGHT_BLOCKS), 1, 1), (256, 1, 1), 2, (shape,))
+    pack_w = _loader.PreparedLaunch(_fn(name), name, (-(-spec.c_per_group // 32) * g, -(-cp // 32), spec.r * spec.s),
+                                    (32, 8, 1), 2, (shape,))
     gemms, zeros = [], None
     for (ph, pw), taps, fs in phases:
         if taps == 0:
@@ -815,16 +816,16 @@ def _phases_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"
                 f"grad_output (a multiple of {16 // dtype.itemsize} in {dtype})")
     if max(*spec.stride, *spec.pad, spec.h, spec.w) > _INT_MAX:
         return "its geometry struct holds strides, paddings and sizes in 32 bits"
-    if spec.n > _MAX_GRID_Z:
-        return f"its packing runs one sample per grid z (at most {_MAX_GRID_Z})"
+    if max(spec.n, spec.r * spec.s) > _MAX_GRID_Z:
+        return f"its packing runs one sample, and one kernel tap, per grid z (at most {_MAX_GRID_Z})"
     if spec.n * spec.c * spec.h * spec.w == 0:
         return None
     tile, cp, kp, w_row, phases = _phase_plan(spec, dtype, phase_tile(spec, dtype, limits.wgmma))
     if max(max(abs(p) for p in fs.pad) + max(spec.p, spec.q) for _, _, fs in phases) > _MAX_SIDE:
         return "its padded grad_output exceeds the kernel's 16-bit pixel coordinates"
     dy_elements = spec.n * spec.p * spec.q * spec.groups * cp
-    if max(dy_elements, spec.n * spec.c * spec.h * spec.w) > _INT_MAX:
-        return "grad_output packed, or grad_input, holds 2^31 elements or more (32-bit offsets)"
+    if max(dy_elements, spec.n * spec.c * spec.h * spec.w, spec.k * spec.crs_per_group) > _INT_MAX:
+        return "grad_output packed, grad_input or the weight holds 2^31 elements or more (32-bit offsets)"
     need = (dy_elements + spec.stride[0] * spec.stride[1] * spec.groups * kp * w_row) * dtype.itemsize
     if need > limits.workspace_limit:
         return (f"grad_output packed to NHWC and the phases' weights need {need} bytes, more than "
