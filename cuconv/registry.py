@@ -138,16 +138,11 @@ _WINOGRAD_FUSED_MAX_CHANNELS = 32
 
 # 1x1 stride-1 forwards at tensor-core precisions: cuBLASLt's GEMM per sample (im2col_gemm) runs as fast as cuDNN
 # on large planes, where implicit_gemm's NCHW kernel does not; on small planes batches of short GEMMs are slow
-# and the NCHW kernel wins (earlier in the half types than at TF32). The GEMM takes planes of at least:
-_POINTWISE_GEMM_MIN_PIXELS_HALF = 14 * 14
-_POINTWISE_GEMM_MIN_PIXELS_TF32 = 28 * 28
+# and the NCHW kernel wins. The GEMM takes planes of at least
+_POINTWISE_GEMM_MIN_PIXELS = 14 * 14
 # and squeeze-excitation's 1x1 planes, where the whole batch is one short GEMM (2-3x faster than any tile of
 # implicit_gemm's): fewer output pixels (N·P·Q) than
 _POINTWISE_IMPLICIT_MIN_OUTPUTS = 1024
-
-
-def _pointwise_gemm_min_pixels(dtype) -> int:
-    return _POINTWISE_GEMM_MIN_PIXELS_HALF if numpy.dtype(dtype).itemsize == 2 else _POINTWISE_GEMM_MIN_PIXELS_TF32
 
 
 # 1x1 stride-1 wgrads: where the planes are large, im2col_gemm's GEMMs read x and dy as they are, while
@@ -196,7 +191,7 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
     - tensor-core arithmetic (float32 "tf32", float16, bfloat16), forward and stride-1 dgrad with at least
       32 filters in the pass or several groups (im2col_gemm's GEMM per group is many times slower), except 1x1
       stride-1 unpadded layers (a plain GEMM for im2col_gemm) unless, on a device that runs wgmma, the pass is a
-      forward on small planes (``_POINTWISE_GEMM_MIN_PIXELS_*``) but squeeze-excitation's 1x1 ones
+      forward on small planes (``_POINTWISE_GEMM_MIN_PIXELS``) but squeeze-excitation's 1x1 ones
       (``_POINTWISE_IMPLICIT_MIN_OUTPUTS``), where implicit_gemm's NchwTile reads them as
       they are, or a dgrad on small planes with many channels and filters (``_pointwise_dgrad_by_implicit``):
       ``implicit_gemm``, which never writes the column matrix;
@@ -218,7 +213,7 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
     channels = {"fprop": spec.c_per_group, "dgrad": spec.k_per_group}.get(pass_)
     pointwise = spec.is_pointwise_identity and not (
         (wgmma and pass_ == "fprop" and implicit_gemm.nchw_fits(spec, dtype)
-         and spec.p * spec.q < _pointwise_gemm_min_pixels(dtype)
+         and spec.p * spec.q < _POINTWISE_GEMM_MIN_PIXELS
          and spec.n * spec.p * spec.q >= _POINTWISE_IMPLICIT_MIN_OUTPUTS)
         or (wgmma and pass_ == "dgrad" and _pointwise_dgrad_by_implicit(spec)))
     many_filters = filters is not None and (filters >= _IMPLICIT_GEMM_MIN_FILTERS or spec.groups > 1)

@@ -66,20 +66,32 @@ def test_winograd_fused_takes_3x3_layers_with_few_channels_and_many_filters(c, k
     (_F16, "ieee", 56, False, "im2col_gemm"), (_F16, "ieee", 56, True, "im2col_gemm"),
     (_F16, "ieee", 14, True, "im2col_gemm"), (_F16, "ieee", 13, True, "implicit_gemm"),
     (_F16, "ieee", 7, True, "implicit_gemm"), (_F16, "ieee", 7, False, "im2col_gemm"),
-    (_F32, "tf32", 56, True, "im2col_gemm"), (_F32, "tf32", 28, True, "im2col_gemm"),
-    (_F32, "tf32", 27, True, "implicit_gemm"), (_F32, "tf32", 14, True, "implicit_gemm"),
-    (_F32, "tf32", 14, False, "im2col_gemm"),
+    (_F32, "tf32", 56, True, "im2col_gemm"), (_F32, "tf32", 14, True, "im2col_gemm"),
+    (_F32, "tf32", 13, True, "implicit_gemm"), (_F32, "tf32", 7, True, "implicit_gemm"),
+    (_F32, "tf32", 7, False, "im2col_gemm"), (_F32, "tf32", 1, True, "im2col_gemm"),
 ], ids=["fp16_56", "fp16_56_wgmma", "fp16_14_wgmma", "fp16_13_wgmma", "fp16_7_wgmma", "fp16_7",
-        "tf32_56_wgmma", "tf32_28_wgmma", "tf32_27_wgmma", "tf32_14_wgmma", "tf32_14"])
+        "tf32_56_wgmma", "tf32_14_wgmma", "tf32_13_wgmma", "tf32_7_wgmma", "tf32_7", "tf32_1_wgmma"])
 def test_pointwise_layers_take_a_gemm_except_small_planes_on_wgmma(dtype, precision, hw, wgmma, expected):
     """1x1 stride-1 forwards at tensor-core precisions: cuBLASLt's GEMM per sample (im2col_gemm), except on
-    planes below 14x14 (half types) or 28x28 (TF32) on a device that runs wgmma, where implicit_gemm's NchwTile
-    reads the input as it is; the choice is memoized with the device's answer."""
+    planes below 14x14 on a device that runs wgmma, where implicit_gemm's NchwTile reads the input as it is, but
+    squeeze-excitation's 1x1 planes (the batch one short GEMM); the choice is memoized with the device's answer."""
     spec = cuconv.ConvSpec.from_args((32, 256, hw, hw), (64, 256, 1, 1))
     limits = {"smem_limit": 227 << 10, "workspace_limit": cuconv.config.workspace_limit}
     assert registry._select_algorithm(spec, dtype, precision, True, "fprop", wgmma=wgmma, **limits) == expected
-    dgrad = (spec, dtype, precision, True, "dgrad")  # a GEMM (implicit_gemm's forward of dy measured slower)
+    dgrad = (spec, dtype, precision, True, "dgrad")  # a GEMM (few channels x filters: implicit_gemm's slower)
     assert registry._select_algorithm(*dgrad, wgmma=wgmma, **limits) == "im2col_gemm"
+
+
+@pytest.mark.parametrize("hw,c,k,expected", [(7, 512, 2048, "implicit_gemm"), (7, 1152, 192, "implicit_gemm"),
+                                             (7, 672, 160, "im2col_gemm"), (14, 1024, 256, "im2col_gemm"),
+                                             (1, 960, 240, "im2col_gemm")])
+def test_pointwise_dgrad_takes_implicit_gemm_on_small_planes_with_many_weights(hw, c, k, expected):
+    """1x1 stride-1 dgrad on a wgmma device: implicit_gemm's forward of dy where N·H·W is 1024 to 4095 and C·K
+    at least 150000 (7x7 planes of the models' deep layers), cuBLASLt's GEMMs elsewhere."""
+    spec = cuconv.ConvSpec.from_args((32, c, hw, hw), (k, c, 1, 1))
+    limits = {"smem_limit": 227 << 10, "workspace_limit": cuconv.config.workspace_limit}
+    for dtype, precision in ((_F16, "ieee"), (_F32, "tf32")):
+        assert registry._select_algorithm(spec, dtype, precision, True, "dgrad", wgmma=True, **limits) == expected
 
 
 def test_resnet_1x1_256_forward_is_a_gemm_at_every_precision():

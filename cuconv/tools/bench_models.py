@@ -395,7 +395,19 @@ def warm_up(model, args, mode: _Mode) -> dict:
 def check_model(pair, args, mode: _Mode) -> dict:
     """One inference and one training step of both models on the same data: the converted model's output and
     gradients against torch's float32 (TF32 off), beside torch's own error in this mode; for ``tf32`` also a
-    float64 copy of both models, whose every gradient must equal torch's to rounding."""
+    float64 copy of both models, whose every gradient must equal torch's to rounding. cuDNN takes its own
+    algorithms here: benchmark mode would time every algorithm of each layer at the check's batch (most of the
+    check's time), and nothing the check measures depends on it."""
+    import torch
+
+    benchmark, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, False
+    try:
+        return _check_model(pair, args, mode)
+    finally:
+        torch.backends.cudnn.benchmark = benchmark
+
+
+def _check_model(pair, args, mode: _Mode) -> dict:
     import torch
 
     import cuconv.nn
