@@ -1,4 +1,4 @@
-"""The NumPy (CPU) path of ``cuconv.conv2d_input`` (dgrad), ``cuconv.conv2d_weight`` (wgrad) and col2im.
+"""The NumPy (CPU) path of ``cuconv.conv2d_input`` (dgrad) and ``cuconv.conv2d_weight`` (wgrad).
 
 The backward oracle is torch's autograd of ``torch.nn.functional.conv2d`` in float64 on the CPU, fed the
 very values we were given (already rounded to the dtype under test).
@@ -12,10 +12,8 @@ import pytest
 import torch
 
 import cuconv
-from cases import (CASES, GATHER_GEOMETRIES, PROBLEM_CASES, TORCH_ERROR_FACTOR, Case, bound, make_inputs,
-                   noncontiguous, rel_err, row_ranges, tolerance)
-from cuconv.families.col2im import col2im_cpu
-from cuconv.families.im2col import im2col_cpu
+from cases import (CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, Case, bound, make_inputs, noncontiguous, rel_err,
+                   tolerance)
 from cuconv.families.im2col_gemm import chunk_bytes, plan_chunks
 from cuconv.spec import ConvSpec
 
@@ -202,44 +200,6 @@ def test_forced_algo_and_tf32_equal_auto(case):
     for options in variants:
         for got, expected in zip(_ours(x, w, dy, case.kwargs, **options), auto):
             numpy.testing.assert_array_equal(got, expected, err_msg=str(options))
-
-
-# ----- col2im: the exact adjoint of im2col ---------------------------------------------------------------
-def _ints(rng, shape, dtype):
-    return rng.integers(-4, 5, size=shape).astype(dtype)
-
-
-def _col2im(col, spec, p0, rows, dx):
-    col2im_cpu(col, spec, p0, rows, dx)
-    return dx
-
-
-@pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32], ids=lambda d: numpy.dtype(d).name)
-@pytest.mark.parametrize("spec", GATHER_GEOMETRIES)
-def test_col2im_is_adjoint_of_im2col(spec, dtype):
-    # <im2col(x), y> == <x, col2im(y)> for every x and y; small integers make both sides exact.
-    rng = numpy.random.default_rng(7)
-    x_nchw = _ints(rng, spec.input_shape, dtype)
-    for p0, rows in row_ranges(spec.p):
-        col_crs_pq = _ints(rng, (spec.n, spec.crs, rows * spec.q), dtype)
-        dx = _col2im(col_crs_pq, spec, p0, rows, numpy.zeros(spec.input_shape, dtype=dtype))
-        lhs = numpy.sum(im2col_cpu(x_nchw, spec, p0, rows).astype(numpy.float64) * col_crs_pq)
-        rhs = numpy.sum(x_nchw.astype(numpy.float64) * dx)
-        assert lhs == rhs, f"p0={p0} rows={rows}"
-
-
-@pytest.mark.parametrize("spec", GATHER_GEOMETRIES)
-def test_col2im_adds_and_row_chunks_sum_to_whole(spec):
-    # col2im adds into dx; the row chunks of one column matrix, added one after another, give the whole.
-    rng = numpy.random.default_rng(8)
-    col = _ints(rng, (spec.n, spec.crs, spec.p, spec.q), numpy.float64)
-    whole = _col2im(col.reshape(spec.n, spec.crs, -1), spec, 0, spec.p, numpy.zeros(spec.input_shape))
-    start = _ints(rng, spec.input_shape, numpy.float64)
-    dx = start.copy()
-    for p0 in range(0, spec.p, 2):
-        rows = min(2, spec.p - p0)
-        _col2im(numpy.ascontiguousarray(col[:, :, p0:p0 + rows]).reshape(spec.n, spec.crs, -1), spec, p0, rows, dx)
-    numpy.testing.assert_array_equal(dx - start, whole)
 
 
 # ----- misuse ---------------------------------------------------------------------------------------------

@@ -163,26 +163,3 @@ def test_grads_are_deterministic():
               cupy.asnumpy(cuconv.conv2d_weight(xg, w.shape, dyg, **case.kwargs))]
     for a, b in zip(first, second):
         numpy.testing.assert_array_equal(a, b)
-
-
-def test_col2im_kernel_is_the_adjoint_of_im2col():
-    """<im2col(x), c> == <x, col2im(c)> exactly on integers, with a row sub-range and accumulation."""
-    import cupy
-
-    from cuconv.families.col2im import col2im_gpu
-    from cuconv.families.im2col import im2col_gpu, row_pitch
-
-    rng = numpy.random.default_rng(15)
-    x = rng.integers(-3, 4, size=(2, 3, 13, 11)).astype(numpy.float64)
-    for kwargs in ({}, dict(stride=(2, 3), padding=(1, 2), dilation=(2, 1)), dict(padding=(2, 4), dilation=(2, 3))):
-        spec = cuconv.ConvSpec.from_args(x.shape, (4, 3, 3, 4), **kwargs)
-        for p0, rows in ((0, spec.p), (1, max(1, spec.p - 2))):
-            pitch = row_pitch(rows * spec.q, 8)
-            col = cupy.empty((2, spec.crs, pitch))
-            im2col_gpu(cupy.asarray(x), spec, p0, rows, col)
-            c = rng.integers(-3, 4, size=col.shape).astype(numpy.float64)
-            c[..., rows * spec.q:] = 0
-            dx = cupy.zeros(x.shape)
-            col2im_gpu(cupy.asarray(c), spec, p0, rows, dx, accumulate=True)
-            lhs = float((cupy.asnumpy(col)[..., :rows * spec.q] * c[..., :rows * spec.q]).sum())
-            assert lhs == float((x * cupy.asnumpy(dx)).sum())

@@ -41,9 +41,9 @@ from .._config import config
 from ..spec import ConvSpec
 
 __all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "Tile", "WgmmaTile", "NchwTile", "TILES",
-           "transposed_spec", "phase_specs", "phase_tile", "wgrad_tile", "wgrad_splits", "splits_for", "wgmma_available", "choose_tile",
-           "prefers_nchw", "nchw_fits", "narrow_group_tile", "Plan", "plan", "pack_operands", "prepare",
-           "NAME_EXPRESSIONS", "STEM"]
+           "transposed_spec", "phase_specs", "phase_tile", "wgrad_tile", "wgrad_splits", "splits_for",
+           "wgmma_available", "choose_tile", "prefers_nchw", "nchw_fits", "narrow_group_tile", "Plan", "plan",
+           "pack_operands", "prepare", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "implicit_gemm"
 _INT_MAX = 2**31 - 1
@@ -732,8 +732,8 @@ def phase_specs(spec: ConvSpec) -> tuple:
 @dataclasses.dataclass(frozen=True)
 class PhaseLaunches:
     """A phased dgrad's launches (pointers: dy, packed dy, null, null for ``pack_dy``; w, packed weights for
-    ``pack_w``; dx for ``zeros``; packed dy, the phase's packed weight, null, dx at the phase's first pixel for each GEMM, with
-    the byte offsets of that weight and pixel) and workspace bytes."""
+    ``pack_w``; dx for ``zeros``; packed dy, the phase's packed weight, null, dx at the phase's first pixel for
+    each GEMM, with the byte offsets of that weight and pixel) and workspace bytes."""
 
     pack_dy: "_loader.PreparedLaunch"
     pack_w: "_loader.PreparedLaunch"

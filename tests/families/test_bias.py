@@ -1,0 +1,45 @@
+"""The bias launches (``bias``): the broadcast that GEMM algorithms accumulate onto, and the bias gradient
+(Σ of grad_output over N, P, Q, in fp32 for the half types, a fixed order), against NumPy on integers (exact)."""
+
+import numpy
+import pytest
+
+import cuconv
+from cases import EXACT_DTYPES
+from cuconv import _dtypes
+from cuconv.families import bias
+
+pytestmark = pytest.mark.gpu
+
+
+def _stream():
+    import cupy
+
+    return cupy.cuda.get_current_stream().ptr
+
+
+@pytest.mark.parametrize("dtype_name", EXACT_DTYPES)
+@pytest.mark.parametrize("n,k,pq", [(1, 1, 1), (3, 5, 70000), (2, 7, 13)])
+def test_bias_fill_broadcasts_over_samples_and_pixels(n, k, pq, dtype_name):
+    import cupy
+
+    dtype = _dtypes.by_name(dtype_name)
+    b = numpy.arange(1, k + 1).astype(dtype)
+    out = cupy.full((n, k, pq), numpy.nan, dtype=dtype)
+    bias.fill_launch(dtype, n, k, pq)(_stream(), out.data.ptr, cupy.asarray(b).data.ptr)
+    numpy.testing.assert_array_equal(cupy.asnumpy(out), numpy.broadcast_to(b[None, :, None], (n, k, pq)))
+
+
+@pytest.mark.parametrize("dtype_name", EXACT_DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (4, 6, 15, 17), (2, 3, 100, 100)])
+def test_bias_grad_sums_over_samples_and_pixels(shape, dtype_name):
+    import cupy
+
+    dtype = _dtypes.by_name(dtype_name)
+    n, k, p, q = shape
+    dy = numpy.random.default_rng(9).integers(-3, 4, size=shape).astype(dtype)
+    db = cupy.full(k, numpy.nan, dtype=dtype)
+    spec = cuconv.ConvSpec(n, 0, p, q, k, 1, 1)
+    bias.grad_launch(spec, dtype)(_stream(), cupy.asarray(dy).data.ptr, db.data.ptr)
+    # the integer sums are exact in fp32 (and in float64): rounded once to the dtype, as the kernel rounds
+    numpy.testing.assert_array_equal(cupy.asnumpy(db), dy.astype(numpy.float64).sum(axis=(0, 2, 3)).astype(dtype))
