@@ -24,6 +24,16 @@ __all__ = ["KERNEL_DIR", "kernel_dir", "kernel_source", "compile_options", "load
            "KernelLaunchError", "PreparedLaunch", "prepare", "smem_limit", "SMEM_DEFAULT"]
 
 SMEM_DEFAULT = 48 << 10  # dynamic shared memory a block gets without opting in
+# The block of the one-dimensional kernels (grid-stride loops, per-row passes): their __launch_bounds__(256),
+# kThreads in direct_smem.cu, kBiasGradThreads in bias.cu.
+THREADS = 256
+
+
+def blocks(n: int, cap: int = 1 << 16, threads: int = THREADS) -> int:
+    """Blocks of ``threads`` covering ``n`` items one a thread, at least one, at most ``cap`` (None: no cap;
+    a grid-stride loop walks the rest)."""
+    count = -(-n // threads)
+    return max(1, count if cap is None else min(cap, count))
 
 _HERE = pathlib.Path(__file__).resolve().parent
 

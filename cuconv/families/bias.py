@@ -15,7 +15,6 @@ from ..spec import ConvSpec
 __all__ = ["fill_launch", "grad_launch", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "bias"
-_THREADS = 256  # kBiasGradThreads in bias.cu, and bias_fill's block
 _MAX_GRID_Y = 65535
 
 NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in ("bias_fill", "bias_grad") for t in _dtypes.ALL_CTYPE_NAMES)
@@ -28,8 +27,8 @@ def fill_launch(dtype, n: int, k: int, pq: int) -> "_loader.PreparedLaunch":
     if planes == 0 or pq == 0:
         return None
     name = f"bias_fill<{_dtypes.ctype_of(dtype)}>"
-    grid = (planes, min(_MAX_GRID_Y, -(-pq // _THREADS)), 1)
-    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_THREADS, 1, 1), 2, (numpy.int64(k), numpy.int64(pq)))
+    grid = (planes, _loader.blocks(pq, _MAX_GRID_Y), 1)
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_loader.THREADS, 1, 1), 2, (numpy.int64(k), numpy.int64(pq)))
 
 
 def grad_launch(spec: ConvSpec, dtype) -> "_loader.PreparedLaunch":
@@ -39,5 +38,5 @@ def grad_launch(spec: ConvSpec, dtype) -> "_loader.PreparedLaunch":
         return None
     name = f"bias_grad<{_dtypes.ctype_of(dtype)}>"
     i64 = numpy.int64
-    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, (spec.k, 1, 1), (_THREADS, 1, 1), 2,
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, (spec.k, 1, 1), (_loader.THREADS, 1, 1), 2,
                            (i64(spec.n), i64(spec.k), i64(spec.p * spec.q)))

@@ -14,7 +14,6 @@ from ..spec import ConvSpec
 __all__ = ["col2im_launch", "col2im_gpu", "col2im_cpu", "touched_rows", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "col2im"
-_THREADS = 256
 _MAX_BLOCKS = 1 << 20
 
 
@@ -55,13 +54,13 @@ def col2im_launch(spec: ConvSpec, dtype, col_dtype, nb: int, p0: int, rows: int,
                spec.w + spec.pad[2] + spec.s * spec.dilation[1])
     index = "int" if total < 2**30 and max(extents) < 2**30 else "long long"
     name = f"col2im<{_col_ctype(t)},{t},{unit},{index}>"
-    grid = (min(_MAX_BLOCKS, -(-total // _THREADS)), 1, 1)
+    grid = (_loader.blocks(total, _MAX_BLOCKS), 1, 1)
     i64 = numpy.int64
     scalars = (i64(total), i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.r), i64(spec.s),
                i64(spec.q), i64(p0), i64(rows), i64(pitch), i64(h0), i64(h_rows),
                i64(spec.stride[0]), i64(spec.stride[1]), i64(spec.pad[0]), i64(spec.pad[2]),
                i64(spec.dilation[0]), i64(spec.dilation[1]), numpy.int32(accumulate))
-    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_THREADS, 1, 1), 2, scalars)
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_loader.THREADS, 1, 1), 2, scalars)
 
 
 def col2im_gpu(col, spec: ConvSpec, p0: int, rows: int, dx, accumulate: bool) -> None:

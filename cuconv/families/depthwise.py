@@ -44,7 +44,7 @@ STEM = "depthwise"
 _PLANE_KERNELS = {False: ((3, 3),), True: ((3, 3), (5, 5))}
 # Kernel sizes of depthwise_fwd_rows: the same limits (5x5 in double needs ~185 registers and spills at 128).
 _ROWS_KERNELS = _PLANE_KERNELS
-_THREADS = 256
+_THREADS = _loader.THREADS  # its kernels' block: the residency arithmetic below reads it
 _SMEM_LIMIT = _loader.SMEM_DEFAULT  # wgrad's per-thread accumulators stay within the default
 _MAX_GRID_Y = 65535
 
@@ -379,7 +379,7 @@ def _dgrad_launch(spec: ConvSpec, dtype) -> "_loader.PreparedLaunch":
     total = spec.n * spec.c * spec.h * spec.w
     unit = "true" if spec.stride == (1, 1) else "false"
     name = f"depthwise_dgrad<{_dtypes.ctype_of(dtype)},{unit},{_index_type(total)}>"
-    grid = (max(1, min(1 << 20, -(-total // _THREADS))), 1, 1)
+    grid = (_loader.blocks(total, 1 << 20), 1, 1)
     return _loader.PreparedLaunch(_fn(name), name, grid, (_THREADS, 1, 1), 3, (numpy.int64(total),) + _geometry(spec))
 
 
@@ -419,6 +419,6 @@ def _wgrad_launches(spec: ConvSpec, dtype, sm_count: int):
                                      _geometry(spec) + (i64(total), i64(chunk)),
                                      smem=taps * threads * acc_dtype.itemsize)
     name = f"depthwise_wgrad_reduce<{t}>"
-    reduce = _loader.PreparedLaunch(_fn(name), name, (min(1 << 16, -(-(spec.k * taps) // _THREADS)), 1, 1),
+    reduce = _loader.PreparedLaunch(_fn(name), name, (_loader.blocks(spec.k * taps), 1, 1),
                                     (_THREADS, 1, 1), 2, (i64(spec.k), i64(taps), i64(chunks)))
     return spec.k * chunks * taps * acc_dtype.itemsize, partial, reduce

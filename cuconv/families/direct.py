@@ -16,7 +16,6 @@ from ..spec import ConvSpec
 __all__ = ["prepare", "forward_gpu", "reason_unsupported", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "direct"
-_THREADS = 256
 _MAX_BLOCKS = 1 << 20  # the grid-stride loop covers the rest
 
 NAME_EXPRESSIONS = tuple(f"direct<{t}>" for t in _dtypes.ALL_CTYPE_NAMES)
@@ -37,12 +36,12 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     total = spec.n * spec.k * spec.p * spec.q
     if total:
         name = f"direct<{_dtypes.ctype_of(dtype)}>"
-        grid = (min(_MAX_BLOCKS, -(-total // _THREADS)), 1, 1)
+        grid = (_loader.blocks(total, _MAX_BLOCKS), 1, 1)
         i64 = numpy.int64
         scalars = (i64(spec.n), i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q),
                    i64(spec.r), i64(spec.s), i64(spec.groups), i64(spec.stride[0]), i64(spec.stride[1]),
                    i64(spec.pad[0]), i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]))
-        b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_THREADS, 1, 1), 4, scalars),
+        b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_loader.THREADS, 1, 1), 4, scalars),
                  b.ref("x"), b.ref("w"), b.ref("bias"), b.ref("out"))
     return b.plan(STEM)
 

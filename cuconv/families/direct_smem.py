@@ -43,7 +43,7 @@ __all__ = ["prepare", "forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", 
            "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "direct_smem"
-_THREADS = 256  # kThreads in direct_smem.cu
+_THREADS = _loader.THREADS  # kThreads in direct_smem.cu
 _WARPS = _THREADS // 32
 _MAX_GRID_X = 2**31 - 1
 _MAX_GRID_Y = 65535
@@ -194,7 +194,7 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     w_gck = b.take(spec.k * spec.crs_per_group * dtype.itemsize)
     total = spec.k * spec.crs_per_group
     name = f"transpose_weight<{ctype}>"
-    b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, name, (max(1, min(1 << 16, -(-total // _THREADS))), 1, 1),
+    b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, name, (_loader.blocks(total), 1, 1),
                              (_THREADS, 1, 1), 2, (i64(spec.groups), i64(spec.k_per_group), i64(spec.crs_per_group))),
              b.ref("w"), w_gck)
     name = pl.tile.kernel_name(ctype)

@@ -10,7 +10,6 @@ from .. import _dtypes, _loader
 __all__ = ["fill", "cast", "sum_partials", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "elementwise"
-_THREADS = 256
 _MAX_BLOCKS = 1 << 16  # the grid-stride loop covers the rest
 
 # Casts from the sums kept in float (or double) to the storage types that round them.
@@ -22,25 +21,25 @@ NAME_EXPRESSIONS = tuple([f"fill<{t}>" for t in _dtypes.ALL_CTYPE_NAMES] + [f"ca
 
 
 def _grid(n: int) -> tuple:
-    return (max(1, min(_MAX_BLOCKS, -(-n // _THREADS))), 1, 1)
+    return (_loader.blocks(n, _MAX_BLOCKS), 1, 1)
 
 
 def fill(dtype, n: int, value: float = 0.0) -> "_loader.PreparedLaunch":
     """A launch writing ``value`` to ``n`` elements of ``dtype``; pointer: the destination."""
     name = f"fill<{_dtypes.ctype_of(dtype)}>"
-    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, _grid(n), (_THREADS, 1, 1), 1,
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, _grid(n), (_loader.THREADS, 1, 1), 1,
                            (numpy.int64(n), numpy.float64(value)))
 
 
 def cast(src_dtype, dst_dtype, n: int) -> "_loader.PreparedLaunch":
     """A launch converting ``n`` elements of ``src_dtype`` to ``dst_dtype``; pointers: source, destination."""
     name = f"cast<{_dtypes.ctype_of(src_dtype)},{_dtypes.ctype_of(dst_dtype)}>"
-    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, _grid(n), (_THREADS, 1, 1), 2, (numpy.int64(n),))
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, _grid(n), (_loader.THREADS, 1, 1), 2, (numpy.int64(n),))
 
 
 def sum_partials(acc_dtype, dst_dtype, n: int, parts: int) -> "_loader.PreparedLaunch":
     """A launch writing ``dst[i] = acc[i] + Σ_j partials[j·n + i]`` (acc may be 0: none; or dst itself), summed in
     ``acc_dtype`` in a fixed order and rounded to ``dst_dtype`` once; pointers: partials, acc, dst."""
     name = f"sum_partials<{_dtypes.ctype_of(acc_dtype)},{_dtypes.ctype_of(dst_dtype)}>"
-    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, _grid(n), (_THREADS, 1, 1), 3,
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, _grid(n), (_loader.THREADS, 1, 1), 3,
                            (numpy.int64(n), numpy.int64(parts)))

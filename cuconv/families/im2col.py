@@ -20,7 +20,6 @@ from ..spec import ConvSpec
 __all__ = ["im2col_launch", "im2col_gpu", "im2col_cpu", "row_pitch", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "im2col"
-_THREADS = 256
 _ITEMS = 4  # vectors per thread per segment: kItems in im2col.cu
 _MAX_GRID_Y = 65535
 # In-row positions are 32-bit in the kernel; a segment may run 2^16 past the row end before the check.
@@ -51,12 +50,12 @@ def im2col_launch(spec: ConvSpec, dtype, nb: int, p0: int, rows: int,
     ld, ld_n = (nb * pitch, pitch) if interleaved else (pitch, spec.crs * pitch)
     vec = 16 // dtype.itemsize
     name = f"im2col<{_dtypes.ctype_of(dtype)}>"
-    grid = (nb * spec.crs, min(_MAX_GRID_Y, -(-length // (_THREADS * _ITEMS * vec))), 1)
+    grid = (nb * spec.crs, _loader.blocks(length, _MAX_GRID_Y, _loader.THREADS * _ITEMS * vec), 1)
     i64 = numpy.int64
     scalars = (i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.r), i64(spec.s), i64(spec.q),
                i64(p0), i64(length), i64(ld), i64(ld_n), i64(spec.stride[0]), i64(spec.stride[1]),
                i64(spec.pad[0]), i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]))
-    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_THREADS, 1, 1), 2, scalars)
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_loader.THREADS, 1, 1), 2, scalars)
 
 
 def im2col_gpu(x, spec: ConvSpec, p0: int, rows: int, col, interleaved: bool = False):

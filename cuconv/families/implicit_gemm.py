@@ -451,8 +451,8 @@ def _pack_launch(dtype, c: int, cp: int, hw: int, samples: int, src_sample: int,
 
     if cp * dtype.itemsize <= _NARROW_PIXEL_BYTES:
         vecs = samples * hw * cp * dtype.itemsize // 16
-        blocks = max(1, -(-vecs // 256))  # one vector a thread (a capped grid walking them was up to 11% slower)
-        return _kernel(f"pack_nhwc_narrow<{ctype},{_tf32(ctype)}>", (blocks + w_blocks, 1, 1), (256, 1, 1),
+        blocks = _loader.blocks(vecs, None)  # one vector a thread (a capped grid walking them was up to 11% slower)
+        return _kernel(f"pack_nhwc_narrow<{ctype},{_tf32(ctype)}>", (blocks + w_blocks, 1, 1), (_loader.THREADS, 1, 1),
                        (shape(vecs, blocks),))
     tiles = -(-hw // 64)  # pack_nhwc's tiles: 32 channels x 64 pixels
     # the weight's z slice has gx x gy blocks: at least w_blocks (the input's extra blocks find no tile)
@@ -498,8 +498,8 @@ def _sum_kernel(dtype, n: int, splits: int, pq: int, k: int, sm_count: int) -> "
     """Split-K's last launch (pointers: partial sums, bias or null, output): ``n`` outputs of filter (i / pq) % k."""
     name = f"sum_splits<{_dtypes.ctype_of(dtype)}>"
     scalars = numpy.array((n, splits, pq, k, 0), dtype=SPLIT_SUM_DTYPE)[()]
-    return _loader.PreparedLaunch(_fn(name), name, (max(1, min(-(-n // 256), 8 * sm_count)), 1, 1), (256, 1, 1), 3,
-                                  (scalars,))
+    return _loader.PreparedLaunch(_fn(name), name, (_loader.blocks(n, 8 * sm_count), 1, 1), (_loader.THREADS, 1, 1),
+                                  3, (scalars,))
 
 
 # Split-K: about one block per SM over the device (the measured best from 1 to 16 splits followed SMs / blocks,

@@ -54,7 +54,6 @@ EXACT_ON_INTEGERS = False  # the transforms hold fractions: see the module docst
 TILE_BY_TAPS = {1: 1, 2: 5, 3: 4, 4: 3, 5: 2, 6: 2, 7: 2}
 # float32: most input channels per GEMM, by the points of the kernel's larger axis (errors above).
 FLOAT32_MAX_CHANNELS = {6: 512, 7: 192, 8: 128}
-_THREADS = 256
 _MAX_GRID_Y = 65535  # channels are blockIdx.y
 _LD_ALIGN = 32  # elements: the GEMM operands' leading dimension, 128 bytes in float32
 _MAX_INT = 2**31 - 1
@@ -173,7 +172,7 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     pl = plan(spec, dtype, env.workspace_limit)
     names = _names(_dtypes.ctype_of(dtype), spec.r, spec.s)
     i64, i32 = numpy.int64, numpy.int32
-    block = (_THREADS, 1, 1)
+    block = (_loader.THREADS, 1, 1)
 
     def kernel(name, grid, n_pointers, scalars):
         return _loader.prepare(STEM, names, name, grid, block, n_pointers, scalars)
@@ -181,19 +180,19 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     u = b.take(pl.points * spec.k * spec.c * item)
     v = b.take(pl.points * spec.c * pl.ld * item)
     m = b.take(pl.points * spec.k * pl.ld * item)
-    b.launch(kernel(names[0], (min(1 << 16, -(-(spec.k * spec.c) // _THREADS)), 1, 1), 2,
+    b.launch(kernel(names[0], (_loader.blocks(spec.k * spec.c), 1, 1), 2,
                     (i64(spec.k), i64(spec.c))), b.ref("w"), u)
     total_rows = spec.n * pl.tiles_h
     for row0 in range(0, total_rows, pl.rows):
         tiles = min(pl.rows, total_rows - row0) * pl.tiles_w
-        b.launch(kernel(names[1], (-(-tiles // _THREADS), spec.c, 1), 2,
+        b.launch(kernel(names[1], (_loader.blocks(tiles, None), spec.c, 1), 2,
                         (i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.pad[0]), i64(spec.pad[2]), i64(pl.tiles_h),
                          i32(pl.tiles_w), i64(row0), i32(tiles), i64(pl.ld))),
                  b.ref("x"), v)
         # column-major: M[a]ᵀ (tiles × K) = V[a]ᵀ (tiles × C) @ U[a]ᵀ (C × K)
         b.gemm(dtype, "ieee", tiles, spec.k, spec.c, v, pl.ld, spec.c * pl.ld, u, spec.c, spec.k * spec.c,
                m, pl.ld, spec.k * pl.ld, pl.points)
-        b.launch(kernel(names[2], (-(-tiles // _THREADS), spec.k, 1), 5,
+        b.launch(kernel(names[2], (_loader.blocks(tiles, None), spec.k, 1), 5,
                         (i64(spec.k), i64(spec.p), i64(spec.q), i64(pl.tiles_h), i32(pl.tiles_w), i64(row0), i32(tiles),
                          i64(pl.ld), i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.pad[0]), i64(spec.pad[2]))),
                  m, b.ref("bias"), b.ref("out"), b.ref("x"), b.ref("w"))

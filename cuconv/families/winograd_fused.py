@@ -151,7 +151,7 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     u = b.take(u_count * 4)
     b.launch(elementwise.fill(numpy.float32, u_count), u)
     if spec.c:
-        grid = (min(1 << 16, -(-(spec.k * spec.c) // _WEIGHT_THREADS)), 1, 1)
+        grid = (_loader.blocks(spec.k * spec.c, threads=_WEIGHT_THREADS), 1, 1)
         b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, _WEIGHT_KERNEL, grid, (_WEIGHT_THREADS, 1, 1), 2,
                                  (i64(spec.k), i64(spec.c), i64(pl.c_pad), i64(pl.k_pad))),
                  b.ref("w"), u)
