@@ -28,7 +28,8 @@ def fill_launch(dtype, n: int, k: int, pq: int) -> "_loader.PreparedLaunch":
         return None
     name = f"bias_fill<{_dtypes.ctype_of(dtype)}>"
     grid = (planes, _loader.blocks(pq, _MAX_GRID_Y), 1)
-    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_loader.THREADS, 1, 1), 2, (numpy.int64(k), numpy.int64(pq)))
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_loader.THREADS, 1, 1), 2,
+                           (numpy.int64(k), numpy.int64(pq)))
 
 
 def grad_launch(spec: ConvSpec, dtype) -> "_loader.PreparedLaunch":
