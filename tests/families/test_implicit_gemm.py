@@ -74,6 +74,20 @@ def _wgrad_tile_cases():
     return out
 
 
+def _integer_backward_operands(case, tile: str, seed: int):
+    """(x as a batch, w, dy, spec) of small integers for a backward pass through ``tile`` (skipped where the
+    device cannot run it); dy from ``seed + 1``."""
+    from cuconv.families import implicit_gemm
+
+    if implicit_gemm.TILES[tile].wgmma and not implicit_gemm.wgmma_available():
+        pytest.skip(f"tile {tile} runs wgmma, which needs compute capability 9.0")
+    x, w, _ = make_inputs(case, seed=seed, integer=True)
+    x4 = x if x.ndim == 4 else x[None]
+    spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
+    dy = numpy.random.default_rng(seed + 1).integers(-3, 4, size=spec.output_shape).astype(numpy.float64)
+    return x4, w, dy, spec
+
+
 @pytest.mark.parametrize("dtype_name", [d for d in EXACT_DTYPES if d != "float64"])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("case,tile", _wgrad_tile_cases())
@@ -84,13 +98,8 @@ def test_implicit_gemm_wgrad_equals_cpu_exactly_on_integers(case, tile, splits, 
 
     from cuconv.families import implicit_gemm
 
-    if implicit_gemm.TILES[tile].wgmma and not implicit_gemm.wgmma_available():
-        pytest.skip(f"tile {tile} runs wgmma, which needs compute capability 9.0")
     dtype = _dtypes.by_name(dtype_name)
-    x, w, _ = make_inputs(case, seed=23, integer=True)
-    x4 = x if x.ndim == 4 else x[None]
-    spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
-    dy = numpy.random.default_rng(24).integers(-3, 4, size=spec.output_shape).astype(numpy.float64)
+    x4, w, dy, spec = _integer_backward_operands(case, tile, 23)
     cpu = cuconv.conv2d_weight(x4.astype(dtype), w.shape, dy.astype(dtype), **case.kwargs)
     dw = cupy.full(w.shape, numpy.nan, dtype=dtype)
     implicit_gemm.wgrad_gpu(to_gpu(x4, dtype), to_gpu(dy, dtype), spec, dw, "tf32", tile=implicit_gemm.TILES[tile],
@@ -222,13 +231,8 @@ def test_implicit_gemm_phased_dgrad_equals_cpu_exactly_on_integers(case, tile, d
 
     from cuconv.families import implicit_gemm
 
-    if implicit_gemm.TILES[tile].wgmma and not implicit_gemm.wgmma_available():
-        pytest.skip(f"tile {tile} runs wgmma, which needs compute capability 9.0")
     dtype = _dtypes.by_name(dtype_name)
-    x, w, _ = make_inputs(case, seed=29, integer=True)
-    x4 = x if x.ndim == 4 else x[None]
-    spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
-    dy = numpy.random.default_rng(30).integers(-3, 4, size=spec.output_shape).astype(numpy.float64)
+    x4, w, dy, spec = _integer_backward_operands(case, tile, 29)
     cpu = cuconv.conv2d_input(x4.shape, w.astype(dtype), dy.astype(dtype), **case.kwargs)
     dx = cupy.full(x4.shape, numpy.nan, dtype=dtype)
     implicit_gemm.dgrad_gpu(to_gpu(dy, dtype), to_gpu(w, dtype), spec, dx, "tf32", tile=implicit_gemm.TILES[tile])
