@@ -1,5 +1,6 @@
 """im2col_gemm's chunk planning (plan_chunks / ChunkPlan): the column buffers stay under workspace_limit and
-the chunks tile the problem; wgrad's partial sums stay within their budget."""
+the chunks tile the problem; wgrad's partial sums stay within their budget. And the GEMM arguments of its 1x1
+plans, run on the CPU with cuBLAS's GEMM emulated on host memory."""
 
 import numpy
 import pytest
@@ -196,3 +197,61 @@ def test_wgrad_partial_sums_stay_within_their_budget_and_the_workspace_limit(mon
     assert wgrad_partial_samples(grouped, plan, 4, 0) == 0
     wide = ConvSpec.from_args((8, 1024, 14, 14), (1024, 1024, 3, 3), padding=1)  # 9.4 M outputs
     assert wgrad_partial_samples(wide, ChunkPlan(8, 14, 1), 4, 0) == 0
+
+
+# ----- the GEMMs of a plan, run on the CPU: cuBLAS's column-major GEMM emulated in NumPy on host memory --------
+class _HostGemm:
+    """``_cublas.PreparedGemm`` on host pointers: column-major ``C[i] = op(A[i]) @ op(B[i]) (+ beta·C[i])`` (the
+    contract of ``_cublas.gemm``), computed in float64 and rounded once to C's dtype."""
+
+    def __init__(self, dtype, precision, m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch, beta=0.0, *,
+                 trans_a="N", trans_b="N", c_dtype=None, align=None, device=None):
+        self.workspace = 0
+        self.args = (numpy.dtype(dtype), numpy.dtype(c_dtype or dtype), m, n, k, lda, stride_a, ldb, stride_b, ldc,
+                     stride_c, batch, beta, trans_a, trans_b)
+
+    @staticmethod
+    def _matrix(ptr, rows, cols, ld, dtype, trans):
+        """op(X) of the column-major (rows x cols, ld) matrix stored at ``ptr`` (its transpose stored for "T")."""
+        import ctypes
+
+        stored_cols = cols if trans == "N" else rows
+        raw = numpy.frombuffer((ctypes.c_char * (ld * stored_cols * dtype.itemsize)).from_address(ptr), dtype=dtype)
+        stored = raw.reshape(stored_cols, ld).T  # (ld x stored_cols), column-major
+        return stored[:rows, :cols] if trans == "N" else stored[:cols, :rows].T
+
+    def __call__(self, a, b, c, stream, workspace):
+        dtype, c_dtype, m, n, k, lda, sa, ldb, sb, ldc, sc, batch, beta, ta, tb = self.args
+        for i in range(batch):
+            am = self._matrix(a + i * sa * dtype.itemsize, m, k, lda, dtype, ta).astype(numpy.float64)
+            bm = self._matrix(b + i * sb * dtype.itemsize, k, n, ldb, dtype, tb).astype(numpy.float64)
+            cm = self._matrix(c + i * sc * c_dtype.itemsize, m, n, ldc, c_dtype, "N")
+            cm[...] = (am @ bm + (beta * cm.astype(numpy.float64) if beta else 0.0)).astype(c_dtype)
+
+
+@pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32, numpy.float16], ids=lambda d: numpy.dtype(d).name)
+@pytest.mark.parametrize("x_shape,k", [((3, 7, 5, 6), 4), ((2, 16, 1, 1), 9), ((1, 5, 3, 1), 12)],
+                         ids=["planes", "one_pixel", "batch1"])
+def test_pointwise_gemm_arguments_on_host_memory(x_shape, k, dtype, monkeypatch):
+    """A 1x1 stride-1 layer's forward (no bias) and dgrad are cuBLAS GEMMs alone: their plans, run on host
+    memory with the GEMM emulated, equal the CPU path bit for bit on integers (the leading dimensions, strides,
+    transposes and batch of each GEMM, checked without a GPU)."""
+    import cuconv
+    from cuconv import _cublas, _plan
+    from cuconv.families import im2col_gemm
+
+    monkeypatch.setattr(_cublas, "PreparedGemm", _HostGemm)
+    env = _plan.Env(0, GiB, 227 << 10, True, 132, 228 << 10, True)
+    rng = numpy.random.default_rng(4)
+    spec = ConvSpec.from_args(x_shape, (k, x_shape[1], 1, 1))
+    x = rng.integers(-3, 4, spec.input_shape).astype(dtype)
+    w = rng.integers(-3, 4, spec.weight_shape).astype(dtype)
+    dy = rng.integers(-3, 4, spec.output_shape).astype(dtype)
+    out, dx = numpy.full(spec.output_shape, numpy.nan, dtype), numpy.full(spec.input_shape, numpy.nan, dtype)
+    for pass_, ptrs in (("fprop", (x.ctypes.data, w.ctypes.data, 0, out.ctypes.data)),
+                        ("dgrad", (dy.ctypes.data, w.ctypes.data, dx.ctypes.data))):
+        plan = im2col_gemm.prepare(pass_, spec, dtype, "ieee", env)
+        assert {type(step).__name__ for step in plan.steps} == {"Gemm"}
+        plan.run(ptrs, 0, 0)
+    numpy.testing.assert_array_equal(out, cuconv.conv2d(x, w))
+    numpy.testing.assert_array_equal(dx, cuconv.conv2d_input(x.shape, w, dy))
