@@ -761,21 +761,21 @@ def phase_tile(spec: ConvSpec, dtype, wgmma: bool):
 
 
 def _phase_plan(spec: ConvSpec, dtype, tile) -> tuple:
-    """(tile, padded channels of a group cp, rows per group kp, packed weight row w_row, phases) of a phased
-    dgrad on ``tile``."""
+    """(padded channels of a group cp, rows per group kp, packed weight row w_row, phases) of a phased dgrad on
+    ``tile``."""
     phases = phase_specs(spec)
     itemsize = numpy.dtype(dtype).itemsize
     widest = max(phases, key=lambda ph: ph[1])[2]
     cp = _padded_channels(widest, itemsize)
     tile_k = tile.kbytes // itemsize
     w_row = max(1, -(-widest.r * widest.s * cp // tile_k)) * tile_k
-    return tile, cp, -(-spec.c_per_group // tile.bn) * tile.bn, w_row, phases
+    return cp, -(-spec.c_per_group // tile.bn) * tile.bn, w_row, phases
 
 
 @functools.lru_cache(maxsize=1024)
 def _phase_launches(spec: ConvSpec, dtype, tile, device: int) -> PhaseLaunches:
     """Memoized per problem, tile and device (a layer called again plans nothing)."""
-    tile, cp, kp, w_row, phases = _phase_plan(spec, dtype, tile)
+    cp, kp, w_row, phases = _phase_plan(spec, dtype, tile)
     itemsize, g, pq, hw = numpy.dtype(dtype).itemsize, spec.groups, spec.p * spec.q, spec.h * spec.w
     pix = g * cp
     pack_dy = _pack_launch(dtype, spec.k, pix, pq, spec.n, spec.k * pq, pq, pq * pix)
@@ -820,7 +820,7 @@ def _phases_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"
         return f"its packing runs one sample, and one kernel tap, per grid z (at most {_MAX_GRID_Z})"
     if spec.n * spec.c * spec.h * spec.w == 0:
         return None
-    tile, cp, kp, w_row, phases = _phase_plan(spec, dtype, phase_tile(spec, dtype, limits.wgmma))
+    cp, kp, w_row, phases = _phase_plan(spec, dtype, phase_tile(spec, dtype, limits.wgmma))
     if max(max(abs(p) for p in fs.pad) + max(spec.p, spec.q) for _, _, fs in phases) > _MAX_SIDE:
         return "its padded grad_output exceeds the kernel's 16-bit pixel coordinates"
     dy_elements = spec.n * spec.p * spec.q * spec.groups * cp
@@ -857,11 +857,11 @@ def _phases_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None) -> "_pla
 def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
             tile: Tile = None, splits: int = None) -> "_plan.Plan":
     """The plan of ``pass_`` (see ``cuconv._plan``): per chunk, the packing launch and the GEMM (an NchwTile:
-    the GEMM alone, reading x and w as they are); dgrad as the forward convolution of dy
-    (``dgrad_forward``); wgrad as the forward convolution of x by dy, samples and channels swapped
-    (``transposed_spec``), split over ``splits`` k ranges (default ``wgrad_splits``). The workspace holds the
-    packed weight, then one chunk's packed input. ``tile`` forces one of ``TILES`` (tests). float32 computes
-    TF32."""
+    the GEMM alone, reading x and w as they are); dgrad as the forward convolution of dy (``dgrad_forward``),
+    or at a stride above 1 one per phase of the stride (``phase_specs``); wgrad as the forward convolution of x
+    by dy, samples and channels swapped (``transposed_spec``), split over ``splits`` k ranges (default
+    ``wgrad_splits``). The workspace holds the packed weight, then one chunk's packed input. ``tile`` forces one
+    of ``TILES`` (tests). float32 computes TF32."""
     if pass_ == "dgrad":
         if dgrad_forward.forward_spec(spec) is None:
             return _phases_prepare(spec, dtype, env, tile)
