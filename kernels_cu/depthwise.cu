@@ -6,7 +6,8 @@
 //   depthwise_fwd<T, KR, KS>(x, w, bias, out, ...)
 //       blockIdx.x = one output plane (n, k), blockIdx.y = one 32×64 tile of it; 32×8 threads. The block
 //       stages its input tile, halo and dilation included ((32-1)·sh + (R-1)·dh + 1 rows × (64-1)·sw +
-//       (S-1)·dw + 1 columns, zeros where the tile hangs over the padding; 12 loads in flight per thread)
+//       (S-1)·dw + 1 columns, zeros where the tile hangs over the padding, only the part its outputs inside
+//       the plane read at a stride or dilation above 1; 12 loads in flight per thread)
 //       and the R·S weights in dynamic shared memory; each thread then keeps 4×2 outputs in registers
 //       (rows ty + 8i, columns tx + 32j: conflict-free reads, coalesced stores). KR×KS = 3×3, 5×5, 7×7 are
 //       compiled with unrolled tap loops (and, for stride = dilation = 1, compile-time tile offsets), 0×0
@@ -92,27 +93,33 @@ depthwise_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restr
     const int iw0 = q0 * sw - static_cast<int>(pad_left);
 
     for (int i = tid; i < taps; i += 256) w_s[i] = cuconv::to_acc(w[static_cast<i64>(k) * taps + i]);
-    // Stage the input tile: kLoads elements per thread per batch, all loads in flight before any store
-    // (one batch covers the whole tile of a 3x3 stride-1 kernel).
-    const int tile_size = tile_h * tile_w;
-    const int step_r = 256 / tile_w, step_c = 256 - step_r * tile_w;  // (row, col) advance of 256 elements
-    for (int base = 0; base < tile_size; base += kLoads * 256) {
+    // Stage the input the tile's outputs inside the plane read (need_h x need_w of the tile_h x tile_w
+    // window, rows tile_w apart; strided tiles on small planes, e.g. 7x7 outputs at stride 2, would otherwise
+    // stage a window 30x what they read): kLoads elements per thread per batch, all loads in flight before any
+    // store (one batch covers the whole tile of a 3x3 stride-1 kernel). The sums of outputs past the plane
+    // read unstaged shared memory and are not stored.
+    const int rows_out = min(kTileP, static_cast<int>(P) - p0), cols_out = min(kTileQ, static_cast<int>(Q) - q0);
+    const int need_h = kUnit ? tile_h : min(tile_h, (rows_out - 1) * sh + (R - 1) * dh + 1);
+    const int need_w = kUnit ? tile_w : min(tile_w, (cols_out - 1) * sw + (S - 1) * dw + 1);
+    const int need_size = need_h * need_w;
+    const int step_r = 256 / need_w, step_c = 256 - step_r * need_w;  // (row, col) advance of 256 elements
+    for (int base = 0; base < need_size; base += kLoads * 256) {
         T v[kLoads];
-        int r = (base + tid) / tile_w, c = (base + tid) - r * tile_w;
+        int at[kLoads];
+        int r = (base + tid) / need_w, c = (base + tid) - r * need_w;
 #pragma unroll
         for (int j = 0; j < kLoads; ++j) {
             const int ih = ih0 + r, iw = iw0 + c;
-            const bool inside = r < tile_h && ih >= 0 && ih < Hi && iw >= 0 && iw < Wi;
+            const bool inside = r < need_h && ih >= 0 && ih < Hi && iw >= 0 && iw < Wi;
             v[j] = inside ? x_plane[static_cast<i64>(ih) * W + iw] : cuconv::zero<T>();
+            at[j] = r * tile_w + c;
             r += step_r;
             c += step_c;
-            if (c >= tile_w) { c -= tile_w; ++r; }
+            if (c >= need_w) { c -= need_w; ++r; }
         }
 #pragma unroll
-        for (int j = 0; j < kLoads; ++j) {
-            const int i = base + j * 256 + tid;
-            if (i < tile_size) tile[i] = v[j];
-        }
+        for (int j = 0; j < kLoads; ++j)
+            if (base + j * 256 + tid < need_size) tile[at[j]] = v[j];
     }
     __syncthreads();
 
