@@ -259,6 +259,13 @@ def _forward_gemm(b, dtype, precision, spec, nb, length, col, col_ld, out, beta,
                kg * pq * item, beta)
 
 
+def _folded(spec: ConvSpec) -> bool:
+    """A 1x1 stride-1 unpadded layer of one group on 1x1 planes (squeeze-excitation's): x (N, C), dy (N, K) and
+    w (K, C) are plain matrices, and each pass is one GEMM over the batch instead of a batch of GEMMs of one
+    column or of outer products."""
+    return spec.is_pointwise_identity and spec.groups == 1 and spec.h * spec.w == 1
+
+
 def _forward_steps(b, spec: ConvSpec, dtype, precision: str, bias: bool) -> None:
     """conv(x, w) + bias into out. With a bias, out is first filled with it and every GEMM accumulates onto it
     (beta = 1). 1x1 stride-1 unpadded: one GEMM on the input planes as they are. Otherwise chunks of im2col
@@ -271,6 +278,10 @@ def _forward_steps(b, spec: ConvSpec, dtype, precision: str, bias: bool) -> None
     if bias:
         b.launch(bias_fill_launch(dtype, spec.n, spec.k, pq), b.ref("out"), b.ref("bias"))
         beta = 1.0
+    if _folded(spec):  # column-major: out (K × N, ld K) = op(w) (K × C; stored C × K, ld C) @ x (C × N, ld C)
+        b.gemm(dtype, precision, spec.k, spec.n, spec.c, b.ref("w"), spec.c, 0, b.ref("x"), spec.c, 0, b.ref("out"),
+               spec.k, 0, 1, beta, trans_a="T")
+        return
     if chunks_plan.buffers == 0:
         _forward_gemm(b, dtype, precision, spec, spec.n, pq, b.ref("x"), pq, b.ref("out"), beta)
         return
@@ -351,6 +362,10 @@ def _dgrad_steps(b, spec: ConvSpec, dtype, precision: str) -> None:
     item, col_item = dtype.itemsize, col_dtype.itemsize
     pq = spec.p * spec.q
     chunks_plan = plan_chunks(spec, col_item, b.env.workspace_limit, overlap=False)
+    if _folded(spec):  # column-major: dx (C × N, ld C) = w (C × K, ld C) @ dy (K × N, ld K)
+        b.gemm(dtype, precision, spec.c, spec.n, spec.k, b.ref("w"), spec.c, 0, b.ref("dy"), spec.k, 0, b.ref("dx"),
+               spec.c, 0, 1)
+        return
     if chunks_plan.buffers == 0:
         _dgrad_gemm(b, dtype, precision, spec, spec.n, pq, b.ref("dy"), b.ref("dx"), pq, dtype)
         return
@@ -396,6 +411,10 @@ def _wgrad_steps(b, spec: ConvSpec, dtype, precision: str) -> None:
     pq = spec.p * spec.q
     outputs = spec.k * spec.crs_per_group
     dw = b.ref("dw")
+    if _folded(spec):  # column-major: dw (C × K, ld C) = x (C × N, ld C) @ dyᵀ, dy stored (K × N, ld K)
+        b.gemm(dtype, precision, spec.c, spec.k, spec.n, b.ref("x"), spec.c, 0, b.ref("dy"), spec.k, 0, dw, spec.c,
+               0, 1, trans_b="T")
+        return
     chunks_plan = plan_chunks(spec, item, b.env.workspace_limit, overlap=False)
     col_bytes = chunk_bytes(spec, chunks_plan.samples, chunks_plan.rows, item) if chunks_plan.buffers else 0
     samples = wgrad_partial_samples(spec, chunks_plan, acc_item, col_bytes, b.env.workspace_limit)
