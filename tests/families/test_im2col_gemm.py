@@ -255,3 +255,9 @@ def test_pointwise_gemm_arguments_on_host_memory(x_shape, k, dtype, monkeypatch)
         plan.run(ptrs, 0, 0)
     numpy.testing.assert_array_equal(out, cuconv.conv2d(x, w))
     numpy.testing.assert_array_equal(dx, cuconv.conv2d_input(x.shape, w, dy))
+    if spec.h * spec.w == 1:  # 1x1 planes: wgrad is one GEMM over the batch too
+        dw = numpy.full(spec.weight_shape, numpy.nan, dtype)
+        plan = im2col_gemm.prepare("wgrad", spec, dtype, "ieee", env)
+        assert {type(step).__name__ for step in plan.steps} == {"Gemm"} and len(plan.steps) == 1
+        plan.run((x.ctypes.data, dy.ctypes.data, dw.ctypes.data), 0, 0)
+        numpy.testing.assert_array_equal(dw, cuconv.conv2d_weight(x, w.shape, dy))
