@@ -26,7 +26,8 @@ def test_bias_fill_broadcasts_over_samples_and_pixels(n, k, pq, dtype_name):
     dtype = _dtypes.by_name(dtype_name)
     b = numpy.arange(1, k + 1).astype(dtype)
     out = cupy.full((n, k, pq), numpy.nan, dtype=dtype)
-    bias.fill_launch(dtype, n, k, pq)(_stream(), out.data.ptr, cupy.asarray(b).data.ptr)
+    b_d = cupy.asarray(b)  # referenced until the launch has run
+    bias.fill_launch(dtype, n, k, pq)(_stream(), out.data.ptr, b_d.data.ptr)
     numpy.testing.assert_array_equal(cupy.asnumpy(out), numpy.broadcast_to(b[None, :, None], (n, k, pq)))
 
 
@@ -40,6 +41,7 @@ def test_bias_grad_sums_over_samples_and_pixels(shape, dtype_name):
     dy = numpy.random.default_rng(9).integers(-3, 4, size=shape).astype(dtype)
     db = cupy.full(k, numpy.nan, dtype=dtype)
     spec = cuconv.ConvSpec(n, 0, p, q, k, 1, 1)
-    bias.grad_launch(spec, dtype)(_stream(), cupy.asarray(dy).data.ptr, db.data.ptr)
+    dy_d = cupy.asarray(dy)  # referenced until the launch has run
+    bias.grad_launch(spec, dtype)(_stream(), dy_d.data.ptr, db.data.ptr)
     # the integer sums are exact in fp32 (and in float64): rounded once to the dtype, as the kernel rounds
     numpy.testing.assert_array_equal(cupy.asnumpy(db), dy.astype(numpy.float64).sum(axis=(0, 2, 3)).astype(dtype))

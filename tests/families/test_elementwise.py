@@ -38,7 +38,8 @@ def test_cast_rounds_once_as_numpy(dst_name):
     dst = _dtypes.by_name(dst_name)
     src = numpy.random.default_rng(1).standard_normal(5000).astype(numpy.float32)
     out = cupy.empty(src.size, dtype=dst)
-    elementwise.cast(numpy.float32, dst, src.size)(_stream(), cupy.asarray(src).data.ptr, out.data.ptr)
+    src_d = cupy.asarray(src)  # referenced until the launch has run
+    elementwise.cast(numpy.float32, dst, src.size)(_stream(), src_d.data.ptr, out.data.ptr)
     numpy.testing.assert_array_equal(cupy.asnumpy(out), src.astype(dst))
 
 
@@ -59,7 +60,9 @@ def test_sum_partials_in_a_fixed_order(acc_name, dst_name, with_acc):
     for j in range(parts):
         want = (want + partials[j]).astype(acc_t)
     out = cupy.full(n, numpy.nan, dtype=dst_t)
-    acc_ptr = 0 if acc is None else cupy.asarray(acc).data.ptr
-    elementwise.sum_partials(acc_t, dst_t, n, parts)(_stream(), cupy.asarray(partials).data.ptr, acc_ptr,
-                                                      out.data.ptr)
+    # The device copies stay referenced until the launch has run: a freed one's memory goes back to the pool.
+    partials_d = cupy.asarray(partials)
+    acc_d = None if acc is None else cupy.asarray(acc)
+    elementwise.sum_partials(acc_t, dst_t, n, parts)(_stream(), partials_d.data.ptr,
+                                                      0 if acc_d is None else acc_d.data.ptr, out.data.ptr)
     numpy.testing.assert_array_equal(cupy.asnumpy(out), want.astype(dst_t))
