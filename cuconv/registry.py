@@ -152,9 +152,16 @@ _POINTWISE_WGRAD_GEMM_MIN_PIXELS_HALF = 28 * 28
 _POINTWISE_WGRAD_GEMM_MIN_PIXELS_TF32 = 14 * 14
 
 
-def _pointwise_wgrad_gemm_min_pixels(dtype) -> int:
+def _pointwise_wgrad_by_gemm(spec: ConvSpec, dtype) -> bool:
+    """A 1x1 stride-1 unpadded wgrad for im2col_gemm: on large planes, or on squeeze-excitation's 1x1 planes of
+    one group, where x, dy and dw are plain matrices and the wgrad is one GEMM over the batch (2-3x faster than
+    implicit_gemm's split tiles)."""
+    if not spec.is_pointwise_identity:
+        return False
+    if spec.h * spec.w == 1 and spec.groups == 1:
+        return True
     half = numpy.dtype(dtype).itemsize == 2
-    return _POINTWISE_WGRAD_GEMM_MIN_PIXELS_HALF if half else _POINTWISE_WGRAD_GEMM_MIN_PIXELS_TF32
+    return spec.p * spec.q >= (_POINTWISE_WGRAD_GEMM_MIN_PIXELS_HALF if half else _POINTWISE_WGRAD_GEMM_MIN_PIXELS_TF32)
 
 
 # 1x1 stride-1 dgrads: cuBLASLt's GEMMs of dx (C x H·W) per sample are fast but on small planes; there, with
@@ -196,7 +203,7 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
       they are, or a dgrad on small planes with many channels and filters (``_pointwise_dgrad_by_implicit``):
       ``implicit_gemm``, which never writes the column matrix;
     - tensor-core arithmetic, wgrad (grouped ones too: all groups in one launch), except 1x1 stride-1 unpadded
-      layers on large planes (``_POINTWISE_WGRAD_GEMM_MIN_PIXELS_*``): ``implicit_gemm`` (the forward kernels
+      layers on large planes or on 1x1 planes (``_pointwise_wgrad_by_gemm``): ``implicit_gemm`` (the forward kernels
       on x and dy with samples and channels swapped, split over the reduction: no column matrix, no per-sample
       partial sums);
     - otherwise ``im2col_gemm``.
@@ -219,8 +226,7 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
     many_filters = filters is not None and (filters >= _IMPLICIT_GEMM_MIN_FILTERS or spec.groups > 1)
     if not ffma and many_filters and not pointwise:
         yield "implicit_gemm"
-    if (not ffma and pass_ == "wgrad"
-            and not (spec.is_pointwise_identity and spec.p * spec.q >= _pointwise_wgrad_gemm_min_pixels(dtype))):
+    if not ffma and pass_ == "wgrad" and not _pointwise_wgrad_by_gemm(spec, dtype):
         yield "implicit_gemm"
     if (filters is not None and ffma and dtype == numpy.float32 and filters >= _WINOGRAD_FUSED_MIN_FILTERS
             and 16 <= channels <= _WINOGRAD_FUSED_MAX_CHANNELS):
