@@ -39,6 +39,13 @@
 //       multiple of 16 bytes, rows `pitch` apart; the zero halo written once), so that the loads of the
 //       next planes are in flight while one is convolved: each thread walks column strips of
 //       rows_per_strip output rows as depthwise_fwd_strips does, reading shared memory instead of L1.
+//   depthwise_fwd_gather<T, KR, KS>(x, w, bias, out, DwGeometry)
+//       3×3, 5×5, 7×7 at any stride and dilation: one thread per output, flat over the batch's planes (small
+//       planes and strided layers, where a tile or a strip per plane leaves most threads idle); the window
+//       comes through L1.
+//   depthwise_dgrad_s2<T, KR, KS>(dy, w, dx, DwGeometry)
+//       stride 2×2, dilation 1, 3×3, 5×5, 7×7: one thread per 2×2 quad of dx, each tap serving exactly one
+//       of the four (their parities are the same for every quad).
 //   depthwise_dgrad<T, kUnitStride, Index>(dy, w, dx, ...)   (Index: int when the tensor has < 2^31
 //       elements, else long long — 64-bit division is a software routine, so decode in 32 bits if possible)
 //       one thread per dx element (n, c, h, w): the gather dx = Σ_{j<m} Σ_{r,s} w[c·m+j, r, s] ·
@@ -547,6 +554,102 @@ depthwise_fwd_plane(const T* __restrict__ x, const T* __restrict__ w, const T* _
         __syncthreads();  // every thread is done with this buffer before it is staged into again
     }
     cuconv::cp_async_wait<0>();  // only empty groups remain; nothing in flight at exit
+}
+
+// Geometry of the gather kernels, passed by value (DW_GEOMETRY_DTYPE in cuconv/families/depthwise.py has this
+// layout). `total` counts the threads' work items (outputs, or 2x2 quads of dx); the launcher keeps it below
+// 2^31 so every decode is 32-bit.
+struct DwGeometry {
+    int n, c, h, w, k, p, q, mult, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, total, unused;
+};
+static_assert(sizeof(DwGeometry) == 64, "DW_GEOMETRY_DTYPE in cuconv/families/depthwise.py has this layout");
+
+// One thread per output (n, k, p, q), flat over the batch's planes, so that small planes (7x7, 14x14) and
+// strided layers keep every thread busy; the KR x KS window comes through L1, where the neighbouring outputs'
+// windows overlap it.
+template <typename T, int KR, int KS>
+__global__ void __launch_bounds__(256)
+depthwise_fwd_gather(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                     T* __restrict__ out, DwGeometry g) {
+    typedef typename cuconv::Acc<T>::type Acc;
+    for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < g.total; idx += gridDim.x * blockDim.x) {
+        const int q = idx % g.q;
+        const int t = idx / g.q;
+        const int p = t % g.p;
+        const int plane = t / g.p;  // n * K + k
+        const int k = plane % g.k, n = plane / g.k;
+        const T* __restrict__ x_plane = x + (static_cast<i64>(n) * g.c + k / g.mult) * g.h * g.w;
+        const T* __restrict__ w_k = w + static_cast<i64>(k) * (KR * KS);
+        const int ih0 = p * g.stride_h - g.pad_top, iw0 = q * g.stride_w - g.pad_left;
+        Acc acc = bias != nullptr ? cuconv::to_acc(bias[k]) : Acc(0);
+#pragma unroll
+        for (int r = 0; r < KR; ++r) {
+            const int ih = ih0 + r * g.dil_h;
+            if (static_cast<unsigned>(ih) >= static_cast<unsigned>(g.h)) continue;
+#pragma unroll
+            for (int s = 0; s < KS; ++s) {
+                const int iw = iw0 + s * g.dil_w;
+                if (static_cast<unsigned>(iw) < static_cast<unsigned>(g.w))
+                    acc = fma(cuconv::to_acc(w_k[r * KS + s]), cuconv::to_acc(x_plane[ih * g.w + iw]), acc);
+            }
+        }
+        out[idx] = cuconv::from_acc<T>(acc);
+    }
+}
+
+// dgrad at stride 2x2, dilation 1: one thread per 2x2 quad of dx (rows 2i, 2i+1, columns 2j, 2j+1). Output
+// row h reads dy row (h + pad_top - r) / 2 through the taps r of its parity, and the parity of 2i + a + pad_top
+// is the same for every quad: each tap serves exactly one of the four outputs (R·S products per quad, no
+// divergence), where a thread per dx element would test every tap and use a quarter of them.
+template <typename T, int KR, int KS>
+__global__ void __launch_bounds__(256)
+depthwise_dgrad_s2(const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx, DwGeometry g) {
+    typedef typename cuconv::Acc<T>::type Acc;
+    const int h2 = (g.h + 1) / 2, w2 = (g.w + 1) / 2;
+    for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < g.total; idx += gridDim.x * blockDim.x) {
+        const int j = idx % w2;
+        const int t = idx / w2;
+        const int i = t % h2;
+        const int nc = t / h2;  // n * C + c
+        const int c = nc % g.c, n = nc / g.c;
+        Acc acc[2][2] = {{Acc(0), Acc(0)}, {Acc(0), Acc(0)}};
+        for (int m = 0; m < g.mult; ++m) {
+            const int k = c * g.mult + m;
+            const T* __restrict__ dy_plane = dy + (static_cast<i64>(n) * g.k + k) * g.p * g.q;
+            const T* __restrict__ w_k = w + static_cast<i64>(k) * (KR * KS);
+#pragma unroll
+            for (int a = 0; a < 2; ++a) {
+#pragma unroll
+                for (int r = 0; r < KR; ++r) {
+                    const int hp = 2 * i + a + g.pad_top - r;
+                    if ((hp & 1) != 0) continue;  // the same for every quad
+                    const int p = hp >> 1;  // exact: hp is even
+                    if (static_cast<unsigned>(p) >= static_cast<unsigned>(g.p)) continue;
+#pragma unroll
+                    for (int b = 0; b < 2; ++b) {
+#pragma unroll
+                        for (int s = 0; s < KS; ++s) {
+                            const int wq = 2 * j + b + g.pad_left - s;
+                            if ((wq & 1) != 0) continue;
+                            const int q = wq >> 1;
+                            if (static_cast<unsigned>(q) < static_cast<unsigned>(g.q))
+                                acc[a][b] = fma(cuconv::to_acc(w_k[r * KS + s]),
+                                                cuconv::to_acc(dy_plane[p * g.q + q]), acc[a][b]);
+                        }
+                    }
+                }
+            }
+        }
+        T* __restrict__ dx_plane = dx + static_cast<i64>(nc) * g.h * g.w;
+#pragma unroll
+        for (int a = 0; a < 2; ++a) {
+#pragma unroll
+            for (int b = 0; b < 2; ++b) {
+                const int h = 2 * i + a, wc = 2 * j + b;
+                if (h < g.h && wc < g.w) dx_plane[h * g.w + wc] = cuconv::from_acc<T>(acc[a][b]);
+            }
+        }
+    }
 }
 
 template <typename T, bool kUnitStride, typename Index>

@@ -195,6 +195,14 @@ TILING_CASES = [
     _p("depthwise_rows_segments_5x5", (2, 3, 13, 264), (6, 1, 5, 5), groups=3, padding=(1, 2)),
     _p("depthwise_rows_tall_padding", (1, 2, 9, 16), (4, 1, 3, 3), groups=2, padding=(2, 1)),
     _p("depthwise_rows_one_vector", (3, 5, 6, 8), (5, 1, 3, 3), groups=5, padding=1),
+    # depthwise a thread per output (strides, dilation, small planes) and the stride-2 dgrad by 2x2 quads of
+    # dx: odd sizes (a last quad half outside), no padding with a multiplier, padding on one side wider than
+    # the other, 7x7 reaching past a plane smaller than the kernel
+    _p("depthwise_s2_5x5_odd", (2, 6, 15, 13), (6, 1, 5, 5), groups=6, stride=2, padding=2),
+    _p("depthwise_s2_3x3_mult2_pad0", (1, 3, 12, 9), (6, 1, 3, 3), groups=3, stride=2, bias=False),
+    _p("depthwise_s2_7x7_small", (3, 4, 7, 8), (4, 1, 7, 7), groups=4, stride=2, padding=(3, 2)),
+    _p("depthwise_7x7_plane_5x5", (2, 5, 7, 7), (5, 1, 5, 5), groups=5, padding=2),
+    _p("depthwise_dil2_3x3", (2, 3, 11, 12), (3, 1, 3, 3), groups=3, dilation=2, padding=(2, 1)),
     _p("batch1_q256_no_bias", (1, 3, 3, 257), (4, 3, 3, 2), bias=False),
     # implicit_gemm: two 128-filter tiles with a tail, k tiles crossing taps (C = 40), odd sizes
     _p("k200_c40_odd", (2, 40, 19, 33), (200, 40, 3, 3), padding=1),

@@ -35,8 +35,8 @@ from . import dgrad_forward
 from ..spec import ConvSpec
 
 __all__ = ["prepare", "forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "forward_smem", "rows_layout",
-           "rows_strips", "plane_plan", "strips_plan", "forward_kernels", "FORWARD_KERNELS", "NAME_EXPRESSIONS",
-           "STEM"]
+           "rows_strips", "plane_plan", "strips_plan", "forward_kernels", "FORWARD_KERNELS", "DW_GEOMETRY_DTYPE",
+           "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "depthwise"
 # Kernel sizes of depthwise_fwd_plane, for double and for float sums: its window and weights live in
@@ -56,10 +56,30 @@ NAME_EXPRESSIONS = tuple(
     + [f"depthwise_fwd_plane<{t},{r},{s}>" for t in _dtypes.ALL_CTYPE_NAMES for r, s in _PLANE_KERNELS[t != "double"]]
     + [f"depthwise_fwd_rows<{t},{r},{s},{seg}>" for t in _dtypes.ALL_CTYPE_NAMES
        for r, s in _ROWS_KERNELS[t != "double"] for seg in ("false", "true")]
+    + [f"depthwise_fwd_gather<{t},{r},{r}>" for t in _dtypes.ALL_CTYPE_NAMES for r in (3, 5, 7)]
+    + [f"depthwise_dgrad_s2<{t},{r},{r}>" for t in _dtypes.ALL_CTYPE_NAMES for r in (3, 5, 7)]
     + [f"depthwise_dgrad<{t},{u},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for u in ("true", "false")
        for i in ("int", "long long")]
     + [f"depthwise_wgrad_partial<{t},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for i in ("int", "long long")]
     + [f"depthwise_wgrad_reduce<{t}>" for t in _dtypes.ALL_CTYPE_NAMES])
+
+
+# DwGeometry in depthwise.cu: the gather kernels' one struct argument.
+DW_GEOMETRY_DTYPE = numpy.dtype([(f, numpy.int32) for f in (
+    "n", "c", "h", "w", "k", "p", "q", "mult", "stride_h", "stride_w", "pad_top", "pad_left", "dil_h", "dil_w",
+    "total", "unused")])
+
+
+def _dw_geometry(spec: ConvSpec, total: int):
+    """The ``DwGeometry`` of ``spec`` for ``total`` work items."""
+    return numpy.array((spec.n, spec.c, spec.h, spec.w, spec.k, spec.p, spec.q, spec.k // spec.c, spec.stride[0],
+                        spec.stride[1], spec.pad[0], spec.pad[2], spec.dilation[0], spec.dilation[1], total, 0),
+                       dtype=DW_GEOMETRY_DTYPE)[()]
+
+
+def _fits_int(spec: ConvSpec) -> bool:
+    """The gather kernels decode and index in 32 bits: every tensor below 2^31 elements."""
+    return max(spec.n * spec.c * spec.h * spec.w, spec.n * spec.k * spec.p * spec.q) < 2**31
 
 
 def _is_depthwise(spec: ConvSpec) -> bool:
@@ -262,7 +282,12 @@ def _rows_launch(spec: ConvSpec, dtype, layout, device: int):
     return name, (blocks, 1, 1), geometry
 
 
-FORWARD_KERNELS = ("rows", "plane", "strips", "tiles")  # by preference
+FORWARD_KERNELS = ("gather", "rows", "plane", "strips", "tiles")
+# depthwise_fwd_gather (a thread per output, flat over the planes) goes first at a stride or dilation above 1
+# and on planes of fewer output pixels than this (7x7 kernels: the second), where a strip per plane leaves most
+# threads idle (7x7 planes: 7 of 256 threads); from 14x14 (7x7 kernels: 28x28) the strips' windows in
+# registers win over the gather's loads through L1.
+_GATHER_MAX_PIXELS = (14 * 14, 28 * 28)
 
 
 def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, kernel: str = None) -> None:
@@ -313,9 +338,14 @@ def _forward_prepared(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool,
 
 def forward_kernels(spec: ConvSpec, dtype, x_aligned: bool = True, out_aligned: bool = True) -> tuple:
     """The forward kernels of ``FORWARD_KERNELS`` that can serve this depthwise convolution, by preference:
+    ``gather`` first at a stride or dilation above 1 and on small planes (``_GATHER_MAX_PIXELS``), then
     ``rows`` (``rows_layout``; 16-byte aligned input and output), ``plane`` (``plane_plan``; aligned
-    input), ``strips`` (``strips_plan``), ``tiles`` (any geometry whose tiles fit the grid)."""
-    out = []
+    input), ``strips`` (``strips_plan``), ``gather`` (3x3, 5x5, 7x7, tensors below 2^31 elements), ``tiles``
+    (any geometry whose tiles fit the grid)."""
+    gather = (spec.r, spec.s) in _FIXED_KERNELS and spec.r == spec.s and _fits_int(spec)
+    gather_first = gather and (spec.stride != (1, 1) or spec.dilation != (1, 1)
+                               or spec.p * spec.q < _GATHER_MAX_PIXELS[spec.r * spec.s >= 49])
+    out = ["gather"] if gather_first else []
     if rows_layout(spec, dtype) is not None and x_aligned and out_aligned:
         out.append("rows")
     if plane_plan(spec, dtype) is not None and x_aligned:
@@ -323,6 +353,8 @@ def forward_kernels(spec: ConvSpec, dtype, x_aligned: bool = True, out_aligned: 
     strips = strips_plan(spec)
     if strips is not None and strips[2] <= _MAX_GRID_Y:
         out.append("strips")
+    if gather and not gather_first:
+        out.append("gather")
     if -(-spec.p // _TILE_P) * -(-spec.q // _TILE_Q) <= _MAX_GRID_Y:
         out.append("tiles")
     return tuple(out)
@@ -344,6 +376,10 @@ def _forward_launch(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, s
         kernel = usable[0]
     elif kernel not in usable:
         raise NotImplementedError(f"cuconv: depthwise's {kernel} forward kernel cannot serve this convolution")
+    if kernel == "gather":
+        total = spec.n * spec.k * spec.p * spec.q
+        return (f"depthwise_fwd_gather<{ctype},{spec.r},{spec.s}>", (_loader.blocks(total, 1 << 20), 1, 1),
+                (_THREADS, 1, 1), 0, (_dw_geometry(spec, total),))
     if kernel == "rows":
         name, grid, geometry = _rows_launch(spec, dtype, rows_layout(spec, dtype), device)
         return name, grid, (_THREADS, 1, 1), 0, geometry
@@ -375,7 +411,14 @@ def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
 
 
 def _dgrad_launch(spec: ConvSpec, dtype) -> "_loader.PreparedLaunch":
-    """``depthwise_dgrad``: one thread per dx element gathering its taps; pointers dy, w, dx."""
+    """``depthwise_dgrad_s2`` at stride 2x2 and dilation 1 with a 3x3, 5x5 or 7x7 kernel (a thread per 2x2
+    quad of dx), else ``depthwise_dgrad`` (a thread per dx element gathering its taps); pointers dy, w, dx."""
+    if (spec.stride == (2, 2) and spec.dilation == (1, 1) and (spec.r, spec.s) in _FIXED_KERNELS
+            and spec.r == spec.s and _fits_int(spec)):
+        quads = spec.n * spec.c * -(-spec.h // 2) * -(-spec.w // 2)
+        name = f"depthwise_dgrad_s2<{_dtypes.ctype_of(dtype)},{spec.r},{spec.s}>"
+        return _loader.PreparedLaunch(_fn(name), name, (_loader.blocks(quads, 1 << 20), 1, 1), (_THREADS, 1, 1), 3,
+                                      (_dw_geometry(spec, quads),))
     total = spec.n * spec.c * spec.h * spec.w
     unit = "true" if spec.stride == (1, 1) else "false"
     name = f"depthwise_dgrad<{_dtypes.ctype_of(dtype)},{unit},{_index_type(total)}>"

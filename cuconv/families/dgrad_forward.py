@@ -20,7 +20,11 @@ from ..spec import ConvSpec
 __all__ = ["forward_spec", "forward_weight", "prepare", "reason_unsupported", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "dgrad_forward"
-NAME_EXPRESSIONS = tuple(f"flip_weight<{t}>" for t in _dtypes.ALL_CTYPE_NAMES)
+NAME_EXPRESSIONS = tuple(f"{kernel}<{t}>" for kernel in ("flip_weight", "flip_weight_elementwise")
+                         for t in _dtypes.ALL_CTYPE_NAMES)
+# Groups with fewer filters or channels than this take flip_weight_elementwise: the tiled transpose's 32 x 32
+# tiles would be mostly empty blocks.
+_TILE = 32
 
 
 def forward_spec(spec: ConvSpec) -> Optional[ConvSpec]:
@@ -45,14 +49,19 @@ FLIP_SHAPE_DTYPE = numpy.dtype([(f, numpy.int32) for f in ("groups", "kg", "cg",
 
 
 def flip_launch(spec: ConvSpec, dtype) -> "_loader.PreparedLaunch":
-    """A launch writing ``forward_weight``'s w' (pointers: w, w'); None for an empty weight."""
+    """A launch writing ``forward_weight``'s w' (pointers: w, w'); None for an empty weight. Groups of at least
+    32 filters and 32 channels: 32 x 32 tiles through shared memory; narrower ones: a thread per element."""
     total = spec.k * spec.crs_per_group
     if total == 0:
         return None
-    c_tiles, k_tiles = -(-spec.c_per_group // 32), -(-spec.k_per_group // 32)
+    c_tiles, k_tiles = -(-spec.c_per_group // _TILE), -(-spec.k_per_group // _TILE)
     shape = numpy.array((spec.groups, spec.k_per_group, spec.c_per_group, spec.r * spec.s, c_tiles, 0),
                         dtype=FLIP_SHAPE_DTYPE)[()]
-    return _loader.prepare(STEM, NAME_EXPRESSIONS, f"flip_weight<{_dtypes.ctype_of(dtype)}>",
+    ctype = _dtypes.ctype_of(dtype)
+    if min(spec.k_per_group, spec.c_per_group) < _TILE:
+        return _loader.prepare(STEM, NAME_EXPRESSIONS, f"flip_weight_elementwise<{ctype}>",
+                               (_loader.blocks(total), 1, 1), (_loader.THREADS, 1, 1), 2, (shape,))
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, f"flip_weight<{ctype}>",
                            (c_tiles * spec.groups, k_tiles, spec.r * spec.s), (32, 8, 1), 2, (shape,))
 
 

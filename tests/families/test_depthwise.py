@@ -138,11 +138,34 @@ def test_rows_strips_fill_the_grid_on_the_depthwise_problem():
 
 def test_forward_kernels_by_preference_and_alignment():
     spec = next(q for q in PROBLEMS if q.name == "depthwise_3x3").spec()
-    assert depthwise.forward_kernels(spec, numpy.float16) == ("rows", "plane", "strips", "tiles")
-    assert depthwise.forward_kernels(spec, numpy.float16, out_aligned=False) == ("plane", "strips", "tiles")
-    assert depthwise.forward_kernels(spec, numpy.float16, x_aligned=False) == ("strips", "tiles")
+    assert depthwise.forward_kernels(spec, numpy.float16) == ("rows", "plane", "strips", "gather", "tiles")
+    assert depthwise.forward_kernels(spec, numpy.float16, out_aligned=False) == ("plane", "strips", "gather", "tiles")
+    assert depthwise.forward_kernels(spec, numpy.float16, x_aligned=False) == ("strips", "gather", "tiles")
     strided = ConvSpec.from_args((1, 4, 20, 32), (4, 1, 3, 3), groups=4, padding=1, stride=2)
-    assert depthwise.forward_kernels(strided, numpy.float32) == ("tiles",)
+    assert depthwise.forward_kernels(strided, numpy.float32) == ("gather", "tiles")
+    small = ConvSpec.from_args((32, 960, 7, 7), (960, 1, 5, 5), groups=960, padding=2)
+    assert depthwise.forward_kernels(small, numpy.float32) == ("gather", "strips", "tiles")
+    for r, hw, first in ((3, 14, "strips"), (5, 14, "strips"), (7, 14, "gather"), (7, 28, "strips")):
+        spec = ConvSpec.from_args((32, 384, hw, hw), (384, 1, r, r), groups=384, padding=r // 2)
+        assert depthwise.forward_kernels(spec, numpy.float32, x_aligned=False)[0] == first, (r, hw)
+    rect = ConvSpec.from_args((1, 4, 20, 32), (4, 1, 3, 5), groups=4, padding=1, stride=2)
+    assert depthwise.forward_kernels(rect, numpy.float32) == ("tiles",)  # gather: 3x3, 5x5, 7x7 only
+
+
+@pytest.mark.parametrize("stride,dilation,kernel,want", [
+    (2, 1, 3, "depthwise_dgrad_s2<float,3,3>"), (2, 1, 7, "depthwise_dgrad_s2<float,7,7>"),
+    ((2, 1), 1, 3, "depthwise_dgrad<"), (2, 2, 3, "depthwise_dgrad<"), (3, 1, 3, "depthwise_dgrad<"),
+    (2, 1, 4, "depthwise_dgrad<")])
+def test_strided_dgrad_takes_the_quad_kernel_at_stride_2(stride, dilation, kernel, want, monkeypatch):
+    """depthwise_dgrad_s2 (a thread per 2x2 quad of dx) at stride 2x2, dilation 1, 3x3/5x5/7x7; the gather
+    per dx element elsewhere. The launch's kernel name, read without a GPU."""
+    names = []
+    monkeypatch.setattr(depthwise, "_fn", lambda name: None)
+    monkeypatch.setattr(depthwise._loader, "PreparedLaunch", lambda fn, name, *args, **kwargs: names.append(name))
+    spec = ConvSpec.from_args((2, 4, 20, 31), (4, 1, kernel, kernel), groups=4, padding=1, stride=stride,
+                              dilation=dilation)
+    depthwise._dgrad_launch(spec, numpy.dtype(numpy.float32))
+    assert len(names) == 1 and names[0].startswith(want)
 
 
 @pytest.mark.gpu

@@ -46,10 +46,13 @@ def test_forward_weight_is_the_flipped_transpose_and_gives_dgrad(groups, k, c):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype_name", EXACT_DTYPES)
 @pytest.mark.parametrize("w_shape,groups", [((6, 4, 3, 3), 1), ((70, 33, 3, 2), 1), ((64, 1, 5, 5), 32),
-                                            ((96, 24, 1, 1), 2), ((40, 36, 7, 7), 1)],
-                         ids=["small", "tile_tails", "depthwise_mult2", "grouped_1x1", "7x7"])
+                                            ((96, 24, 1, 1), 2), ((40, 36, 7, 7), 1), ((960, 1, 5, 5), 960),
+                                            ((300, 40, 3, 3), 10)],
+                         ids=["small", "tile_tails", "depthwise_mult2", "grouped_1x1", "7x7", "depthwise_960",
+                              "narrow_groups"])
 def test_flip_weight_equals_its_twin(w_shape, groups, dtype_name):
-    """The kernel's w' equals ``forward_weight`` bit for bit, into a NaN-poisoned buffer."""
+    """The kernel's w' (32 x 32 tiles, or a thread per element for groups narrower than a tile) equals
+    ``forward_weight`` bit for bit, into a NaN-poisoned buffer."""
     import cupy
 
     from cuconv import _dtypes
