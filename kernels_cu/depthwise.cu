@@ -50,6 +50,10 @@
 //       elements, else long long — 64-bit division is a software routine, so decode in 32 bits if possible)
 //       one thread per dx element (n, c, h, w): the gather dx = Σ_{j<m} Σ_{r,s} w[c·m+j, r, s] ·
 //       dy[n, c·m+j, p, q] over the (p, q) that read (h, w); dy comes through L1/L2.
+//   depthwise_wgrad_strips<T, KR, KS, SH>(x, dy, partial, DwGeometry)
+//       3×3, 5×5, 7×7, dilation 1, row stride SH = 1 or 2: per-block partial sums of every tap, a thread per
+//       column strip of output rows with its input window and the KR·KS sums in registers (one dy load and
+//       SH·KS input loads per output); then depthwise_wgrad_reduce.
 //   depthwise_wgrad_partial<T, Index>(x, dy, partial, ...) and depthwise_wgrad_reduce<T>(partial, dw, ...)
 //       blockIdx.x = output channel k, blockIdx.y = one chunk of the flattened (n, p, q) space. Each thread
 //       accumulates all R·S taps in its own shared-memory column, the block reduces each tap in a fixed
@@ -559,10 +563,11 @@ depthwise_fwd_plane(const T* __restrict__ x, const T* __restrict__ w, const T* _
 // Geometry of the gather kernels, passed by value (DW_GEOMETRY_DTYPE in cuconv/families/depthwise.py has this
 // layout). `total` counts the threads' work items (outputs, or 2x2 quads of dx); the launcher keeps it below
 // 2^31 so every decode is 32-bit.
+// wgrad's strips: `rows` output rows per strip, `strips` per plane, `chunk` work items per block.
 struct DwGeometry {
-    int n, c, h, w, k, p, q, mult, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, total, unused;
+    int n, c, h, w, k, p, q, mult, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, total, rows, strips, chunk;
 };
-static_assert(sizeof(DwGeometry) == 64, "DW_GEOMETRY_DTYPE in cuconv/families/depthwise.py has this layout");
+static_assert(sizeof(DwGeometry) == 72, "DW_GEOMETRY_DTYPE in cuconv/families/depthwise.py has this layout");
 
 // One thread per output (n, k, p, q), flat over the batch's planes, so that small planes (7x7, 14x14) and
 // strided layers keep every thread busy; the KR x KS window comes through L1, where the neighbouring outputs'
@@ -649,6 +654,77 @@ depthwise_dgrad_s2(const T* __restrict__ dy, const T* __restrict__ w, T* __restr
                 if (h < g.h && wc < g.w) dx_plane[h * g.w + wc] = cuconv::from_acc<T>(acc[a][b]);
             }
         }
+    }
+}
+
+// wgrad partial sums, dilation 1, row stride SH (1 or 2, at most KR): work item (n, strip, q) of channel
+// k = blockIdx.x / chunks is a column strip of `rows` output rows, walked top-down with the KR x KS input window
+// in registers (per row: one dy load, SH new input rows of KS loads, KR·KS FMAs into per-thread accumulators);
+// block blockIdx.x % chunks takes items [chunk·b, chunk·(b+1)) over the batch. Each tap's sums are reduced by
+// a fixed butterfly per warp and then over the warps in order: deterministic, no atomics; partial[(k·chunks +
+// b)·taps + tap] for depthwise_wgrad_reduce.
+template <typename T, int KR, int KS, int SH>
+__global__ void __launch_bounds__(256)
+depthwise_wgrad_strips(const T* __restrict__ x, const T* __restrict__ dy,
+                       typename cuconv::Acc<T>::type* __restrict__ partial, DwGeometry g) {
+    typedef typename cuconv::Acc<T>::type Acc;
+    static_assert(SH >= 1 && SH <= KR, "the window slides SH rows per output row");
+    __shared__ Acc warp_sums[8][KR * KS];
+    const int chunks = (g.total + g.chunk - 1) / g.chunk;
+    const int k = blockIdx.x / chunks, b = blockIdx.x - k * chunks;
+    Acc acc[KR][KS];
+#pragma unroll
+    for (int r = 0; r < KR; ++r)
+#pragma unroll
+        for (int s = 0; s < KS; ++s) acc[r][s] = Acc(0);
+    const int end = min(g.total, (b + 1) * g.chunk);
+    for (int item = b * g.chunk + static_cast<int>(threadIdx.x); item < end; item += 256) {
+        const int q = item % g.q;
+        const int t = item / g.q;
+        const int strip = t % g.strips, n = t / g.strips;
+        const int p0 = strip * g.rows, p1 = min(g.p, p0 + g.rows);
+        const T* __restrict__ x_plane = x + (static_cast<i64>(n) * g.c + k / g.mult) * g.h * g.w;
+        const T* __restrict__ dy_plane = dy + (static_cast<i64>(n) * g.k + k) * g.p * g.q;
+        const int iw0 = q * g.stride_w - g.pad_left;
+        bool col_ok[KS];
+#pragma unroll
+        for (int s = 0; s < KS; ++s) col_ok[s] = static_cast<unsigned>(iw0 + s) < static_cast<unsigned>(g.w);
+        const int ih0 = p0 * SH - g.pad_top;  // window row r of output row p is input row p·SH - pad_top + r
+        Acc win[KR][KS];
+#pragma unroll
+        for (int r = 0; r < KR - SH; ++r) strip_row<KS>(win[r + SH], x_plane, ih0 + r, g.h, g.w, iw0, col_ok);
+        for (int p = p0; p < p1; ++p) {
+#pragma unroll
+            for (int r = 0; r < KR - SH; ++r)
+#pragma unroll
+                for (int s = 0; s < KS; ++s) win[r][s] = win[r + SH][s];
+#pragma unroll
+            for (int r = KR - SH; r < KR; ++r)
+                strip_row<KS>(win[r], x_plane, (p - p0) * SH + ih0 + r, g.h, g.w, iw0, col_ok);
+            const Acc d = cuconv::to_acc(dy_plane[p * g.q + q]);
+#pragma unroll
+            for (int r = 0; r < KR; ++r)
+#pragma unroll
+                for (int s = 0; s < KS; ++s) acc[r][s] = fma(d, win[r][s], acc[r][s]);
+        }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int r = 0; r < KR; ++r) {
+#pragma unroll
+        for (int s = 0; s < KS; ++s) {
+            Acc v = acc[r][s];
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+            if (lane == 0) warp_sums[warp][r * KS + s] = v;
+        }
+    }
+    __syncthreads();
+    for (int tap = threadIdx.x; tap < KR * KS; tap += 256) {
+        Acc sum = warp_sums[0][tap];
+#pragma unroll
+        for (int w8 = 1; w8 < 8; ++w8) sum += warp_sums[w8][tap];
+        partial[static_cast<i64>(blockIdx.x) * (KR * KS) + tap] = sum;
     }
 }
 

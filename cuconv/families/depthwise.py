@@ -35,8 +35,8 @@ from . import dgrad_forward
 from ..spec import ConvSpec
 
 __all__ = ["prepare", "forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "forward_smem", "rows_layout",
-           "rows_strips", "plane_plan", "strips_plan", "forward_kernels", "FORWARD_KERNELS", "DW_GEOMETRY_DTYPE",
-           "NAME_EXPRESSIONS", "STEM"]
+           "rows_strips", "plane_plan", "strips_plan", "wgrad_strips_plan", "forward_kernels", "FORWARD_KERNELS",
+           "DW_GEOMETRY_DTYPE", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "depthwise"
 # Kernel sizes of depthwise_fwd_plane, for double and for float sums: its window and weights live in
@@ -60,6 +60,8 @@ NAME_EXPRESSIONS = tuple(
     + [f"depthwise_dgrad_s2<{t},{r},{r}>" for t in _dtypes.ALL_CTYPE_NAMES for r in (3, 5, 7)]
     + [f"depthwise_dgrad<{t},{u},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for u in ("true", "false")
        for i in ("int", "long long")]
+    + [f"depthwise_wgrad_strips<{t},{r},{r},{sh}>" for t in _dtypes.ALL_CTYPE_NAMES for r in (3, 5, 7)
+       for sh in (1, 2)]
     + [f"depthwise_wgrad_partial<{t},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for i in ("int", "long long")]
     + [f"depthwise_wgrad_reduce<{t}>" for t in _dtypes.ALL_CTYPE_NAMES])
 
@@ -67,14 +69,15 @@ NAME_EXPRESSIONS = tuple(
 # DwGeometry in depthwise.cu: the gather kernels' one struct argument.
 DW_GEOMETRY_DTYPE = numpy.dtype([(f, numpy.int32) for f in (
     "n", "c", "h", "w", "k", "p", "q", "mult", "stride_h", "stride_w", "pad_top", "pad_left", "dil_h", "dil_w",
-    "total", "unused")])
+    "total", "rows", "strips", "chunk")])
 
 
-def _dw_geometry(spec: ConvSpec, total: int):
-    """The ``DwGeometry`` of ``spec`` for ``total`` work items."""
+def _dw_geometry(spec: ConvSpec, total: int, rows: int = 0, strips: int = 0, chunk: int = 0):
+    """The ``DwGeometry`` of ``spec`` for ``total`` work items (wgrad's strips: ``rows`` per strip, ``strips``
+    per plane, ``chunk`` items per block)."""
     return numpy.array((spec.n, spec.c, spec.h, spec.w, spec.k, spec.p, spec.q, spec.k // spec.c, spec.stride[0],
-                        spec.stride[1], spec.pad[0], spec.pad[2], spec.dilation[0], spec.dilation[1], total, 0),
-                       dtype=DW_GEOMETRY_DTYPE)[()]
+                        spec.stride[1], spec.pad[0], spec.pad[2], spec.dilation[0], spec.dilation[1], total, rows,
+                        strips, chunk), dtype=DW_GEOMETRY_DTYPE)[()]
 
 
 def _fits_int(spec: ConvSpec) -> bool:
@@ -445,22 +448,54 @@ def wgrad_gpu(x, dy, spec: ConvSpec, dw, precision: str) -> None:
     _plan.run_on_arrays(prepare, "wgrad", spec, precision, x, dy, dw)
 
 
+_WGRAD_STRIP_ROWS = 16  # depthwise_wgrad_strips: output rows per strip at most (fewer: planes split evenly)
+
+
+def wgrad_strips_plan(spec: ConvSpec, sm_count: int):
+    """(rows per strip, strips per plane, items per block, blocks per channel) of ``depthwise_wgrad_strips``,
+    or None where it does not apply: it needs a 3x3, 5x5 or 7x7 kernel, dilation 1, a row stride of 1 or 2,
+    and 32-bit indices. Items (sample, strip, column) of a channel are cut into blocks of whole passes of 256
+    threads, about eight blocks per SM over all channels, at least two items per thread where there are
+    enough."""
+    if ((spec.r, spec.s) not in _FIXED_KERNELS or spec.r != spec.s or spec.dilation != (1, 1)
+            or spec.stride[0] not in (1, 2) or not _fits_int(spec)):
+        return None
+    strips = -(-spec.p // _WGRAD_STRIP_ROWS)
+    rows = -(-spec.p // strips)
+    items = spec.n * strips * spec.q
+    passes = -(-items // _THREADS)
+    blocks = max(1, min(-(-passes // 2), -(-8 * sm_count // spec.k)))
+    chunk = -(-passes // blocks) * _THREADS
+    blocks = -(-items // chunk)
+    if items + chunk >= 2**31 or spec.k * blocks >= 2**31:
+        return None
+    return rows, strips, chunk, blocks
+
+
 def _wgrad_launches(spec: ConvSpec, dtype, sm_count: int):
     """(bytes of the partial sums, the partial launch with pointers x, dy, partial, the reduce launch with
-    pointers partial, dw): per-chunk partial sums of every tap, then an ordered sum over the chunks."""
+    pointers partial, dw): per-block partial sums of every tap (``depthwise_wgrad_strips`` where
+    ``wgrad_strips_plan`` applies, else ``depthwise_wgrad_partial``), then an ordered sum over the blocks."""
     acc_dtype = numpy.dtype(numpy.float64 if dtype == numpy.float64 else numpy.float32)
-    threads = _wgrad_threads(spec, acc_dtype.itemsize)
     taps = spec.r * spec.s
-    total = spec.n * spec.p * spec.q
-    chunks = max(1, min(-(-total // (8 * threads)), -(-4 * sm_count // spec.k), _MAX_GRID_Y))
-    chunk = -(-total // chunks)
-    chunks = -(-total // chunk)
     t = _dtypes.ctype_of(dtype)
     i64 = numpy.int64
-    name = f"depthwise_wgrad_partial<{t},{_index_type(total)}>"
-    partial = _loader.PreparedLaunch(_fn(name), name, (spec.k, chunks, 1), (threads, 1, 1), 3,
-                                     _geometry(spec) + (i64(total), i64(chunk)),
-                                     smem=taps * threads * acc_dtype.itemsize)
+    plan = wgrad_strips_plan(spec, sm_count)
+    if plan is not None:
+        rows, strips, chunk, chunks = plan
+        name = f"depthwise_wgrad_strips<{t},{spec.r},{spec.s},{spec.stride[0]}>"
+        partial = _loader.PreparedLaunch(_fn(name), name, (spec.k * chunks, 1, 1), (_THREADS, 1, 1), 3,
+                                         (_dw_geometry(spec, spec.n * strips * spec.q, rows, strips, chunk),))
+    else:
+        threads = _wgrad_threads(spec, acc_dtype.itemsize)
+        total = spec.n * spec.p * spec.q
+        chunks = max(1, min(-(-total // (8 * threads)), -(-4 * sm_count // spec.k), _MAX_GRID_Y))
+        chunk = -(-total // chunks)
+        chunks = -(-total // chunk)
+        name = f"depthwise_wgrad_partial<{t},{_index_type(total)}>"
+        partial = _loader.PreparedLaunch(_fn(name), name, (spec.k, chunks, 1), (threads, 1, 1), 3,
+                                         _geometry(spec) + (i64(total), i64(chunk)),
+                                         smem=taps * threads * acc_dtype.itemsize)
     name = f"depthwise_wgrad_reduce<{t}>"
     reduce = _loader.PreparedLaunch(_fn(name), name, (_loader.blocks(spec.k * taps), 1, 1),
                                     (_THREADS, 1, 1), 2, (i64(spec.k), i64(taps), i64(chunks)))
