@@ -9,6 +9,12 @@
 // bias after a half-precision GEMM output would round twice (measured: 2.6e-3 normwise in bf16).
 // bias_grad: blockIdx.x = one channel k; its threads stride along each sample's plane (coalesced), sum in
 // the arithmetic type (fp32 for the half types) and reduce in a fixed order: deterministic, no atomics.
+// Kernel   bias_fill_flat<T>(out, bias, K, PQ, total)   the same fill, a thread per element (grid-stride,
+//          32-bit: total < 2^31): for planes smaller than a block (squeeze-excitation's 1x1), where a block per
+//          plane would leave all but PQ threads idle.
+// Kernel   bias_grad_warps<T>(dy, db, N, K, PQ)         the same sums, a warp per channel (8 per block) striding
+//          over (n, p·q), reduced by a fixed butterfly: for small planes, where a block per channel is one
+//          busy thread walking the batch.
 #include "common.cuh"
 
 using cuconv::i64;
@@ -44,4 +50,28 @@ __global__ void __launch_bounds__(kBiasGradThreads) bias_grad(const T* __restric
         __syncthreads();
     }
     if (threadIdx.x == 0) db[k] = cuconv::from_acc<T>(partial[0]);
+}
+
+template <typename T>
+__global__ void bias_fill_flat(T* __restrict__ out, const T* __restrict__ bias, i64 K, i64 PQ, i64 total) {
+    const int k_count = static_cast<int>(K), pq = static_cast<int>(PQ);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < static_cast<int>(total); i += gridDim.x * blockDim.x)
+        out[i] = bias[(i / pq) % k_count];
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256) bias_grad_warps(const T* __restrict__ dy, T* __restrict__ db, i64 N, i64 K,
+                                                       i64 PQ) {
+    typedef typename cuconv::Acc<T>::type Acc;
+    const i64 k = static_cast<i64>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (k >= K) return;  // whole warps: the butterfly below has every lane of a live warp
+    Acc sum = 0;
+    for (i64 i = lane; i < N * PQ; i += 32) {
+        const i64 n = i / PQ, j = i - n * PQ;
+        sum += cuconv::to_acc<T>(dy[(n * K + k) * PQ + j]);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) db[k] = cuconv::from_acc<T>(sum);
 }

@@ -17,15 +17,24 @@ __all__ = ["fill_launch", "grad_launch", "NAME_EXPRESSIONS", "STEM"]
 STEM = "bias"
 _MAX_GRID_Y = 65535
 
-NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in ("bias_fill", "bias_grad") for t in _dtypes.ALL_CTYPE_NAMES)
+NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in ("bias_fill", "bias_grad", "bias_fill_flat", "bias_grad_warps")
+                         for t in _dtypes.ALL_CTYPE_NAMES)
+# Planes of fewer pixels than a block take the flat fill and the warp-per-channel gradient.
+_SMALL_PLANE = _loader.THREADS
 
 
 def fill_launch(dtype, n: int, k: int, pq: int) -> "_loader.PreparedLaunch":
-    """A launch setting ``out[n, k] = bias[k]`` over a C-contiguous (n, K, P, Q) ``out``; pointers: out, bias.
-    None where the output is empty."""
+    """A launch setting ``out[n, k] = bias[k]`` over a C-contiguous (n, K, P, Q) ``out``: a block per plane, or
+    a thread per element on planes smaller than a block; pointers: out, bias. None where the output is
+    empty."""
     planes = n * k
     if planes == 0 or pq == 0:
         return None
+    total = planes * pq
+    if pq < _SMALL_PLANE and total < 2**31:
+        name = f"bias_fill_flat<{_dtypes.ctype_of(dtype)}>"
+        return _loader.prepare(STEM, NAME_EXPRESSIONS, name, (_loader.blocks(total), 1, 1), (_loader.THREADS, 1, 1),
+                               2, (numpy.int64(k), numpy.int64(pq), numpy.int64(total)))
     name = f"bias_fill<{_dtypes.ctype_of(dtype)}>"
     grid = (planes, _loader.blocks(pq, _MAX_GRID_Y), 1)
     return _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_loader.THREADS, 1, 1), 2,
@@ -33,11 +42,16 @@ def fill_launch(dtype, n: int, k: int, pq: int) -> "_loader.PreparedLaunch":
 
 
 def grad_launch(spec: ConvSpec, dtype) -> "_loader.PreparedLaunch":
-    """A launch writing ``db[k] = Σ dy[:, k]`` for grad_output ``dy`` (N, K, P, Q) of ``spec``; pointers: dy, db.
-    None where there is no channel."""
+    """A launch writing ``db[k] = Σ dy[:, k]`` for grad_output ``dy`` (N, K, P, Q) of ``spec``: a block per
+    channel, or a warp per channel on planes smaller than a block; pointers: dy, db. None where there is no
+    channel."""
     if spec.k == 0:
         return None
-    name = f"bias_grad<{_dtypes.ctype_of(dtype)}>"
     i64 = numpy.int64
-    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, (spec.k, 1, 1), (_loader.THREADS, 1, 1), 2,
-                           (i64(spec.n), i64(spec.k), i64(spec.p * spec.q)))
+    scalars = (i64(spec.n), i64(spec.k), i64(spec.p * spec.q))
+    if spec.p * spec.q < _SMALL_PLANE:
+        name = f"bias_grad_warps<{_dtypes.ctype_of(dtype)}>"
+        return _loader.prepare(STEM, NAME_EXPRESSIONS, name, (-(-spec.k // 8), 1, 1), (_loader.THREADS, 1, 1), 2,
+                               scalars)
+    name = f"bias_grad<{_dtypes.ctype_of(dtype)}>"
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, (spec.k, 1, 1), (_loader.THREADS, 1, 1), 2, scalars)

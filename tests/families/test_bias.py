@@ -19,21 +19,26 @@ def _stream():
 
 
 @pytest.mark.parametrize("dtype_name", EXACT_DTYPES)
-@pytest.mark.parametrize("n,k,pq", [(1, 1, 1), (3, 5, 70000), (2, 7, 13)])
+@pytest.mark.parametrize("n,k,pq", [(1, 1, 1), (3, 5, 70000), (2, 7, 13), (32, 1153, 1), (2, 3, 255), (2, 3, 256)])
 def test_bias_fill_broadcasts_over_samples_and_pixels(n, k, pq, dtype_name):
+    """A block per plane, or a thread per element on planes of fewer than 256 pixels."""
     import cupy
 
     dtype = _dtypes.by_name(dtype_name)
     b = numpy.arange(1, k + 1).astype(dtype)
     out = cupy.full((n, k, pq), numpy.nan, dtype=dtype)
     b_d = cupy.asarray(b)  # referenced until the launch has run
-    bias.fill_launch(dtype, n, k, pq)(_stream(), out.data.ptr, b_d.data.ptr)
+    launch = bias.fill_launch(dtype, n, k, pq)
+    assert ("bias_fill_flat<" in launch.name) == (pq < 256)
+    launch(_stream(), out.data.ptr, b_d.data.ptr)
     numpy.testing.assert_array_equal(cupy.asnumpy(out), numpy.broadcast_to(b[None, :, None], (n, k, pq)))
 
 
 @pytest.mark.parametrize("dtype_name", EXACT_DTYPES)
-@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (4, 6, 15, 17), (2, 3, 100, 100)])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (4, 6, 15, 17), (2, 3, 100, 100), (32, 1153, 1, 1), (3, 9, 16, 16)])
 def test_bias_grad_sums_over_samples_and_pixels(shape, dtype_name):
+    """A block per channel, or a warp per channel (eight per block, the last block part empty) on planes of
+    fewer than 256 pixels."""
     import cupy
 
     dtype = _dtypes.by_name(dtype_name)
@@ -42,6 +47,8 @@ def test_bias_grad_sums_over_samples_and_pixels(shape, dtype_name):
     db = cupy.full(k, numpy.nan, dtype=dtype)
     spec = cuconv.ConvSpec(n, 0, p, q, k, 1, 1)
     dy_d = cupy.asarray(dy)  # referenced until the launch has run
-    bias.grad_launch(spec, dtype)(_stream(), dy_d.data.ptr, db.data.ptr)
+    launch = bias.grad_launch(spec, dtype)
+    assert ("bias_grad_warps<" in launch.name) == (p * q < 256)
+    launch(_stream(), dy_d.data.ptr, db.data.ptr)
     # the integer sums are exact in fp32 (and in float64): rounded once to the dtype, as the kernel rounds
     numpy.testing.assert_array_equal(cupy.asnumpy(db), dy.astype(numpy.float64).sum(axis=(0, 2, 3)).astype(dtype))
