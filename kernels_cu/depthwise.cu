@@ -12,10 +12,10 @@
 //       (rows ty + 8i, columns tx + 32j: conflict-free reads, coalesced stores). KR×KS = 3×3, 5×5, 7×7 are
 //       compiled with unrolled tap loops (and, for stride = dilation = 1, compile-time tile offsets), 0×0
 //       reads R, S at run time. Bias is added in the sum.
-//   depthwise_fwd_strips<T, KR, KS>(x, w, bias, out, ..., rows_per_strip, strips)
-//       stride = dilation = 1 with a 3×3, 5×5 or 7×7 kernel: no shared memory at all. blockIdx.x = one output
-//       plane (n, k); thread blockIdx.y·256 + threadIdx.x of it owns output column q and a strip of
-//       rows_per_strip consecutive output rows, walking down them with the KR input rows it reads held in
+//   depthwise_fwd_strips<T, KR, KS>(x, w, bias, out, ..., rows_per_strip, strips, items)
+//       stride = dilation = 1 with a 3×3, 5×5 or 7×7 kernel: no shared memory at all. Thread
+//       blockIdx.x·256 + threadIdx.x owns item (plane (n, k), strip, column q), flat over the batch's planes
+//       (small planes share blocks), i.e. output column q and a strip of rows_per_strip consecutive output rows, walking down them with the KR input rows it reads held in
 //       registers (KS columns each): per output row, KS loads of one new input row (neighbouring lanes read
 //       neighbouring columns: coalesced, the overlap served by L1), KR·KS FMAs and one coalesced store.
 //   depthwise_fwd_rows<T, KR, KS, kSegmented>(x, w, bias, out, ..., slots, strips, segs, seg_lanes,
@@ -218,13 +218,14 @@ template <typename T, int KR, int KS>
 __global__ void __launch_bounds__(256)
 depthwise_fwd_strips(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                      T* __restrict__ out, i64 C, i64 H, i64 W, i64 K, i64 P, i64 Q, i64 mult, i64 pad_top,
-                     i64 pad_left, i64 rows_per_strip, i64 strips) {
+                     i64 pad_left, i64 rows_per_strip, i64 strips, i64 items) {
     typedef typename cuconv::Acc<T>::type Acc;
     const int Qi = static_cast<int>(Q), Hi = static_cast<int>(H), Wi = static_cast<int>(W);
-    const int idx = static_cast<int>(blockIdx.y) * 256 + static_cast<int>(threadIdx.x);
-    const int q = idx % Qi, strip = idx / Qi;
-    if (strip >= static_cast<int>(strips)) return;
-    const int plane = blockIdx.x;  // n * K + k (grid.x < 2^31)
+    const int idx = static_cast<int>(blockIdx.x) * 256 + static_cast<int>(threadIdx.x);  // items < 2^31
+    if (idx >= static_cast<int>(items)) return;
+    const int q = idx % Qi, t = idx / Qi;
+    const int strip = t % static_cast<int>(strips);
+    const int plane = t / static_cast<int>(strips);  // n * K + k
     const int k = plane % static_cast<int>(K);
     const int n = plane / static_cast<int>(K);
     const T* __restrict__ x_plane = x + (static_cast<i64>(n) * C + k / static_cast<int>(mult)) * H * W;

@@ -16,7 +16,8 @@ convolution with the flipped kernel), by preference:
   ``cp.async`` copies, several buffers deep, and walks column strips of output rows from shared memory
   (depthwise_3x3 fp32: 68 µs of GPU time, 3.0 TB/s, against 87 µs for the strips);
 - ``depthwise_fwd_strips`` (``strips_plan``) for 3×3, 5×5 and 7×7: a thread walks a column strip of output
-  rows with its input rows in registers, reading through L1, no shared memory;
+  rows with its input rows in registers, reading through L1, no shared memory, the strips of all planes
+  packed into the blocks;
 - otherwise 32×64 output tiles, whose input window (``forward_smem``) opts into more than 48 KB of shared
   memory when a large or dilated kernel needs it.
 
@@ -165,11 +166,15 @@ def _strips(spec: ConvSpec):
 
 
 def strips_plan(spec: ConvSpec):
-    """(rows per strip, strips per plane, blocks per plane) for ``depthwise_fwd_strips`` (``_strips``), or
-    None where that kernel does not apply (it needs stride = dilation = 1 and a 3×3, 5×5 or 7×7 kernel)."""
+    """(rows per strip, strips per plane) for ``depthwise_fwd_strips`` (``_strips``), or None where that kernel
+    does not apply (it needs stride = dilation = 1, a 3×3, 5×5 or 7×7 kernel, and fewer than 2^31 items:
+    (plane, strip, column) triples, a thread each, flat over the planes)."""
     if spec.stride != (1, 1) or spec.dilation != (1, 1) or (spec.r, spec.s) not in _FIXED_KERNELS:
         return None
-    return _strips(spec)
+    rows, strips, _ = _strips(spec)
+    if spec.n * spec.k * strips * spec.q >= 2**31 - _THREADS:
+        return None
+    return rows, strips
 
 
 def plane_plan(spec: ConvSpec, dtype):
@@ -353,8 +358,7 @@ def forward_kernels(spec: ConvSpec, dtype, x_aligned: bool = True, out_aligned: 
         out.append("rows")
     if plane_plan(spec, dtype) is not None and x_aligned:
         out.append("plane")
-    strips = strips_plan(spec)
-    if strips is not None and strips[2] <= _MAX_GRID_Y:
+    if strips_plan(spec) is not None:
         out.append("strips")
     if gather and not gather_first:
         out.append("gather")
@@ -394,11 +398,12 @@ def _forward_launch(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, s
         return (f"depthwise_fwd_plane<{ctype},{spec.r},{spec.s}>", (_plane_grid(spec, dtype, smem), 1, 1),
                 (_THREADS, 1, 1), smem, geometry)
     if kernel == "strips":
-        rows, count, blocks = strips_plan(spec)
+        rows, count = strips_plan(spec)
+        items = spec.n * spec.k * count * spec.q
         geometry = (i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q),
-                    i64(spec.k // spec.c), i64(spec.pad[0]), i64(spec.pad[2]), i64(rows), i64(count))
-        return (f"depthwise_fwd_strips<{ctype},{spec.r},{spec.s}>", (spec.n * spec.k, blocks, 1), (_THREADS, 1, 1),
-                0, geometry)
+                    i64(spec.k // spec.c), i64(spec.pad[0]), i64(spec.pad[2]), i64(rows), i64(count), i64(items))
+        return (f"depthwise_fwd_strips<{ctype},{spec.r},{spec.s}>", (_loader.blocks(items, None), 1, 1),
+                (_THREADS, 1, 1), 0, geometry)
     smem = forward_smem(spec, dtype.itemsize, _acc_size(dtype))
     tiles_q = -(-spec.q // _TILE_Q)
     tiles = -(-spec.p // _TILE_P) * tiles_q
