@@ -147,8 +147,9 @@ _POINTWISE_IMPLICIT_MIN_OUTPUTS = 1024
 
 # 1x1 stride-1 wgrads: where the planes are large, im2col_gemm's GEMMs read x and dy as they are, while
 # implicit_gemm packs both first; from these planes on the GEMMs are faster (the reverse of the forward's order:
-# the half types pack half the bytes).
-_POINTWISE_WGRAD_GEMM_MIN_PIXELS_HALF = 28 * 28
+# the half types pack half the bytes), and in the half types from 14x14 where the weight is small (C·K below
+# the second number: the packs' cost is not earned back).
+_POINTWISE_WGRAD_GEMM_MIN_PIXELS_HALF = (28 * 28, 14 * 14, 90000)
 _POINTWISE_WGRAD_GEMM_MIN_PIXELS_TF32 = 14 * 14
 
 
@@ -160,8 +161,11 @@ def _pointwise_wgrad_by_gemm(spec: ConvSpec, dtype) -> bool:
         return False
     if spec.h * spec.w == 1 and spec.groups == 1:
         return True
-    half = numpy.dtype(dtype).itemsize == 2
-    return spec.p * spec.q >= (_POINTWISE_WGRAD_GEMM_MIN_PIXELS_HALF if half else _POINTWISE_WGRAD_GEMM_MIN_PIXELS_TF32)
+    pixels = spec.p * spec.q
+    if numpy.dtype(dtype).itemsize != 2:
+        return pixels >= _POINTWISE_WGRAD_GEMM_MIN_PIXELS_TF32
+    large, small, small_weight = _POINTWISE_WGRAD_GEMM_MIN_PIXELS_HALF
+    return pixels >= large or (pixels >= small and spec.c * spec.k_per_group < small_weight)
 
 
 # 1x1 stride-1 dgrads: cuBLASLt's GEMMs of dx (C x H·W) per sample are fast but on small planes; there, with

@@ -12,10 +12,12 @@
 //       (rows ty + 8i, columns tx + 32j: conflict-free reads, coalesced stores). KR×KS = 3×3, 5×5, 7×7 are
 //       compiled with unrolled tap loops (and, for stride = dilation = 1, compile-time tile offsets), 0×0
 //       reads R, S at run time. Bias is added in the sum.
-//   depthwise_fwd_strips<T, KR, KS>(x, w, bias, out, ..., rows_per_strip, strips, items)
-//       stride = dilation = 1 with a 3×3, 5×5 or 7×7 kernel: no shared memory at all. Thread
-//       blockIdx.x·256 + threadIdx.x owns item (plane (n, k), strip, column q), flat over the batch's planes
-//       (small planes share blocks), i.e. output column q and a strip of rows_per_strip consecutive output rows, walking down them with the KR input rows it reads held in
+//   depthwise_fwd_strips<T, KR, KS, kFlat>(x, w, bias, out, ..., rows_per_strip, strips, items)
+//       stride = dilation = 1 with a 3×3, 5×5 or 7×7 kernel: no shared memory at all. blockIdx.x = one output
+//       plane (n, k) and thread blockIdx.y·256 + threadIdx.x of it, or with kFlat (small planes, whose few
+//       strips would leave a block per plane nearly empty and the SM at its resident-block limit) thread
+//       blockIdx.x·256 + threadIdx.x of the (plane, strip, column) items flat over the batch, owns output
+//       column q and a strip of rows_per_strip consecutive output rows, walking down them with the KR input rows it reads held in
 //       registers (KS columns each): per output row, KS loads of one new input row (neighbouring lanes read
 //       neighbouring columns: coalesced, the overlap served by L1), KR·KS FMAs and one coalesced store.
 //   depthwise_fwd_rows<T, KR, KS, kSegmented>(x, w, bias, out, ..., slots, strips, segs, seg_lanes,
@@ -214,18 +216,28 @@ __device__ __forceinline__ void strip_row(Acc (&dst)[KS], const T* __restrict__ 
 }
 
 // Forward, stride = dilation = 1, compile-time KR × KS: a column strip of output rows per thread (see top).
-template <typename T, int KR, int KS>
+template <typename T, int KR, int KS, bool kFlat>
 __global__ void __launch_bounds__(256)
 depthwise_fwd_strips(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                      T* __restrict__ out, i64 C, i64 H, i64 W, i64 K, i64 P, i64 Q, i64 mult, i64 pad_top,
                      i64 pad_left, i64 rows_per_strip, i64 strips, i64 items) {
     typedef typename cuconv::Acc<T>::type Acc;
     const int Qi = static_cast<int>(Q), Hi = static_cast<int>(H), Wi = static_cast<int>(W);
-    const int idx = static_cast<int>(blockIdx.x) * 256 + static_cast<int>(threadIdx.x);  // items < 2^31
-    if (idx >= static_cast<int>(items)) return;
-    const int q = idx % Qi, t = idx / Qi;
-    const int strip = t % static_cast<int>(strips);
-    const int plane = t / static_cast<int>(strips);  // n * K + k
+    int q, strip, plane;  // plane = n * K + k
+    if (kFlat) {
+        const int idx = static_cast<int>(blockIdx.x) * 256 + static_cast<int>(threadIdx.x);  // items < 2^31
+        if (idx >= static_cast<int>(items)) return;
+        q = idx % Qi;
+        const int t = idx / Qi;
+        strip = t % static_cast<int>(strips);
+        plane = t / static_cast<int>(strips);
+    } else {
+        const int idx = static_cast<int>(blockIdx.y) * 256 + static_cast<int>(threadIdx.x);
+        q = idx % Qi;
+        strip = idx / Qi;
+        if (strip >= static_cast<int>(strips)) return;
+        plane = blockIdx.x;  // grid.x < 2^31
+    }
     const int k = plane % static_cast<int>(K);
     const int n = plane / static_cast<int>(K);
     const T* __restrict__ x_plane = x + (static_cast<i64>(n) * C + k / static_cast<int>(mult)) * H * W;

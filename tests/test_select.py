@@ -98,10 +98,13 @@ def test_pointwise_dgrad_takes_implicit_gemm_on_small_planes_with_many_weights(h
     (1, 960, 240, 1, _F32, "im2col_gemm"), (1, 32, 8, 1, _F16, "im2col_gemm"), (1, 64, 64, 4, _F16, "implicit_gemm"),
     (7, 960, 240, 1, _F32, "implicit_gemm"), (14, 960, 240, 1, _F32, "im2col_gemm"),
     (14, 960, 240, 1, _F16, "implicit_gemm"), (28, 960, 240, 1, _F16, "im2col_gemm"),
-], ids=["se_tf32", "se_fp16", "se_grouped", "7_tf32", "14_tf32", "14_fp16", "28_fp16"])
+    (14, 480, 112, 1, _F16, "im2col_gemm"), (7, 480, 112, 1, _F16, "implicit_gemm"),
+], ids=["se_tf32", "se_fp16", "se_grouped", "7_tf32", "14_tf32", "14_fp16", "28_fp16", "14_fp16_small_weight",
+        "7_fp16_small_weight"])
 def test_pointwise_wgrad_takes_a_gemm_on_large_planes_and_on_1x1_planes(hw, c, k, groups, dtype, expected):
     """1x1 stride-1 wgrad at tensor-core precisions: cuBLASLt's GEMMs from 14x14 planes (TF32) or 28x28 (half
-    types) and on squeeze-excitation's 1x1 planes of one group (one GEMM over the batch), implicit_gemm between."""
+    types; 14x14 where C·K < 90000) and on squeeze-excitation's 1x1 planes of one group (one GEMM over the
+    batch), implicit_gemm between."""
     spec = cuconv.ConvSpec.from_args((32, c, hw, hw), (k, c // groups, 1, 1), groups=groups)
     precision = "tf32" if dtype == _F32 else "ieee"
     assert cuconv.select_algorithm(spec, dtype, precision, True, "wgrad") == expected

@@ -16,8 +16,8 @@ convolution with the flipped kernel), by preference:
   ``cp.async`` copies, several buffers deep, and walks column strips of output rows from shared memory
   (depthwise_3x3 fp32: 68 µs of GPU time, 3.0 TB/s, against 87 µs for the strips);
 - ``depthwise_fwd_strips`` (``strips_plan``) for 3×3, 5×5 and 7×7: a thread walks a column strip of output
-  rows with its input rows in registers, reading through L1, no shared memory, the strips of all planes
-  packed into the blocks;
+  rows with its input rows in registers, reading through L1, no shared memory (small planes: the strips of
+  all planes packed into the blocks);
 - otherwise 32×64 output tiles, whose input window (``forward_smem``) opts into more than 48 KB of shared
   memory when a large or dilated kernel needs it.
 
@@ -53,7 +53,8 @@ _MAX_GRID_Y = 65535
 NAME_EXPRESSIONS = tuple(
     [f"depthwise_fwd<{t},{r},{s},{u}>" for t in _dtypes.ALL_CTYPE_NAMES
      for r, s, u in [(r, s, u) for r, s in ((3, 3), (5, 5), (7, 7)) for u in ("true", "false")] + [(0, 0, "false")]]
-    + [f"depthwise_fwd_strips<{t},{r},{s}>" for t in _dtypes.ALL_CTYPE_NAMES for r, s in ((3, 3), (5, 5), (7, 7))]
+    + [f"depthwise_fwd_strips<{t},{r},{s},{f}>" for t in _dtypes.ALL_CTYPE_NAMES for r, s in ((3, 3), (5, 5), (7, 7))
+       for f in ("false", "true")]
     + [f"depthwise_fwd_plane<{t},{r},{s}>" for t in _dtypes.ALL_CTYPE_NAMES for r, s in _PLANE_KERNELS[t != "double"]]
     + [f"depthwise_fwd_rows<{t},{r},{s},{seg}>" for t in _dtypes.ALL_CTYPE_NAMES
        for r, s in _ROWS_KERNELS[t != "double"] for seg in ("false", "true")]
@@ -168,11 +169,11 @@ def _strips(spec: ConvSpec):
 def strips_plan(spec: ConvSpec):
     """(rows per strip, strips per plane) for ``depthwise_fwd_strips`` (``_strips``), or None where that kernel
     does not apply (it needs stride = dilation = 1, a 3×3, 5×5 or 7×7 kernel, and fewer than 2^31 items:
-    (plane, strip, column) triples, a thread each, flat over the planes)."""
+    (plane, strip, column) triples, a thread each; a block per plane is at most 65535 blocks of them)."""
     if spec.stride != (1, 1) or spec.dilation != (1, 1) or (spec.r, spec.s) not in _FIXED_KERNELS:
         return None
     rows, strips, _ = _strips(spec)
-    if spec.n * spec.k * strips * spec.q >= 2**31 - _THREADS:
+    if spec.n * spec.k * strips * spec.q >= 2**31 - _THREADS or -(-strips * spec.q // _THREADS) > _MAX_GRID_Y:
         return None
     return rows, strips
 
@@ -291,11 +292,11 @@ def _rows_launch(spec: ConvSpec, dtype, layout, device: int):
 
 
 FORWARD_KERNELS = ("gather", "rows", "plane", "strips", "tiles")
-# depthwise_fwd_gather (a thread per output, flat over the planes) goes first at a stride or dilation above 1
-# and on planes of fewer output pixels than this (7x7 kernels: the second), where a strip per plane leaves most
-# threads idle (7x7 planes: 7 of 256 threads); from 14x14 (7x7 kernels: 28x28) the strips' windows in
-# registers win over the gather's loads through L1.
-_GATHER_MAX_PIXELS = (14 * 14, 28 * 28)
+# depthwise_fwd_strips packs the strips of planes up to this many output pixels flat into its blocks: a block
+# per plane would hold a few busy threads (a 7x7 plane: 7 of 256), and the SM's limit of resident blocks would
+# leave it nearly idle. On larger planes a block per plane is as fast or faster (5x5, 7x7 kernels on 56x56: 1.3-
+# 1.9x).
+_FLAT_STRIPS_MAX_PIXELS = 14 * 14
 
 
 def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, kernel: str = None) -> None:
@@ -346,13 +347,11 @@ def _forward_prepared(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool,
 
 def forward_kernels(spec: ConvSpec, dtype, x_aligned: bool = True, out_aligned: bool = True) -> tuple:
     """The forward kernels of ``FORWARD_KERNELS`` that can serve this depthwise convolution, by preference:
-    ``gather`` first at a stride or dilation above 1 and on small planes (``_GATHER_MAX_PIXELS``), then
-    ``rows`` (``rows_layout``; 16-byte aligned input and output), ``plane`` (``plane_plan``; aligned
+    ``gather`` first at a stride or dilation above 1, then ``rows`` (``rows_layout``; 16-byte aligned input and output), ``plane`` (``plane_plan``; aligned
     input), ``strips`` (``strips_plan``), ``gather`` (3x3, 5x5, 7x7, tensors below 2^31 elements), ``tiles``
     (any geometry whose tiles fit the grid)."""
     gather = (spec.r, spec.s) in _FIXED_KERNELS and spec.r == spec.s and _fits_int(spec)
-    gather_first = gather and (spec.stride != (1, 1) or spec.dilation != (1, 1)
-                               or spec.p * spec.q < _GATHER_MAX_PIXELS[spec.r * spec.s >= 49])
+    gather_first = gather and (spec.stride != (1, 1) or spec.dilation != (1, 1))
     out = ["gather"] if gather_first else []
     if rows_layout(spec, dtype) is not None and x_aligned and out_aligned:
         out.append("rows")
@@ -402,7 +401,9 @@ def _forward_launch(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, s
         items = spec.n * spec.k * count * spec.q
         geometry = (i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q),
                     i64(spec.k // spec.c), i64(spec.pad[0]), i64(spec.pad[2]), i64(rows), i64(count), i64(items))
-        return (f"depthwise_fwd_strips<{ctype},{spec.r},{spec.s}>", (_loader.blocks(items, None), 1, 1),
+        flat = spec.p * spec.q <= _FLAT_STRIPS_MAX_PIXELS
+        grid = (_loader.blocks(items, None), 1, 1) if flat else (spec.n * spec.k, _loader.blocks(count * spec.q), 1)
+        return (f"depthwise_fwd_strips<{ctype},{spec.r},{spec.s},{'true' if flat else 'false'}>", grid,
                 (_THREADS, 1, 1), 0, geometry)
     smem = forward_smem(spec, dtype.itemsize, _acc_size(dtype))
     tiles_q = -(-spec.q // _TILE_Q)

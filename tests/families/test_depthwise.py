@@ -35,6 +35,22 @@ def test_strips_only_for_unit_stride_and_dilation_and_compiled_kernels():
     assert depthwise.strips_plan(ConvSpec.from_args((1, 4, 20, 20), (4, 1, 3, 1), groups=4)) is None
 
 
+@pytest.mark.parametrize("hw,flat", [(7, True), (14, True), (15, False), (56, False)])
+def test_strips_pack_small_planes_flat(hw, flat):
+    """Planes up to 14x14 outputs: the strips of all planes flat over the blocks; larger: a block row per plane."""
+    spec = ConvSpec.from_args((32, 96, hw, hw), (96, 1, 5, 5), groups=96, padding=2)
+    name, grid, _, _, geometry = depthwise._forward_launch(spec, numpy.dtype(numpy.float32), False, False, 0, 0,
+                                                           "strips")
+    rows, strips = depthwise.strips_plan(spec)
+    assert name == f"depthwise_fwd_strips<float,5,5,{'true' if flat else 'false'}>"
+    items = spec.n * spec.k * strips * spec.q
+    assert int(geometry[-1]) == items
+    if flat:
+        assert grid == (-(-items // _THREADS), 1, 1)
+    else:
+        assert grid == (spec.n * spec.k, -(-strips * spec.q // _THREADS), 1)
+
+
 def test_depthwise_problem_fills_its_blocks():
     spec = next(p for p in PROBLEMS if p.name == "depthwise_3x3").spec()
     assert depthwise.strips_plan(spec) == (14, 4)  # 4 strips x 56 columns: 224 threads per plane
@@ -142,10 +158,7 @@ def test_forward_kernels_by_preference_and_alignment():
     strided = ConvSpec.from_args((1, 4, 20, 32), (4, 1, 3, 3), groups=4, padding=1, stride=2)
     assert depthwise.forward_kernels(strided, numpy.float32) == ("gather", "tiles")
     small = ConvSpec.from_args((32, 960, 7, 7), (960, 1, 5, 5), groups=960, padding=2)
-    assert depthwise.forward_kernels(small, numpy.float32) == ("gather", "strips", "tiles")
-    for r, hw, first in ((3, 14, "strips"), (5, 14, "strips"), (7, 14, "gather"), (7, 28, "strips")):
-        spec = ConvSpec.from_args((32, 384, hw, hw), (384, 1, r, r), groups=384, padding=r // 2)
-        assert depthwise.forward_kernels(spec, numpy.float32, x_aligned=False)[0] == first, (r, hw)
+    assert depthwise.forward_kernels(small, numpy.float32) == ("strips", "gather", "tiles")
     rect = ConvSpec.from_args((1, 4, 20, 32), (4, 1, 3, 5), groups=4, padding=1, stride=2)
     assert depthwise.forward_kernels(rect, numpy.float32) == ("tiles",)  # gather: 3x3, 5x5, 7x7 only
 
