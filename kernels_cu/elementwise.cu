@@ -8,6 +8,11 @@
 //                                      dst[i] = (acc ? acc[i] : 0) + Σ_j partials[j·n + i], summed in A in the
 //                                      order j = 0, 1, ... (deterministic) and rounded to T once; acc may be
 //                                      dst itself (a running sum over turns)
+// Kernel   swap_planes<T>(src, dst, A, B, L)
+//                                      dst (B, A, L) = src (A, B, L) with the first two axes swapped, rows of L
+//                                      contiguous elements moved whole (a batch's (N, C, P·Q) as (C, N·P·Q):
+//                                      one GEMM over the batch for 1x1 layers on small planes); 32-bit indices
+//                                      (A·B·L < 2^31).
 //   T, S, D  storage types; A the arithmetic type of the sums (float or double).
 // Mapping: a grid-stride loop, one element per thread per step (coalesced over i).
 #include "common.cuh"
@@ -38,5 +43,16 @@ __global__ void sum_partials(const A* __restrict__ partials, const A* acc, T* ds
         A sum = acc ? acc[i] : A(0);
         for (i64 j = 0; j < parts; ++j) sum += partials[j * n + i];
         dst[i] = cuconv::from_acc<T>(static_cast<typename cuconv::Acc<T>::type>(sum));
+    }
+}
+
+template <typename T>
+__global__ void swap_planes(const T* __restrict__ src, T* __restrict__ dst, i64 A, i64 B, i64 L) {
+    const int a_count = static_cast<int>(A), b_count = static_cast<int>(B), l_count = static_cast<int>(L);
+    const int total = a_count * b_count * l_count;
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
+        const int l = e % l_count, t = e / l_count;
+        const int a = t % a_count, b = t / a_count;  // dst[b, a, l] = src[a, b, l]
+        dst[e] = src[(a * b_count + b) * l_count + l];
     }
 }

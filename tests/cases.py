@@ -204,6 +204,8 @@ TILING_CASES = [
     _p("depthwise_7x7_plane_5x5", (2, 5, 7, 7), (5, 1, 5, 5), groups=5, padding=2),
     _p("depthwise_dil2_3x3", (2, 3, 11, 12), (3, 1, 3, 3), groups=3, dilation=2, padding=(2, 1)),
     _p("batch1_q256_no_bias", (1, 3, 3, 257), (4, 3, 3, 2), bias=False),
+    # 1x1 on small planes: one GEMM over the batch between swaps of (N, C) (im2col_gemm.batch_folded)
+    _p("pointwise_7x7_batch_folded", (5, 40, 7, 7), (24, 40, 1, 1)),
     # implicit_gemm: two 128-filter tiles with a tail, k tiles crossing taps (C = 40), odd sizes
     _p("k200_c40_odd", (2, 40, 19, 33), (200, 40, 3, 3), padding=1),
 ]

@@ -7,7 +7,7 @@ import numpy
 
 from .. import _dtypes, _loader
 
-__all__ = ["fill", "cast", "sum_partials", "NAME_EXPRESSIONS", "STEM"]
+__all__ = ["fill", "cast", "sum_partials", "swap_planes", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "elementwise"
 _MAX_BLOCKS = 1 << 16  # the grid-stride loop covers the rest
@@ -17,7 +17,8 @@ _CASTS = (("float", "__half"), ("float", "__nv_bfloat16"))
 # Sums of partial results: kept in float (double for double), written as the sum or as the storage type.
 _SUMS = (("float", "float"), ("float", "__half"), ("float", "__nv_bfloat16"), ("double", "double"))
 NAME_EXPRESSIONS = tuple([f"fill<{t}>" for t in _dtypes.ALL_CTYPE_NAMES] + [f"cast<{s},{d}>" for s, d in _CASTS]
-                         + [f"sum_partials<{a},{t}>" for a, t in _SUMS])
+                         + [f"sum_partials<{a},{t}>" for a, t in _SUMS]
+                         + [f"swap_planes<{t}>" for t in _dtypes.ALL_CTYPE_NAMES])
 
 
 def _grid(n: int) -> tuple:
@@ -43,3 +44,11 @@ def sum_partials(acc_dtype, dst_dtype, n: int, parts: int) -> "_loader.PreparedL
     name = f"sum_partials<{_dtypes.ctype_of(acc_dtype)},{_dtypes.ctype_of(dst_dtype)}>"
     return _loader.prepare(STEM, NAME_EXPRESSIONS, name, _grid(n), (_loader.THREADS, 1, 1), 3,
                            (numpy.int64(n), numpy.int64(parts)))
+
+
+def swap_planes(dtype, a: int, b: int, length: int) -> "_loader.PreparedLaunch":
+    """A launch writing dst (b, a, length) = src (a, b, length) with the first two axes swapped (rows of
+    ``length`` elements moved whole); pointers: source, destination. Needs a·b·length < 2^31."""
+    name = f"swap_planes<{_dtypes.ctype_of(dtype)}>"
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, _grid(a * b * length), (_loader.THREADS, 1, 1), 2,
+                           (numpy.int64(a), numpy.int64(b), numpy.int64(length)))

@@ -38,8 +38,8 @@ from . import im2col as _im2col
 from .bias import fill_launch as bias_fill_launch
 from .im2col import row_pitch
 
-__all__ = ["ChunkPlan", "plan_chunks", "chunk_bytes", "wgrad_partial_samples", "prepare", "forward_gpu", "forward_cpu",
-           "dgrad_gpu", "dgrad_cpu", "wgrad_gpu", "wgrad_cpu", "cpu_matmul"]
+__all__ = ["ChunkPlan", "plan_chunks", "chunk_bytes", "wgrad_partial_samples", "batch_folded", "prepare", "forward_gpu",
+           "forward_cpu", "dgrad_gpu", "dgrad_cpu", "wgrad_gpu", "wgrad_cpu", "cpu_matmul"]
 
 
 # Below this many column-buffer bytes a problem runs as one chunk: splitting it would cost more in
@@ -266,6 +266,38 @@ def _folded(spec: ConvSpec) -> bool:
     return spec.is_pointwise_identity and spec.groups == 1 and spec.h * spec.w == 1
 
 
+# 1x1 layers on planes of fewer pixels than this: the batch's (N, C, P·Q) swapped to (C, N·P·Q), so that each
+# pass is one GEMM over the batch (a strided batch of GEMMs N·P·Q/N columns wide runs cuBLAS's slowest tiles).
+_BATCH_FOLD_MAX_PIXELS = 14 * 14
+
+
+def batch_folded(spec: ConvSpec, itemsize: int, workspace_limit: int) -> bool:
+    """Whether a pass of this 1x1 stride-1 unpadded one-group layer on small planes (2 to
+    ``_BATCH_FOLD_MAX_PIXELS`` - 1 pixels) runs as one GEMM over the batch between two ``swap_planes`` (its
+    operands swapped to (C, N·P·Q) in the workspace: both within ``workspace_limit``, below 2^31 elements)."""
+    if not (spec.is_pointwise_identity and spec.groups == 1 and 1 < spec.h * spec.w < _BATCH_FOLD_MAX_PIXELS):
+        return False
+    pixels = spec.n * spec.h * spec.w
+    elements = max(spec.c, spec.k) * pixels
+    return elements < 2**31 and (spec.c + spec.k) * pixels * itemsize + _plan.ALIGNMENT <= workspace_limit
+
+
+def _forward_batch_folded(b, spec: ConvSpec, dtype, precision: str, bias: bool) -> None:
+    """out = conv(x, w) + bias as xt (C, N·P·Q) = x swapped, outt (K, N·P·Q) = W @ xt (onto the bias, broadcast
+    along outt's rows), out = outt swapped back."""
+    item, pq = dtype.itemsize, spec.p * spec.q
+    npq = spec.n * pq
+    xt, outt = b.take(spec.c * npq * item), b.take(spec.k * npq * item)
+    b.launch(elementwise.swap_planes(dtype, spec.n, spec.c, pq), b.ref("x"), xt)
+    beta = 0.0
+    if bias:
+        b.launch(bias_fill_launch(dtype, 1, spec.k, npq), outt, b.ref("bias"))
+        beta = 1.0
+    # column-major: outtᵀ (N·PQ × K, ld N·PQ) = xtᵀ (N·PQ × C, ld N·PQ) @ Wᵀ (C × K, ld C)
+    b.gemm(dtype, precision, npq, spec.k, spec.c, xt, npq, 0, b.ref("w"), spec.c, 0, outt, npq, 0, 1, beta)
+    b.launch(elementwise.swap_planes(dtype, spec.k, spec.n, pq), outt, b.ref("out"))
+
+
 def _forward_steps(b, spec: ConvSpec, dtype, precision: str, bias: bool) -> None:
     """conv(x, w) + bias into out. With a bias, out is first filled with it and every GEMM accumulates onto it
     (beta = 1). 1x1 stride-1 unpadded: one GEMM on the input planes as they are. Otherwise chunks of im2col
@@ -273,6 +305,9 @@ def _forward_steps(b, spec: ConvSpec, dtype, precision: str, bias: bool) -> None
     the GEMM of chunk i runs (``_Overlapped``)."""
     item = dtype.itemsize
     pq = spec.p * spec.q
+    if batch_folded(spec, item, b.env.workspace_limit):
+        _forward_batch_folded(b, spec, dtype, precision, bias)
+        return
     chunks_plan = plan_chunks(spec, item, b.env.workspace_limit)
     beta = 0.0
     if bias:
@@ -366,6 +401,15 @@ def _dgrad_steps(b, spec: ConvSpec, dtype, precision: str) -> None:
         b.gemm(dtype, precision, spec.c, spec.n, spec.k, b.ref("w"), spec.c, 0, b.ref("dy"), spec.k, 0, b.ref("dx"),
                spec.c, 0, 1)
         return
+    if batch_folded(spec, item, b.env.workspace_limit):  # dyt (K, N·PQ) = dy swapped; dxt (C, N·PQ) = Wᵀ @ dyt
+        npq = spec.n * pq
+        dyt, dxt = b.take(spec.k * npq * item), b.take(spec.c * npq * item)
+        b.launch(elementwise.swap_planes(dtype, spec.n, spec.k, pq), b.ref("dy"), dyt)
+        # column-major: dxtᵀ (N·PQ × C, ld N·PQ) = dytᵀ (N·PQ × K, ld N·PQ) @ W (K × C; stored C × K, ld C)
+        b.gemm(dtype, precision, npq, spec.c, spec.k, dyt, npq, 0, b.ref("w"), spec.c, 0, dxt, npq, 0, 1,
+               trans_b="T")
+        b.launch(elementwise.swap_planes(dtype, spec.c, spec.n, pq), dxt, b.ref("dx"))
+        return
     if chunks_plan.buffers == 0:
         _dgrad_gemm(b, dtype, precision, spec, spec.n, pq, b.ref("dy"), b.ref("dx"), pq, dtype)
         return
@@ -414,6 +458,14 @@ def _wgrad_steps(b, spec: ConvSpec, dtype, precision: str) -> None:
     if _folded(spec):  # column-major: dw (C × K, ld C) = x (C × N, ld C) @ dyᵀ, dy stored (K × N, ld K)
         b.gemm(dtype, precision, spec.c, spec.k, spec.n, b.ref("x"), spec.c, 0, b.ref("dy"), spec.k, 0, dw, spec.c,
                0, 1, trans_b="T")
+        return
+    if batch_folded(spec, item, b.env.workspace_limit):  # xt (C, N·PQ), dyt (K, N·PQ): dw (K, C) = dyt @ xtᵀ
+        npq = spec.n * pq
+        xt, dyt = b.take(spec.c * npq * item), b.take(spec.k * npq * item)
+        b.launch(elementwise.swap_planes(dtype, spec.n, spec.c, pq), b.ref("x"), xt)
+        b.launch(elementwise.swap_planes(dtype, spec.n, spec.k, pq), b.ref("dy"), dyt)
+        # column-major: dw (C × K, ld C) = op(xt) (C × N·PQ; stored N·PQ × C, ld N·PQ) @ dyt (N·PQ × K, ld N·PQ)
+        b.gemm(dtype, precision, spec.c, spec.k, npq, xt, npq, 0, dyt, npq, 0, dw, spec.c, 0, 1, trans_a="T")
         return
     chunks_plan = plan_chunks(spec, item, b.env.workspace_limit, overlap=False)
     col_bytes = chunk_bytes(spec, chunks_plan.samples, chunks_plan.rows, item) if chunks_plan.buffers else 0

@@ -66,3 +66,17 @@ def test_sum_partials_in_a_fixed_order(acc_name, dst_name, with_acc):
     elementwise.sum_partials(acc_t, dst_t, n, parts)(_stream(), partials_d.data.ptr,
                                                       0 if acc_d is None else acc_d.data.ptr, out.data.ptr)
     numpy.testing.assert_array_equal(cupy.asnumpy(out), want.astype(dst_t))
+
+
+@pytest.mark.parametrize("dtype_name", EXACT_DTYPES)
+@pytest.mark.parametrize("a,b,length", [(1, 1, 1), (32, 784, 49), (3, 5, 7), (7, 2, 1)])
+def test_swap_planes_moves_rows_whole(a, b, length, dtype_name):
+    """dst (b, a, length) = src (a, b, length) with its first two axes swapped, into a NaN-poisoned buffer."""
+    import cupy
+
+    dtype = _dtypes.by_name(dtype_name)
+    src = numpy.random.default_rng(3).integers(-50, 50, size=(a, b, length)).astype(dtype)
+    src_d = cupy.asarray(src)  # referenced until the launch has run
+    out = cupy.full((b, a, length), numpy.nan, dtype=dtype)
+    elementwise.swap_planes(dtype, a, b, length)(_stream(), src_d.data.ptr, out.data.ptr)
+    numpy.testing.assert_array_equal(cupy.asnumpy(out), src.transpose(1, 0, 2))

@@ -229,35 +229,70 @@ class _HostGemm:
             cm[...] = (am @ bm + (beta * cm.astype(numpy.float64) if beta else 0.0)).astype(c_dtype)
 
 
+def _host_array(ptr, count, dtype):
+    import ctypes
+
+    return numpy.frombuffer((ctypes.c_char * (count * dtype.itemsize)).from_address(ptr), dtype=dtype)
+
+
+def _host_swap_planes(dtype, a, b, length):
+    """``elementwise.swap_planes`` on host pointers: dst (b, a, length) = src (a, b, length)."""
+    dtype = numpy.dtype(dtype)
+
+    def launch(stream, src, dst):
+        view = _host_array(src, a * b * length, dtype).reshape(a, b, length)
+        _host_array(dst, a * b * length, dtype)[...] = view.transpose(1, 0, 2).reshape(-1)
+    return launch
+
+
+def _host_bias_fill(dtype, n, k, pq):
+    """``bias.fill_launch`` on host pointers: out (n, k, pq) = bias[k]."""
+    dtype = numpy.dtype(dtype)
+
+    def launch(stream, out, bias):
+        b = _host_array(bias, k, dtype)
+        _host_array(out, n * k * pq, dtype)[...] = numpy.broadcast_to(b[None, :, None], (n, k, pq)).reshape(-1)
+    return launch
+
+
 @pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32, numpy.float16], ids=lambda d: numpy.dtype(d).name)
-@pytest.mark.parametrize("x_shape,k", [((3, 7, 5, 6), 4), ((2, 16, 1, 1), 9), ((1, 5, 3, 1), 12)],
-                         ids=["planes", "one_pixel", "batch1"])
+@pytest.mark.parametrize("x_shape,k", [((3, 7, 5, 6), 4), ((2, 16, 1, 1), 9), ((1, 5, 3, 1), 12), ((2, 3, 15, 14), 5)],
+                         ids=["small_planes", "one_pixel", "batch1", "planes"])
 def test_pointwise_gemm_arguments_on_host_memory(x_shape, k, dtype, monkeypatch):
-    """A 1x1 stride-1 layer's forward (no bias) and dgrad are cuBLAS GEMMs alone: their plans, run on host
-    memory with the GEMM emulated, equal the CPU path bit for bit on integers (the leading dimensions, strides,
-    transposes and batch of each GEMM, checked without a GPU)."""
+    """A 1x1 stride-1 layer's passes as cuBLAS GEMMs: on 1x1 planes one GEMM each; on small planes one GEMM over
+    the batch between swaps of the first two axes (``batch_folded``; the forward with its bias); on larger
+    planes the forward and dgrad one strided batch of GEMMs. Their plans, run on host memory with the GEMM, the
+    swaps and the bias fill emulated, equal the CPU path bit for bit on integers (the leading dimensions,
+    strides, transposes and batch of each GEMM, checked without a GPU)."""
     import cuconv
     from cuconv import _cublas, _plan
-    from cuconv.families import im2col_gemm
+    from cuconv.families import elementwise, im2col_gemm
 
     monkeypatch.setattr(_cublas, "PreparedGemm", _HostGemm)
+    monkeypatch.setattr(elementwise, "swap_planes", _host_swap_planes)
+    monkeypatch.setattr(im2col_gemm, "bias_fill_launch", _host_bias_fill)
     env = _plan.Env(0, GiB, 227 << 10, True, 132, 228 << 10, True)
     rng = numpy.random.default_rng(4)
     spec = ConvSpec.from_args(x_shape, (k, x_shape[1], 1, 1))
+    folded = im2col_gemm.batch_folded(spec, numpy.dtype(dtype).itemsize, env.workspace_limit)
+    assert folded == (1 < spec.h * spec.w < 196)
     x = rng.integers(-3, 4, spec.input_shape).astype(dtype)
     w = rng.integers(-3, 4, spec.weight_shape).astype(dtype)
+    bias = rng.integers(-3, 4, (k,)).astype(dtype)
     dy = rng.integers(-3, 4, spec.output_shape).astype(dtype)
     out, dx = numpy.full(spec.output_shape, numpy.nan, dtype), numpy.full(spec.input_shape, numpy.nan, dtype)
-    for pass_, ptrs in (("fprop", (x.ctypes.data, w.ctypes.data, 0, out.ctypes.data)),
-                        ("dgrad", (dy.ctypes.data, w.ctypes.data, dx.ctypes.data))):
-        plan = im2col_gemm.prepare(pass_, spec, dtype, "ieee", env)
-        assert {type(step).__name__ for step in plan.steps} == {"Gemm"}
-        plan.run(ptrs, 0, 0)
-    numpy.testing.assert_array_equal(out, cuconv.conv2d(x, w))
+    dw = numpy.full(spec.weight_shape, numpy.nan, dtype)
+    passes = [("fprop", (x.ctypes.data, w.ctypes.data, bias.ctypes.data if folded else 0, out.ctypes.data)),
+              ("dgrad", (dy.ctypes.data, w.ctypes.data, dx.ctypes.data))]
+    if folded or spec.h * spec.w == 1:
+        passes.append(("wgrad", (x.ctypes.data, dy.ctypes.data, dw.ctypes.data)))
+    for pass_, ptrs in passes:
+        plan = im2col_gemm.prepare(pass_, spec, dtype, "ieee", env, **({"bias": folded} if pass_ == "fprop" else {}))
+        gemms = [step for step in plan.steps if type(step).__name__ == "Gemm"]
+        assert len(gemms) == 1 if (folded or spec.h * spec.w == 1) else gemms == list(plan.steps)
+        workspace = numpy.zeros(max(plan.workspace, 1), numpy.uint8)
+        plan.run(ptrs, 0, workspace.ctypes.data)
+    numpy.testing.assert_array_equal(out, cuconv.conv2d(x, w, bias if folded else None))
     numpy.testing.assert_array_equal(dx, cuconv.conv2d_input(x.shape, w, dy))
-    if spec.h * spec.w == 1:  # 1x1 planes: wgrad is one GEMM over the batch too
-        dw = numpy.full(spec.weight_shape, numpy.nan, dtype)
-        plan = im2col_gemm.prepare("wgrad", spec, dtype, "ieee", env)
-        assert {type(step).__name__ for step in plan.steps} == {"Gemm"} and len(plan.steps) == 1
-        plan.run((x.ctypes.data, dy.ctypes.data, dw.ctypes.data), 0, 0)
+    if len(passes) == 3:
         numpy.testing.assert_array_equal(dw, cuconv.conv2d_weight(x, w.shape, dy))
