@@ -74,20 +74,22 @@ def test_winograd_fused_takes_3x3_layers_with_few_channels_and_many_filters(c, k
 def test_pointwise_layers_take_a_gemm_except_small_planes_on_wgmma(dtype, precision, hw, wgmma, expected):
     """1x1 stride-1 forwards at tensor-core precisions: cuBLASLt's GEMM per sample (im2col_gemm), except on
     planes below 14x14 on a device that runs wgmma, where implicit_gemm's NchwTile reads the input as it is, but
-    squeeze-excitation's 1x1 planes (the batch one short GEMM); the choice is memoized with the device's answer."""
-    spec = cuconv.ConvSpec.from_args((32, 256, hw, hw), (64, 256, 1, 1))
+    squeeze-excitation's 1x1 planes (the batch one short GEMM); the choice is memoized with the device's answer.
+    A widening layer (64 -> 256): im2col_gemm's GEMM over the batch would have a short reduction."""
+    spec = cuconv.ConvSpec.from_args((32, 64, hw, hw), (256, 64, 1, 1))
     limits = {"smem_limit": 227 << 10, "workspace_limit": cuconv.config.workspace_limit}
     assert registry._select_algorithm(spec, dtype, precision, True, "fprop", wgmma=wgmma, **limits) == expected
     dgrad = (spec, dtype, precision, True, "dgrad")  # a GEMM (few channels x filters: implicit_gemm's slower)
     assert registry._select_algorithm(*dgrad, wgmma=wgmma, **limits) == "im2col_gemm"
 
 
-@pytest.mark.parametrize("hw,c,k,expected", [(7, 512, 2048, "implicit_gemm"), (7, 1152, 192, "implicit_gemm"),
-                                             (7, 672, 160, "im2col_gemm"), (14, 1024, 256, "im2col_gemm"),
-                                             (1, 960, 240, "im2col_gemm")])
+@pytest.mark.parametrize("hw,c,k,expected", [(7, 512, 2048, "im2col_gemm"), (7, 2048, 512, "implicit_gemm"),
+                                             (7, 1152, 192, "implicit_gemm"), (7, 672, 160, "im2col_gemm"),
+                                             (14, 1024, 256, "im2col_gemm"), (1, 960, 240, "im2col_gemm")])
 def test_pointwise_dgrad_takes_implicit_gemm_on_small_planes_with_many_weights(hw, c, k, expected):
-    """1x1 stride-1 dgrad on a wgmma device: implicit_gemm's forward of dy where N·H·W is 1024 to 4095 and C·K
-    at least 150000 (7x7 planes of the models' deep layers), cuBLASLt's GEMMs elsewhere."""
+    """1x1 stride-1 dgrad on a wgmma device: implicit_gemm's forward of dy where N·H·W is 1024 to 4095, C·K
+    at least 150000 and the layer narrows (K < C; otherwise im2col_gemm's one GEMM over the batch), cuBLASLt's
+    GEMMs elsewhere."""
     spec = cuconv.ConvSpec.from_args((32, c, hw, hw), (k, c, 1, 1))
     limits = {"smem_limit": 227 << 10, "workspace_limit": cuconv.config.workspace_limit}
     for dtype, precision in ((_F16, "ieee"), (_F32, "tf32")):
@@ -96,15 +98,17 @@ def test_pointwise_dgrad_takes_implicit_gemm_on_small_planes_with_many_weights(h
 
 @pytest.mark.parametrize("hw,c,k,groups,dtype,expected", [
     (1, 960, 240, 1, _F32, "im2col_gemm"), (1, 32, 8, 1, _F16, "im2col_gemm"), (1, 64, 64, 4, _F16, "implicit_gemm"),
-    (7, 960, 240, 1, _F32, "implicit_gemm"), (14, 960, 240, 1, _F32, "im2col_gemm"),
+    (7, 960, 240, 1, _F32, "im2col_gemm"), (7, 2048, 512, 1, _F32, "implicit_gemm"),
+    (14, 960, 240, 1, _F32, "im2col_gemm"),
     (14, 960, 240, 1, _F16, "implicit_gemm"), (28, 960, 240, 1, _F16, "im2col_gemm"),
-    (14, 480, 112, 1, _F16, "im2col_gemm"), (7, 480, 112, 1, _F16, "implicit_gemm"),
-], ids=["se_tf32", "se_fp16", "se_grouped", "7_tf32", "14_tf32", "14_fp16", "28_fp16", "14_fp16_small_weight",
-        "7_fp16_small_weight"])
+    (14, 480, 112, 1, _F16, "im2col_gemm"), (7, 480, 112, 1, _F16, "im2col_gemm"),
+    (13, 960, 240, 4, _F16, "implicit_gemm"),
+], ids=["se_tf32", "se_fp16", "se_grouped", "7_tf32", "7_tf32_large_weight", "14_tf32", "14_fp16", "28_fp16",
+        "14_fp16_small_weight", "7_fp16", "13_fp16_grouped"])
 def test_pointwise_wgrad_takes_a_gemm_on_large_planes_and_on_1x1_planes(hw, c, k, groups, dtype, expected):
     """1x1 stride-1 wgrad at tensor-core precisions: cuBLASLt's GEMMs from 14x14 planes (TF32) or 28x28 (half
-    types; 14x14 where C·K < 90000) and on squeeze-excitation's 1x1 planes of one group (one GEMM over the
-    batch), implicit_gemm between."""
+    types; 14x14 where C·K < 90000), on squeeze-excitation's 1x1 planes of one group, and on smaller planes of
+    one group below C·K = 2^20 (one GEMM over the batch), implicit_gemm between."""
     spec = cuconv.ConvSpec.from_args((32, c, hw, hw), (k, c // groups, 1, 1), groups=groups)
     precision = "tf32" if dtype == _F32 else "ieee"
     assert cuconv.select_algorithm(spec, dtype, precision, True, "wgrad") == expected

@@ -38,8 +38,8 @@ from . import im2col as _im2col
 from .bias import fill_launch as bias_fill_launch
 from .im2col import row_pitch
 
-__all__ = ["ChunkPlan", "plan_chunks", "chunk_bytes", "wgrad_partial_samples", "batch_folded", "prepare", "forward_gpu",
-           "forward_cpu", "dgrad_gpu", "dgrad_cpu", "wgrad_gpu", "wgrad_cpu", "cpu_matmul"]
+__all__ = ["ChunkPlan", "plan_chunks", "chunk_bytes", "wgrad_partial_samples", "batch_folded", "BATCH_FOLD_MAX_PIXELS",
+           "prepare", "forward_gpu", "forward_cpu", "dgrad_gpu", "dgrad_cpu", "wgrad_gpu", "wgrad_cpu", "cpu_matmul"]
 
 
 # Below this many column-buffer bytes a problem runs as one chunk: splitting it would cost more in
@@ -268,14 +268,14 @@ def _folded(spec: ConvSpec) -> bool:
 
 # 1x1 layers on planes of fewer pixels than this: the batch's (N, C, P·Q) swapped to (C, N·P·Q), so that each
 # pass is one GEMM over the batch (a strided batch of GEMMs N·P·Q/N columns wide runs cuBLAS's slowest tiles).
-_BATCH_FOLD_MAX_PIXELS = 14 * 14
+BATCH_FOLD_MAX_PIXELS = 14 * 14
 
 
 def batch_folded(spec: ConvSpec, itemsize: int, workspace_limit: int) -> bool:
     """Whether a pass of this 1x1 stride-1 unpadded one-group layer on small planes (2 to
-    ``_BATCH_FOLD_MAX_PIXELS`` - 1 pixels) runs as one GEMM over the batch between two ``swap_planes`` (its
+    ``BATCH_FOLD_MAX_PIXELS`` - 1 pixels) runs as one GEMM over the batch between two ``swap_planes`` (its
     operands swapped to (C, N·P·Q) in the workspace: both within ``workspace_limit``, below 2^31 elements)."""
-    if not (spec.is_pointwise_identity and spec.groups == 1 and 1 < spec.h * spec.w < _BATCH_FOLD_MAX_PIXELS):
+    if not (spec.is_pointwise_identity and spec.groups == 1 and 1 < spec.h * spec.w < BATCH_FOLD_MAX_PIXELS):
         return False
     pixels = spec.n * spec.h * spec.w
     elements = max(spec.c, spec.k) * pixels
