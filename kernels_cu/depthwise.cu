@@ -17,9 +17,10 @@
 //       plane (n, k) and thread blockIdx.y·256 + threadIdx.x of it, or with kFlat (small planes, whose few
 //       strips would leave a block per plane nearly empty and the SM at its resident-block limit) thread
 //       blockIdx.x·256 + threadIdx.x of the (plane, strip, column) items flat over the batch, owns output
-//       column q and a strip of rows_per_strip consecutive output rows, walking down them with the KR input rows it reads held in
-//       registers (KS columns each): per output row, KS loads of one new input row (neighbouring lanes read
-//       neighbouring columns: coalesced, the overlap served by L1), KR·KS FMAs and one coalesced store.
+//       column q and a strip of rows_per_strip consecutive output rows, walking down them with the KR input
+//       rows it reads held in registers (KS columns each): per output row, KS loads of one new input row
+//       (neighbouring lanes read neighbouring columns: coalesced, the overlap served by L1), KR·KS FMAs and one
+//       coalesced store.
 //   depthwise_fwd_rows<T, KR, KS, kSegmented>(x, w, bias, out, ..., slots, strips, segs, seg_lanes,
 //                                             rows_per_strip)
 //       stride = dilation = 1, KS odd with its centred padding left and right (Q == W), rows of a multiple
@@ -45,6 +46,9 @@
 //       3×3, 5×5, 7×7 at any stride and dilation: one thread per output, flat over the batch's planes (small
 //       planes and strided layers, where a tile or a strip per plane leaves most threads idle); the window
 //       comes through L1.
+//   depthwise_fwd_gather2<T, KR, KS, SW>(x, w, bias, out, DwGeometry)
+//       the gather at dilation 1 and column stride SW = 1 or 2: two neighbouring outputs per thread, their
+//       shared window columns loaded once.
 //   depthwise_dgrad_s2<T, KR, KS>(dy, w, dx, DwGeometry)
 //       stride 2×2, dilation 1, 3×3, 5×5, 7×7: one thread per 2×2 quad of dx, each tap serving exactly one
 //       of the four (their parities are the same for every quad).
@@ -612,6 +616,51 @@ depthwise_fwd_gather(const T* __restrict__ x, const T* __restrict__ w, const T* 
             }
         }
         out[idx] = cuconv::from_acc<T>(acc);
+    }
+}
+
+// The same at dilation 1 and a column stride SW of 1 or 2, two neighbouring outputs (p, 2j) and (p, 2j + 1) per
+// thread: their windows share KS - SW columns, so a window row is KS + SW loads for two outputs, not 2·KS.
+template <typename T, int KR, int KS, int SW>
+__global__ void __launch_bounds__(256)
+depthwise_fwd_gather2(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                      T* __restrict__ out, DwGeometry g) {
+    typedef typename cuconv::Acc<T>::type Acc;
+    constexpr int kCols = KS + SW;  // window columns iw0 .. iw0 + SW + KS - 1
+    const int pairs = (g.q + 1) / 2;
+    for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < g.total; idx += gridDim.x * blockDim.x) {
+        const int j = idx % pairs;
+        const int t = idx / pairs;
+        const int p = t % g.p;
+        const int plane = t / g.p;  // n * K + k
+        const int k = plane % g.k, n = plane / g.k;
+        const T* __restrict__ x_plane = x + (static_cast<i64>(n) * g.c + k / g.mult) * g.h * g.w;
+        const T* __restrict__ w_k = w + static_cast<i64>(k) * (KR * KS);
+        const int q = 2 * j;
+        const int ih0 = p * g.stride_h - g.pad_top, iw0 = q * SW - g.pad_left;
+        bool col_ok[kCols];
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) col_ok[c] = static_cast<unsigned>(iw0 + c) < static_cast<unsigned>(g.w);
+        const Acc b = bias != nullptr ? cuconv::to_acc(bias[k]) : Acc(0);
+        Acc acc0 = b, acc1 = b;
+#pragma unroll
+        for (int r = 0; r < KR; ++r) {
+            const int ih = ih0 + r;
+            if (static_cast<unsigned>(ih) >= static_cast<unsigned>(g.h)) continue;
+            const T* __restrict__ row = x_plane + ih * g.w + iw0;
+            Acc v[kCols];
+#pragma unroll
+            for (int c = 0; c < kCols; ++c) v[c] = col_ok[c] ? cuconv::to_acc(row[c]) : Acc(0);
+#pragma unroll
+            for (int s = 0; s < KS; ++s) {
+                const Acc wv = cuconv::to_acc(w_k[r * KS + s]);
+                acc0 = fma(wv, v[s], acc0);
+                acc1 = fma(wv, v[s + SW], acc1);
+            }
+        }
+        T* __restrict__ out_row = out + static_cast<i64>(plane) * g.p * g.q + p * g.q;
+        out_row[q] = cuconv::from_acc<T>(acc0);
+        if (q + 1 < g.q) out_row[q + 1] = cuconv::from_acc<T>(acc1);
     }
 }
 

@@ -59,6 +59,7 @@ NAME_EXPRESSIONS = tuple(
     + [f"depthwise_fwd_rows<{t},{r},{s},{seg}>" for t in _dtypes.ALL_CTYPE_NAMES
        for r, s in _ROWS_KERNELS[t != "double"] for seg in ("false", "true")]
     + [f"depthwise_fwd_gather<{t},{r},{r}>" for t in _dtypes.ALL_CTYPE_NAMES for r in (3, 5, 7)]
+    + [f"depthwise_fwd_gather2<{t},{r},{r},{sw}>" for t in _dtypes.ALL_CTYPE_NAMES for r in (3, 5, 7) for sw in (1, 2)]
     + [f"depthwise_dgrad_s2<{t},{r},{r}>" for t in _dtypes.ALL_CTYPE_NAMES for r in (3, 5, 7)]
     + [f"depthwise_dgrad<{t},{u},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for u in ("true", "false")
        for i in ("int", "long long")]
@@ -347,9 +348,9 @@ def _forward_prepared(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool,
 
 def forward_kernels(spec: ConvSpec, dtype, x_aligned: bool = True, out_aligned: bool = True) -> tuple:
     """The forward kernels of ``FORWARD_KERNELS`` that can serve this depthwise convolution, by preference:
-    ``gather`` first at a stride or dilation above 1, then ``rows`` (``rows_layout``; 16-byte aligned input and output), ``plane`` (``plane_plan``; aligned
-    input), ``strips`` (``strips_plan``), ``gather`` (3x3, 5x5, 7x7, tensors below 2^31 elements), ``tiles``
-    (any geometry whose tiles fit the grid)."""
+    ``gather`` first at a stride or dilation above 1, then ``rows`` (``rows_layout``; 16-byte aligned input and
+    output), ``plane`` (``plane_plan``; aligned input), ``strips`` (``strips_plan``), ``gather`` (3x3, 5x5,
+    7x7, tensors below 2^31 elements), ``tiles`` (any geometry whose tiles fit the grid)."""
     gather = (spec.r, spec.s) in _FIXED_KERNELS and spec.r == spec.s and _fits_int(spec)
     gather_first = gather and (spec.stride != (1, 1) or spec.dilation != (1, 1))
     out = ["gather"] if gather_first else []
@@ -382,10 +383,14 @@ def _forward_launch(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, s
         kernel = usable[0]
     elif kernel not in usable:
         raise NotImplementedError(f"cuconv: depthwise's {kernel} forward kernel cannot serve this convolution")
-    if kernel == "gather":
-        total = spec.n * spec.k * spec.p * spec.q
-        return (f"depthwise_fwd_gather<{ctype},{spec.r},{spec.s}>", (_loader.blocks(total, 1 << 20), 1, 1),
-                (_THREADS, 1, 1), 0, (_dw_geometry(spec, total),))
+    if kernel == "gather":  # two outputs a thread where their windows share columns (dilation 1, stride_w <= 2)
+        if spec.dilation == (1, 1) and spec.stride[1] in (1, 2):
+            total = spec.n * spec.k * spec.p * -(-spec.q // 2)
+            name = f"depthwise_fwd_gather2<{ctype},{spec.r},{spec.s},{spec.stride[1]}>"
+        else:
+            total = spec.n * spec.k * spec.p * spec.q
+            name = f"depthwise_fwd_gather<{ctype},{spec.r},{spec.s}>"
+        return name, (_loader.blocks(total, 1 << 20), 1, 1), (_THREADS, 1, 1), 0, (_dw_geometry(spec, total),)
     if kernel == "rows":
         name, grid, geometry = _rows_launch(spec, dtype, rows_layout(spec, dtype), device)
         return name, grid, (_THREADS, 1, 1), 0, geometry

@@ -464,7 +464,7 @@ def _wgrad_steps(b, spec: ConvSpec, dtype, precision: str) -> None:
         xt, dyt = b.take(spec.c * npq * item), b.take(spec.k * npq * item)
         b.launch(elementwise.swap_planes(dtype, spec.n, spec.c, pq), b.ref("x"), xt)
         b.launch(elementwise.swap_planes(dtype, spec.n, spec.k, pq), b.ref("dy"), dyt)
-        # column-major: dw (C × K, ld C) = op(xt) (C × N·PQ; stored N·PQ × C, ld N·PQ) @ dyt (N·PQ × K, ld N·PQ)
+        # column-major: dw (C × K, ld C) = op(xt) (C × N·PQ; stored N·PQ × C) @ dyt (N·PQ × K), ld N·PQ both
         b.gemm(dtype, precision, spec.c, spec.k, npq, xt, npq, 0, dyt, npq, 0, dw, spec.c, 0, 1, trans_a="T")
         return
     chunks_plan = plan_chunks(spec, item, b.env.workspace_limit, overlap=False)
