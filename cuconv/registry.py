@@ -165,9 +165,10 @@ def _batch_folded(spec: ConvSpec) -> bool:
 
 
 def _pointwise_wgrad_by_gemm(spec: ConvSpec, dtype) -> bool:
-    """A 1x1 stride-1 unpadded wgrad for im2col_gemm: on large planes, or on squeeze-excitation's 1x1 planes of
-    one group, where x, dy and dw are plain matrices and the wgrad is one GEMM over the batch (2-3x faster than
-    implicit_gemm's split tiles)."""
+    """A 1x1 stride-1 unpadded wgrad for im2col_gemm: on squeeze-excitation's 1x1 planes of one group (x, dy and
+    dw are plain matrices: one GEMM over the batch, 2-3x faster than implicit_gemm's split tiles), on planes
+    below 14x14 of one group and a weight below ``_BATCH_FOLDED_WGRAD_MAX_WEIGHT`` (one GEMM over the batch
+    between swaps), and on large planes (``_POINTWISE_WGRAD_GEMM_MIN_PIXELS_*``)."""
     if not spec.is_pointwise_identity:
         return False
     if spec.h * spec.w == 1 and spec.groups == 1:

@@ -31,7 +31,7 @@ def fill_launch(dtype, n: int, k: int, pq: int) -> "_loader.PreparedLaunch":
     if planes == 0 or pq == 0:
         return None
     total = planes * pq
-    if pq < _SMALL_PLANE and total < 2**31:
+    if pq < _SMALL_PLANE and total < 2**30:  # 32-bit: an index plus the grid stride (< 2^24) below 2^31
         name = f"bias_fill_flat<{_dtypes.ctype_of(dtype)}>"
         return _loader.prepare(STEM, NAME_EXPRESSIONS, name, (_loader.blocks(total), 1, 1), (_loader.THREADS, 1, 1),
                                2, (numpy.int64(k), numpy.int64(pq), numpy.int64(total)))

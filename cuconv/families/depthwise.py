@@ -84,8 +84,9 @@ def _dw_geometry(spec: ConvSpec, total: int, rows: int = 0, strips: int = 0, chu
 
 
 def _fits_int(spec: ConvSpec) -> bool:
-    """The gather kernels decode and index in 32 bits: every tensor below 2^31 elements."""
-    return max(spec.n * spec.c * spec.h * spec.w, spec.n * spec.k * spec.p * spec.q) < 2**31
+    """The gather kernels decode and index in 32 bits: every tensor below 2^30 elements (an index plus a grid
+    stride, below 2^28, stays below 2^31)."""
+    return max(spec.n * spec.c * spec.h * spec.w, spec.n * spec.k * spec.p * spec.q) < 2**30
 
 
 def _is_depthwise(spec: ConvSpec) -> bool:
@@ -170,7 +171,7 @@ def _strips(spec: ConvSpec):
 def strips_plan(spec: ConvSpec):
     """(rows per strip, strips per plane) for ``depthwise_fwd_strips`` (``_strips``), or None where that kernel
     does not apply (it needs stride = dilation = 1, a 3×3, 5×5 or 7×7 kernel, and fewer than 2^31 items:
-    (plane, strip, column) triples, a thread each; a block per plane is at most 65535 blocks of them)."""
+    (plane, strip, column) triples, a thread each, and at most 65535 blocks of them a plane)."""
     if spec.stride != (1, 1) or spec.dilation != (1, 1) or (spec.r, spec.s) not in _FIXED_KERNELS:
         return None
     rows, strips, _ = _strips(spec)
@@ -465,7 +466,7 @@ _WGRAD_STRIP_ROWS = 16  # depthwise_wgrad_strips: output rows per strip at most 
 def wgrad_strips_plan(spec: ConvSpec, sm_count: int):
     """(rows per strip, strips per plane, items per block, blocks per channel) of ``depthwise_wgrad_strips``,
     or None where it does not apply: it needs a 3x3, 5x5 or 7x7 kernel, dilation 1, a row stride of 1 or 2,
-    and 32-bit indices. Items (sample, strip, column) of a channel are cut into blocks of whole passes of 256
+    and 32-bit indices (``_fits_int``). Items (sample, strip, column) of a channel are cut into blocks of whole passes of 256
     threads, about eight blocks per SM over all channels, at least two items per thread where there are
     enough."""
     if ((spec.r, spec.s) not in _FIXED_KERNELS or spec.r != spec.s or spec.dilation != (1, 1)

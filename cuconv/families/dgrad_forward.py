@@ -58,7 +58,7 @@ def flip_launch(spec: ConvSpec, dtype) -> "_loader.PreparedLaunch":
     shape = numpy.array((spec.groups, spec.k_per_group, spec.c_per_group, spec.r * spec.s, c_tiles, 0),
                         dtype=FLIP_SHAPE_DTYPE)[()]
     ctype = _dtypes.ctype_of(dtype)
-    if min(spec.k_per_group, spec.c_per_group) < _TILE:
+    if min(spec.k_per_group, spec.c_per_group) < _TILE and total < 2**30:  # (32-bit grid-stride loop)
         return _loader.prepare(STEM, NAME_EXPRESSIONS, f"flip_weight_elementwise<{ctype}>",
                                (_loader.blocks(total), 1, 1), (_loader.THREADS, 1, 1), 2, (shape,))
     return _loader.prepare(STEM, NAME_EXPRESSIONS, f"flip_weight<{ctype}>",

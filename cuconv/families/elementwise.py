@@ -48,7 +48,8 @@ def sum_partials(acc_dtype, dst_dtype, n: int, parts: int) -> "_loader.PreparedL
 
 def swap_planes(dtype, a: int, b: int, length: int) -> "_loader.PreparedLaunch":
     """A launch writing dst (b, a, length) = src (a, b, length) with the first two axes swapped (rows of
-    ``length`` elements moved whole); pointers: source, destination. Needs a·b·length < 2^31."""
+    ``length`` elements moved whole); pointers: source, destination. Needs a·b·length < 2^30 (32-bit indices
+    plus the grid stride)."""
     name = f"swap_planes<{_dtypes.ctype_of(dtype)}>"
     return _loader.prepare(STEM, NAME_EXPRESSIONS, name, _grid(a * b * length), (_loader.THREADS, 1, 1), 2,
                            (numpy.int64(a), numpy.int64(b), numpy.int64(length)))

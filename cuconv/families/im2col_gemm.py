@@ -267,19 +267,20 @@ def _folded(spec: ConvSpec) -> bool:
 
 
 # 1x1 layers on planes of fewer pixels than this: the batch's (N, C, P·Q) swapped to (C, N·P·Q), so that each
-# pass is one GEMM over the batch (a strided batch of GEMMs N·P·Q/N columns wide runs cuBLAS's slowest tiles).
+# pass is one GEMM over the batch (a strided batch of GEMMs P·Q columns wide runs cuBLAS's slowest tiles).
 BATCH_FOLD_MAX_PIXELS = 14 * 14
 
 
 def batch_folded(spec: ConvSpec, itemsize: int, workspace_limit: int) -> bool:
     """Whether a pass of this 1x1 stride-1 unpadded one-group layer on small planes (2 to
     ``BATCH_FOLD_MAX_PIXELS`` - 1 pixels) runs as one GEMM over the batch between two ``swap_planes`` (its
-    operands swapped to (C, N·P·Q) in the workspace: both within ``workspace_limit``, below 2^31 elements)."""
+    operands swapped to (C, N·P·Q) in the workspace: both within ``workspace_limit``, below 2^30 elements for
+    the swaps' 32-bit grid-stride loop)."""
     if not (spec.is_pointwise_identity and spec.groups == 1 and 1 < spec.h * spec.w < BATCH_FOLD_MAX_PIXELS):
         return False
     pixels = spec.n * spec.h * spec.w
     elements = max(spec.c, spec.k) * pixels
-    return elements < 2**31 and (spec.c + spec.k) * pixels * itemsize + _plan.ALIGNMENT <= workspace_limit
+    return elements < 2**30 and (spec.c + spec.k) * pixels * itemsize + _plan.ALIGNMENT <= workspace_limit
 
 
 def _forward_batch_folded(b, spec: ConvSpec, dtype, precision: str, bias: bool) -> None:
