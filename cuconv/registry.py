@@ -153,15 +153,11 @@ _POINTWISE_WGRAD_GEMM_MIN_PIXELS_HALF = (28 * 28, 14 * 14, 90000)
 _POINTWISE_WGRAD_GEMM_MIN_PIXELS_TF32 = 14 * 14
 
 
-# 1x1 layers of one group on planes below 14x14: im2col_gemm runs each pass as one GEMM over the batch between
-# swaps of (N, C) (``im2col_gemm.batch_folded``). Measured against implicit_gemm on 7x7 planes: its forward wins
+# 1x1 layers of one group on planes below 14x14 (``im2col_gemm.batch_foldable``): im2col_gemm runs each pass as
+# one GEMM over the batch between swaps of (N, C). Measured against implicit_gemm on 7x7 planes: its forward wins
 # where the layer does not widen (C >= K; widening ones have too short a reduction for the swaps' cost), its dgrad
 # where the layer does not narrow (K >= C), its wgrad below C·K = 2^20 (7x7 at batch 32, TF32 and bf16).
 _BATCH_FOLDED_WGRAD_MAX_WEIGHT = 1 << 20
-
-
-def _batch_folded(spec: ConvSpec) -> bool:
-    return spec.is_pointwise_identity and spec.groups == 1 and 1 < spec.h * spec.w < im2col_gemm.BATCH_FOLD_MAX_PIXELS
 
 
 def _pointwise_wgrad_by_gemm(spec: ConvSpec, dtype) -> bool:
@@ -171,9 +167,9 @@ def _pointwise_wgrad_by_gemm(spec: ConvSpec, dtype) -> bool:
     between swaps), and on large planes (``_POINTWISE_WGRAD_GEMM_MIN_PIXELS_*``)."""
     if not spec.is_pointwise_identity:
         return False
-    if spec.h * spec.w == 1 and spec.groups == 1:
+    if im2col_gemm.pixel_folded(spec):
         return True
-    if _batch_folded(spec):
+    if im2col_gemm.batch_foldable(spec):
         return spec.c * spec.k < _BATCH_FOLDED_WGRAD_MAX_WEIGHT
     pixels = spec.p * spec.q
     if numpy.dtype(dtype).itemsize != 2:
@@ -191,7 +187,7 @@ _POINTWISE_DGRAD_IMPLICIT_MIN_WEIGHT = 150000    # C·K
 
 
 def _pointwise_dgrad_by_implicit(spec: ConvSpec) -> bool:
-    if _batch_folded(spec) and spec.k >= spec.c:
+    if im2col_gemm.batch_foldable(spec) and spec.k >= spec.c:
         return False
     low, high = _POINTWISE_DGRAD_IMPLICIT_PIXELS
     return low <= spec.n * spec.h * spec.w < high and spec.c * spec.k_per_group >= _POINTWISE_DGRAD_IMPLICIT_MIN_WEIGHT
@@ -219,10 +215,10 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
       32 filters in the pass or several groups (im2col_gemm's GEMM per group is many times slower), except 1x1
       stride-1 unpadded layers (a plain GEMM for im2col_gemm) unless, on a device that runs wgmma, the pass is a
       forward on small planes (``_POINTWISE_GEMM_MIN_PIXELS``) but squeeze-excitation's 1x1 ones
-      (``_POINTWISE_IMPLICIT_MIN_OUTPUTS``) and the non-widening ones that im2col_gemm folds over the batch
-      (``_batch_folded``), where implicit_gemm's NchwTile reads them as they are, or a dgrad on small planes
-      with many channels and filters (``_pointwise_dgrad_by_implicit``): ``implicit_gemm``, which never writes
-      the column matrix;
+      (``_POINTWISE_IMPLICIT_MIN_OUTPUTS``) and the non-widening ones im2col_gemm folds over the batch
+      (``im2col_gemm.batch_foldable``), where implicit_gemm's NchwTile reads them as they are, or a dgrad on
+      small planes with many channels and filters (``_pointwise_dgrad_by_implicit``): ``implicit_gemm``, which
+      never writes the column matrix;
     - tensor-core arithmetic, wgrad (grouped ones too: all groups in one launch), except 1x1 stride-1 unpadded
       layers on large planes, on 1x1 planes, or folded over the batch (``_pointwise_wgrad_by_gemm``):
       ``implicit_gemm`` (the forward kernels
@@ -244,7 +240,7 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
         (wgmma and pass_ == "fprop" and implicit_gemm.nchw_fits(spec, dtype)
          and spec.p * spec.q < _POINTWISE_GEMM_MIN_PIXELS
          and spec.n * spec.p * spec.q >= _POINTWISE_IMPLICIT_MIN_OUTPUTS
-         and not (_batch_folded(spec) and spec.c >= spec.k))
+         and not (im2col_gemm.batch_foldable(spec) and spec.c >= spec.k))
         or (wgmma and pass_ == "dgrad" and _pointwise_dgrad_by_implicit(spec)))
     many_filters = filters is not None and (filters >= _IMPLICIT_GEMM_MIN_FILTERS or spec.groups > 1)
     if not ffma and many_filters and not pointwise:

@@ -38,8 +38,9 @@ from . import im2col as _im2col
 from .bias import fill_launch as bias_fill_launch
 from .im2col import row_pitch
 
-__all__ = ["ChunkPlan", "plan_chunks", "chunk_bytes", "wgrad_partial_samples", "batch_folded", "BATCH_FOLD_MAX_PIXELS",
-           "prepare", "forward_gpu", "forward_cpu", "dgrad_gpu", "dgrad_cpu", "wgrad_gpu", "wgrad_cpu", "cpu_matmul"]
+__all__ = ["ChunkPlan", "plan_chunks", "chunk_bytes", "wgrad_partial_samples", "pixel_folded", "batch_foldable",
+           "batch_folded", "BATCH_FOLD_MAX_PIXELS", "prepare", "forward_gpu", "forward_cpu", "dgrad_gpu", "dgrad_cpu",
+           "wgrad_gpu", "wgrad_cpu", "cpu_matmul"]
 
 
 # Below this many column-buffer bytes a problem runs as one chunk: splitting it would cost more in
@@ -259,7 +260,7 @@ def _forward_gemm(b, dtype, precision, spec, nb, length, col, col_ld, out, beta,
                kg * pq * item, beta)
 
 
-def _folded(spec: ConvSpec) -> bool:
+def pixel_folded(spec: ConvSpec) -> bool:
     """A 1x1 stride-1 unpadded layer of one group on 1x1 planes (squeeze-excitation's): x (N, C), dy (N, K) and
     w (K, C) are plain matrices, and each pass is one GEMM over the batch instead of a batch of GEMMs of one
     column or of outer products."""
@@ -271,12 +272,16 @@ def _folded(spec: ConvSpec) -> bool:
 BATCH_FOLD_MAX_PIXELS = 14 * 14
 
 
+def batch_foldable(spec: ConvSpec) -> bool:
+    """A 1x1 stride-1 unpadded one-group layer on small planes (2 to ``BATCH_FOLD_MAX_PIXELS`` - 1 pixels): its
+    passes can run as one GEMM over the batch between two ``swap_planes`` (``batch_folded``)."""
+    return spec.is_pointwise_identity and spec.groups == 1 and 1 < spec.h * spec.w < BATCH_FOLD_MAX_PIXELS
+
+
 def batch_folded(spec: ConvSpec, itemsize: int, workspace_limit: int) -> bool:
-    """Whether a pass of this 1x1 stride-1 unpadded one-group layer on small planes (2 to
-    ``BATCH_FOLD_MAX_PIXELS`` - 1 pixels) runs as one GEMM over the batch between two ``swap_planes`` (its
-    operands swapped to (C, N·P·Q) in the workspace: both within ``workspace_limit``, below 2^30 elements for
-    the swaps' 32-bit grid-stride loop)."""
-    if not (spec.is_pointwise_identity and spec.groups == 1 and 1 < spec.h * spec.w < BATCH_FOLD_MAX_PIXELS):
+    """Whether a pass of a ``batch_foldable`` layer runs so: its operands swapped to (C, N·P·Q) in the workspace,
+    both within ``workspace_limit``, below 2^30 elements for the swaps' 32-bit grid-stride loop."""
+    if not batch_foldable(spec):
         return False
     pixels = spec.n * spec.h * spec.w
     elements = max(spec.c, spec.k) * pixels
@@ -314,7 +319,7 @@ def _forward_steps(b, spec: ConvSpec, dtype, precision: str, bias: bool) -> None
     if bias:
         b.launch(bias_fill_launch(dtype, spec.n, spec.k, pq), b.ref("out"), b.ref("bias"))
         beta = 1.0
-    if _folded(spec):  # column-major: out (K × N, ld K) = op(w) (K × C; stored C × K, ld C) @ x (C × N, ld C)
+    if pixel_folded(spec):  # column-major: out (K × N, ld K) = op(w) (K × C; stored C × K, ld C) @ x (C × N, ld C)
         b.gemm(dtype, precision, spec.k, spec.n, spec.c, b.ref("w"), spec.c, 0, b.ref("x"), spec.c, 0, b.ref("out"),
                spec.k, 0, 1, beta, trans_a="T")
         return
@@ -398,7 +403,7 @@ def _dgrad_steps(b, spec: ConvSpec, dtype, precision: str) -> None:
     item, col_item = dtype.itemsize, col_dtype.itemsize
     pq = spec.p * spec.q
     chunks_plan = plan_chunks(spec, col_item, b.env.workspace_limit, overlap=False)
-    if _folded(spec):  # column-major: dx (C × N, ld C) = w (C × K, ld C) @ dy (K × N, ld K)
+    if pixel_folded(spec):  # column-major: dx (C × N, ld C) = w (C × K, ld C) @ dy (K × N, ld K)
         b.gemm(dtype, precision, spec.c, spec.n, spec.k, b.ref("w"), spec.c, 0, b.ref("dy"), spec.k, 0, b.ref("dx"),
                spec.c, 0, 1)
         return
@@ -456,7 +461,7 @@ def _wgrad_steps(b, spec: ConvSpec, dtype, precision: str) -> None:
     pq = spec.p * spec.q
     outputs = spec.k * spec.crs_per_group
     dw = b.ref("dw")
-    if _folded(spec):  # column-major: dw (C × K, ld C) = x (C × N, ld C) @ dyᵀ, dy stored (K × N, ld K)
+    if pixel_folded(spec):  # column-major: dw (C × K, ld C) = x (C × N, ld C) @ dyᵀ, dy stored (K × N, ld K)
         b.gemm(dtype, precision, spec.c, spec.k, spec.n, b.ref("x"), spec.c, 0, b.ref("dy"), spec.k, 0, dw, spec.c,
                0, 1, trans_b="T")
         return
