@@ -1,6 +1,6 @@
 // col2im: the adjoint of im2col, written as a gather: each input pixel sums its own contributions.
 //
-// Kernel   col2im<Tcol, T, kUnitStride, Index>(col, dx, ...)
+// Kernel   col2im<Tcol, T, kUnitStride, Index>(col, dx, Col2imGeometry)
 //   Tcol   type of the column matrix (float for half-precision T, so the GEMM's fp32 result is summed
 //          before the single rounding to T; otherwise T itself).
 //   T      type of dx.
@@ -22,12 +22,21 @@
 
 using cuconv::i64;
 
+// The launch's geometry, passed by value (COL2IM_GEOMETRY_DTYPE in cuconv/families/col2im.py has this layout).
+struct Col2imGeometry {
+    long long total, c, h, w, r, s, q, p0, rows, ld, h0, h_rows, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w;
+    int accumulate, unused;
+};
+static_assert(sizeof(Col2imGeometry) == 152, "COL2IM_GEOMETRY_DTYPE in cuconv/families/col2im.py has this layout");
+
 template <typename Tcol, typename T, bool kUnitStride, typename Index>
 __global__ void __launch_bounds__(256)
-col2im(const Tcol* __restrict__ col, T* __restrict__ dx, i64 total,
-       i64 C, i64 H, i64 W, i64 R, i64 S, i64 Q, i64 p0, i64 rows, i64 ld, i64 h0, i64 h_rows,
-       i64 stride_h, i64 stride_w, i64 pad_top, i64 pad_left, i64 dil_h, i64 dil_w, int accumulate) {
+col2im(const Tcol* __restrict__ col, T* __restrict__ dx, const Col2imGeometry g) {
     typedef typename cuconv::Acc<T>::type Acc;
+    const i64 total = g.total, H = g.h, W = g.w, R = g.r, S = g.s, Q = g.q, ld = g.ld;
+    const i64 C = g.c, p0 = g.p0, rows = g.rows, h0 = g.h0, h_rows = g.h_rows;
+    const i64 stride_h = g.stride_h, stride_w = g.stride_w, pad_top = g.pad_top, pad_left = g.pad_left;
+    const i64 dil_h = g.dil_h, dil_w = g.dil_w;
     // the geometry in Index: with int (the Python twin's choice where every value and the element count are
     // below 2^30) the per-tap divisions are 32-bit; in i64 each is a software routine
     const Index Wx = static_cast<Index>(W), rows_x = static_cast<Index>(h_rows), Cx = static_cast<Index>(C);
@@ -58,7 +67,7 @@ col2im(const Tcol* __restrict__ col, T* __restrict__ dx, i64 total,
             }
         }
         T* __restrict__ dst = dx + (nc * H + h) * W + w;
-        if (accumulate) sum += cuconv::to_acc(*dst);
+        if (g.accumulate) sum += cuconv::to_acc(*dst);
         *dst = cuconv::from_acc<T>(sum);
     }
 }
