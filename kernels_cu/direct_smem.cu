@@ -125,14 +125,26 @@ __device__ __forceinline__ void row_of_taps(Acc (&acc)[KT][QT], const Acc* x_row
 
 }  // namespace
 
+// The launch's geometry and tiling, passed by value (DIRECT_SMEM_GEOMETRY_DTYPE in cuconv/families/direct_smem.py
+// has this layout).
+struct DirectSmemGeometry {
+    long long c, h, w, k, p, q, r, s, groups, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w;
+    long long tiles_p, tiles_q, tiles_k, ct_max, stages, stage_elems, x_rows, x_cols, x_phase_cols;
+};
+static_assert(sizeof(DirectSmemGeometry) == 192,
+              "DIRECT_SMEM_GEOMETRY_DTYPE in cuconv/families/direct_smem.py has this layout");
+
 template <typename T, int KT, int QT, int WK, int MIN_BLOCKS>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
 direct_smem(const T* __restrict__ x, const T* __restrict__ w_gck, const T* __restrict__ bias,
-            T* __restrict__ out, i64 C, i64 H, i64 W, i64 K, i64 P, i64 Q, i64 R, i64 S, i64 groups,
-            i64 stride_h, i64 stride_w, i64 pad_top, i64 pad_left, i64 dil_h, i64 dil_w,
-            i64 tiles_p, i64 tiles_q, i64 tiles_k, i64 ct_max, i64 stages, i64 stage_elems_, i64 x_rows,
-            i64 x_cols, i64 x_phase_cols) {
+            T* __restrict__ out, const DirectSmemGeometry geo) {
     typedef typename cuconv::Acc<T>::type Acc;
+    const i64 C = geo.c, H = geo.h, W = geo.w, K = geo.k, P = geo.p, Q = geo.q, R = geo.r, S = geo.s;
+    const i64 groups = geo.groups, stride_h = geo.stride_h, stride_w = geo.stride_w, pad_top = geo.pad_top;
+    const i64 pad_left = geo.pad_left, dil_h = geo.dil_h, dil_w = geo.dil_w, tiles_p = geo.tiles_p;
+    const i64 tiles_q = geo.tiles_q, tiles_k = geo.tiles_k, ct_max = geo.ct_max, stages = geo.stages;
+    const i64 stage_elems_ = geo.stage_elems, x_rows = geo.x_rows, x_cols = geo.x_cols;
+    const i64 x_phase_cols = geo.x_phase_cols;
     static_assert(kWarps % WK == 0, "WK must divide the warps of a block");
     static_assert(kThreads % (WK * KT) == 0, "the weight staging walks rows kThreads / TK apart");
     constexpr int TK = WK * KT;

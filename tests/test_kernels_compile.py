@@ -163,7 +163,7 @@ def test_structs_match_the_kernels():
     build them)."""
     import re
 
-    from cuconv.families import col2im, depthwise, dgrad_forward, implicit_gemm
+    from cuconv.families import col2im, depthwise, dgrad_forward, direct_smem, implicit_gemm
 
     types = {"int": numpy.int32, "long long": numpy.int64}
     for stem, dtype, struct in (("implicit_gemm", implicit_gemm.PACK_SHAPE_DTYPE, "PackShape"),
@@ -172,7 +172,8 @@ def test_structs_match_the_kernels():
                                 ("implicit_gemm", implicit_gemm.PHASE_WEIGHTS_DTYPE, "PhaseWeights"),
                                 ("dgrad_forward", dgrad_forward.FLIP_SHAPE_DTYPE, "FlipShape"),
                                 ("depthwise", depthwise.DW_GEOMETRY_DTYPE, "DwGeometry"),
-                                ("col2im", col2im.COL2IM_GEOMETRY_DTYPE, "Col2imGeometry")):
+                                ("col2im", col2im.COL2IM_GEOMETRY_DTYPE, "Col2imGeometry"),
+                                ("direct_smem", direct_smem.DIRECT_SMEM_GEOMETRY_DTYPE, "DirectSmemGeometry")):
         source = (REPO_KERNELS / f"{stem}.cu").read_text()
         body = re.search(r"struct %s \{(.*?)\};" % struct, source, re.S).group(1)
         fields = [(name.strip(), types[kind]) for kind, names in re.findall(r"(long long|int) ([^;]+);", body)

@@ -40,10 +40,14 @@ from . import dgrad_forward
 from ..spec import ConvSpec
 
 __all__ = ["prepare", "forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "Tile", "TILES",
-           "NAME_EXPRESSIONS", "STEM"]
+           "DIRECT_SMEM_GEOMETRY_DTYPE", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "direct_smem"
 _THREADS = _loader.THREADS  # kThreads in direct_smem.cu
+# DirectSmemGeometry in direct_smem.cu: the convolution's geometry and the plan's tiling, one struct argument.
+DIRECT_SMEM_GEOMETRY_DTYPE = numpy.dtype([(f, numpy.int64) for f in (
+    "c", "h", "w", "k", "p", "q", "r", "s", "groups", "stride_h", "stride_w", "pad_top", "pad_left", "dil_h", "dil_w",
+    "tiles_p", "tiles_q", "tiles_k", "ct_max", "stages", "stage_elems", "x_rows", "x_cols", "x_phase_cols")])
 _WARPS = _THREADS // 32
 _MAX_GRID_X = 2**31 - 1
 _MAX_GRID_Y = 65535
@@ -198,12 +202,11 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
                              (_THREADS, 1, 1), 2, (i64(spec.groups), i64(spec.k_per_group), i64(spec.crs_per_group))),
              b.ref("w"), w_gck)
     name = pl.tile.kernel_name(ctype)
-    scalars = (i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q), i64(spec.r),
-               i64(spec.s), i64(spec.groups), i64(spec.stride[0]), i64(spec.stride[1]), i64(spec.pad[0]),
-               i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]),
-               i64(pl.tiles_p), i64(pl.tiles_q), i64(pl.tiles_k), i64(pl.ct), i64(pl.stages),
-               i64(pl.stage_elems), i64(pl.x_rows), i64(pl.x_cols), i64(pl.x_phase_cols))
-    b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, name, pl.grid, (_THREADS, 1, 1), 4, scalars, pl.smem_bytes),
+    geometry = numpy.array((spec.c, spec.h, spec.w, spec.k, spec.p, spec.q, spec.r, spec.s, spec.groups,
+                            spec.stride[0], spec.stride[1], spec.pad[0], spec.pad[2], spec.dilation[0],
+                            spec.dilation[1], pl.tiles_p, pl.tiles_q, pl.tiles_k, pl.ct, pl.stages, pl.stage_elems,
+                            pl.x_rows, pl.x_cols, pl.x_phase_cols), dtype=DIRECT_SMEM_GEOMETRY_DTYPE)[()]
+    b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, name, pl.grid, (_THREADS, 1, 1), 4, (geometry,), pl.smem_bytes),
              b.ref("x"), w_gck, b.ref("bias"), b.ref("out"))
     return b.plan(STEM)
 
