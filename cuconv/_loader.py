@@ -29,6 +29,27 @@ SMEM_DEFAULT = 48 << 10  # dynamic shared memory a block gets without opting in
 THREADS = 256
 
 
+# cuconv::ConvGeometry in kernels_cu/common.cuh: a ConvSpec as one struct argument.
+CONV_GEOMETRY_FIELDS = ("n", "c", "h", "w", "k", "p", "q", "r", "s", "groups", "stride_h", "stride_w", "pad_top",
+                        "pad_left", "dil_h", "dil_w")
+
+
+@functools.lru_cache(maxsize=None)
+def _conv_geometry_dtype():
+    import numpy
+
+    return numpy.dtype([(f, numpy.int64) for f in CONV_GEOMETRY_FIELDS])
+
+
+def conv_geometry(spec):
+    """``spec`` (a ConvSpec) as a ``cuconv::ConvGeometry`` value for a launch's scalars."""
+    import numpy
+
+    return numpy.array((spec.n, spec.c, spec.h, spec.w, spec.k, spec.p, spec.q, spec.r, spec.s, spec.groups,
+                        spec.stride[0], spec.stride[1], spec.pad[0], spec.pad[2], spec.dilation[0],
+                        spec.dilation[1]), dtype=_conv_geometry_dtype())[()]
+
+
 def blocks(n: int, cap: int = 1 << 16, threads: int = THREADS) -> int:
     """Blocks of ``threads`` covering ``n`` items one a thread, at least one, at most ``cap`` (None: no cap;
     a grid-stride loop walks the rest)."""

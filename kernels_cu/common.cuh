@@ -11,6 +11,14 @@ namespace cuconv {
 
 typedef long long i64;
 
+// A convolution's geometry as ConvSpec holds it, the one struct argument of the kernels that take no more
+// (CONV_GEOMETRY_DTYPE in cuconv/_loader.py has this layout): x (n, c, h, w), w (k, c / groups, r, s), out
+// (n, k, p, q); the top and left padding (the bottom and right follow from p, q).
+struct ConvGeometry {
+    long long n, c, h, w, k, p, q, r, s, groups, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w;
+};
+static_assert(sizeof(ConvGeometry) == 128, "CONV_GEOMETRY_DTYPE in cuconv/_loader.py has this layout");
+
 // Arithmetic type for a storage type: half precisions compute in float.
 template <typename T> struct Acc { typedef float type; };
 template <> struct Acc<double> { typedef double type; };

@@ -1,7 +1,7 @@
 // direct: the plain convolution, one thread per output element; the baseline every other kernel is
 // measured against, written to be obviously right rather than fast.
 //
-// Kernel   direct<T>(x, w, bias, out, ...)
+// Kernel   direct<T>(x, w, bias, out, ConvGeometry)
 //   T      storage type (__half, __nv_bfloat16, float, double); products are summed in cuconv::Acc<T>
 //          (float for the half types, double for double), the bias is added in that type and the sum is
 //          rounded to T once, at the store.
@@ -21,9 +21,11 @@ using cuconv::i64;
 template <typename T>
 __global__ void __launch_bounds__(256)
 direct(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ out,
-       i64 N, i64 C, i64 H, i64 W, i64 K, i64 P, i64 Q, i64 R, i64 S, i64 groups,
-       i64 stride_h, i64 stride_w, i64 pad_top, i64 pad_left, i64 dil_h, i64 dil_w) {
+       const cuconv::ConvGeometry geo) {
     typedef typename cuconv::Acc<T>::type Acc;
+    const i64 N = geo.n, C = geo.c, H = geo.h, W = geo.w, K = geo.k, P = geo.p, Q = geo.q, R = geo.r, S = geo.s;
+    const i64 groups = geo.groups, stride_h = geo.stride_h, stride_w = geo.stride_w, pad_top = geo.pad_top;
+    const i64 pad_left = geo.pad_left, dil_h = geo.dil_h, dil_w = geo.dil_w;
     const i64 total = N * K * P * Q;
     const i64 c_per_group = C / groups, k_per_group = K / groups;
     const int Hi = static_cast<int>(H), Wi = static_cast<int>(W), Ri = static_cast<int>(R);

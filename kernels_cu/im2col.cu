@@ -1,6 +1,6 @@
 // im2col: gather the column matrix of a convolution straight from the unpadded NCHW input.
 //
-// Kernel   im2col<T>(x, col, ...)
+// Kernel   im2col<T>(x, col, ConvGeometry, p0, L, ld, ld_n)
 //   T      storage type (__half, __nv_bfloat16, float, double); values are copied, never rounded.
 //
 // Layouts: x is (nb, C, H, W) contiguous (the nb samples of a chunk). The row of sample n and tap
@@ -29,9 +29,11 @@ constexpr int kItems = 4;  // 16-byte vectors per thread per segment
 
 template <typename T>
 __global__ void __launch_bounds__(256)
-im2col(const T* __restrict__ x, T* __restrict__ col,
-       i64 C, i64 H, i64 W, i64 R, i64 S, i64 Q, i64 p0, i64 L, i64 ld, i64 ld_n,
-       i64 stride_h, i64 stride_w, i64 pad_top, i64 pad_left, i64 dil_h, i64 dil_w) {
+im2col(const T* __restrict__ x, T* __restrict__ col, const cuconv::ConvGeometry geo, i64 p0, i64 L, i64 ld,
+       i64 ld_n) {
+    const i64 C = geo.c, H = geo.h, W = geo.w, R = geo.r, S = geo.s, Q = geo.q;
+    const i64 stride_h = geo.stride_h, stride_w = geo.stride_w, pad_top = geo.pad_top, pad_left = geo.pad_left;
+    const i64 dil_h = geo.dil_h, dil_w = geo.dil_w;
     constexpr int V = cuconv::VecWidth<T>::value;
     // 32-bit decode (grid.x < 2^31): a 64-bit division is a ~100-instruction routine per thread.
     const int row = blockIdx.x;

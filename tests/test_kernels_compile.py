@@ -163,6 +163,7 @@ def test_structs_match_the_kernels():
     build them)."""
     import re
 
+    from cuconv import _loader
     from cuconv.families import col2im, depthwise, dgrad_forward, direct_smem, implicit_gemm
 
     types = {"int": numpy.int32, "long long": numpy.int64}
@@ -173,8 +174,9 @@ def test_structs_match_the_kernels():
                                 ("dgrad_forward", dgrad_forward.FLIP_SHAPE_DTYPE, "FlipShape"),
                                 ("depthwise", depthwise.DW_GEOMETRY_DTYPE, "DwGeometry"),
                                 ("col2im", col2im.COL2IM_GEOMETRY_DTYPE, "Col2imGeometry"),
-                                ("direct_smem", direct_smem.DIRECT_SMEM_GEOMETRY_DTYPE, "DirectSmemGeometry")):
-        source = (REPO_KERNELS / f"{stem}.cu").read_text()
+                                ("direct_smem", direct_smem.DIRECT_SMEM_GEOMETRY_DTYPE, "DirectSmemGeometry"),
+                                ("common.cuh", _loader._conv_geometry_dtype(), "ConvGeometry")):
+        source = (REPO_KERNELS / (stem if stem.endswith(".cuh") else f"{stem}.cu")).read_text()
         body = re.search(r"struct %s \{(.*?)\};" % struct, source, re.S).group(1)
         fields = [(name.strip(), types[kind]) for kind, names in re.findall(r"(long long|int) ([^;]+);", body)
                   for name in names.split(",")]

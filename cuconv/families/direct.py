@@ -8,8 +8,6 @@ same loop with the operands staged in shared memory and register tiles.
 
 from __future__ import annotations
 
-import numpy
-
 from .. import _dtypes, _loader, _plan
 from ..spec import ConvSpec
 
@@ -37,11 +35,8 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     if total:
         name = f"direct<{_dtypes.ctype_of(dtype)}>"
         grid = (_loader.blocks(total, _MAX_BLOCKS), 1, 1)
-        i64 = numpy.int64
-        scalars = (i64(spec.n), i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q),
-                   i64(spec.r), i64(spec.s), i64(spec.groups), i64(spec.stride[0]), i64(spec.stride[1]),
-                   i64(spec.pad[0]), i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]))
-        b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_loader.THREADS, 1, 1), 4, scalars),
+        b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_loader.THREADS, 1, 1), 4,
+                                 (_loader.conv_geometry(spec),)),
                  b.ref("x"), b.ref("w"), b.ref("bias"), b.ref("out"))
     return b.plan(STEM)
 

@@ -52,9 +52,7 @@ def im2col_launch(spec: ConvSpec, dtype, nb: int, p0: int, rows: int,
     name = f"im2col<{_dtypes.ctype_of(dtype)}>"
     grid = (nb * spec.crs, _loader.blocks(length, _MAX_GRID_Y, _loader.THREADS * _ITEMS * vec), 1)
     i64 = numpy.int64
-    scalars = (i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.r), i64(spec.s), i64(spec.q),
-               i64(p0), i64(length), i64(ld), i64(ld_n), i64(spec.stride[0]), i64(spec.stride[1]),
-               i64(spec.pad[0]), i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]))
+    scalars = (_loader.conv_geometry(spec), i64(p0), i64(length), i64(ld), i64(ld_n))
     return _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_loader.THREADS, 1, 1), 2, scalars)
 
 
