@@ -10,6 +10,7 @@ exactly what the GPU will.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import os
@@ -218,6 +219,9 @@ def _opt_in(fn, nbytes: int) -> None:
         _smem_opted_in[id(fn)] = (fn, nbytes)  # fn held: its id stays its own
 
 
+_CUDA_ERROR_INVALID_CONTEXT = 201  # CUresult (cuda.h)
+
+
 class PreparedLaunch:
     """A launch whose parameter buffer is built once: a kernel taking ``n_pointers`` pointers and then the
     ``scalars`` (NumPy scalars or structs, passed by value). A call ``launch(stream, *pointers)`` writes the
@@ -229,8 +233,8 @@ class PreparedLaunch:
     threads are serialised around the shared buffer (the driver copies the parameters when it enqueues).
     Made on the device it launches on (the function handle belongs to that device's context)."""
 
-    __slots__ = ("fn", "name", "grid", "block", "smem", "_handle", "_pointers", "_keep", "_params", "_lock",
-                 "_driver")
+    __slots__ = ("fn", "name", "grid", "block", "smem", "device", "_handle", "_pointers", "_keep", "_params",
+                 "_lock", "_driver", "_runtime")
 
     def __init__(self, fn, name: str, grid: tuple, block: tuple, n_pointers: int, scalars: tuple = (),
                  smem: int = 0):
@@ -238,12 +242,16 @@ class PreparedLaunch:
 
         from . import _backend
 
-        self._driver = _backend.cupy_or_none().cuda.driver  # (an import statement per launch costs host time)
+        cuda = _backend.cupy_or_none().cuda
+        self._driver, self._runtime = cuda.driver, cuda.runtime  # (an import statement per launch costs host time)
         self.fn, self.name, self.grid, self.block, self.smem = fn, name, tuple(grid), tuple(block), smem
+        self.device = self._runtime.getDevice()
         self._handle = fn.kernel.ptr  # the CUfunction of the RawKernel (on the current device)
-        self._pointers = numpy.zeros(max(1, n_pointers), dtype=numpy.uint64)
+        # (a ctypes array: a call writes all its pointers with one slice assignment)
+        self._pointers = (ctypes.c_uint64 * max(1, n_pointers))()
         self._keep = [numpy.array(v) for v in scalars]  # 0-d arrays: stable storage of each value
-        addresses = [self._pointers.ctypes.data + 8 * i for i in range(n_pointers)]
+        base = ctypes.addressof(self._pointers)
+        addresses = [base + 8 * i for i in range(n_pointers)]
         addresses += [a.ctypes.data for a in self._keep]
         params = numpy.array(addresses, dtype=numpy.uint64)
         self._keep.append(params)
@@ -260,13 +268,27 @@ class PreparedLaunch:
         (gx, gy, gz), (bx, by, bz) = self.grid, self.block
         try:
             with self._lock:
-                buffer = self._pointers
-                for i, p in enumerate(pointers):
-                    buffer[i] = p
+                self._pointers[:len(pointers)] = pointers
                 self._driver.launchKernel(self._handle, gx, gy, gz, bx, by, bz, self.smem, stream, self._params, 0)
         except Exception as exc:  # CUDADriverError
-            raise KernelLaunchError(f"cuconv: launching kernel {self.name} with grid={self.grid}, "
-                                    f"block={self.block} failed: {exc}") from exc
+            if getattr(exc, "status", None) != _CUDA_ERROR_INVALID_CONTEXT:
+                raise self._error(exc) from exc
+            # A thread whose CUDA calls so far were all driver calls or none (a fresh Python thread, autograd's
+            # device thread before any torch kernel ran on it) has no current context: torch's device guards
+            # skip cudaSetDevice when the device number is already the current one. The runtime's
+            # cudaSetDevice makes the device's primary context (torch's and CuPy's) current; then launch again.
+            try:
+                self._runtime.setDevice(self.device)
+                with self._lock:
+                    self._pointers[:len(pointers)] = pointers
+                    self._driver.launchKernel(self._handle, gx, gy, gz, bx, by, bz, self.smem, stream,
+                                              self._params, 0)
+            except Exception as again:
+                raise self._error(again) from again
+
+    def _error(self, exc) -> KernelLaunchError:
+        return KernelLaunchError(f"cuconv: launching kernel {self.name} with grid={self.grid}, block={self.block} "
+                                 f"failed: {exc}")
 
 
 def prepare(stem: str, name_expressions: tuple, name: str, grid: tuple, block: tuple, n_pointers: int,
