@@ -28,13 +28,28 @@ _Tensor = torch.Tensor
 _PARAMETER = torch.nn.Parameter
 
 
+try:  # torch's own getters, without the attribute lookups of torch.backends.cudnn(.conv) (~1 µs a call)
+    _fp32_precision_getter = torch._C._get_fp32_precision_getter
+    _cudnn_allow_tf32 = torch._C._get_cudnn_allow_tf32
+    _fp32_precision_getter("cuda", "conv")
+except (AttributeError, RuntimeError, TypeError):  # pragma: no cover - a torch without them
+    _fp32_precision_getter = None
+
+
 @torch.compiler.assume_constant_result
 def torch_precision() -> str:
-    """The float32 precision ``torch.nn.Conv2d`` would use now: cuDNN's TF32 switch, as torch reads it.
+    """The float32 precision ``torch.nn.Conv2d`` would use now: cuDNN's TF32 switch, as torch reads it
+    (``torch.backends.cudnn.conv.fp32_precision`` where it says "tf32" or "ieee", else
+    ``torch.backends.cudnn.allow_tf32``).
 
     Under ``torch.compile`` it is read once, when the graph is traced (dynamo cannot trace torch's flag
     object); eager calls read it every time.
     """
+    if _fp32_precision_getter is not None:
+        fp32 = _fp32_precision_getter("cuda", "conv")
+        if fp32 == "tf32" or fp32 == "ieee":
+            return fp32
+        return "tf32" if _cudnn_allow_tf32() else "ieee"
     conv = getattr(torch.backends.cudnn, "conv", None)
     fp32 = getattr(conv, "fp32_precision", None) if conv is not None else None
     if fp32 in ("tf32", "ieee"):
