@@ -7,7 +7,8 @@
 //   T      storage type (__half, __nv_bfloat16, float, double); products summed in cuconv::Acc<T> (float for
 //          the half types and float32, double for double), the bias added in that type, one rounding at the
 //          store.
-//   FK     filters a thread computes (divides K/groups), PX neighbouring output columns of one row.
+//   FK     filters a thread computes (divides K/groups), PX neighbouring output columns of one row. The loops
+//          over the taps stay loops: unrolled for 3x3 they ran slower on 4 filters a thread (register pressure).
 //
 // Layouts: x (N, C, H, W), w (K, C/groups, R, S), out (N, K, P, Q), bias (K,) or a null pointer; contiguous.
 //
@@ -75,7 +76,6 @@ grouped_direct(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     const bool active = fb < t.filter_blocks && p < P;
     const int ih0 = p0 * sh - static_cast<int>(geo.pad_top), iw0 = -static_cast<int>(geo.pad_left);
     const T* __restrict__ x_group = x + (static_cast<i64>(n) * C + static_cast<i64>(g) * cg) * H * W;
-    const int band = t.in_rows * t.in_cols;
 
     A acc[FK][PX];
 #pragma unroll
@@ -86,14 +86,17 @@ grouped_direct(const T* __restrict__ x, const T* __restrict__ w, const T* __rest
     for (int c0 = 0; c0 < cg; c0 += t.chunk) {
         const int cc = min(t.chunk, cg - c0);
         __syncthreads();  // (the weight is in; the last chunk's readers are done)
-        for (int i = tid; i < cc * band; i += blockDim.x) {
-            const int c = i / band, rem = i - c * band;
-            const int yy = rem / t.in_cols, xx = rem - yy * t.in_cols;
-            const int ih = ih0 + yy, iw = iw0 + xx;
-            A v = A(0);
-            if (ih >= 0 && ih < H && iw >= 0 && iw < W)
-                v = cuconv::to_acc(x_group[static_cast<i64>(c0 + c) * H * W + static_cast<i64>(ih) * W + iw]);
-            s_x[i] = v;
+        // a warp per input row of the band (one division per row), its lanes along the row: coalesced reads
+        for (int row = tid / 32; row < cc * t.in_rows; row += blockDim.x / 32) {
+            const int c = row / t.in_rows, yy = row - c * t.in_rows;
+            const int ih = ih0 + yy;
+            A* dst = s_x + row * t.in_cols;
+            const T* __restrict__ src = x_group + static_cast<i64>(c0 + c) * H * W + static_cast<i64>(ih) * W;
+            const bool inside = ih >= 0 && ih < H;
+            for (int xx = tid % 32; xx < t.in_cols; xx += 32) {
+                const int iw = iw0 + xx;
+                dst[xx] = inside && iw >= 0 && iw < W ? cuconv::to_acc(src[iw]) : A(0);
+            }
         }
         __syncthreads();
         if (active) {

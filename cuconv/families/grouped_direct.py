@@ -3,7 +3,7 @@ few channels and filters per group, FFMA out of shared memory; its dgrad at stri
 (``dgrad_forward``).
 
 A block holds one group's whole weight and a band of its input rows in shared memory and computes every output
-of that band; each thread FK filters of PX neighbouring columns. The arithmetic is FFMA in float32 (float64 for
+of that band; each thread FK filters (up to 8) of PX neighbouring columns. The arithmetic is FFMA in float32 (float64 for
 double), so tensor-core precisions get a more exact result than they ask for.
 """
 
@@ -19,7 +19,7 @@ __all__ = ["prepare", "reason_unsupported", "tiling", "GROUPED_TILING_DTYPE", "N
            "MAX_GROUP_WIDTH"]
 
 STEM = "grouped_direct"
-FILTERS_PER_THREAD = (16, 8, 4, 2, 1)
+FILTERS_PER_THREAD = (8, 4, 2, 1)  # (16 a thread ran slower than 8 on 4 of 6 layers of 16 filters a group)
 COLUMNS_PER_THREAD = (4, 2, 1)
 NAME_EXPRESSIONS = tuple(f"grouped_direct<{t},{fk},{px}>" for t in _dtypes.ALL_CTYPE_NAMES
                          for fk in FILTERS_PER_THREAD for px in COLUMNS_PER_THREAD)
@@ -31,8 +31,8 @@ _THREADS = 256
 
 
 def tiling(spec: ConvSpec, dtype):
-    """(FK, PX, GroupedTiling values, threads, shared-memory bytes) of the forward, or None where one group's
-    weight and one input row band do not fit the shared memory of a block."""
+    """(FK, PX, GroupedTiling values, threads (whole warps), shared-memory bytes) of the forward, or None where
+    one group's weight and one input row band do not fit the shared memory of a block."""
     acc = 8 if numpy.dtype(dtype) == numpy.float64 else 4
     kg, cg, rs = spec.k_per_group, spec.c_per_group, spec.r * spec.s
     fk = next(f for f in FILTERS_PER_THREAD if kg % f == 0)
@@ -52,7 +52,8 @@ def tiling(spec: ConvSpec, dtype):
         in_rows = (rows - 1) * sh + (spec.r - 1) * dh + 1
         chunk = min(cg, (_SMEM - w_bytes) // (in_rows * in_cols * acc)) if _SMEM > w_bytes else 0
         if chunk >= 1:
-            return (fk, px, (rows, col_blocks, filter_blocks, chunk, in_rows, in_cols), rows * per_row,
+            threads = -(-rows * per_row // 32) * 32  # (whole warps: the band's loads go a warp per row)
+            return (fk, px, (rows, col_blocks, filter_blocks, chunk, in_rows, in_cols), threads,
                     w_bytes + chunk * in_rows * in_cols * acc)
         rows //= 2
     return None
