@@ -174,7 +174,7 @@ def _pointwise_wgrad_by_gemm(spec: ConvSpec, dtype) -> bool:
         return spec.c * spec.k < _BATCH_FOLDED_WGRAD_MAX_WEIGHT
     pixels = spec.p * spec.q
     if numpy.dtype(dtype).itemsize != 2:
-        return pixels >= _POINTWISE_WGRAD_GEMM_MIN_PIXELS_TF32
+        return pixels >= _POINTWISE_WGRAD_GEMM_MIN_PIXELS_TF32 and not _pointwise_by_implicit_tf32(spec, "wgrad")
     large, small, small_weight = _POINTWISE_WGRAD_GEMM_MIN_PIXELS_HALF
     return pixels >= large or (pixels >= small and spec.c * spec.k_per_group < small_weight)
 
@@ -183,6 +183,26 @@ def _pointwise_wgrad_by_gemm(spec: ConvSpec, dtype) -> bool:
 # many channels and filters, implicit_gemm's forward of dy (one launch over the batch, split over k) is up to
 # 2x faster (7x7 planes at batch 32: 1.1-2x; 14x14 and larger, squeeze-excitation's 1x1 planes, or few
 # channels x filters: the GEMMs win).
+# TF32 1x1 layers on planes from 14x14 to below 28x28 with a large weight: cuBLAS's batch of per-sample GEMMs
+# (196-row matrices) runs its tiles a third empty, and wgrad's per-sample partial sums of K·C each outweigh the
+# GEMM: implicit_gemm reduces over N·P·Q in one pass. Measured (H100, batch 32): wgrad from C·K = 2^19
+# (1024->512: 104 -> 82 us; 1024->1024: 440 -> 129), forward from 1024 channels (1024->512: 70 -> 56 us,
+# 2048->1024: 252 -> 213); 512->2048 and 768->768 stay faster on the GEMM.
+_POINTWISE_IMPLICIT_TF32_PIXELS = (14 * 14, 28 * 28)  # P·Q from, below
+_POINTWISE_IMPLICIT_TF32_MIN_WEIGHT = 1 << 19         # C·K
+_POINTWISE_IMPLICIT_TF32_MIN_CHANNELS = 1024          # forward
+
+
+def _pointwise_by_implicit_tf32(spec: ConvSpec, pass_: str) -> bool:
+    """A float32 (TF32) 1x1 stride-1 layer of one group whose ``pass_`` (forward or wgrad) runs faster on
+    implicit_gemm than on im2col_gemm's GEMMs (see the constants above)."""
+    low, high = _POINTWISE_IMPLICIT_TF32_PIXELS
+    if not (spec.is_pointwise_identity and spec.groups == 1 and low <= spec.p * spec.q < high
+            and spec.c * spec.k >= _POINTWISE_IMPLICIT_TF32_MIN_WEIGHT):
+        return False
+    return pass_ == "wgrad" or (pass_ == "fprop" and spec.c >= _POINTWISE_IMPLICIT_TF32_MIN_CHANNELS)
+
+
 _POINTWISE_DGRAD_IMPLICIT_PIXELS = (1024, 4096)  # N·H·W from, below
 _POINTWISE_DGRAD_IMPLICIT_MIN_WEIGHT = 150000    # C·K
 
@@ -223,11 +243,13 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
       stride-1 unpadded layers (a plain GEMM for im2col_gemm) unless, on a device that runs wgmma, the pass is a
       forward on small planes (``_POINTWISE_GEMM_MIN_PIXELS``) but squeeze-excitation's 1x1 ones
       (``_POINTWISE_IMPLICIT_MIN_OUTPUTS``) and the non-widening ones im2col_gemm folds over the batch
-      (``im2col_gemm.batch_foldable``), where implicit_gemm's NchwTile reads them as they are, or a dgrad on
-      small planes with many channels and filters (``_pointwise_dgrad_by_implicit``): ``implicit_gemm``, which
+      (``im2col_gemm.batch_foldable``), where implicit_gemm's NchwTile reads them as they are, a dgrad on
+      small planes with many channels and filters (``_pointwise_dgrad_by_implicit``), or a TF32 forward on
+      14x14 to 27x27 planes with a large weight (``_pointwise_by_implicit_tf32``): ``implicit_gemm``, which
       never writes the column matrix;
     - tensor-core arithmetic, wgrad (grouped ones too: all groups in one launch), except 1x1 stride-1 unpadded
-      layers on large planes, on 1x1 planes, or folded over the batch (``_pointwise_wgrad_by_gemm``):
+      layers on large planes (in TF32 but large weights on planes below 28x28), on 1x1 planes, or folded over the
+      batch (``_pointwise_wgrad_by_gemm``):
       ``implicit_gemm`` (the forward kernels
       on x and dy with samples and channels swapped, split over the reduction: no column matrix, no per-sample
       partial sums);
@@ -248,7 +270,9 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
          and spec.p * spec.q < _POINTWISE_GEMM_MIN_PIXELS
          and spec.n * spec.p * spec.q >= _POINTWISE_IMPLICIT_MIN_OUTPUTS
          and not (im2col_gemm.batch_foldable(spec) and spec.c >= spec.k))
-        or (wgmma and pass_ == "dgrad" and _pointwise_dgrad_by_implicit(spec)))
+        or (wgmma and pass_ == "dgrad" and _pointwise_dgrad_by_implicit(spec))
+        or (wgmma and pass_ == "fprop" and dtype == numpy.float32 and precision == "tf32"
+            and _pointwise_by_implicit_tf32(spec, pass_)))
     many_filters = filters is not None and (filters >= _IMPLICIT_GEMM_MIN_FILTERS or spec.groups > 1)
     plane = spec.h * spec.w if pass_ == "dgrad" else spec.p * spec.q
     if (filters is not None and spec.groups > 1 and not depthwise and channels <= _GROUPED_DIRECT_MAX_CHANNELS

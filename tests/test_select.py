@@ -103,11 +103,14 @@ def test_pointwise_dgrad_takes_implicit_gemm_on_small_planes_with_many_weights(h
     (14, 960, 240, 1, _F16, "implicit_gemm"), (28, 960, 240, 1, _F16, "im2col_gemm"),
     (14, 480, 112, 1, _F16, "im2col_gemm"), (7, 480, 112, 1, _F16, "im2col_gemm"),
     (13, 960, 240, 4, _F16, "implicit_gemm"),
+    (14, 1024, 512, 1, _F32, "implicit_gemm"), (14, 256, 1024, 1, _F32, "im2col_gemm"),
+    (28, 1024, 512, 1, _F32, "im2col_gemm"),
 ], ids=["se_tf32", "se_fp16", "se_grouped", "7_tf32", "7_tf32_large_weight", "14_tf32", "14_fp16", "28_fp16",
-        "14_fp16_small_weight", "7_fp16", "13_fp16_grouped"])
+        "14_fp16_small_weight", "7_fp16", "13_fp16_grouped", "14_tf32_large_weight", "14_tf32_2^18",
+        "28_tf32_large_weight"])
 def test_pointwise_wgrad_takes_a_gemm_on_large_planes_and_on_1x1_planes(hw, c, k, groups, dtype, expected):
-    """1x1 stride-1 wgrad at tensor-core precisions: cuBLASLt's GEMMs from 14x14 planes (TF32) or 28x28 (half
-    types; 14x14 where C·K < 90000), on squeeze-excitation's 1x1 planes of one group, and on smaller planes of
+    """1x1 stride-1 wgrad at tensor-core precisions: cuBLASLt's GEMMs from 14x14 planes (TF32, but below 28x28 only
+    where C·K < 2^19) or 28x28 (half types; 14x14 where C·K < 90000), on squeeze-excitation's 1x1 planes of one group, and on smaller planes of
     one group below C·K = 2^20 (one GEMM over the batch), implicit_gemm between."""
     spec = cuconv.ConvSpec.from_args((32, c, hw, hw), (k, c // groups, 1, 1), groups=groups)
     precision = "tf32" if dtype == _F32 else "ieee"
@@ -263,3 +266,15 @@ def test_resolve_takes_the_workspace_limit_it_is_given():
     assert registry.resolve("auto", spec, f16, "ieee", True, "fprop") == "implicit_gemm"
     with pytest.raises(NotImplementedError, match="workspace_limit"):
         registry.resolve("implicit_gemm", spec, f16, "ieee", True, "fprop", 1 << 20)
+
+
+@pytest.mark.parametrize("c,k,hw,expected", [(1024, 512, 14, "implicit_gemm"), (2048, 1024, 14, "implicit_gemm"),
+                                             (512, 2048, 14, "im2col_gemm"), (768, 768, 14, "im2col_gemm"),
+                                             (1024, 512, 28, "im2col_gemm")])
+def test_pointwise_tf32_forward_takes_implicit_gemm_on_14x14_planes_with_large_weights(c, k, hw, expected):
+    """TF32 1x1 forwards on 14x14 to 27x27 planes from 1024 channels and C·K = 2^19 (cuBLAS's 196-row per-sample
+    GEMMs were 1.2-1.5x slower there); the half types keep the GEMM."""
+    spec = cuconv.ConvSpec.from_args((32, c, hw, hw), (k, c, 1, 1))
+    limits = dict(smem_limit=227 << 10, workspace_limit=1 << 30)
+    assert registry._select_algorithm(spec, _F32, "tf32", True, "fprop", wgmma=True, **limits) == expected
+    assert registry._select_algorithm(spec, _F16, "ieee", True, "fprop", wgmma=True, **limits) == "im2col_gemm"
