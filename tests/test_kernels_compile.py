@@ -173,6 +173,7 @@ def test_structs_match_the_kernels():
                                 ("implicit_gemm", implicit_gemm.PHASE_WEIGHTS_DTYPE, "PhaseWeights"),
                                 ("dgrad_forward", dgrad_forward.FLIP_SHAPE_DTYPE, "FlipShape"),
                                 ("depthwise", depthwise.DW_GEOMETRY_DTYPE, "DwGeometry"),
+                                ("depthwise", depthwise.DW_WORK_DTYPE, "DwWork"),
                                 ("col2im", col2im.COL2IM_GEOMETRY_DTYPE, "Col2imGeometry"),
                                 ("direct_smem", direct_smem.DIRECT_SMEM_GEOMETRY_DTYPE, "DirectSmemGeometry"),
                                 ("grouped_direct", grouped_direct.GROUPED_TILING_DTYPE, "GroupedTiling"),

@@ -147,11 +147,19 @@ def _fn(name: str):
     return _loader.get_function(STEM, NAME_EXPRESSIONS, name)
 
 
-def _geometry(spec: ConvSpec):
-    i64 = numpy.int64
-    return (i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.r), i64(spec.s), i64(spec.p),
-            i64(spec.q), i64(spec.k // spec.c), i64(spec.stride[0]), i64(spec.stride[1]), i64(spec.pad[0]),
-            i64(spec.pad[2]), i64(spec.dilation[0]), i64(spec.dilation[1]))
+# DwWork in depthwise.cu: what the 64-bit-indexed kernels take besides the cuconv::ConvGeometry.
+DW_WORK_DTYPE = numpy.dtype([(f, numpy.int64) for f in (
+    "total", "tiles_q", "rows", "strips", "items", "slots", "segs", "seg_lanes", "lead", "pitch", "stages",
+    "chunk")])
+
+
+def _geometry(spec: ConvSpec, **work) -> tuple:
+    """The (ConvGeometry, DwWork) arguments of a 64-bit-indexed kernel: ``work`` names the DwWork fields it
+    reads, the others are zero."""
+    values = numpy.zeros((), dtype=DW_WORK_DTYPE)
+    for name, value in work.items():
+        values[name] = value
+    return _loader.conv_geometry(spec), values[()]
 
 
 def _strips(spec: ConvSpec):
@@ -279,7 +287,6 @@ def rows_strips(spec: ConvSpec, segs: int, per_warp: int, resident_warps: int):
 def _rows_launch(spec: ConvSpec, dtype, layout, device: int):
     """(kernel, grid, scalar arguments) of ``depthwise_fwd_rows``: a persistent grid of the blocks that are
     resident at once (the kernel's registers decide), strips cut for it (``rows_strips``)."""
-    i64 = numpy.int64
     segs, lanes, per_warp = layout
     name = f"depthwise_fwd_rows<{_dtypes.ctype_of(dtype)},{spec.r},{spec.s},{'true' if segs > 1 else 'false'}>"
     regs = -(-max(1, _fn(name).num_regs) // 8) * 8
@@ -288,9 +295,7 @@ def _rows_launch(spec: ConvSpec, dtype, layout, device: int):
     rows, strips = rows_strips(spec, segs, per_warp, resident_warps)
     slots = spec.n * spec.k * strips * segs
     blocks = min(-(-slots // (per_warp * (_THREADS // 32))), _sm_count(device) * blocks_per_sm)
-    geometry = (i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.k // spec.c),
-                i64(spec.pad[0]), i64(slots), i64(strips), i64(segs), i64(lanes), i64(rows))
-    return name, (blocks, 1, 1), geometry
+    return name, (blocks, 1, 1), _geometry(spec, slots=slots, strips=strips, segs=segs, seg_lanes=lanes, rows=rows)
 
 
 FORWARD_KERNELS = ("gather", "rows", "plane", "strips", "tiles")
@@ -373,7 +378,6 @@ def _forward_launch(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, s
     """(kernel, grid, block, shared memory, scalar arguments) of the forward: the first of
     ``forward_kernels`` (or ``kernel``, forced). Planned once per problem, alignment and device: its one
     caller, ``_forward_prepared``, is memoized."""
-    i64 = numpy.int64
     ctype = _dtypes.ctype_of(dtype)
     if kernel not in (None,) + FORWARD_KERNELS:
         raise ValueError(f"cuconv: unknown depthwise forward kernel {kernel!r}; expected one of {FORWARD_KERNELS}")
@@ -397,16 +401,13 @@ def _forward_launch(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, s
         return name, grid, (_THREADS, 1, 1), 0, geometry
     if kernel == "plane":
         rows, count, lead, pitch, stages, smem = plane_plan(spec, dtype)
-        geometry = (i64(spec.n), i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q),
-                    i64(spec.k // spec.c), i64(spec.pad[0]), i64(spec.pad[2]), i64(rows), i64(count), i64(lead),
-                    i64(pitch), i64(stages))
+        geometry = _geometry(spec, rows=rows, strips=count, lead=lead, pitch=pitch, stages=stages)
         return (f"depthwise_fwd_plane<{ctype},{spec.r},{spec.s}>", (_plane_grid(spec, dtype, smem), 1, 1),
                 (_THREADS, 1, 1), smem, geometry)
     if kernel == "strips":
         rows, count = strips_plan(spec)
         items = spec.n * spec.k * count * spec.q
-        geometry = (i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q),
-                    i64(spec.k // spec.c), i64(spec.pad[0]), i64(spec.pad[2]), i64(rows), i64(count), i64(items))
+        geometry = _geometry(spec, rows=rows, strips=count, items=items)
         flat = spec.p * spec.q <= _FLAT_STRIPS_MAX_PIXELS
         grid = (_loader.blocks(items, None), 1, 1) if flat else (spec.n * spec.k, _loader.blocks(count * spec.q), 1)
         return (f"depthwise_fwd_strips<{ctype},{spec.r},{spec.s},{'true' if flat else 'false'}>", grid,
@@ -417,7 +418,7 @@ def _forward_launch(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, s
     kr, ks = (spec.r, spec.s) if (spec.r, spec.s) in _FIXED_KERNELS else (0, 0)
     unit = "true" if kr and spec.stride == (1, 1) and spec.dilation == (1, 1) else "false"
     return (f"depthwise_fwd<{ctype},{kr},{ks},{unit}>", (spec.n * spec.k, tiles, 1), (32, 8, 1), smem,
-            _geometry(spec) + (i64(tiles_q),))
+            _geometry(spec, tiles_q=tiles_q))
 
 
 def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
@@ -438,7 +439,7 @@ def _dgrad_launch(spec: ConvSpec, dtype) -> "_loader.PreparedLaunch":
     unit = "true" if spec.stride == (1, 1) else "false"
     name = f"depthwise_dgrad<{_dtypes.ctype_of(dtype)},{unit},{_index_type(total)}>"
     grid = (_loader.blocks(total, 1 << 20), 1, 1)
-    return _loader.PreparedLaunch(_fn(name), name, grid, (_THREADS, 1, 1), 3, (numpy.int64(total),) + _geometry(spec))
+    return _loader.PreparedLaunch(_fn(name), name, grid, (_THREADS, 1, 1), 3, _geometry(spec, total=total))
 
 
 @functools.lru_cache(maxsize=None)
@@ -506,7 +507,7 @@ def _wgrad_launches(spec: ConvSpec, dtype, sm_count: int):
         chunks = -(-total // chunk)
         name = f"depthwise_wgrad_partial<{t},{_index_type(total)}>"
         partial = _loader.PreparedLaunch(_fn(name), name, (spec.k, chunks, 1), (threads, 1, 1), 3,
-                                         _geometry(spec) + (i64(total), i64(chunk)),
+                                         _geometry(spec, total=total, chunk=chunk),
                                          smem=taps * threads * acc_dtype.itemsize)
     name = f"depthwise_wgrad_reduce<{t}>"
     reduce = _loader.PreparedLaunch(_fn(name), name, (_loader.blocks(spec.k * taps), 1, 1),

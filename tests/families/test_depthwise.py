@@ -44,7 +44,7 @@ def test_strips_pack_small_planes_flat(hw, flat):
     rows, strips = depthwise.strips_plan(spec)
     assert name == f"depthwise_fwd_strips<float,5,5,{'true' if flat else 'false'}>"
     items = spec.n * spec.k * strips * spec.q
-    assert int(geometry[-1]) == items
+    assert int(geometry[1]["items"]) == items
     if flat:
         assert grid == (-(-items // _THREADS), 1, 1)
     else:
