@@ -72,13 +72,13 @@ using cuconv::i64;
 // What a launch of the 64-bit-indexed kernels (depthwise_fwd, _strips, _rows, _plane, depthwise_dgrad,
 // depthwise_wgrad_partial) takes besides the cuconv::ConvGeometry (C = groups, K = C·mult): each kernel reads
 // its own fields, the others are zero (DW_WORK_DTYPE in cuconv/families/depthwise.py has this layout).
-// total: work items; tiles_q: output tiles along q; rows, strips: output rows per strip and strips per plane;
+// mult: K / C (every kernel; computed on the host: a 64-bit division costs registers); total: work items; tiles_q: output tiles along q; rows, strips: output rows per strip and strips per plane;
 // items: strips' work items; slots, segs, seg_lanes: the rows kernel's warp slots, row segments and lanes per
 // segment; lead, pitch, stages: the plane kernel's buffer layout; chunk: work items per block.
 struct DwWork {
-    long long total, tiles_q, rows, strips, items, slots, segs, seg_lanes, lead, pitch, stages, chunk;
+    long long mult, total, tiles_q, rows, strips, items, slots, segs, seg_lanes, lead, pitch, stages, chunk;
 };
-static_assert(sizeof(DwWork) == 96, "DW_WORK_DTYPE in cuconv/families/depthwise.py has this layout");
+static_assert(sizeof(DwWork) == 104, "DW_WORK_DTYPE in cuconv/families/depthwise.py has this layout");
 
 // Forward tile: kRowsPerThread × 8 rows and kColsPerThread × 32 columns of one output plane; a block of
 // 32 × 8 threads, each computing kRowsPerThread × kColsPerThread outputs held in registers.
@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(256)
 depthwise_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ out,
               const cuconv::ConvGeometry geo, const DwWork work) {
     const i64 C = geo.c, H = geo.h, W = geo.w, K = geo.k, R_rt = geo.r, S_rt = geo.s, P = geo.p, Q = geo.q;
-    const i64 mult = geo.k / geo.c, stride_h = geo.stride_h, stride_w = geo.stride_w, pad_top = geo.pad_top;
+    const i64 mult = work.mult, stride_h = geo.stride_h, stride_w = geo.stride_w, pad_top = geo.pad_top;
     const i64 pad_left = geo.pad_left, dil_h = geo.dil_h, dil_w = geo.dil_w, tiles_q = work.tiles_q;
     typedef typename cuconv::Acc<T>::type Acc;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -237,7 +237,7 @@ template <typename T, int KR, int KS, bool kFlat>
 __global__ void __launch_bounds__(256)
 depthwise_fwd_strips(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                      T* __restrict__ out, const cuconv::ConvGeometry geo, const DwWork work) {
-    const i64 C = geo.c, H = geo.h, W = geo.w, K = geo.k, P = geo.p, Q = geo.q, mult = geo.k / geo.c;
+    const i64 C = geo.c, H = geo.h, W = geo.w, K = geo.k, P = geo.p, Q = geo.q, mult = work.mult;
     const i64 pad_top = geo.pad_top, pad_left = geo.pad_left, rows_per_strip = work.rows, strips = work.strips;
     const i64 items = work.items;
     typedef typename cuconv::Acc<T>::type Acc;
@@ -365,7 +365,7 @@ template <typename T, int KR, int KS, bool kSegmented>
 __global__ void __launch_bounds__(256, rows_min_blocks<T, KR>())
 depthwise_fwd_rows(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                    T* __restrict__ out, const cuconv::ConvGeometry geo, const DwWork work) {
-    const i64 C = geo.c, H = geo.h, W = geo.w, K = geo.k, P = geo.p, mult = geo.k / geo.c, pad_top = geo.pad_top;
+    const i64 C = geo.c, H = geo.h, W = geo.w, K = geo.k, P = geo.p, mult = work.mult, pad_top = geo.pad_top;
     const i64 slots = work.slots, strips = work.strips, segs = work.segs, seg_lanes = work.seg_lanes;
     const i64 rows_per_strip = work.rows;
     typedef typename cuconv::Acc<T>::type Acc;
@@ -494,7 +494,7 @@ template <typename T, int KR, int KS>
 __global__ void __launch_bounds__(256, plane_min_blocks<T, KR>())
 depthwise_fwd_plane(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                     T* __restrict__ out, const cuconv::ConvGeometry geo, const DwWork work) {
-    const i64 N = geo.n, C = geo.c, H = geo.h, W = geo.w, K = geo.k, P = geo.p, Q = geo.q, mult = geo.k / geo.c;
+    const i64 N = geo.n, C = geo.c, H = geo.h, W = geo.w, K = geo.k, P = geo.p, Q = geo.q, mult = work.mult;
     const i64 pad_top = geo.pad_top, pad_left = geo.pad_left, rows_per_strip = work.rows, strips = work.strips;
     const i64 lead = work.lead, pitch = work.pitch, stages = work.stages;
     typedef typename cuconv::Acc<T>::type Acc;
@@ -813,7 +813,7 @@ __global__ void __launch_bounds__(256)
 depthwise_dgrad(const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx,
                 const cuconv::ConvGeometry geo, const DwWork work) {
     const i64 total = work.total, C = geo.c, H = geo.h, W = geo.w, K = geo.k, R = geo.r, S = geo.s, P = geo.p;
-    const i64 Q = geo.q, mult = geo.k / geo.c, stride_h = geo.stride_h, stride_w = geo.stride_w;
+    const i64 Q = geo.q, mult = work.mult, stride_h = geo.stride_h, stride_w = geo.stride_w;
     const i64 pad_top = geo.pad_top, pad_left = geo.pad_left, dil_h = geo.dil_h, dil_w = geo.dil_w;
     typedef typename cuconv::Acc<T>::type Acc;
     const int sh = static_cast<int>(stride_h), sw = static_cast<int>(stride_w);
@@ -852,7 +852,7 @@ __global__ void depthwise_wgrad_partial(const T* __restrict__ x, const T* __rest
                                         typename cuconv::Acc<T>::type* __restrict__ partial,
                                         const cuconv::ConvGeometry geo, const DwWork work) {
     const i64 C = geo.c, H = geo.h, W = geo.w, K = geo.k, R = geo.r, S = geo.s, P = geo.p, Q = geo.q;
-    const i64 mult = geo.k / geo.c, stride_h = geo.stride_h, stride_w = geo.stride_w, pad_top = geo.pad_top;
+    const i64 mult = work.mult, stride_h = geo.stride_h, stride_w = geo.stride_w, pad_top = geo.pad_top;
     const i64 pad_left = geo.pad_left, dil_h = geo.dil_h, dil_w = geo.dil_w, total = work.total;
     const i64 chunk = work.chunk;
     typedef typename cuconv::Acc<T>::type Acc;

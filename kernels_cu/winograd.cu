@@ -14,8 +14,9 @@
 //
 // Kernels (T: float or double; the transforms compute in T, the GEMMs in cuBLAS at T's full precision):
 //   winograd_weight<T, MH, RH, MW, RW>(w, u, K, C)         one thread per (k, c); w is (K, C, RH, RW)
-//   winograd_input<T, MH, RH, MW, RW>(x, v, ...)           one thread per (tile, c): blockIdx.y = c
-//   winograd_output<T, MH, RH, MW, RW>(m, bias, y, x, w, ...)  one thread per (tile, k): blockIdx.y = k
+//   winograd_input<T, MH, RH, MW, RW>(x, v, ConvGeometry, WinoChunk)           one thread per (tile, c): blockIdx.y = c
+//   winograd_output<T, MH, RH, MW, RW>(m, bias, y, x, w, ConvGeometry, WinoChunk)  one thread per (tile, k):
+//                                                                                 blockIdx.y = k
 // Non-finite values: see wino::direct_output (winograd.cuh); winograd_output applies it to its outputs.
 // Tiles: output tile (th, tw) of sample n covers rows th·MH.. and columns tw·MW..; tiles are numbered
 // t = (n·tiles_h + th)·tiles_w + tw, and a launch covers the tiles of the tile rows n·tiles_h + th in
@@ -28,6 +29,13 @@
 #include "winograd.cuh"
 
 using cuconv::i64;
+
+// A launch's chunk of tiles (see "Tiles" above; WINO_CHUNK_DTYPE in cuconv/families/winograd.py has this layout):
+// the tile rows and columns of a sample, the chunk's first tile row, its tiles, and V's and M's row length.
+struct WinoChunk {
+    long long tiles_h, tiles_w, row0, tiles, ld;
+};
+static_assert(sizeof(WinoChunk) == 40, "WINO_CHUNK_DTYPE in cuconv/families/winograd.py has this layout");
 
 namespace wino {
 
@@ -70,8 +78,10 @@ winograd_weight(const T* __restrict__ w, T* __restrict__ u, i64 K, i64 C) {
 
 template <typename T, int MH, int RH, int MW, int RW>
 __global__ void __launch_bounds__(256)
-winograd_input(const T* __restrict__ x, T* __restrict__ v, i64 C, i64 H, i64 W, i64 pad_top, i64 pad_left,
-               i64 tiles_h, int tiles_w, i64 row0, int tiles, i64 ld) {
+winograd_input(const T* __restrict__ x, T* __restrict__ v, const cuconv::ConvGeometry geo, const WinoChunk chunk) {
+    const i64 C = geo.c, H = geo.h, W = geo.w, pad_top = geo.pad_top, pad_left = geo.pad_left;
+    const i64 tiles_h = chunk.tiles_h, row0 = chunk.row0, ld = chunk.ld;
+    const int tiles_w = static_cast<int>(chunk.tiles_w), tiles = static_cast<int>(chunk.tiles);
     constexpr const wino::Axis<MH, RH>& ah = wino::Table<MH, RH>::value;
     constexpr const wino::Axis<MW, RW>& aw = wino::Table<MW, RW>::value;
     constexpr int AH = ah.A, AW = aw.A;
@@ -105,8 +115,10 @@ winograd_input(const T* __restrict__ x, T* __restrict__ v, i64 C, i64 H, i64 W, 
 template <typename T, int MH, int RH, int MW, int RW>
 __global__ void __launch_bounds__(256)
 winograd_output(const T* __restrict__ m, const T* __restrict__ bias, T* __restrict__ y, const T* __restrict__ x,
-                const T* __restrict__ w, i64 K, i64 P, i64 Q, i64 tiles_h, int tiles_w, i64 row0, int tiles, i64 ld,
-                i64 C, i64 H, i64 W, i64 pad_top, i64 pad_left) {
+                const T* __restrict__ w, const cuconv::ConvGeometry geo, const WinoChunk chunk) {
+    const i64 K = geo.k, P = geo.p, Q = geo.q, C = geo.c, H = geo.h, W = geo.w, pad_top = geo.pad_top;
+    const i64 pad_left = geo.pad_left, tiles_h = chunk.tiles_h, row0 = chunk.row0, ld = chunk.ld;
+    const int tiles_w = static_cast<int>(chunk.tiles_w), tiles = static_cast<int>(chunk.tiles);
     constexpr const wino::Axis<MH, RH>& ah = wino::Table<MH, RH>::value;
     constexpr const wino::Axis<MW, RW>& aw = wino::Table<MW, RW>::value;
     constexpr int AH = ah.A, AW = aw.A;

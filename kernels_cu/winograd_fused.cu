@@ -85,13 +85,23 @@ winograd_fused_weight(const float* __restrict__ w, float* __restrict__ u, i64 K,
     }
 }
 
+// The launch's padded channel and filter counts of U and its grid's tile rows of a sample, tile column blocks
+// and filter blocks (FUSED_TILES_DTYPE in cuconv/families/winograd_fused.py has this layout).
+struct FusedTiles {
+    long long c_pad, k_pad;
+    int tiles_h, col_blocks, k_blocks, unused;
+};
+static_assert(sizeof(FusedTiles) == 32, "FUSED_TILES_DTYPE in cuconv/families/winograd_fused.py has this layout");
+
 template <int BK, int BT, int WARPS, int CC, int MIN_BLOCKS>
 __global__ void __launch_bounds__(32 * WARPS, MIN_BLOCKS)
 winograd_fused_3x3(const float* __restrict__ x, const float* __restrict__ u, const float* __restrict__ bias,
                    float* __restrict__ y, const float* __restrict__ w,
-                   i64 C, i64 H, i64 W, i64 K, i64 P, i64 Q, i64 pad_top, i64 pad_left, int tiles_h,
-                   int col_blocks, int k_blocks, i64 c_pad, i64 k_pad) {
+                   const cuconv::ConvGeometry geo, const FusedTiles tiling) {
     using T = float;
+    const i64 C = geo.c, H = geo.h, W = geo.w, K = geo.k, P = geo.p, Q = geo.q, pad_top = geo.pad_top;
+    const i64 pad_left = geo.pad_left, c_pad = tiling.c_pad, k_pad = tiling.k_pad;
+    const int tiles_h = tiling.tiles_h, col_blocks = tiling.col_blocks, k_blocks = tiling.k_blocks;
     using Cfg = wfused::Config<BK, BT, WARPS, CC>;
     constexpr int kThreads = Cfg::kThreads, kPPW = Cfg::kPointsPerWarp, kTPL = Cfg::kTilesPerLane;
     constexpr int kNTV = Cfg::kTileVectors, kLdM = Cfg::kLdM;

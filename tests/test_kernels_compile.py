@@ -164,7 +164,8 @@ def test_structs_match_the_kernels():
     import re
 
     from cuconv import _loader
-    from cuconv.families import col2im, depthwise, dgrad_forward, direct_smem, grouped_direct, implicit_gemm
+    from cuconv.families import (col2im, depthwise, dgrad_forward, direct_smem, grouped_direct, implicit_gemm,
+                                 winograd, winograd_fused)
 
     types = {"int": numpy.int32, "long long": numpy.int64}
     for stem, dtype, struct in (("implicit_gemm", implicit_gemm.PACK_SHAPE_DTYPE, "PackShape"),
@@ -177,6 +178,8 @@ def test_structs_match_the_kernels():
                                 ("col2im", col2im.COL2IM_GEOMETRY_DTYPE, "Col2imGeometry"),
                                 ("direct_smem", direct_smem.DIRECT_SMEM_GEOMETRY_DTYPE, "DirectSmemGeometry"),
                                 ("grouped_direct", grouped_direct.GROUPED_TILING_DTYPE, "GroupedTiling"),
+                                ("winograd", winograd.WINO_CHUNK_DTYPE, "WinoChunk"),
+                                ("winograd_fused", winograd_fused.FUSED_TILES_DTYPE, "FusedTiles"),
                                 ("common.cuh", _loader._conv_geometry_dtype(), "ConvGeometry")):
         source = (REPO_KERNELS / (stem if stem.endswith(".cuh") else f"{stem}.cu")).read_text()
         body = re.search(r"struct %s \{(.*?)\};" % struct, source, re.S).group(1)

@@ -149,14 +149,15 @@ def _fn(name: str):
 
 # DwWork in depthwise.cu: what the 64-bit-indexed kernels take besides the cuconv::ConvGeometry.
 DW_WORK_DTYPE = numpy.dtype([(f, numpy.int64) for f in (
-    "total", "tiles_q", "rows", "strips", "items", "slots", "segs", "seg_lanes", "lead", "pitch", "stages",
+    "mult", "total", "tiles_q", "rows", "strips", "items", "slots", "segs", "seg_lanes", "lead", "pitch", "stages",
     "chunk")])
 
 
 def _geometry(spec: ConvSpec, **work) -> tuple:
-    """The (ConvGeometry, DwWork) arguments of a 64-bit-indexed kernel: ``work`` names the DwWork fields it
-    reads, the others are zero."""
+    """The (ConvGeometry, DwWork) arguments of a 64-bit-indexed kernel: ``mult`` and the DwWork fields ``work``
+    names, the others zero."""
     values = numpy.zeros((), dtype=DW_WORK_DTYPE)
+    values["mult"] = spec.k // spec.c
     for name, value in work.items():
         values[name] = value
     return _loader.conv_geometry(spec), values[()]

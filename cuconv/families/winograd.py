@@ -73,6 +73,10 @@ def _names(ctype: str, r: int, s: int) -> tuple:
 _SIZES = tuple((r, s) for r in TILE_BY_TAPS for s in TILE_BY_TAPS if r * s > 1)
 NAME_EXPRESSIONS = tuple(n for t in _CTYPES for r, s in _SIZES for n in _names(t, r, s))
 
+# WinoChunk in winograd.cu: a launch's chunk of tiles (winograd_input's and winograd_output's argument beside the
+# cuconv::ConvGeometry).
+WINO_CHUNK_DTYPE = numpy.dtype([(f, numpy.int64) for f in ("tiles_h", "tiles_w", "row0", "tiles", "ld")])
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -171,8 +175,9 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     item = dtype.itemsize
     pl = plan(spec, dtype, env.workspace_limit)
     names = _names(_dtypes.ctype_of(dtype), spec.r, spec.s)
-    i64, i32 = numpy.int64, numpy.int32
+    i64 = numpy.int64
     block = (_loader.THREADS, 1, 1)
+    geometry = _loader.conv_geometry(spec)
 
     def kernel(name, grid, n_pointers, scalars):
         return _loader.prepare(STEM, names, name, grid, block, n_pointers, scalars)
@@ -185,16 +190,12 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     total_rows = spec.n * pl.tiles_h
     for row0 in range(0, total_rows, pl.rows):
         tiles = min(pl.rows, total_rows - row0) * pl.tiles_w
-        b.launch(kernel(names[1], (_loader.blocks(tiles, None), spec.c, 1), 2,
-                        (i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.pad[0]), i64(spec.pad[2]), i64(pl.tiles_h),
-                         i32(pl.tiles_w), i64(row0), i32(tiles), i64(pl.ld))),
-                 b.ref("x"), v)
+        chunk = (geometry, numpy.array((pl.tiles_h, pl.tiles_w, row0, tiles, pl.ld), dtype=WINO_CHUNK_DTYPE)[()])
+        b.launch(kernel(names[1], (_loader.blocks(tiles, None), spec.c, 1), 2, chunk), b.ref("x"), v)
         # column-major: M[a]ᵀ (tiles × K) = V[a]ᵀ (tiles × C) @ U[a]ᵀ (C × K)
         b.gemm(dtype, "ieee", tiles, spec.k, spec.c, v, pl.ld, spec.c * pl.ld, u, spec.c, spec.k * spec.c,
                m, pl.ld, spec.k * pl.ld, pl.points)
-        b.launch(kernel(names[2], (_loader.blocks(tiles, None), spec.k, 1), 5,
-                        (i64(spec.k), i64(spec.p), i64(spec.q), i64(pl.tiles_h), i32(pl.tiles_w), i64(row0), i32(tiles),
-                         i64(pl.ld), i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.pad[0]), i64(spec.pad[2]))),
+        b.launch(kernel(names[2], (_loader.blocks(tiles, None), spec.k, 1), 5, chunk),
                  m, b.ref("bias"), b.ref("out"), b.ref("x"), b.ref("w"))
     return b.plan(STEM)
 

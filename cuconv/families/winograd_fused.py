@@ -76,6 +76,10 @@ TILES = (Tile(bk=64, bt=32, warps=8, cc=8, min_blocks=1), Tile(bk=64, bt=16, war
 _WEIGHT_KERNEL = "winograd_fused_weight"
 NAME_EXPRESSIONS = (_WEIGHT_KERNEL,) + tuple(t.kernel_name for t in TILES)
 
+# FusedTiles in winograd_fused.cu: the fused kernel's argument beside the cuconv::ConvGeometry.
+FUSED_TILES_DTYPE = numpy.dtype([("c_pad", numpy.int64), ("k_pad", numpy.int64), ("tiles_h", numpy.int32),
+                                 ("col_blocks", numpy.int32), ("k_blocks", numpy.int32), ("unused", numpy.int32)])
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -156,9 +160,8 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
                                  (i64(spec.k), i64(spec.c), i64(pl.c_pad), i64(pl.k_pad))),
                  b.ref("w"), u)
     t = pl.tile
-    scalars = (i64(spec.c), i64(spec.h), i64(spec.w), i64(spec.k), i64(spec.p), i64(spec.q),
-               i64(spec.pad[0]), i64(spec.pad[2]), numpy.int32(pl.tiles_h), numpy.int32(pl.col_blocks),
-               numpy.int32(pl.k_blocks), i64(pl.c_pad), i64(pl.k_pad))
+    scalars = (_loader.conv_geometry(spec),
+               numpy.array((pl.c_pad, pl.k_pad, pl.tiles_h, pl.col_blocks, pl.k_blocks, 0), dtype=FUSED_TILES_DTYPE)[()])
     b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, t.kernel_name, (pl.blocks, 1, 1), (t.threads, 1, 1), 5, scalars,
                              t.smem_bytes),
              b.ref("x"), u, b.ref("bias"), b.ref("out"), b.ref("w"))
