@@ -185,9 +185,8 @@ def _pointwise_wgrad_by_gemm(spec: ConvSpec, dtype) -> bool:
 # channels x filters: the GEMMs win).
 # TF32 1x1 layers on planes from 14x14 to below 28x28 with a large weight: cuBLAS's batch of per-sample GEMMs
 # (196-row matrices) runs its tiles a third empty, and wgrad's per-sample partial sums of K·C each outweigh the
-# GEMM: implicit_gemm reduces over N·P·Q in one pass. Measured (H100, batch 32): wgrad from C·K = 2^19
-# (1024->512: 104 -> 82 us; 1024->1024: 440 -> 129), forward from 1024 channels (1024->512: 70 -> 56 us,
-# 2048->1024: 252 -> 213); 512->2048 and 768->768 stay faster on the GEMM.
+# GEMM, where implicit_gemm reduces over N·P·Q in one pass: faster from C·K = 2^19 in wgrad, and in the forward
+# from 1024 channels (narrower ones, 512->2048 or 768->768, stay faster on the GEMM; docs/perf-notes.md).
 _POINTWISE_IMPLICIT_TF32_PIXELS = (14 * 14, 28 * 28)  # P·Q from, below
 _POINTWISE_IMPLICIT_TF32_MIN_WEIGHT = 1 << 19         # C·K
 _POINTWISE_IMPLICIT_TF32_MIN_CHANNELS = 1024          # forward
@@ -237,7 +236,7 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
       race;
     - groups of up to ``_GROUPED_DIRECT_MAX_CHANNELS`` channels in the pass, stride 1, planes of at least
       ``_GROUPED_DIRECT_MIN_PIXELS``: ``grouped_direct`` (a group's weight and input band in shared memory, FFMA:
-      2.4-5.5x faster than what auto ran before on 4 channels a group, ~10% on 8; slower from 16);
+      faster than the tensor-core tiles on groups this narrow, slower from 16 channels and at a stride);
     - tensor-core arithmetic (float32 "tf32", float16, bfloat16), forward and stride-1 dgrad with at least
       32 filters in the pass or several groups (im2col_gemm's GEMM per group is many times slower), except 1x1
       stride-1 unpadded layers (a plain GEMM for im2col_gemm) unless, on a device that runs wgmma, the pass is a
