@@ -27,7 +27,7 @@ GROUPED_TILING_DTYPE = numpy.dtype([(f, numpy.int32) for f in ("rows", "col_bloc
                                                                  "in_rows", "in_cols")])
 MAX_GROUP_WIDTH = 64  # channels and filters per group: wider groups are GEMM-sized
 _SMEM = _loader.SMEM_DEFAULT  # (no opt-in: several blocks per SM)
-_THREADS = 256
+_THREADS = _loader.THREADS  # at most: the kernel's __launch_bounds__
 
 
 def tiling(spec: ConvSpec, dtype):
