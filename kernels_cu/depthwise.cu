@@ -72,8 +72,9 @@ using cuconv::i64;
 // What a launch of the 64-bit-indexed kernels (depthwise_fwd, _strips, _rows, _plane, depthwise_dgrad,
 // depthwise_wgrad_partial) takes besides the cuconv::ConvGeometry (C = groups, K = C·mult): each kernel reads
 // its own fields, the others are zero (DW_WORK_DTYPE in cuconv/families/depthwise.py has this layout).
-// mult: K / C (every kernel; computed on the host: a 64-bit division costs registers); total: work items; tiles_q: output tiles along q; rows, strips: output rows per strip and strips per plane;
-// items: strips' work items; slots, segs, seg_lanes: the rows kernel's warp slots, row segments and lanes per
+// mult: K / C (every kernel; computed on the host: a 64-bit division costs registers); total: work items;
+// tiles_q: output tiles along q; rows, strips: output rows per strip and strips per plane; items: strips' work
+// items; slots, segs, seg_lanes: the rows kernel's warp slots, row segments and lanes per
 // segment; lead, pitch, stages: the plane kernel's buffer layout; chunk: work items per block.
 struct DwWork {
     long long mult, total, tiles_q, rows, strips, items, slots, segs, seg_lanes, lead, pitch, stages, chunk;

@@ -40,7 +40,8 @@
 // stages and computes in turn.
 //
 // Layouts: x (N, C, H, W); w_gck (groups, C/groups*R*S, K/groups), the weights transposed first
-// (transpose_weight<T>, below, into the plan's workspace) so that the k tile of one tap is contiguous (coalesced global reads, conflict-free shared stores);
+// (transpose_weight<T>, below, into the plan's workspace) so that the k tile of one tap is contiguous (coalesced
+// global reads, conflict-free shared stores);
 // out (N, K, P, Q); bias (K,) or a null pointer. Dynamic shared memory holds `stages` buffers, each ws
 // (ct_max*R*S*TK) then xs (ct_max*x_rows rows of stride_w*x_phase_cols, padded to 16 bytes), all Acc;
 // cuconv/families/direct_smem.py sizes it and passes ct_max, stages, stage_elems (one buffer), x_rows, x_cols and

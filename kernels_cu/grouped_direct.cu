@@ -1,7 +1,8 @@
-// grouped_direct: the forward of grouped convolutions with few channels and filters per group (RegNet's and
-// ResNeXt's 3x3 layers: 8 to 64 of each), FFMA out of shared memory. Such a layer reduces over only
-// C/groups·R·S per output: an implicit GEMM spends most of its time filling tiles, where a block that holds one
-// group's whole weight and a band of its input planes in shared memory does the arithmetic straight away.
+// grouped_direct: the forward of grouped convolutions with few channels and filters per group (up to 64 of
+// each), FFMA out of shared memory. Such a layer reduces over only C/groups·R·S per output: on the narrowest
+// groups (ResNeXt's 4 and 8 channels) tensor-core tiles are mostly padding, where a block that holds one group's
+// whole weight and a band of its input planes in shared memory does the arithmetic straight away. From 16
+// channels a group the tensor-core tiles are faster (registry.py takes this family for up to 8).
 //
 // Kernel   grouped_direct<T, FK, PX>(x, w, bias, out, ConvGeometry, GroupedTiling)
 //   T      storage type (__half, __nv_bfloat16, float, double); products summed in cuconv::Acc<T> (float for

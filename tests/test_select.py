@@ -110,8 +110,8 @@ def test_pointwise_dgrad_takes_implicit_gemm_on_small_planes_with_many_weights(h
         "28_tf32_large_weight"])
 def test_pointwise_wgrad_takes_a_gemm_on_large_planes_and_on_1x1_planes(hw, c, k, groups, dtype, expected):
     """1x1 stride-1 wgrad at tensor-core precisions: cuBLASLt's GEMMs from 14x14 planes (TF32, but below 28x28 only
-    where C·K < 2^19) or 28x28 (half types; 14x14 where C·K < 90000), on squeeze-excitation's 1x1 planes of one group, and on smaller planes of
-    one group below C·K = 2^20 (one GEMM over the batch), implicit_gemm between."""
+    where C·K < 2^19) or 28x28 (half types; 14x14 where C·K < 90000), on squeeze-excitation's 1x1 planes of one
+    group, and on smaller planes of one group below C·K = 2^20 (one GEMM over the batch), implicit_gemm between."""
     spec = cuconv.ConvSpec.from_args((32, c, hw, hw), (k, c // groups, 1, 1), groups=groups)
     precision = "tf32" if dtype == _F32 else "ieee"
     assert cuconv.select_algorithm(spec, dtype, precision, True, "wgrad") == expected

@@ -11,7 +11,8 @@ import numpy
 from .. import _dtypes, _loader
 from ..spec import ConvSpec
 
-__all__ = ["col2im_launch", "col2im_gpu", "col2im_cpu", "touched_rows", "COL2IM_GEOMETRY_DTYPE", "NAME_EXPRESSIONS", "STEM"]
+__all__ = ["col2im_launch", "col2im_gpu", "col2im_cpu", "touched_rows", "COL2IM_GEOMETRY_DTYPE", "NAME_EXPRESSIONS",
+           "STEM"]
 
 STEM = "col2im"
 _MAX_BLOCKS = 1 << 20

@@ -468,9 +468,9 @@ _WGRAD_STRIP_ROWS = 16  # depthwise_wgrad_strips: output rows per strip at most 
 def wgrad_strips_plan(spec: ConvSpec, sm_count: int):
     """(rows per strip, strips per plane, items per block, blocks per channel) of ``depthwise_wgrad_strips``,
     or None where it does not apply: it needs a 3x3, 5x5 or 7x7 kernel, dilation 1, a row stride of 1 or 2,
-    and 32-bit indices (``_fits_int``). Items (sample, strip, column) of a channel are cut into blocks of whole passes of 256
-    threads, about eight blocks per SM over all channels, at least two items per thread where there are
-    enough."""
+    and 32-bit indices (``_fits_int``). Items (sample, strip, column) of a channel are cut into blocks of whole
+    passes of 256 threads, about eight blocks per SM over all channels, at least two items per thread where there
+    are enough."""
     if ((spec.r, spec.s) not in _FIXED_KERNELS or spec.r != spec.s or spec.dilation != (1, 1)
             or spec.stride[0] not in (1, 2) or not _fits_int(spec)):
         return None

@@ -3,8 +3,8 @@ few channels and filters per group, FFMA out of shared memory; its dgrad at stri
 (``dgrad_forward``).
 
 A block holds one group's whole weight and a band of its input rows in shared memory and computes every output
-of that band; each thread FK filters (up to 8) of PX neighbouring columns. The arithmetic is FFMA in float32 (float64 for
-double), so tensor-core precisions get a more exact result than they ask for.
+of that band; each thread FK filters (up to 8) of PX neighbouring columns. The arithmetic is FFMA in float32
+(float64 for double), so tensor-core precisions get a more exact result than they ask for.
 """
 
 from __future__ import annotations

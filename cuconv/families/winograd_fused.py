@@ -160,8 +160,8 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
                                  (i64(spec.k), i64(spec.c), i64(pl.c_pad), i64(pl.k_pad))),
                  b.ref("w"), u)
     t = pl.tile
-    scalars = (_loader.conv_geometry(spec),
-               numpy.array((pl.c_pad, pl.k_pad, pl.tiles_h, pl.col_blocks, pl.k_blocks, 0), dtype=FUSED_TILES_DTYPE)[()])
+    tiles = numpy.array((pl.c_pad, pl.k_pad, pl.tiles_h, pl.col_blocks, pl.k_blocks, 0), dtype=FUSED_TILES_DTYPE)
+    scalars = (_loader.conv_geometry(spec), tiles[()])
     b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, t.kernel_name, (pl.blocks, 1, 1), (t.threads, 1, 1), 5, scalars,
                              t.smem_bytes),
              b.ref("x"), u, b.ref("bias"), b.ref("out"), b.ref("w"))
