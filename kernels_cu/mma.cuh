@@ -1,0 +1,57 @@
+// Tensor-core helpers shared by the mma.sync kernels (implicit_gemm, grouped_mma): TF32 rounding, 32-bit
+// words of two 16-bit elements, and one m16n8 MMA step per storage type with fp32 accumulation.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace cuconv {
+
+__device__ __forceinline__ float round_tf32(float v) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return __uint_as_float(r);
+}
+
+// Element `i` of the 32-bit word `w` (a float, or one of two 16-bit halves, low first) set to `v`.
+__device__ __forceinline__ void put_bits(unsigned& w, int, float v) { w = __float_as_uint(v); }
+__device__ __forceinline__ void put_bits(unsigned& w, int i, __half v) {
+    const unsigned b = __half_as_ushort(v);
+    w = i == 0 ? b : (w | (b << 16));
+}
+__device__ __forceinline__ void put_bits(unsigned& w, int i, __nv_bfloat16 v) {
+    const unsigned b = __bfloat16_as_ushort(v);
+    w = i == 0 ? b : (w | (b << 16));
+}
+
+// D += A·B for one m16n8 tile and one 32-byte k step. Fragments: a 4 registers, b 2, c 4 floats.
+template <typename T> struct Mma;
+template <> struct Mma<float> {  // TF32 m16n8k8
+    static __device__ __forceinline__ void run(float (&c)[4], const unsigned (&a)[4], const unsigned* b) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+template <> struct Mma<__half> {  // FP16 m16n8k16, fp32 accumulation
+    static __device__ __forceinline__ void run(float (&c)[4], const unsigned (&a)[4], const unsigned* b) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+template <> struct Mma<__nv_bfloat16> {  // BF16 m16n8k16, fp32 accumulation
+    static __device__ __forceinline__ void run(float (&c)[4], const unsigned (&a)[4], const unsigned* b) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+
+}  // namespace cuconv
