@@ -22,8 +22,8 @@ import numpy
 
 from .spec import ConvSpec
 from . import _plan
-from .families import (bias as _bias, depthwise, direct, direct_smem, elementwise, grouped_direct, im2col_gemm,
-                       implicit_gemm, winograd, winograd_fused)
+from .families import (bias as _bias, depthwise, direct, direct_smem, elementwise, grouped_direct, grouped_mma,
+                       im2col_gemm, implicit_gemm, winograd, winograd_fused)
 
 __all__ = ["PASSES", "algorithms", "select_algorithm", "resolve", "get", "prepare", "cpu", "reason_unsupported"]
 
@@ -37,6 +37,7 @@ _REGISTRY = {
     "direct": (direct, ("fprop",)),
     "direct_smem": (direct_smem, ("fprop", "dgrad")),
     "grouped_direct": (grouped_direct, ("fprop", "dgrad")),
+    "grouped_mma": (grouped_mma, ("fprop", "dgrad")),
     "implicit_gemm": (implicit_gemm, PASSES),
     "winograd": (winograd, ("fprop", "dgrad")),
     "winograd_fused": (winograd_fused, ("fprop", "dgrad")),
@@ -219,6 +220,13 @@ _IMPLICIT_GEMM_MIN_FILTERS = 32
 _GROUPED_DIRECT_MAX_CHANNELS = 8
 _GROUPED_DIRECT_MIN_PIXELS = 28 * 28
 
+# grouped_mma (groups of 16 channels and 16 filters on tensor cores, one launch, no packing) against
+# implicit_gemm's narrow packed tiles: faster on every such layer measured in the half types, in TF32 where the
+# pass runs at stride 1 onto small planes (at a stride, or onto larger planes, implicit_gemm's TF32 tiles win);
+# either way with enough blocks to fill the device (a batch of one does not).
+_GROUPED_MMA_TF32_MAX_PIXELS = 14 * 14
+_GROUPED_MMA_MIN_BLOCKS = 256
+
 
 def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool = False):
     """Candidates, best first, from what each family is good at. "In the pass": a dgrad at stride 1 is a forward
@@ -237,6 +245,9 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
     - groups of up to ``_GROUPED_DIRECT_MAX_CHANNELS`` channels in the pass, stride 1, planes of at least
       ``_GROUPED_DIRECT_MIN_PIXELS``: ``grouped_direct`` (a group's weight and input band in shared memory, FFMA:
       faster than the tensor-core tiles on groups this narrow, slower from 16 channels and at a stride);
+    - tensor-core arithmetic, groups of 16 channels and 16 filters, forward and stride-1 dgrad, in the half types,
+      or in TF32 at stride 1 onto planes up to ``_GROUPED_MMA_TF32_MAX_PIXELS``, with at least
+      ``_GROUPED_MMA_MIN_BLOCKS`` blocks: ``grouped_mma`` (MMAs out of a staged band of input rows, no packing);
     - tensor-core arithmetic (float32 "tf32", float16, bfloat16), forward and stride-1 dgrad with at least
       32 filters in the pass or several groups (im2col_gemm's GEMM per group is many times slower), except 1x1
       stride-1 unpadded layers (a plain GEMM for im2col_gemm) unless, on a device that runs wgmma, the pass is a
@@ -277,6 +288,11 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
     if (filters is not None and spec.groups > 1 and not depthwise and channels <= _GROUPED_DIRECT_MAX_CHANNELS
             and spec.stride == (1, 1) and plane >= _GROUPED_DIRECT_MIN_PIXELS):
         yield "grouped_direct"
+    if (filters is not None and not ffma and spec.groups > 1 and channels == filters == grouped_mma.WIDTH
+            and grouped_mma.blocks(spec, pass_) >= _GROUPED_MMA_MIN_BLOCKS
+            and (dtype.itemsize == 2 or ((pass_ == "dgrad" or spec.stride == (1, 1))
+                                         and plane <= _GROUPED_MMA_TF32_MAX_PIXELS))):
+        yield "grouped_mma"
     if not ffma and many_filters and not pointwise:
         yield "implicit_gemm"
     if not ffma and pass_ == "wgrad" and not _pointwise_wgrad_by_gemm(spec, dtype):

@@ -61,6 +61,7 @@ CASES = [
     _p("groups2", (2, 6, 9, 10), (8, 3, 3, 3), groups=2, padding=1),
     _p("groups4_c8", (2, 32, 11, 9), (24, 8, 3, 3), groups=4, padding=1),
     _p("groups3_c16_stride2", (3, 48, 13, 10), (48, 16, 3, 3), groups=3, stride=2, padding=1, bias=False),
+    _p("groups5_c16_dil", (2, 80, 10, 13), (80, 16, 3, 3), groups=5, dilation=(2, 1), padding=(2, 1)),
     _p("depthwise", (2, 5, 11, 9), (5, 1, 3, 3), groups=5, padding=1),
     _p("depthwise_mult3_3x1", (2, 4, 10, 9), (12, 1, 3, 1), groups=4, padding=(1, 0)),
     _p("same_even_4x2", (2, 3, 10, 9), (4, 3, 4, 2), padding="same"),

@@ -164,8 +164,8 @@ def test_structs_match_the_kernels():
     import re
 
     from cuconv import _loader
-    from cuconv.families import (col2im, depthwise, dgrad_forward, direct_smem, grouped_direct, implicit_gemm,
-                                 winograd, winograd_fused)
+    from cuconv.families import (col2im, depthwise, dgrad_forward, direct_smem, grouped_direct, grouped_mma,
+                                 implicit_gemm, winograd, winograd_fused)
 
     types = {"int": numpy.int32, "long long": numpy.int64}
     for stem, dtype, struct in (("implicit_gemm", implicit_gemm.PACK_SHAPE_DTYPE, "PackShape"),
@@ -178,6 +178,7 @@ def test_structs_match_the_kernels():
                                 ("col2im", col2im.COL2IM_GEOMETRY_DTYPE, "Col2imGeometry"),
                                 ("direct_smem", direct_smem.DIRECT_SMEM_GEOMETRY_DTYPE, "DirectSmemGeometry"),
                                 ("grouped_direct", grouped_direct.GROUPED_TILING_DTYPE, "GroupedTiling"),
+                                ("grouped_mma", grouped_mma.GROUPED_MMA_TILING_DTYPE, "GroupedMmaTiling"),
                                 ("winograd", winograd.WINO_CHUNK_DTYPE, "WinoChunk"),
                                 ("winograd_fused", winograd_fused.FUSED_TILES_DTYPE, "FusedTiles"),
                                 ("common.cuh", _loader._conv_geometry_dtype(), "ConvGeometry")):

@@ -7,11 +7,12 @@ import numpy
 import pytest
 
 import cuconv
-from cuconv import registry
+from cuconv import _dtypes, registry
 from cuconv.problems import PROBLEMS
 
 _P = {p.name: p.spec() for p in PROBLEMS}
 _F32, _F16, _F64 = numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), numpy.dtype(numpy.float64)
+_BF16 = numpy.dtype(_dtypes.bfloat16)
 
 
 @pytest.mark.parametrize("problem,dtype,precision,pass_,expected", [
@@ -115,6 +116,29 @@ def test_pointwise_wgrad_takes_a_gemm_on_large_planes_and_on_1x1_planes(hw, c, k
     spec = cuconv.ConvSpec.from_args((32, c, hw, hw), (k, c // groups, 1, 1), groups=groups)
     precision = "tf32" if dtype == _F32 else "ieee"
     assert cuconv.select_algorithm(spec, dtype, precision, True, "wgrad") == expected
+
+
+@pytest.mark.parametrize("xs,kwargs,pass_,half,tf32", [
+    ((32, 784, 7, 7), dict(groups=49, padding=1), "fprop", "grouped_mma", "grouped_mma"),
+    ((32, 784, 7, 7), dict(groups=49, padding=1), "dgrad", "grouped_mma", "grouped_mma"),
+    ((32, 320, 14, 14), dict(groups=20, padding=1), "fprop", "grouped_mma", "grouped_mma"),
+    ((32, 320, 28, 28), dict(groups=20, stride=2, padding=1), "fprop", "grouped_mma", "implicit_gemm"),
+    ((32, 320, 28, 28), dict(groups=20, stride=2, padding=1), "dgrad", "implicit_gemm", "implicit_gemm"),
+    ((32, 144, 28, 28), dict(groups=9, padding=1), "fprop", "grouped_mma", "implicit_gemm"),
+    ((32, 144, 28, 28), dict(groups=9, padding=1), "wgrad", "implicit_gemm", "implicit_gemm"),
+    ((1, 320, 14, 14), dict(groups=20, padding=1), "fprop", "implicit_gemm", "implicit_gemm"),
+    ((32, 256, 28, 28), dict(groups=8, padding=1), "fprop", "implicit_gemm", "implicit_gemm"),
+], ids=["7x7", "7x7_dgrad", "14x14", "stride2", "stride2_dgrad", "28x28", "wgrad", "batch1", "32_a_group"])
+def test_groups_of_16_take_grouped_mma(xs, kwargs, pass_, half, tf32):
+    """Groups of 16 channels and 16 filters: grouped_mma in the half types for the forward and the stride-1 dgrad,
+    in TF32 at stride 1 onto planes up to 14x14; implicit_gemm where the launch has too few blocks (a batch of
+    one), for wgrad and for wider groups."""
+    c = xs[1]
+    spec = cuconv.ConvSpec.from_args(xs, (c, c // kwargs["groups"], 3, 3), **kwargs)
+    assert cuconv.select_algorithm(spec, _BF16, "ieee", True, pass_) == half
+    assert cuconv.select_algorithm(spec, _F16, "ieee", True, pass_) == half
+    assert cuconv.select_algorithm(spec, _F32, "tf32", True, pass_) == tf32
+    assert cuconv.select_algorithm(spec, _F32, "ieee", True, pass_) != "grouped_mma"
 
 
 def test_resnet_1x1_256_forward_is_a_gemm_at_every_precision():
