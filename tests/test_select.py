@@ -118,6 +118,18 @@ def test_pointwise_wgrad_takes_a_gemm_on_large_planes_and_on_1x1_planes(hw, c, k
     assert cuconv.select_algorithm(spec, dtype, precision, True, "wgrad") == expected
 
 
+@pytest.mark.parametrize("c,k,expected", [(1152, 192, "implicit_gemm"), (960, 160, "implicit_gemm"),
+                                         (2048, 512, "im2col_gemm"), (672, 160, "im2col_gemm"),
+                                         (1152, 320, "im2col_gemm")])
+def test_tf32_narrowing_pointwise_forward_on_7x7_reads_the_input_once(c, k, expected):
+    """TF32 1x1 forwards on 7x7 planes (where im2col_gemm folds the batch between two swaps of the input) that
+    narrow the channels 5 times or more: implicit_gemm's NchwTile, which reads the input once; bf16 stays folded."""
+    spec = cuconv.ConvSpec.from_args((32, c, 7, 7), (k, c, 1, 1))
+    limits = {"smem_limit": 227 << 10, "workspace_limit": cuconv.config.workspace_limit}
+    assert registry._select_algorithm(spec, _F32, "tf32", True, "fprop", wgmma=True, **limits) == expected
+    assert registry._select_algorithm(spec, _BF16, "ieee", True, "fprop", wgmma=True, **limits) == "im2col_gemm"
+
+
 @pytest.mark.parametrize("xs,kwargs,pass_,half,tf32", [
     ((32, 784, 7, 7), dict(groups=49, padding=1), "fprop", "grouped_mma", "grouped_mma"),
     ((32, 784, 7, 7), dict(groups=49, padding=1), "dgrad", "grouped_mma", "grouped_mma"),
