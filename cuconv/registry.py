@@ -194,14 +194,16 @@ _POINTWISE_IMPLICIT_TF32_MIN_CHANNELS = 1024          # forward
 
 
 # TF32 forwards that narrow the channels at least this many times on the planes im2col_gemm folds over the batch
-# (7x7): the swaps move the wide input twice for a GEMM with few filters, and implicit_gemm's NchwTile, which reads
-# the input once, is faster (1152->192 and 960->160 at 7x7; 2048->512 and 672->160 stay faster folded).
+# (below 14x14): the swaps move the wide input twice for a GEMM with few filters, and implicit_gemm's NchwTile,
+# which reads the input once, is faster (1152->192 and 960->160 at 7x7; 2048->512 and 672->160 stay faster folded).
 _POINTWISE_IMPLICIT_TF32_MIN_NARROWING = 5
 
 
 def _pointwise_by_implicit_tf32(spec: ConvSpec, pass_: str) -> bool:
     """A float32 (TF32) 1x1 stride-1 layer of one group whose ``pass_`` (forward or wgrad) runs faster on
-    implicit_gemm than on im2col_gemm's GEMMs (see the constants above)."""
+    implicit_gemm than on im2col_gemm's GEMMs (see the constants above): on 14x14 to 27x27 planes with a large
+    weight, and forwards folded over the batch that narrow the channels ``_POINTWISE_IMPLICIT_TF32_MIN_NARROWING``
+    times or more."""
     if (pass_ == "fprop" and spec.is_pointwise_identity and im2col_gemm.batch_foldable(spec)
             and spec.c >= _POINTWISE_IMPLICIT_TF32_MIN_NARROWING * spec.k):
         return True
@@ -264,7 +266,8 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
       (``_POINTWISE_IMPLICIT_MIN_OUTPUTS``) and the non-widening ones im2col_gemm folds over the batch
       (``im2col_gemm.batch_foldable``), where implicit_gemm's NchwTile reads them as they are, a dgrad on
       small planes with many channels and filters (``_pointwise_dgrad_by_implicit``), or a TF32 forward on
-      14x14 to 27x27 planes with a large weight (``_pointwise_by_implicit_tf32``): ``implicit_gemm``, which
+      14x14 to 27x27 planes with a large weight or on smaller planes narrowing the channels 5x or more
+      (``_pointwise_by_implicit_tf32``): ``implicit_gemm``, which
       never writes the column matrix;
     - tensor-core arithmetic, wgrad (grouped ones too: all groups in one launch), except 1x1 stride-1 unpadded
       layers on large planes (in TF32 but large weights on planes below 28x28), on 1x1 planes, or folded over the

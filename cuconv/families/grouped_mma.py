@@ -32,10 +32,14 @@ _TARGET_PIXELS = 128
 _SMEM_TARGET = 64 << 10
 
 
+def _even_bands(p: int, rows: int) -> int:
+    """Rows of the bands of even height that cover ``p`` output rows in bands of at most ``rows`` (1 for none)."""
+    return -(-p // -(-p // rows)) if p else 1
+
+
 def _target_rows(spec: ConvSpec) -> int:
     """Output rows a block aims at: ``_TARGET_PIXELS`` of them, in bands of even height."""
-    rows = max(1, min(spec.p, _TARGET_PIXELS // max(1, spec.q)))
-    return -(-spec.p // -(-spec.p // rows))
+    return _even_bands(spec.p, max(1, min(spec.p, _TARGET_PIXELS // max(1, spec.q))))
 
 
 def blocks(spec: ConvSpec, pass_: str = "fprop") -> int:
@@ -57,7 +61,7 @@ def tiling(spec: ConvSpec, dtype, smem_limit: int):
     phase_cols = -(-halo_cols // sw)
     rows = _target_rows(spec)
     while True:
-        rows = -(-spec.p // -(-spec.p // rows))  # (bands of even height)
+        rows = _even_bands(spec.p, rows)
         halo_rows = (rows - 1) * sh + (spec.r - 1) * dh + 1
         words = halo_rows * sw * phase_cols
         plane = words + (8 - words) % 32

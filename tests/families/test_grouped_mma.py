@@ -16,13 +16,18 @@ from cuconv.spec import ConvSpec
 # (columns split by phase), dilation, one-sided padding, a non-square kernel, 1x1, batch 1, rows that leave a
 # pixel tile part empty.
 MMA_CASES = [
-    _p("g4_one_band_2warps", (2, 64, 7, 7), (64, 16, 3, 3), groups=4, padding=1),
+    _p("g4_one_band", (2, 64, 7, 7), (64, 16, 3, 3), groups=4, padding=1),
     _p("g5_bands_last_block_one_group", (1, 80, 19, 17), (80, 16, 3, 3), groups=5, padding=1, bias=False),
     _p("g2_stride2", (3, 32, 15, 13), (32, 16, 3, 3), groups=2, stride=2, padding=1),
     _p("g3_dilated_one_sided", (2, 48, 12, 11), (48, 16, 3, 3), groups=3, dilation=(2, 1), padding=(2, 0)),
     _p("g2_3x1_1warp", (2, 32, 5, 3), (32, 16, 3, 1), groups=2, padding=(1, 0)),
     _p("g6_1x1", (2, 96, 6, 9), (96, 16, 1, 1), groups=6),
     _p("g4_stride2x1_wide", (1, 64, 9, 70), (64, 16, 3, 3), groups=4, stride=(2, 1), padding=1),
+    _p("g2_stride1x2_dil1x2", (2, 32, 23, 19), (32, 16, 3, 3), groups=2, stride=(1, 2), dilation=(1, 2),
+       padding=(1, 2)),
+    _p("g3_bands_stride2x1", (2, 48, 40, 12), (48, 16, 3, 3), groups=3, stride=(2, 1), padding=1),
+    _p("g3_same_2x4_one_sided", (2, 48, 11, 12), (48, 16, 2, 4), groups=3, padding="same"),
+    _p("g2_dil2x2_same", (1, 32, 30, 31), (32, 16, 3, 3), groups=2, dilation=2, padding="same"),
 ]
 MODES = [("float16", "ieee"), ("bfloat16", "ieee"), ("float32", "tf32")]
 
@@ -41,6 +46,30 @@ def test_the_cases_cover_several_bands_and_a_last_block_of_fewer_groups():
         assert plane % 32 == 8 and plane >= halo_rows * spec.stride[1] * phase_cols
         assert smem == 4 * 32 * plane
         assert threads == 128 and m_tiles == -(-rows * spec.q // 16)
+
+
+def test_wide_rows_take_narrower_bands_and_float_twice_the_planes():
+    """Where the target band's staging passes the shared-memory target the bands narrow (down to one row); float
+    stages 64 word planes where the 16-bit types stage 32."""
+    limit = _plan.SMEM_OPTIN_WITHOUT_DEVICE
+    wide = ConvSpec.from_args((2, 64, 120, 200), (64, 16, 3, 3), groups=4, padding=1)
+    (rows, *_, plane, _), _, smem16 = grouped_mma.tiling(wide, numpy.float16, limit)
+    assert rows == 1 and smem16 == 4 * 32 * plane > grouped_mma._SMEM_TARGET
+    (rows32, *_), _, smem32 = grouped_mma.tiling(wide, numpy.float32, limit)
+    assert rows32 == 1 and smem32 == 2 * smem16
+    strided = ConvSpec.from_args((2, 64, 120, 84), (64, 16, 3, 3), groups=4, stride=2, padding=1)
+    assert grouped_mma._target_rows(strided) == 3  # (128 // 42 output columns)
+    (rows, *_), _, smem = grouped_mma.tiling(strided, numpy.float16, limit)
+    assert rows == 1 and smem <= grouped_mma._SMEM_TARGET  # (3 rows staged 7 input rows: 79 KB)
+
+
+def test_an_empty_batch_or_image_is_served_without_a_launch():
+    for xs in ((0, 32, 0, 0), (0, 32, 9, 9)):
+        spec = ConvSpec.from_args(xs, (32, 16, 3, 3), groups=2, padding=2)
+        for pass_ in ("fprop", "dgrad"):
+            assert grouped_mma.reason_unsupported(spec, numpy.float16, pass_) is None
+            assert grouped_mma.blocks(spec, pass_) == 0
+            cuconv.select_algorithm(spec, numpy.float16, "ieee", True, pass_)
 
 
 def test_a_row_too_wide_for_shared_memory_is_refused():
