@@ -1,7 +1,7 @@
 // grouped_mma: the forward of grouped convolutions with 16 channels and 16 filters a group (RegNet's group width)
 // on tensor cores (mma.sync), NCHW in and NCHW out in one launch: no packing, no workspace. Such a group reduces
-// over 16·R·S products per output, too few to fill a GEMM tile: the layer is bound by moving its input and
-// output, which here each cross DRAM once.
+// over 16·R·S products per output, too few to fill a GEMM tile: what costs is moving the input and the output,
+// which here each cross DRAM once, and waiting for the staging's loads (hence four blocks an SM).
 //
 // Kernel   grouped_mma<T, kDgrad>(x, w, bias, out, ConvGeometry, GroupedMmaTiling)
 //   T       storage type: __half and __nv_bfloat16 (m16n8k16), float computed as TF32 (m16n8k8, operands
@@ -12,10 +12,10 @@
 //
 // Layouts: x (N, C, H, W), w (K, C/groups, R, S), out (N, K, P, Q), bias (K,) or a null pointer; contiguous.
 //
-// Mapping: block (row band, four groups, sample), one warp a group (128 threads, at most 128
-// registers each: four blocks an SM, their staging's loads in flight together). The
-// block stages the band's input rows of its 64 channels in shared memory as 32-bit words (two channels of a
-// 16-bit type, or one float), one word plane per channel pair: word (hr, hc) of a plane sits at hr·row_stride +
+// Mapping: block (row band, four groups, sample), one warp a group: 128 threads of at most 128 registers, four
+// blocks an SM with their staging's loads in flight together. The block stages the band's input rows of its 64
+// channels in shared memory as 32-bit words (two channels of a 16-bit type, or one float), one word plane per
+// channel pair: word (hr, hc) of a plane sits at hr·row_stride +
 // (hc % stride_w)·phase_cols + hc / stride_w, the columns split by their phase of the stride, so that
 // neighbouring output columns read neighbouring words at any stride. Planes are `plane` words apart, 8 modulo
 // 32: an A fragment's eight pixels × four words then fall into 32 different banks. A warp holds its group's
@@ -54,9 +54,8 @@ template <typename T> __device__ __forceinline__ T staged(T v) { return v; }
 template <> __device__ __forceinline__ float staged<float>(float v) { return cuconv::round_tf32(v); }
 
 // The 32-bit word of channels c and c + 1 (16-bit types; float: channel c) of weight tap `tap` for filter f of
-// group g, as the MMA's B operand takes it: B[k = channel][n = filter]. (Read from global memory, where every
-// block of the group finds it in L2: staged through shared memory first, the weight took space that shrank
-// the bands, and a block synchronisation, and ran slower.)
+// group g, as the MMA's B operand takes it: B[k = channel][n = filter]. From global memory, where every block of
+// the group finds it in L2: in shared memory it would take the space of the bands' rows.
 template <typename T, bool kDgrad>
 __device__ __forceinline__ unsigned weight_word(const T* __restrict__ w, int g, int f, int c, int tap, int taps) {
     unsigned word = 0;
