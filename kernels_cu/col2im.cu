@@ -1,6 +1,6 @@
 // col2im: the adjoint of im2col, written as a gather: each input pixel sums its own contributions.
 //
-// Kernel   col2im<Tcol, T, kUnitStride, Index>(col, dx, Col2imGeometry)
+// Kernel   col2im<Tcol, T, kUnitStride, Index>(col, dx, ConvGeometry, Col2imChunk)
 //   Tcol   type of the column matrix (float for half-precision T, so the GEMM's fp32 result is summed
 //          before the single rounding to T; otherwise T itself).
 //   T      type of dx.
@@ -22,19 +22,21 @@
 
 using cuconv::i64;
 
-// The launch's geometry, passed by value (COL2IM_GEOMETRY_DTYPE in cuconv/families/col2im.py has this layout).
-struct Col2imGeometry {
-    long long total, c, h, w, r, s, q, p0, rows, ld, h0, h_rows, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w;
+// The launch's chunk, passed by value beside the ConvGeometry (COL2IM_CHUNK_DTYPE in cuconv/families/col2im.py
+// has this layout): the dx elements the launch covers, the chunk's output rows and column pitch, the input rows
+// it can touch.
+struct Col2imChunk {
+    long long total, p0, rows, ld, h0, h_rows;
     int accumulate, unused;
 };
-static_assert(sizeof(Col2imGeometry) == 152, "COL2IM_GEOMETRY_DTYPE in cuconv/families/col2im.py has this layout");
+static_assert(sizeof(Col2imChunk) == 56, "COL2IM_CHUNK_DTYPE in cuconv/families/col2im.py has this layout");
 
 template <typename Tcol, typename T, bool kUnitStride, typename Index>
 __global__ void __launch_bounds__(256)
-col2im(const Tcol* __restrict__ col, T* __restrict__ dx, const Col2imGeometry g) {
+col2im(const Tcol* __restrict__ col, T* __restrict__ dx, const cuconv::ConvGeometry g, const Col2imChunk ch) {
     typedef typename cuconv::Acc<T>::type Acc;
-    const i64 total = g.total, H = g.h, W = g.w, R = g.r, S = g.s, Q = g.q, ld = g.ld;
-    const i64 C = g.c, p0 = g.p0, rows = g.rows, h0 = g.h0, h_rows = g.h_rows;
+    const i64 total = ch.total, H = g.h, W = g.w, R = g.r, S = g.s, Q = g.q, ld = ch.ld;
+    const i64 C = g.c, p0 = ch.p0, rows = ch.rows, h0 = ch.h0, h_rows = ch.h_rows;
     const i64 stride_h = g.stride_h, stride_w = g.stride_w, pad_top = g.pad_top, pad_left = g.pad_left;
     const i64 dil_h = g.dil_h, dil_w = g.dil_w;
     // the geometry in Index: with int (the Python twin's choice where every value and the element count are
@@ -67,7 +69,7 @@ col2im(const Tcol* __restrict__ col, T* __restrict__ dx, const Col2imGeometry g)
             }
         }
         T* __restrict__ dst = dx + (nc * H + h) * W + w;
-        if (g.accumulate) sum += cuconv::to_acc(*dst);
+        if (ch.accumulate) sum += cuconv::to_acc(*dst);
         *dst = cuconv::from_acc<T>(sum);
     }
 }

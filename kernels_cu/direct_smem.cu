@@ -1,6 +1,6 @@
 // direct_smem: direct convolution from shared-memory tiles, with a register tile per thread.
 //
-// Kernel   direct_smem<T, KT, QT, WK, MIN_BLOCKS>(x, w_gck, bias, out, ...)
+// Kernel   direct_smem<T, KT, QT, WK, MIN_BLOCKS>(x, w_gck, bias, out, ConvGeometry, DirectSmemTiling)
 //   T      storage type. Operands are staged in shared memory as Acc = cuconv::Acc<T> (float for the half
 //          types, double for double), so the inner loop is plain FFMA (DFMA); the bias is added in Acc and
 //          the sum rounded to T once, at the store.
@@ -126,26 +126,25 @@ __device__ __forceinline__ void row_of_taps(Acc (&acc)[KT][QT], const Acc* x_row
 
 }  // namespace
 
-// The launch's geometry and tiling, passed by value (DIRECT_SMEM_GEOMETRY_DTYPE in cuconv/families/direct_smem.py
-// has this layout).
-struct DirectSmemGeometry {
-    long long c, h, w, k, p, q, r, s, groups, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w;
+// The plan's tiling, passed by value beside the ConvGeometry (DIRECT_SMEM_TILING_DTYPE in
+// cuconv/families/direct_smem.py has this layout).
+struct DirectSmemTiling {
     long long tiles_p, tiles_q, tiles_k, ct_max, stages, stage_elems, x_rows, x_cols, x_phase_cols;
 };
-static_assert(sizeof(DirectSmemGeometry) == 192,
-              "DIRECT_SMEM_GEOMETRY_DTYPE in cuconv/families/direct_smem.py has this layout");
+static_assert(sizeof(DirectSmemTiling) == 72,
+              "DIRECT_SMEM_TILING_DTYPE in cuconv/families/direct_smem.py has this layout");
 
 template <typename T, int KT, int QT, int WK, int MIN_BLOCKS>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
 direct_smem(const T* __restrict__ x, const T* __restrict__ w_gck, const T* __restrict__ bias,
-            T* __restrict__ out, const DirectSmemGeometry geo) {
+            T* __restrict__ out, const cuconv::ConvGeometry geo, const DirectSmemTiling t) {
     typedef typename cuconv::Acc<T>::type Acc;
     const i64 C = geo.c, H = geo.h, W = geo.w, K = geo.k, P = geo.p, Q = geo.q, R = geo.r, S = geo.s;
     const i64 groups = geo.groups, stride_h = geo.stride_h, stride_w = geo.stride_w, pad_top = geo.pad_top;
-    const i64 pad_left = geo.pad_left, dil_h = geo.dil_h, dil_w = geo.dil_w, tiles_p = geo.tiles_p;
-    const i64 tiles_q = geo.tiles_q, tiles_k = geo.tiles_k, ct_max = geo.ct_max, stages = geo.stages;
-    const i64 stage_elems_ = geo.stage_elems, x_rows = geo.x_rows, x_cols = geo.x_cols;
-    const i64 x_phase_cols = geo.x_phase_cols;
+    const i64 pad_left = geo.pad_left, dil_h = geo.dil_h, dil_w = geo.dil_w, tiles_p = t.tiles_p;
+    const i64 tiles_q = t.tiles_q, tiles_k = t.tiles_k, ct_max = t.ct_max, stages = t.stages;
+    const i64 stage_elems_ = t.stage_elems, x_rows = t.x_rows, x_cols = t.x_cols;
+    const i64 x_phase_cols = t.x_phase_cols;
     static_assert(kWarps % WK == 0, "WK must divide the warps of a block");
     static_assert(kThreads % (WK * KT) == 0, "the weight staging walks rows kThreads / TK apart");
     constexpr int TK = WK * KT;

@@ -11,7 +11,7 @@ import numpy
 from .. import _dtypes, _loader
 from ..spec import ConvSpec
 
-__all__ = ["col2im_launch", "col2im_gpu", "col2im_cpu", "touched_rows", "COL2IM_GEOMETRY_DTYPE", "NAME_EXPRESSIONS",
+__all__ = ["col2im_launch", "col2im_gpu", "col2im_cpu", "touched_rows", "COL2IM_CHUNK_DTYPE", "NAME_EXPRESSIONS",
            "STEM"]
 
 STEM = "col2im"
@@ -33,11 +33,9 @@ def touched_rows(spec: ConvSpec, p0: int, rows: int):
     return first, max(0, last - first + 1)
 
 
-# Col2imGeometry in col2im.cu: the launch's one struct argument.
-COL2IM_GEOMETRY_DTYPE = numpy.dtype(
-    [(f, numpy.int64) for f in ("total", "c", "h", "w", "r", "s", "q", "p0", "rows", "ld", "h0", "h_rows", "stride_h",
-                                "stride_w", "pad_top", "pad_left", "dil_h", "dil_w")]
-    + [(f, numpy.int32) for f in ("accumulate", "unused")], align=True)
+# Col2imChunk in col2im.cu: the launch's chunk, the struct argument beside the ConvGeometry.
+COL2IM_CHUNK_DTYPE = numpy.dtype([(f, numpy.int64) for f in ("total", "p0", "rows", "ld", "h0", "h_rows")]
+                                  + [(f, numpy.int32) for f in ("accumulate", "unused")], align=True)
 
 
 def col2im_launch(spec: ConvSpec, dtype, col_dtype, nb: int, p0: int, rows: int, pitch: int,
@@ -63,10 +61,9 @@ def col2im_launch(spec: ConvSpec, dtype, col_dtype, nb: int, p0: int, rows: int,
     index = "int" if total < 2**30 and max(extents) < 2**30 else "long long"
     name = f"col2im<{_col_ctype(t)},{t},{unit},{index}>"
     grid = (_loader.blocks(total, _MAX_BLOCKS), 1, 1)
-    geometry = numpy.array((total, spec.c, spec.h, spec.w, spec.r, spec.s, spec.q, p0, rows, pitch, h0, h_rows,
-                            spec.stride[0], spec.stride[1], spec.pad[0], spec.pad[2], spec.dilation[0],
-                            spec.dilation[1], int(accumulate), 0), dtype=COL2IM_GEOMETRY_DTYPE)[()]
-    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_loader.THREADS, 1, 1), 2, (geometry,))
+    chunk = numpy.array((total, p0, rows, pitch, h0, h_rows, int(accumulate), 0), dtype=COL2IM_CHUNK_DTYPE)[()]
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_loader.THREADS, 1, 1), 2,
+                           (_loader.conv_geometry(spec), chunk))
 
 
 def col2im_gpu(col, spec: ConvSpec, p0: int, rows: int, dx, accumulate: bool) -> None:

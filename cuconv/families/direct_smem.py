@@ -40,13 +40,12 @@ from . import dgrad_forward
 from ..spec import ConvSpec
 
 __all__ = ["prepare", "forward_gpu", "dgrad_gpu", "reason_unsupported", "plan", "Plan", "Tile", "TILES",
-           "DIRECT_SMEM_GEOMETRY_DTYPE", "NAME_EXPRESSIONS", "STEM"]
+           "DIRECT_SMEM_TILING_DTYPE", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "direct_smem"
 _THREADS = _loader.THREADS  # kThreads in direct_smem.cu
-# DirectSmemGeometry in direct_smem.cu: the convolution's geometry and the plan's tiling, one struct argument.
-DIRECT_SMEM_GEOMETRY_DTYPE = numpy.dtype([(f, numpy.int64) for f in (
-    "c", "h", "w", "k", "p", "q", "r", "s", "groups", "stride_h", "stride_w", "pad_top", "pad_left", "dil_h", "dil_w",
+# DirectSmemTiling in direct_smem.cu: the plan's tiling, the struct argument beside the ConvGeometry.
+DIRECT_SMEM_TILING_DTYPE = numpy.dtype([(f, numpy.int64) for f in (
     "tiles_p", "tiles_q", "tiles_k", "ct_max", "stages", "stage_elems", "x_rows", "x_cols", "x_phase_cols")])
 _WARPS = _THREADS // 32
 _MAX_GRID_X = 2**31 - 1
@@ -202,11 +201,10 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
                              (_THREADS, 1, 1), 2, (i64(spec.groups), i64(spec.k_per_group), i64(spec.crs_per_group))),
              b.ref("w"), w_gck)
     name = pl.tile.kernel_name(ctype)
-    geometry = numpy.array((spec.c, spec.h, spec.w, spec.k, spec.p, spec.q, spec.r, spec.s, spec.groups,
-                            spec.stride[0], spec.stride[1], spec.pad[0], spec.pad[2], spec.dilation[0],
-                            spec.dilation[1], pl.tiles_p, pl.tiles_q, pl.tiles_k, pl.ct, pl.stages, pl.stage_elems,
-                            pl.x_rows, pl.x_cols, pl.x_phase_cols), dtype=DIRECT_SMEM_GEOMETRY_DTYPE)[()]
-    b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, name, pl.grid, (_THREADS, 1, 1), 4, (geometry,), pl.smem_bytes),
+    tiling = numpy.array((pl.tiles_p, pl.tiles_q, pl.tiles_k, pl.ct, pl.stages, pl.stage_elems, pl.x_rows, pl.x_cols,
+                          pl.x_phase_cols), dtype=DIRECT_SMEM_TILING_DTYPE)[()]
+    b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, name, pl.grid, (_THREADS, 1, 1), 4,
+                             (_loader.conv_geometry(spec), tiling), pl.smem_bytes),
              b.ref("x"), w_gck, b.ref("bias"), b.ref("out"))
     return b.plan(STEM)
 
