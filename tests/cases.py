@@ -108,6 +108,19 @@ def reference(x, w, b=None, **kwargs) -> numpy.ndarray:
     return torch.nn.functional.conv2d(t(x), t(w), t(b), **kwargs).numpy()
 
 
+def reference_grads(x, w, dy, **kwargs) -> tuple:
+    """The backward oracle: (dx, dw) of torch.nn.functional.conv2d by autograd on the CPU, in the arrays' dtype
+    (float64 for the oracle). Autograd, not torch.nn.grad.conv2d_input/conv2d_weight: those refuse
+    padding='same'."""
+    import torch
+
+    xt = torch.from_numpy(numpy.asarray(x)).requires_grad_()
+    wt = torch.from_numpy(numpy.asarray(w)).requires_grad_()
+    dx, dw = torch.autograd.grad(torch.nn.functional.conv2d(xt, wt, None, **kwargs), (xt, wt),
+                                 torch.from_numpy(numpy.asarray(dy)))
+    return dx.numpy(), dw.numpy()
+
+
 def rel_err(y, ref) -> float:
     y = numpy.asarray(y, dtype=numpy.float64)
     ref = numpy.asarray(ref, dtype=numpy.float64)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import cuconv
-from cases import (CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, Case, bound, make_inputs, noncontiguous, rel_err,
-                   tolerance)
+from cases import (CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, Case, bound, make_inputs, noncontiguous,
+                   reference_grads, rel_err, tolerance)
 from cuconv.families.im2col_gemm import chunk_bytes, plan_chunks
 from cuconv.spec import ConvSpec
 
@@ -44,15 +44,6 @@ def _problem(case, dtype=numpy.float64, seed=0, integer=False):
     return tuple(a.astype(dtype) for a in (x, w, dy))
 
 
-def _torch_grads(x, w, dy, kwargs):
-    """(dx, dw) of torch's conv2d by autograd, in the arrays' dtype (the oracle when that is float64)."""
-    x_t = torch.from_numpy(x).requires_grad_()
-    w_t = torch.from_numpy(w).requires_grad_()
-    y = torch.nn.functional.conv2d(x_t, w_t, None, **kwargs)
-    dx, dw = torch.autograd.grad(y, (x_t, w_t), torch.from_numpy(dy))
-    return dx.numpy(), dw.numpy()
-
-
 def _ours(x, w, dy, kwargs, **options):
     return (cuconv.conv2d_input(x.shape, w, dy, **kwargs, **options),
             cuconv.conv2d_weight(x, w.shape, dy, **kwargs, **options))
@@ -67,7 +58,7 @@ def _f64(*arrays):
 def test_matches_torch_autograd(case, dtype):
     x, w, dy = _problem(case, dtype)
     dx, dw = _ours(x, w, dy, case.kwargs)
-    ref_dx, ref_dw = _torch_grads(*_f64(x, w, dy), case.kwargs)
+    ref_dx, ref_dw = reference_grads(*_f64(x, w, dy), **case.kwargs)
     assert (dx.dtype, dw.dtype) == (dtype, dtype)
     assert (dx.shape, dw.shape) == (x.shape, w.shape)
     assert rel_err(dx, ref_dx) <= tolerance(dtype)
@@ -80,8 +71,8 @@ def test_float16_no_worse_than_torch(case):
     # "≤ 2x torch's own float16 error, both against float64" applies to dgrad and wgrad.
     x, w, dy = _problem(case, numpy.float16)
     ours = _ours(x, w, dy, case.kwargs)
-    theirs = _torch_grads(x, w, dy, case.kwargs)
-    refs = _torch_grads(*_f64(x, w, dy), case.kwargs)
+    theirs = reference_grads(x, w, dy, **case.kwargs)
+    refs = reference_grads(*_f64(x, w, dy), **case.kwargs)
     for name, got, torch_got, ref in zip(("dx", "dw"), ours, theirs, refs):
         assert got.dtype == numpy.float16, name
         err, torch_err = rel_err(got, ref), rel_err(torch_got, ref)
@@ -124,7 +115,8 @@ def test_chunked_equals_unchunked(case_id, split, dtype):
     with cuconv.config(workspace_limit=limit):
         chunked = _ours(x, w, dy, case.kwargs)
     # Small integers: every partial sum is exact, so any order of summation gives the same bits.
-    for name, got, expected, ref in zip(("dx", "dw"), chunked, whole, _torch_grads(*_f64(x, w, dy), case.kwargs)):
+    refs = reference_grads(*_f64(x, w, dy), **case.kwargs)
+    for name, got, expected, ref in zip(("dx", "dw"), chunked, whole, refs):
         numpy.testing.assert_array_equal(got, expected, err_msg=name)
         numpy.testing.assert_array_equal(got, ref, err_msg=name)
 
@@ -140,7 +132,7 @@ def test_unbatched_forms(case_id):
     assert dw.shape == w.shape
     numpy.testing.assert_array_equal(dx, cuconv.conv2d_input((1,) + x.shape[1:], w, dy[1:2], **case.kwargs)[0])
     numpy.testing.assert_array_equal(dw, cuconv.conv2d_weight(x[1:2], w.shape, dy[1:2], **case.kwargs))
-    ref_dx, ref_dw = _torch_grads(x[1], w, dy[1], case.kwargs)
+    ref_dx, ref_dw = reference_grads(x[1], w, dy[1], **case.kwargs)
     assert rel_err(dx, ref_dx) <= tolerance(numpy.float64)
     assert rel_err(dw, ref_dw) <= tolerance(numpy.float64)
 

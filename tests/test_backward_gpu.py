@@ -9,20 +9,10 @@ import pytest
 
 import cuconv
 from cases import (CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, algo_mode_cases, bound, exact_algo_cases, make_inputs,
-                   rel_err, to_gpu)
+                   reference_grads, rel_err, to_gpu)
 from test_conv_gpu import MODES, _dtype
 
 pytestmark = pytest.mark.gpu
-
-
-def _oracle_grads(x, w, dy, kwargs):
-    """(dx, dw) from torch's autograd in float64 on the CPU."""
-    import torch
-
-    xt = torch.from_numpy(x).requires_grad_()
-    wt = torch.from_numpy(w).requires_grad_()
-    torch.nn.functional.conv2d(xt, wt, **kwargs).backward(torch.from_numpy(dy))
-    return xt.grad.numpy(), wt.grad.numpy()
 
 
 def _torch_gpu_grads(x, w, dy, dtype_name, kwargs):
@@ -82,7 +72,7 @@ def test_grads_match_oracle(case, algo, mode, pass_):
     dtype = _dtype(dtype_name)
     x, w, dy = _inputs(case, 11, dtype)
     which = 0 if pass_ == "dgrad" else 1
-    ref = _oracle_grads(x, w, dy, case.kwargs)[which]
+    ref = reference_grads(x, w, dy, **case.kwargs)[which]
     got = _grad(pass_, x, w, dy, dtype, precision, algo, case.kwargs)
     err = rel_err(got, ref)
     assert err <= bound(ref, dtype, precision), f"{pass_} {err:.2e}"
