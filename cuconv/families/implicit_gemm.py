@@ -42,8 +42,8 @@ from ..spec import ConvSpec
 
 __all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "Tile", "WgmmaTile", "NchwTile", "TILES",
            "transposed_spec", "phase_specs", "phase_tile", "wgrad_tile", "wgrad_splits", "splits_for",
-           "wgmma_available", "choose_tile", "prefers_nchw", "nchw_fits", "narrow_group_tile", "Plan", "plan",
-           "pack_operands", "prepare", "NAME_EXPRESSIONS", "STEM"]
+           "resident_blocks", "wgmma_available", "choose_tile", "prefers_nchw", "nchw_fits", "narrow_group_tile",
+           "Plan", "plan", "pack_operands", "prepare", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "implicit_gemm"
 _INT_MAX = 2**31 - 1
@@ -222,9 +222,12 @@ def prefers_nchw(spec: ConvSpec, dtype) -> bool:
 # of 32 k and more than 3/4 of such a tile per block of its grid (7x7 planes with few filters, squeeze-excitation's 1x1)
 # the packed tiles, split over k, win (2-3x on squeeze-excitation layers); on one row of pixel blocks 64
 # filters a block win. Above 64 filters a wgmma block of 64 filters wins below _WIDE_TILE_MIN_M output pixels
-# (more blocks: 10-25% on 14x14 and 7x7 layers).
+# (more blocks: 10-25% on 14x14 and 7x7 layers) unless the GEMM has _LONG_TILE_MIN_MACS multiply-adds or more:
+# there 128 x 256 blocks, one an SM, win by 10-30% (14x14 and 7x7 planes of 512 and 1024 channels, batch 64,
+# detection heads' 256 channels at 50x76), and lose by 50% at 7.4 GFLOP (256 channels at 14x14, batch 32).
 _NCHW_MAX_SHORT_K_TILES = 4
 _WIDE_TILE_MIN_M = 16384
+_LONG_TILE_MIN_MACS = 5 * 10**9
 
 
 def narrow_group_tile(spec: ConvSpec):
@@ -242,8 +245,9 @@ def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None, nchw: bool = None):
     where it is preferred and fits (64 filters per block up to 64 filters or on one row of pixel blocks, else
     128); otherwise 64 filters per block where K/groups <= 64, with four slots for float32 reductions of 16 k
     tiles or more and three (three blocks per SM) otherwise; above 64 filters, 64 x 128 blocks below
-    ``_WIDE_TILE_MIN_M`` output pixels, else 128 x 256 blocks for float32 reductions of 32 k tiles or more and
-    128 x 128 ones (two per SM) otherwise. Elsewhere (mma.sync): 128 filters per block where
+    ``_WIDE_TILE_MIN_M`` output pixels (128 x 256 ones where the GEMM has ``_LONG_TILE_MIN_MACS``
+    multiply-adds or more), else 128 x 256 blocks for float32 reductions of 32 k tiles or more and 128 x 128 ones
+    (two per SM) otherwise. Elsewhere (mma.sync): 128 filters per block where
     K/groups > 64; else 64, with 128-byte k tiles where the reduction (R·S·C/groups bytes) spans at least
     32 of them and 64-byte tiles (more blocks per SM) below."""
     if wgmma is None:
@@ -267,7 +271,8 @@ def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None, nchw: bool = None):
         if spec.k_per_group <= 64:
             return TILES["wg64x128" if long_fp32 else "wg64x128s3"]
         if m < _WIDE_TILE_MIN_M:
-            return TILES["wg64x128"]
+            long_gemm = m * spec.k_per_group * spec.crs_per_group >= _LONG_TILE_MIN_MACS
+            return TILES["wg128x256" if long_gemm else "wg64x128"]
         return TILES["wg128x256" if long_fp32 else "wg128x128r"]
     if spec.k_per_group > 64:
         return TILES["128x128"]
@@ -509,19 +514,29 @@ _SPLIT_MIN_TILES = 4
 _MAX_SPLITS = 128
 
 
-def splits_for(m: int, filters: int, tile, k_tiles: int, sm_count: int, room: int, groups: int = 1) -> int:
+def resident_blocks(tile, smem_per_sm: int) -> int:
+    """Blocks of ``tile`` an SM holds at once as their shared memory goes (1 KB a block is reserved)."""
+    return max(1, smem_per_sm // (tile.smem_bytes + 1024))
+
+
+def splits_for(m: int, filters: int, tile, k_tiles: int, sm_count: int, smem_per_sm: int, room: int,
+               groups: int = 1) -> int:
     """How many k ranges a GEMM of ``m`` rows and ``filters`` filters in ``groups`` groups (``k_tiles`` k tiles) on
-    ``tile`` is split into on a device of ``sm_count`` SMs, with ``room`` bytes for the fp32 partial sums of
-    m x filters outputs each; 1 for an NchwTile (its kernel reduces every k tile itself)."""
+    ``tile`` is split into on a device of ``sm_count`` SMs of ``smem_per_sm`` bytes of shared memory, with
+    ``room`` bytes for the fp32 partial sums of m x filters outputs each; 1 for an NchwTile (its kernel reduces
+    every k tile itself). Never more blocks than the SMs hold at once: for a tile of one block an SM, 144
+    blocks on 132 SMs would run a second wave as long as the first (1.2x slower than 72 unsplit ones)."""
     if tile.nchw:
         return 1
     blocks = -(-m // tile.bm) * groups * -(-filters // groups // tile.bn)
-    splits = min(round(sm_count / blocks), k_tiles // _SPLIT_MIN_TILES, _MAX_SPLITS, room // max(1, 4 * m * filters))
+    splits = min(round(sm_count / blocks), sm_count * resident_blocks(tile, smem_per_sm) // blocks,
+                 k_tiles // _SPLIT_MIN_TILES, _MAX_SPLITS, room // max(1, 4 * m * filters))
     return splits if splits >= 2 else 1
 
 
 @functools.lru_cache(maxsize=1024)
-def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int, sm_count: int, splits: int = None):
+def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int, sm_count: int, smem_per_sm: int,
+              splits: int = None):
     """(plan, workspace bytes, partial-sum bytes, chunks) of a forward; each chunk (x byte offset, out byte
     offset, packing, GEMM, sum of the splits or None), the first chunk's packing with the weight's. The
     workspace holds the packed weight (kp · w_row elements: whole 128-byte rows), then one chunk's packed input,
@@ -533,7 +548,8 @@ def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int, sm
     packed = pl.weight_bytes(itemsize) + pl.samples * pl.sample_bytes(spec, itemsize)
     m = pl.samples * spec.p * spec.q
     if splits is None:
-        splits = splits_for(m, spec.k, pl.tile, pl.k_tiles, sm_count, workspace_limit - packed, spec.groups)
+        splits = splits_for(m, spec.k, pl.tile, pl.k_tiles, sm_count, smem_per_sm, workspace_limit - packed,
+                            spec.groups)
     split_tiles = -(-pl.k_tiles // splits)
     splits = -(-pl.k_tiles // split_tiles)  # (no empty range)
     chunks = []
@@ -580,24 +596,32 @@ def transposed_spec(spec: ConvSpec) -> ConvSpec:
     return ConvSpec(spec.c, spec.n, spec.h, spec.w, spec.k, spec.p, spec.q, (dh, dw), (pt, pb, pl, pr), (sh, sw))
 
 
+# wgrad's GEMMs with wgmma: 128 filters x 256 of dW's columns (one block an SM, split over k to about one block
+# an SM) where a group has more than 64 filters and both dW's columns and the reduction are long (3x3 layers of
+# 256 channels and more, N·P·Q from 2500: 20-40% faster than 64 x 128 blocks, up to 1.7x on 28x28 planes);
+# 64 x 128 blocks elsewhere (shorter reductions, 1x1 layers, narrow groups: docs/perf-notes.md).
+_WGRAD_WIDE_MIN = 2048  # dW's columns (C/groups·R·S) and the reduction (N·P·Q)
+
+
 def wgrad_tile(spec: ConvSpec, dtype, wgmma: bool):
-    """wgrad's tile: with wgmma 64 filters x 128 of dW's columns, four slots (the fastest of the packed tiles
-    on the layers of five torchvision models, alone or with its best split, narrow groups included:
-    docs/perf-notes.md); elsewhere the packed tile ``choose_tile`` picks for ``transposed_spec`` (an NchwTile
-    would read x and dy as NCHW images; they are not)."""
+    """wgrad's tile: with wgmma 128 filters x 256 of dW's columns for long GEMMs of more than 64 filters a group
+    (``_WGRAD_WIDE_MIN``), else 64 filters x 128 columns, four slots; elsewhere the packed tile ``choose_tile``
+    picks for ``transposed_spec`` (an NchwTile would read x and dy as NCHW images; they are not)."""
     if wgmma:
-        return TILES["wg64x128"]
+        wide = spec.k_per_group > 64 and min(spec.crs_per_group, spec.n * spec.p * spec.q) >= _WGRAD_WIDE_MIN
+        return TILES["wg128x256" if wide else "wg64x128"]
     return choose_tile(transposed_spec(spec), dtype, wgmma, nchw=False)
 
 
 _UNCHUNKED = 1 << 62  # wgrad's plan has one chunk: the whole transposed batch (its samples are x's channels)
 
 
-def wgrad_splits(spec: ConvSpec, dtype, tile, sm_count: int, workspace_limit: int) -> int:
-    """How many k ranges the wgrad GEMM of ``spec`` is split into on a device of ``sm_count`` SMs, the partial
-    sums within what ``workspace_limit`` leaves beside the packed operands."""
+def wgrad_splits(spec: ConvSpec, dtype, tile, sm_count: int, smem_per_sm: int, workspace_limit: int) -> int:
+    """How many k ranges the wgrad GEMM of ``spec`` is split into on a device of ``sm_count`` SMs of
+    ``smem_per_sm`` bytes of shared memory, the partial sums within what ``workspace_limit`` leaves beside the
+    packed operands."""
     pl, x_bytes, dy_bytes, _ = _wgrad_sizes(spec, dtype, tile, 1)
-    return splits_for(spec.crs_per_group, spec.k, tile, pl.k_tiles, sm_count,
+    return splits_for(spec.crs_per_group, spec.k, tile, pl.k_tiles, sm_count, smem_per_sm,
                       workspace_limit - x_bytes - dy_bytes, spec.groups)
 
 
@@ -677,7 +701,7 @@ def _wgrad_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, splits: i
         raise ValueError(f"implicit_gemm: wgrad reads packed operands; {tile} gathers NCHW ones")
     if tile.wgmma and not env.wgmma:
         raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
-    splits = splits or wgrad_splits(spec, dtype, tile, env.sm_count, env.workspace_limit)
+    splits = splits or wgrad_splits(spec, dtype, tile, env.sm_count, env.smem_per_sm, env.workspace_limit)
     ls = _wgrad_launches(spec, dtype, tile, splits, env.device, env.sm_count)
     packed_x, packed_dy = b.take(ls.x_bytes), b.take(ls.dy_bytes)
     b.launch(ls.pack_x, b.ref("x"), packed_x, _plan.NULL, _plan.NULL)
@@ -875,7 +899,7 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
         return b.plan(STEM)
     dtype = numpy.dtype(dtype)
     pl, packed, partial_bytes, chunks = _launches(spec, dtype, tile or choose_tile(spec, dtype, env.wgmma), env.device,
-                                                  env.workspace_limit, env.sm_count, splits)
+                                                  env.workspace_limit, env.sm_count, env.smem_per_sm, splits)
     if not packed:  # an NchwTile: the GEMM reads x and w as they are
         for x_offset, out_offset, _, gemm, _ in chunks:
             b.launch(gemm, b.ref("x", x_offset), b.ref("w"), b.ref("bias"), b.ref("out", out_offset))
