@@ -45,7 +45,9 @@ using namespace cuconv;
 //
 // The weight: KCRS (k, c, r·s) -> (kp, row) with row index (r·s)·cp + ch, zero for k >= k_valid,
 // ch >= c and past r·s·cp (the last k tile's padding); elements first, first + step, ... of w_total (0:
-// no weight in this launch).
+// no weight in this launch). With w_flip the source is a dgrad's layer weight (groups·w_c, k_valid, r·s)
+// and the forward of dy takes it per group transposed and flipped: packed (k, ch, t) = source (ch, k,
+// rs - 1 - t) (dgrad_forward.py), read in place (no launch writes the flipped copy).
 //
 // Both pack kernels take their sizes as one struct (host time per launch argument, see CUCONV_IGEMM_PARAMS):
 // channels c and padded cp, pixels per sample hw, units (pack_nhwc: hw tiles; pack_nhwc_narrow: 16-byte
@@ -54,12 +56,13 @@ using namespace cuconv;
 // rows per group w_kp (groups follow each other: row kk is filter kk % w_kp of group kk / w_kp); then the
 // input's strides in elements between samples and between channels (an NCHW input: c·hw and hw; wgrad packs x
 // and dy with samples and channels swapped, ``transposed_spec``) and between packed samples (hw·cp, or a packed
-// weight row where wgrad packs dy as its weight). The Python twin builds the same layout (PACK_SHAPE_DTYPE).
+// weight row where wgrad packs dy as its weight), and whether the weight is read flipped (w_flip). The Python
+// twin builds the same layout (PACK_SHAPE_DTYPE).
 struct PackShape {
-    int c, cp, hw, units, in_blocks, k_valid, rs, w_c, w_cp, w_kp;
+    int c, cp, hw, units, in_blocks, k_valid, rs, w_c, w_cp, w_kp, w_flip;
     long long w_row, w_total, src_sample, src_channel, dst_sample;
 };
-static_assert(sizeof(PackShape) == 80 && alignof(PackShape) == 8,  // 10 ints, then 5 long longs
+static_assert(sizeof(PackShape) == 88 && alignof(PackShape) == 8,  // 11 ints and 4 bytes of padding, 5 long longs
               "PACK_SHAPE_DTYPE in cuconv/families/implicit_gemm.py has this layout");
 
 // Block `block` of `blocks` packs rows block, block + blocks, ... of the weight, its 256 threads along a row
@@ -69,14 +72,20 @@ __device__ __forceinline__ void pack_weight_part(const T* __restrict__ src, T* _
                                                  int block, int blocks, int thread) {
     const int row = static_cast<int>(ps.w_row);
     const long long rows = ps.w_total / ps.w_row;
+    // element (k, ch, t) of group grp: source ((grp·k_valid + k)·w_c + ch)·rs + t, or flipped
+    // ((grp·w_c + ch)·k_valid + k)·rs + rs - 1 - t
+    const long long group_elems = static_cast<long long>(ps.k_valid) * ps.w_c * ps.rs;
+    const long long k_step = ps.w_flip ? ps.rs : static_cast<long long>(ps.w_c) * ps.rs;
+    const long long ch_step = ps.w_flip ? static_cast<long long>(ps.k_valid) * ps.rs : ps.rs;
     for (long long kk = block; kk < rows; kk += blocks) {
         const long long grp = kk / ps.w_kp, kl = kk - grp * ps.w_kp;
-        const T* s = src + (grp * ps.k_valid + kl) * ps.w_c * ps.rs;
+        const T* s = src + grp * group_elems + kl * k_step;
         T* d = dst + kk * ps.w_row;
         const bool k_ok = kl < ps.k_valid;
         for (int j = thread; j < row; j += 256) {
             const int tap = j / ps.w_cp, ch = j - tap * ps.w_cp;
-            d[j] = k_ok && ch < ps.w_c && tap < ps.rs ? igemm::prepare<T, kTf32>(s[ch * ps.rs + tap]) : zero<T>();
+            const int t = ps.w_flip ? ps.rs - 1 - tap : tap;
+            d[j] = k_ok && ch < ps.w_c && tap < ps.rs ? igemm::prepare<T, kTf32>(s[ch * ch_step + t]) : zero<T>();
         }
     }
 }

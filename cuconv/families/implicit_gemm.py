@@ -405,7 +405,7 @@ def _kernel(name: str, grid: tuple, block: tuple, scalars: tuple, smem: int = 0)
 
 # The kernels' structs, passed by value: one argument instead of 9 or 17 (host time per launch).
 PACK_SHAPE_DTYPE = numpy.dtype([(f, numpy.int32) for f in ("c", "cp", "hw", "units", "in_blocks", "k_valid", "rs",
-                                                             "w_c", "w_cp", "w_kp")]
+                                                             "w_c", "w_cp", "w_kp", "w_flip")]
                                + [(f, numpy.int64) for f in ("w_row", "w_total", "src_sample", "src_channel",
                                                              "dst_sample")], align=True)
 _GEOMETRY_FIELDS = ("h", "w", "cp", "k", "p", "q", "r", "s", "stride_h", "stride_w", "pad_h", "pad_w", "dil_h",
@@ -424,21 +424,25 @@ _NARROW_PIXEL_BYTES = 256
 _WEIGHT_BLOCKS = 1024     # at most this many blocks of 256 threads pack the weight (one row each)
 
 
-def _pack_kernel(spec: ConvSpec, dtype, cp: int, samples: int, weight: "Plan" = None) -> "_loader.PreparedLaunch":
+def _pack_kernel(spec: ConvSpec, dtype, cp: int, samples: int, weight: "Plan" = None,
+                 flip: bool = False) -> "_loader.PreparedLaunch":
     """One launch packing ``samples`` samples (C, H, W) -> (H, W, cp), channels zero-padded (``cp`` the pixel
     stride: all groups' channels), and with a ``weight`` plan also the weight, KCRS -> (groups, kp, w_row)
-    zero-padded with k index (r·S + s)·cp + c; float32 rounded to TF32 on the way. Pointers: x, packed x, w,
-    packed w (ignored without a weight)."""
+    zero-padded with k index (r·S + s)·cp + c; float32 rounded to TF32 on the way; with ``flip`` the weight
+    given is the layer's whose dgrad ``spec`` is the forward of (``dgrad_forward.forward_weight`` of it is
+    packed). Pointers: x, packed x, w, packed w (ignored without a weight)."""
     hw = spec.h * spec.w
     return _pack_launch(dtype, spec.c, cp, hw, samples, spec.c * hw, hw, hw * cp, weight, spec.k_per_group,
-                        spec.r * spec.s, spec.c_per_group)
+                        spec.r * spec.s, spec.c_per_group, flip)
 
 
 def _pack_launch(dtype, c: int, cp: int, hw: int, samples: int, src_sample: int, src_channel: int, dst_sample: int,
-                 weight: "Plan" = None, k_valid: int = 0, rs: int = 0, w_c: int = 0) -> "_loader.PreparedLaunch":
+                 weight: "Plan" = None, k_valid: int = 0, rs: int = 0, w_c: int = 0,
+                 flip: bool = False) -> "_loader.PreparedLaunch":
     """The packing launch: ``samples`` samples of ``c`` channels of ``hw`` pixels, ``src_sample`` and
     ``src_channel`` elements apart, to (hw, cp) each, ``dst_sample`` elements apart, and with a ``weight`` plan
-    the KCRS weight of ``k_valid`` filters per group, ``w_c`` channels and ``rs`` taps too. Pixels of up to 256
+    the KCRS weight of ``k_valid`` filters per group, ``w_c`` channels and ``rs`` taps too (``flip``: read
+    transposed and flipped from a dgrad's layer weight, see ``_pack_kernel``). Pixels of up to 256
     bytes take one thread per 16-byte output vector (``pack_nhwc_narrow``: 2-10x faster than pack_nhwc below 64
     bytes, where its 32-channel tiles idle, and up to 20% at 128-256), wider ones 32 x 64 transposes in shared
     memory; the weight takes extra blocks of the same launch, one per row."""
@@ -451,8 +455,8 @@ def _pack_launch(dtype, c: int, cp: int, hw: int, samples: int, src_sample: int,
     w_blocks = min(_WEIGHT_BLOCKS, w_total // w_row if w_row else 0)  # a block per row
 
     def shape(units: int, in_blocks: int = 0):
-        return numpy.array((c, cp, hw, units, in_blocks, k_valid, rs, w_c, w_cp, w_kp, w_row, w_total, src_sample,
-                            src_channel, dst_sample), dtype=PACK_SHAPE_DTYPE)[()]
+        return numpy.array((c, cp, hw, units, in_blocks, k_valid, rs, w_c, w_cp, w_kp, flip, w_row, w_total,
+                            src_sample, src_channel, dst_sample), dtype=PACK_SHAPE_DTYPE)[()]
 
     if cp * dtype.itemsize <= _NARROW_PIXEL_BYTES:
         vecs = samples * hw * cp * dtype.itemsize // 16
@@ -536,13 +540,14 @@ def splits_for(m: int, filters: int, tile, k_tiles: int, sm_count: int, smem_per
 
 @functools.lru_cache(maxsize=1024)
 def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int, sm_count: int, smem_per_sm: int,
-              splits: int = None):
+              splits: int = None, flip: bool = False):
     """(plan, workspace bytes, partial-sum bytes, chunks) of a forward; each chunk (x byte offset, out byte
     offset, packing, GEMM, sum of the splits or None), the first chunk's packing with the weight's. The
     workspace holds the packed weight (kp · w_row elements: whole 128-byte rows), then one chunk's packed input,
     then where the GEMM is split over k (``splits_for``, or ``splits``) the fp32 partial sums. An NchwTile
-    packs nothing and is not split: no workspace, packing None. Memoized per problem, tile, device, workspace
-    limit and SMs: a layer called again spends no host time planning."""
+    packs nothing and is not split: no workspace, packing None. ``flip``: the weight given is a dgrad's layer
+    weight, packed transposed and flipped (``_pack_kernel``). Memoized per problem, tile, device, workspace limit
+    and SMs: a layer called again spends no host time planning."""
     pl = plan(spec, dtype, tile, workspace_limit)
     itemsize = numpy.dtype(dtype).itemsize
     packed = pl.weight_bytes(itemsize) + pl.samples * pl.sample_bytes(spec, itemsize)
@@ -555,7 +560,7 @@ def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int, sm
     chunks = []
     for n0 in range(0, spec.n, pl.samples):
         nb = min(pl.samples, spec.n - n0)
-        pack = None if pl.tile.nchw else _pack_kernel(spec, dtype, pl.pix, nb, pl if n0 == 0 else None)
+        pack = None if pl.tile.nchw else _pack_kernel(spec, dtype, pl.pix, nb, pl if n0 == 0 else None, flip)
         sums = None if splits == 1 else _sum_kernel(dtype, nb * spec.k * spec.p * spec.q, splits, spec.p * spec.q,
                                                      spec.k, sm_count)
         chunks.append((n0 * spec.c * spec.h * spec.w * itemsize, n0 * spec.k * spec.p * spec.q * itemsize, pack,
@@ -881,39 +886,54 @@ def _phases_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None) -> "_pla
 def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
             tile: Tile = None, splits: int = None) -> "_plan.Plan":
     """The plan of ``pass_`` (see ``cuconv._plan``): per chunk, the packing launch and the GEMM (an NchwTile:
-    the GEMM alone, reading x and w as they are); dgrad as the forward convolution of dy (``dgrad_forward``),
-    or at a stride above 1 one per phase of the stride (``phase_specs``); wgrad as the forward convolution of x
-    by dy, samples and channels swapped (``transposed_spec``), split over ``splits`` k ranges (default
-    ``wgrad_splits``). The workspace holds the packed weight, then one chunk's packed input. ``tile`` forces one
-    of ``TILES`` (tests). float32 computes TF32."""
-    if pass_ == "dgrad":
-        if dgrad_forward.forward_spec(spec) is None:
-            return _phases_prepare(spec, dtype, env, tile)
-        return dgrad_forward.prepare(prepare, spec, dtype, precision, env, tile=tile, splits=splits)
+    the GEMM alone, reading x and w as they are); dgrad as the forward convolution of dy
+    (``dgrad_forward.forward_spec``), its packing launch reading the weight transposed and flipped (an
+    NchwTile, which reads the weight in place, takes ``dgrad_forward``'s flipped copy), or at a stride above 1
+    one per phase of the stride (``phase_specs``); wgrad as the forward convolution of x by dy, samples and
+    channels swapped (``transposed_spec``), split over ``splits`` k ranges (default ``wgrad_splits``). The
+    workspace holds the packed weight, then one chunk's packed input. ``tile`` forces one of ``TILES`` (tests).
+    float32 computes TF32."""
     if pass_ == "wgrad":
         return _wgrad_prepare(spec, numpy.dtype(dtype), env, tile, splits)
     if tile is not None and tile.wgmma and not env.wgmma:
         raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
+    if pass_ == "dgrad":
+        fspec = dgrad_forward.forward_spec(spec)
+        if fspec is None:
+            return _phases_prepare(spec, dtype, env, tile)
+        tile = tile or choose_tile(fspec, numpy.dtype(dtype), env.wgmma)
+        if tile.nchw:
+            return dgrad_forward.prepare(prepare, spec, dtype, precision, env, tile=tile, splits=splits)
+        return _forward_plan(pass_, fspec, numpy.dtype(dtype), env, tile, splits, ("dy", "w", None, "dx"))
+    return _forward_plan(pass_, spec, numpy.dtype(dtype), env, tile or choose_tile(spec, dtype, env.wgmma), splits,
+                         ("x", "w", "bias", "out"))
+
+
+def _forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, splits: int, operands: tuple
+                  ) -> "_plan.Plan":
+    """The forward ``spec``'s launches as ``pass_``'s plan, its input, weight, bias (None: none) and output the
+    plan's ``operands``; a dgrad's (the forward of dy) packs the layer's weight flipped."""
     b = _plan.Builder(pass_, env)
     if spec.n * spec.k * spec.p * spec.q == 0:
         return b.plan(STEM)
-    dtype = numpy.dtype(dtype)
-    pl, packed, partial_bytes, chunks = _launches(spec, dtype, tile or choose_tile(spec, dtype, env.wgmma), env.device,
-                                                  env.workspace_limit, env.sm_count, env.smem_per_sm, splits)
+    x, w, bias, out = operands
+    bias_ref = _plan.NULL if bias is None else b.ref(bias)
+    pl, packed, partial_bytes, chunks = _launches(spec, dtype, tile, env.device, env.workspace_limit, env.sm_count,
+                                                  env.smem_per_sm, splits, pass_ == "dgrad")
     if not packed:  # an NchwTile: the GEMM reads x and w as they are
         for x_offset, out_offset, _, gemm, _ in chunks:
-            b.launch(gemm, b.ref("x", x_offset), b.ref("w"), b.ref("bias"), b.ref("out", out_offset))
+            b.launch(gemm, b.ref(x, x_offset), b.ref(w), bias_ref, b.ref(out, out_offset))
         return b.plan(STEM)
     packed_w = b.take(packed)  # the packed weight, then the input
     packed_x = (packed_w[0], packed_w[1] + pl.weight_bytes(dtype.itemsize))
     partials = b.take(partial_bytes) if partial_bytes else None
     for x_offset, out_offset, pack, gemm, sums in chunks:  # the first chunk's pack also packs the weight; the
-        b.launch(pack, b.ref("x", x_offset), packed_x, b.ref("w"), packed_w)  # others ignore its weight pointers
+        b.launch(pack, b.ref(x, x_offset), packed_x, b.ref(w), packed_w)  # others ignore its weight pointers
         if sums is None:
-            b.launch(gemm, packed_x, packed_w, b.ref("bias"), b.ref("out", out_offset))
+            b.launch(gemm, packed_x, packed_w, bias_ref, b.ref(out, out_offset))
         else:  # fp32 partial sums of the k ranges, then their sum with the bias
             b.launch(gemm, packed_x, packed_w, _plan.NULL, partials)
-            b.launch(sums, partials, b.ref("bias"), b.ref("out", out_offset))
+            b.launch(sums, partials, bias_ref, b.ref(out, out_offset))
     return b.plan(STEM)
 
 
