@@ -1,5 +1,6 @@
-"""implicit_gemm on the GPU: every tile bit for bit against the CPU path on integers, forward and wgrad (split over
-k or not), the NCHW tiles' unaligned weights and vector stores, and the NHWC pack with its zero channels."""
+"""implicit_gemm on the GPU: every tile bit for bit against the CPU path on integers, forward, dgrad (stride 1 and by
+phases) and wgrad (split over k or not), the NCHW tiles' unaligned weights and vector stores, and the NHWC pack
+with its zero channels."""
 
 from __future__ import annotations
 
@@ -233,6 +234,41 @@ def test_implicit_gemm_phased_dgrad_equals_cpu_exactly_on_integers(case, tile, d
 
     dtype = _dtypes.by_name(dtype_name)
     x4, w, dy, spec = _integer_backward_operands(case, tile, 29)
+    cpu = cuconv.conv2d_input(x4.shape, w.astype(dtype), dy.astype(dtype), **case.kwargs)
+    dx = cupy.full(x4.shape, numpy.nan, dtype=dtype)
+    implicit_gemm.dgrad_gpu(to_gpu(dy, dtype), to_gpu(w, dtype), spec, dx, "tf32", tile=implicit_gemm.TILES[tile])
+    numpy.testing.assert_array_equal(cupy.asnumpy(dx).astype(numpy.float64), cpu.astype(numpy.float64))
+
+
+def _stride1_dgrad_tile_cases():
+    """dgrad cases that are one forward convolution of dy (stride 1), each through every tile: the packed ones
+    pack the layer's weight transposed and flipped themselves, the NchwTiles read dgrad_forward's flipped copy;
+    groups, dilation, one-sided and non-square kernels among them."""
+    from cuconv.families import dgrad_forward, implicit_gemm
+
+    out = []
+    for param in TILING_CASES + [c for c in CASES if c.id in ("k5x9_d2x3_p2x4", "same_even_dil3", "same_even_4x2",
+                                                               "groups4_c8", "groups3_c16_stride2", "pointwise_1x1")]:
+        case = param.values[0]
+        spec = case_spec(case)
+        if (0 in case.x_shape or dgrad_forward.forward_spec(spec) is None
+                or implicit_gemm.reason_unsupported(spec, numpy.float16, "dgrad") is not None):
+            continue
+        out += [pytest.param(case, t, id=f"{param.id}-{t}") for t in implicit_gemm.TILES]
+    return out
+
+
+@pytest.mark.parametrize("dtype_name", [d for d in EXACT_DTYPES if d != "float64"])
+@pytest.mark.parametrize("case,tile", _stride1_dgrad_tile_cases())
+def test_implicit_gemm_stride1_dgrad_equals_cpu_exactly_on_integers(case, tile, dtype_name):
+    """dgrad at stride 1 as the forward of dy, every tile: on integers each dtype equals the CPU path bit for bit,
+    into a NaN-poisoned dx."""
+    import cupy
+
+    from cuconv.families import implicit_gemm
+
+    dtype = _dtypes.by_name(dtype_name)
+    x4, w, dy, spec = _integer_backward_operands(case, tile, 31)
     cpu = cuconv.conv2d_input(x4.shape, w.astype(dtype), dy.astype(dtype), **case.kwargs)
     dx = cupy.full(x4.shape, numpy.nan, dtype=dtype)
     implicit_gemm.dgrad_gpu(to_gpu(dy, dtype), to_gpu(w, dtype), spec, dx, "tf32", tile=implicit_gemm.TILES[tile])
