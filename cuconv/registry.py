@@ -155,6 +155,12 @@ _POINTWISE_WGRAD_GEMM_MIN_PIXELS_HALF = (28 * 28, 14 * 14, 90000)
 _POINTWISE_WGRAD_GEMM_MIN_PIXELS_TF32 = 14 * 14
 
 
+# 1x1 wgrads at a stride: implicit_gemm packs all of x, of which the GEMM reads one pixel in stride², while
+# im2col_gemm gathers only those; on large input planes that wins (H100, RegNet and ResNet-50 downsampling layers:
+# TF32 2x on 56x56 and 112x112 planes, bfloat16 2x on 112x112, even on 56x56; on 28x28 and below implicit_gemm).
+_STRIDED_POINTWISE_WGRAD_GEMM_MIN_PIXELS = {4: 56 * 56, 2: 112 * 112}  # itemsize -> H·W
+
+
 # 1x1 layers of one group on planes below 14x14 (``im2col_gemm.batch_foldable``): im2col_gemm runs each pass as
 # one GEMM over the batch between swaps of (N, C). Measured against implicit_gemm on 7x7 planes: its forward wins
 # where the layer does not widen (C >= K; widening ones have too short a reduction for the swaps' cost), its dgrad
@@ -163,10 +169,13 @@ _BATCH_FOLDED_WGRAD_MAX_WEIGHT = 1 << 20
 
 
 def _pointwise_wgrad_by_gemm(spec: ConvSpec, dtype) -> bool:
-    """A 1x1 stride-1 unpadded wgrad for im2col_gemm: on squeeze-excitation's 1x1 planes of one group (x, dy and
-    dw are plain matrices: one GEMM over the batch, 2-3x faster than implicit_gemm's split tiles), on planes
+    """A 1x1 unpadded wgrad for im2col_gemm: at stride 1 on squeeze-excitation's 1x1 planes of one group (x, dy
+    and dw are plain matrices: one GEMM over the batch, 2-3x faster than implicit_gemm's split tiles), on planes
     below 14x14 of one group and a weight below ``_BATCH_FOLDED_WGRAD_MAX_WEIGHT`` (one GEMM over the batch
-    between swaps), and on large planes (``_POINTWISE_WGRAD_GEMM_MIN_PIXELS_*``)."""
+    between swaps), and on large planes (``_POINTWISE_WGRAD_GEMM_MIN_PIXELS_*``); at a stride on large input
+    planes (``_STRIDED_POINTWISE_WGRAD_GEMM_MIN_PIXELS``)."""
+    if (spec.r, spec.s, spec.pad) == (1, 1, (0, 0, 0, 0)) and spec.stride != (1, 1) and spec.dilation == (1, 1):
+        return spec.h * spec.w >= _STRIDED_POINTWISE_WGRAD_GEMM_MIN_PIXELS.get(numpy.dtype(dtype).itemsize, 1 << 62)
     if not spec.is_pointwise_identity:
         return False
     if im2col_gemm.pixel_folded(spec):
@@ -271,7 +280,7 @@ def _preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool =
       never writes the column matrix;
     - tensor-core arithmetic, wgrad (grouped ones too: all groups in one launch), except 1x1 stride-1 unpadded
       layers on large planes (in TF32 but large weights on planes below 28x28), on 1x1 planes, or folded over the
-      batch (``_pointwise_wgrad_by_gemm``):
+      batch, and strided 1x1 ones on large input planes (``_pointwise_wgrad_by_gemm``):
       ``implicit_gemm`` (the forward kernels
       on x and dy with samples and channels swapped, split over the reduction: no column matrix, no per-sample
       partial sums);

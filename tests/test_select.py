@@ -118,6 +118,63 @@ def test_pointwise_wgrad_takes_a_gemm_on_large_planes_and_on_1x1_planes(hw, c, k
     assert cuconv.select_algorithm(spec, dtype, precision, True, "wgrad") == expected
 
 
+@pytest.mark.parametrize("x_shape,k,dtype,expected", [
+    ((32, 256, 56, 56), 512, _F32, "im2col_gemm"), ((32, 64, 56, 56), 144, _F32, "im2col_gemm"),
+    ((32, 32, 112, 112), 64, _F32, "im2col_gemm"), ((32, 32, 112, 112), 64, _BF16, "im2col_gemm"),
+    ((32, 256, 56, 56), 512, _BF16, "implicit_gemm"), ((32, 512, 28, 28), 1024, _F32, "implicit_gemm"),
+    ((32, 144, 28, 28), 320, _F32, "implicit_gemm"),
+], ids=["56_tf32", "56_tf32_narrow", "112_tf32", "112_bf16", "56_bf16", "28_tf32", "28_tf32_narrow"])
+def test_strided_pointwise_wgrad_gathers_only_the_pixels_it_reads_on_large_planes(x_shape, k, dtype, expected):
+    """1x1 wgrads at stride 2: im2col_gemm (a gather of the pixels the stride reads, one GEMM) on input planes from
+    56x56 in TF32 and from 112x112 in the half types; implicit_gemm, which packs all of x, below."""
+    spec = cuconv.ConvSpec.from_args(x_shape, (k, x_shape[1], 1, 1), stride=2)
+    precision = "tf32" if dtype == _F32 else "ieee"
+    assert cuconv.select_algorithm(spec, dtype, precision, True, "wgrad") == expected
+
+
+@pytest.mark.parametrize("x_shape,k,kernel,expected", [
+    ((32, 256, 14, 14), 256, 3, "wg128x256"), ((32, 256, 28, 28), 256, 3, "wg128x256"),
+    ((4, 256, 25, 38), 256, 3, "wg128x256"), ((16, 256, 14, 14), 256, 3, "wg128x256"),
+    ((32, 512, 7, 7), 512, 3, "wg64x128"), ((32, 1024, 14, 14), 512, 1, "wg64x128"),
+    ((32, 128, 28, 28), 128, 3, "wg64x128"), ((32, 320, 14, 14), 320, 3, "wg64x128"),
+], ids=["256_14", "256_28", "fpn_25x38", "256_14_b16", "512_7", "1x1_1024", "128_28", "grouped_20"])
+def test_wgrad_tile_is_wide_for_long_columns_and_reductions(x_shape, k, kernel, expected):
+    """wgrad's wgmma tile: 128 filters x 256 of dW's columns where a group has more than 64 filters and both
+    C/groups·R·S and N·P·Q reach 2048; 64 x 128 otherwise (the last case: 20 groups of 16)."""
+    from cuconv.families import implicit_gemm
+
+    groups = 20 if x_shape[1] == 320 else 1
+    spec = cuconv.ConvSpec.from_args(x_shape, (k, x_shape[1] // groups, kernel, kernel), padding=kernel // 2,
+                                     groups=groups)
+    assert implicit_gemm.wgrad_tile(spec, _F16, True) is implicit_gemm.TILES[expected]
+
+
+@pytest.mark.parametrize("x_shape,k,expected", [
+    ((32, 512, 14, 14), 512, "wg128x256"), ((32, 1024, 7, 7), 1024, "wg128x256"), ((64, 256, 14, 14), 256, "wg128x256"),
+    ((4, 256, 50, 76), 256, "wg128x256"), ((32, 256, 14, 14), 256, "wg64x128"), ((32, 512, 7, 7), 512, "wg64x128"),
+], ids=["512_14", "1024_7", "256_14_b64", "fpn_50x76", "256_14", "512_7"])
+def test_long_gemms_on_few_pixels_take_128x256_blocks(x_shape, k, expected):
+    """Below 16384 output pixels a 3x3 forward of more than 64 filters takes 64 x 128 blocks, but 128 x 256 ones
+    where the GEMM has 5·10^9 multiply-adds or more (dgrad at stride 1 follows: the forward of dy)."""
+    from cuconv.families import implicit_gemm
+
+    spec = cuconv.ConvSpec.from_args(x_shape, (k, x_shape[1], 3, 3), padding=1)
+    assert implicit_gemm.choose_tile(spec, _BF16, wgmma=True, nchw=False) is implicit_gemm.TILES[expected]
+
+
+def test_splits_never_spill_past_one_wave_of_resident_blocks():
+    """72 blocks of a tile that fits once an SM: split in two they would take two waves on 132 SMs; they stay
+    whole. Tiles of two blocks an SM keep the rounded count (144 of them are resident at once)."""
+    from cuconv.families import implicit_gemm
+
+    tiles, smem = implicit_gemm.TILES, 228 << 10
+    assert implicit_gemm.resident_blocks(tiles["wg128x256"], smem) == 1
+    assert implicit_gemm.resident_blocks(tiles["wg64x128"], smem) == 2
+    assert implicit_gemm.splits_for(18 * 256, 4 * 128, tiles["wg128x256"], 98, 132, smem, 1 << 30) == 1
+    assert implicit_gemm.splits_for(9 * 256, 2 * 128, tiles["wg128x256"], 98, 132, smem, 1 << 30) == 7
+    assert implicit_gemm.splits_for(36 * 128, 2 * 64, tiles["wg64x128"], 98, 132, smem, 1 << 30) == 2
+
+
 @pytest.mark.parametrize("c,k,expected", [(1152, 192, "implicit_gemm"), (960, 160, "implicit_gemm"),
                                          (2048, 512, "im2col_gemm"), (672, 160, "im2col_gemm"),
                                          (1152, 320, "im2col_gemm")])
