@@ -36,7 +36,8 @@ from . import _backend
 __all__ = ["gemm", "gemm_batched", "PreparedGemm", "alignment"]
 
 # cublasLt attribute numbers (cublasLt.h; fixed by the ABI): matmul descriptor, matrix layout, preference.
-_LT_DESC_TRANSA, _LT_DESC_TRANSB = 3, 4
+_LT_DESC_TRANSA, _LT_DESC_TRANSB, _LT_DESC_EPILOGUE, _LT_DESC_BIAS_POINTER = 3, 4, 7, 8
+_LT_EPILOGUE_BIAS = 4  # D = alpha·A·B + beta·C + bias[row], bias of D's type, added before D's one rounding
 _LT_LAYOUT_BATCH_COUNT, _LT_LAYOUT_STRIDED_BATCH_OFFSET = 5, 6
 _LT_PREF_MAX_WORKSPACE_BYTES = 1
 _LT_PREF_MIN_ALIGNMENT = {"A": 5, "B": 6, "C": 7, "D": 8}
@@ -241,7 +242,7 @@ def _lt_call(dtype, precision, c_dtype, trans_a, trans_b, m, n, k, lda, stride_a
         stride_a = stride_b = stride_c = 0  # unused: not part of the plan's key
     key = (device, types, trans_a, trans_b, m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch,
            _alignment(a_ptr, stride_a * item), _alignment(b_ptr, stride_b * item),
-           _alignment(c_ptr, stride_c * c_item), ws_bytes)
+           _alignment(c_ptr, stride_c * c_item), ws_bytes, False)
     plan = _lt_plans.get(key)
     if plan is None and key not in _lt_plans:
         plan = _lt_plan(key)
@@ -305,11 +306,46 @@ def _lt_handle(device: int):
     return handle
 
 
+def _set_matmul_attrs(lt, desc, trans_a: str, trans_b: str, bias: bool) -> None:
+    """A matmul descriptor's transposes and, with ``bias``, the bias epilogue (its pointer is set per call)."""
+    for attr, value in ((_LT_DESC_TRANSA, ctypes.c_int32(_OP[trans_a])), (_LT_DESC_TRANSB, ctypes.c_int32(_OP[trans_b])),
+                        (_LT_DESC_EPILOGUE, ctypes.c_uint32(_LT_EPILOGUE_BIAS)) if bias else (None, None)):
+        if attr is not None:
+            _check(lt.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value), ctypes.sizeof(value)),
+                   "cublasLtMatmulDescSetAttribute")
+
+
+class _BiasDesc:
+    """A PreparedGemm's own matmul descriptor with the bias epilogue: the bias pointer is an attribute of the
+    descriptor, so each call sets it (under the lock: a plan, and its GEMMs, serve every layer of its shape,
+    from any thread) just before ``cublasLtMatmul`` reads it."""
+
+    __slots__ = ("desc", "lock", "_pointer", "_set", "_owner")
+
+    def __init__(self, types, trans_a: str, trans_b: str):
+        scalar_type, _, _, compute = types
+        lt = _lt()
+        desc = ctypes.c_void_p()
+        _check(lt.cublasLtMatmulDescCreate(ctypes.byref(desc), compute,
+                                           _CUDA_R_64F if scalar_type is numpy.float64 else _CUDA_R_32F),
+               "cublasLtMatmulDescCreate")
+        self._owner = _LtPlanOwner([(lt.cublasLtMatmulDescDestroy, desc)], None)
+        _set_matmul_attrs(lt, desc, trans_a, trans_b, True)
+        self.desc, self.lock = desc.value, threading.Lock()
+        self._pointer = ctypes.c_uint64(0)
+        self._set = lt.cublasLtMatmulDescSetAttribute
+
+    def point(self, bias: int) -> None:
+        self._pointer.value = bias
+        _check(self._set(self.desc, _LT_DESC_BIAS_POINTER, ctypes.byref(self._pointer), 8),
+               "cublasLtMatmulDescSetAttribute(BIAS_POINTER)")
+
+
 def _lt_plan(key):
     """Descriptors and cuBLASLt's best algorithm for one GEMM (see ``gemm`` for the key), kept for the
     process; None where cuBLASLt has no algorithm for it."""
     (device, (scalar_type, data_type, c_type, compute), trans_a, trans_b, m, n, k, lda, stride_a, ldb, stride_b,
-     ldc, stride_c, batch, align_a, align_b, align_c, ws_bytes) = key
+     ldc, stride_c, batch, align_a, align_b, align_c, ws_bytes, bias) = key
     lt = _lt()
     made = []  # (destroy function, descriptor) of what this plan created
     owner = _LtPlanOwner(made, None)  # destroys them unless the plan is kept (also if a call below raises)
@@ -338,8 +374,7 @@ def _lt_plan(key):
         if len(_lt_plans) >= _LT_PLANS_MAX:
             _lt_plans.clear()  # (each plan's owner destroys its descriptors once no call holds it)
         desc = create("cublasLtMatmulDescCreate", "cublasLtMatmulDescDestroy", compute, scale_type)
-        set_attr(lt.cublasLtMatmulDescSetAttribute, desc, _LT_DESC_TRANSA, ctypes.c_int32(_OP[trans_a]))
-        set_attr(lt.cublasLtMatmulDescSetAttribute, desc, _LT_DESC_TRANSB, ctypes.c_int32(_OP[trans_b]))
+        _set_matmul_attrs(lt, desc, trans_a, trans_b, bias)
         a_desc = layout(data_type, *((m, k) if trans_a == "N" else (k, m)), lda, stride_a)
         b_desc = layout(data_type, *((k, n) if trans_b == "N" else (n, k)), ldb, stride_b)
         c_desc = layout(c_type, m, n, ldc, stride_c)
@@ -428,17 +463,22 @@ class PreparedGemm:
     ``cublasLtMatmul`` with its plan's descriptors and algorithm. ``workspace`` is the bytes of device memory
     the algorithm needs at the call's ``workspace`` pointer (the caller's: a plan's workspace, so that CUDA
     graphs capture it with the rest). Where cuBLASLt has no algorithm the call goes through the classic
-    ``cublasGemmStridedBatchedEx`` (and its own per-stream workspace)."""
+    ``cublasGemmStridedBatchedEx`` (and its own per-stream workspace). With ``bias`` the call takes a sixth
+    pointer, a vector of m elements of C's type added to every column in the epilogue (before C's one rounding)
+    where cuBLASLt has an algorithm for it: ``fuses_bias`` says whether it does (else the bias is ignored and the
+    caller adds it itself)."""
 
-    __slots__ = ("workspace", "_args", "_classic", "_device")
+    __slots__ = ("workspace", "fuses_bias", "_args", "_classic", "_device", "_bias")
 
     def __init__(self, dtype, precision: str, m: int, n: int, k: int, lda: int, stride_a: int, ldb: int,
                  stride_b: int, ldc: int, stride_c: int, batch: int, beta: float = 0.0, *, trans_a: str = "N",
-                 trans_b: str = "N", c_dtype=None, align=(_LT_MAX_ALIGNMENT,) * 3, device: int = None):
+                 trans_b: str = "N", c_dtype=None, align=(_LT_MAX_ALIGNMENT,) * 3, device: int = None,
+                 bias: bool = False):
         _check_dims(m, n, k, lda, ldb, ldc, batch)
         self._device = _current_device() if device is None else device
         self.workspace = 0
-        self._args = self._classic = None
+        self.fuses_bias = False
+        self._args = self._classic = self._bias = None
         if min(m, n, batch) == 0:
             return  # nothing to compute: a call does nothing
         types = _types(dtype, precision, c_dtype)
@@ -446,7 +486,7 @@ class PreparedGemm:
         if k > 0:
             strides = (stride_a, stride_b, stride_c) if batch > 1 else (0, 0, 0)
             key = (self._device, types, trans_a, trans_b, m, n, k, lda, strides[0], ldb, strides[1], ldc, strides[2],
-                   batch, *align, _WORKSPACE_BYTES)
+                   batch, *align, _WORKSPACE_BYTES, bias)
             plan = _lt_plans.get(key)
             if plan is None and key not in _lt_plans:
                 plan = _lt_plan(key)
@@ -455,18 +495,27 @@ class PreparedGemm:
                              stride_b, ldc, stride_c, batch)
             return
         desc, a_desc, b_desc, c_desc, algo, needed, _ = plan
+        if bias:
+            self._bias = _BiasDesc(types, trans_a, trans_b)
+            desc, self.fuses_bias = self._bias.desc, True
         scalar_type = types[0]
         self.workspace = needed
         # (the plan rides along: holding it keeps its descriptors alive, _LtPlanOwner)
         self._args = (_lt().cublasLtMatmul, desc, _SCALAR_PTRS[(scalar_type, 1.0)], a_desc, b_desc,
                       _SCALAR_PTRS[(scalar_type, float(beta))], c_desc, algo, needed, plan, m, n, k, batch)
 
-    def __call__(self, a: int, b: int, c: int, stream: int, workspace: int) -> None:
+    def __call__(self, a: int, b: int, c: int, stream: int, workspace: int, bias: int = 0) -> None:
         args = self._args
         if args is not None:
             fn, desc, alpha, a_desc, b_desc, beta, c_desc, algo, needed, _, m, n, k, batch = args
-            status = fn(_lt_handle(self._device), desc, alpha, a, a_desc, b, b_desc, beta, c, c_desc, c, c_desc,
-                        algo, workspace if needed else None, needed, stream)
+            if self._bias is None:
+                status = fn(_lt_handle(self._device), desc, alpha, a, a_desc, b, b_desc, beta, c, c_desc, c, c_desc,
+                            algo, workspace if needed else None, needed, stream)
+            else:
+                with self._bias.lock:
+                    self._bias.point(bias)
+                    status = fn(_lt_handle(self._device), desc, alpha, a, a_desc, b, b_desc, beta, c, c_desc, c,
+                                c_desc, algo, workspace if needed else None, needed, stream)
             if status:  # (the message is built only on failure: formatting it costs host time)
                 _check(status, f"cublasLtMatmul(m={m}, n={n}, k={k}, batch={batch})")
             return

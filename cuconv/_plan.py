@@ -145,16 +145,21 @@ class Launch:
 
 class Gemm:
     """A step: a prepared cuBLAS GEMM (``_cublas.PreparedGemm``) on operands ``a``, ``b``, ``c`` and its
-    own part of the workspace ``ws``, each ``(index, offset)``."""
+    own part of the workspace ``ws``, each ``(index, offset)``, and the ``bias`` its epilogue adds (None:
+    none)."""
 
-    __slots__ = ("gemm", "a", "b", "c", "ws")
+    __slots__ = ("gemm", "a", "b", "c", "ws", "bias")
 
-    def __init__(self, gemm, a, b, c, ws):
-        self.gemm, self.a, self.b, self.c, self.ws = gemm, a, b, c, ws
+    def __init__(self, gemm, a, b, c, ws, bias=None):
+        self.gemm, self.a, self.b, self.c, self.ws, self.bias = gemm, a, b, c, ws, bias
 
     def __call__(self, bases, stream: int) -> None:
         (ai, ao), (bi, bo), (ci, co), (wi, wo) = self.a, self.b, self.c, self.ws
-        self.gemm(bases[ai] + ao, bases[bi] + bo, bases[ci] + co, stream, bases[wi] + wo)
+        if self.bias is None:
+            self.gemm(bases[ai] + ao, bases[bi] + bo, bases[ci] + co, stream, bases[wi] + wo)
+        else:
+            self.gemm(bases[ai] + ao, bases[bi] + bo, bases[ci] + co, stream, bases[wi] + wo,
+                      bases[self.bias[0]] + self.bias[1])
 
 
 class Plan:
@@ -213,17 +218,24 @@ class Builder:
 
     def gemm(self, dtype, precision: str, m: int, n: int, k: int, a: tuple, lda: int, stride_a: int, b: tuple,
              ldb: int, stride_b: int, c: tuple, ldc: int, stride_c: int, batch: int, beta: float = 0.0, *,
-             trans_a: str = "N", trans_b: str = "N", c_dtype=None, append: bool = True):
+             trans_a: str = "N", trans_b: str = "N", c_dtype=None, append: bool = True, bias: tuple = None):
         """A GEMM step (``_cublas.gemm``'s arguments, strides in elements) on operand references ``a``, ``b``,
-        ``c``: prepared for the alignments the references and the environment give."""
+        ``c``: prepared for the alignments the references and the environment give. With a ``bias`` reference
+        (m elements of C's type, added to every column in cuBLASLt's epilogue): None, and nothing added to the
+        plan, where that cannot be done (no algorithm for it, or a bias pointer not known to be 256-byte
+        aligned: the heuristic assumes the pointer's alignment)."""
+        if bias is not None and not self.base_aligned(bias):
+            return None
         item = numpy.dtype(dtype).itemsize
         c_item = item if c_dtype is None else numpy.dtype(c_dtype).itemsize
         align = tuple(_cublas.alignment(ref[1], stride * size, self.base_aligned(ref), size)
                       for ref, stride, size in ((a, stride_a, item), (b, stride_b, item), (c, stride_c, c_item)))
         prepared = _cublas.PreparedGemm(dtype, precision, m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch,
                                         beta, trans_a=trans_a, trans_b=trans_b, c_dtype=c_dtype, align=align,
-                                        device=self.env.device)
-        step = Gemm(prepared, a, b, c, None)
+                                        device=self.env.device, bias=bias is not None)
+        if bias is not None and not prepared.fuses_bias:
+            return None
+        step = Gemm(prepared, a, b, c, None, bias)
         self._gemms.append(step)
         if append:
             self.steps.append(step)

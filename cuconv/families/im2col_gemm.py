@@ -306,7 +306,8 @@ def _forward_batch_folded(b, spec: ConvSpec, dtype, precision: str, bias: bool) 
 
 def _forward_steps(b, spec: ConvSpec, dtype, precision: str, bias: bool) -> None:
     """conv(x, w) + bias into out. With a bias, out is first filled with it and every GEMM accumulates onto it
-    (beta = 1). 1x1 stride-1 unpadded: one GEMM on the input planes as they are. Otherwise chunks of im2col
+    (beta = 1), but on 1x1 planes (one GEMM, the filters its rows), where cuBLASLt's epilogue adds it. 1x1
+    stride-1 unpadded: one GEMM on the input planes as they are. Otherwise chunks of im2col
     + GEMM; with two column buffers (large problems) the gather of chunk i+1 runs on a side stream while
     the GEMM of chunk i runs (``_Overlapped``)."""
     item = dtype.itemsize
@@ -315,14 +316,20 @@ def _forward_steps(b, spec: ConvSpec, dtype, precision: str, bias: bool) -> None
         _forward_batch_folded(b, spec, dtype, precision, bias)
         return
     chunks_plan = plan_chunks(spec, item, b.env.workspace_limit)
+    if pixel_folded(spec):  # column-major: out (K × N, ld K) = op(w) (K × C; stored C × K, ld C) @ x (C × N, ld C)
+        operands = (dtype, precision, spec.k, spec.n, spec.c, b.ref("w"), spec.c, 0, b.ref("x"), spec.c, 0,
+                    b.ref("out"), spec.k, 0, 1)
+        # the bias (one per row: per filter) in cuBLASLt's epilogue, one launch; else filled in first
+        if bias and b.gemm(*operands, 0.0, trans_a="T", bias=b.ref("bias")) is not None:
+            return
+        if bias:
+            b.launch(bias_fill_launch(dtype, spec.n, spec.k, pq), b.ref("out"), b.ref("bias"))
+        b.gemm(*operands, 1.0 if bias else 0.0, trans_a="T")
+        return
     beta = 0.0
     if bias:
         b.launch(bias_fill_launch(dtype, spec.n, spec.k, pq), b.ref("out"), b.ref("bias"))
         beta = 1.0
-    if pixel_folded(spec):  # column-major: out (K × N, ld K) = op(w) (K × C; stored C × K, ld C) @ x (C × N, ld C)
-        b.gemm(dtype, precision, spec.k, spec.n, spec.c, b.ref("w"), spec.c, 0, b.ref("x"), spec.c, 0, b.ref("out"),
-               spec.k, 0, 1, beta, trans_a="T")
-        return
     if chunks_plan.buffers == 0:
         _forward_gemm(b, dtype, precision, spec, spec.n, pq, b.ref("x"), pq, b.ref("out"), beta)
         return

@@ -201,12 +201,14 @@ def test_wgrad_partial_sums_stay_within_their_budget_and_the_workspace_limit(mon
 
 # ----- the GEMMs of a plan, run on the CPU: cuBLAS's column-major GEMM emulated in NumPy on host memory --------
 class _HostGemm:
-    """``_cublas.PreparedGemm`` on host pointers: column-major ``C[i] = op(A[i]) @ op(B[i]) (+ beta·C[i])`` (the
-    contract of ``_cublas.gemm``), computed in float64 and rounded once to C's dtype."""
+    """``_cublas.PreparedGemm`` on host pointers: column-major ``C[i] = op(A[i]) @ op(B[i]) (+ beta·C[i])
+    (+ bias, one per row)`` (the contract of ``_cublas.gemm`` and of the bias epilogue), computed in float64 and
+    rounded once to C's dtype."""
 
     def __init__(self, dtype, precision, m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch, beta=0.0, *,
-                 trans_a="N", trans_b="N", c_dtype=None, align=None, device=None):
+                 trans_a="N", trans_b="N", c_dtype=None, align=None, device=None, bias=False):
         self.workspace = 0
+        self.fuses_bias = bias
         self.args = (numpy.dtype(dtype), numpy.dtype(c_dtype or dtype), m, n, k, lda, stride_a, ldb, stride_b, ldc,
                      stride_c, batch, beta, trans_a, trans_b)
 
@@ -220,13 +222,14 @@ class _HostGemm:
         stored = raw.reshape(stored_cols, ld).T  # (ld x stored_cols), column-major
         return stored[:rows, :cols] if trans == "N" else stored[:cols, :rows].T
 
-    def __call__(self, a, b, c, stream, workspace):
+    def __call__(self, a, b, c, stream, workspace, bias=0):
         dtype, c_dtype, m, n, k, lda, sa, ldb, sb, ldc, sc, batch, beta, ta, tb = self.args
+        rows = _host_array(bias, m, c_dtype).astype(numpy.float64)[:, None] if self.fuses_bias else 0.0
         for i in range(batch):
             am = self._matrix(a + i * sa * dtype.itemsize, m, k, lda, dtype, ta).astype(numpy.float64)
             bm = self._matrix(b + i * sb * dtype.itemsize, k, n, ldb, dtype, tb).astype(numpy.float64)
             cm = self._matrix(c + i * sc * c_dtype.itemsize, m, n, ldc, c_dtype, "N")
-            cm[...] = (am @ bm + (beta * cm.astype(numpy.float64) if beta else 0.0)).astype(c_dtype)
+            cm[...] = (am @ bm + (beta * cm.astype(numpy.float64) if beta else 0.0) + rows).astype(c_dtype)
 
 
 def _host_array(ptr, count, dtype):
@@ -259,7 +262,8 @@ def _host_bias_fill(dtype, n, k, pq):
 @pytest.mark.parametrize("x_shape,k", [((3, 7, 5, 6), 4), ((2, 16, 1, 1), 9), ((1, 5, 3, 1), 12), ((2, 3, 15, 14), 5)],
                          ids=["small_planes", "one_pixel", "batch1", "planes"])
 def test_pointwise_gemm_arguments_on_host_memory(x_shape, k, dtype, monkeypatch):
-    """A 1x1 stride-1 layer's passes as cuBLAS GEMMs: on 1x1 planes one GEMM each; on small planes one GEMM over
+    """A 1x1 stride-1 layer's passes as cuBLAS GEMMs: on 1x1 planes one GEMM each (the forward's bias in its
+    epilogue: one step); on small planes one GEMM over
     the batch between swaps of the first two axes (``batch_folded``; the forward with its bias); on larger
     planes the forward and dgrad one strided batch of GEMMs. Their plans, run on host memory with the GEMM, the
     swaps and the bias fill emulated, equal the CPU path bit for bit on integers (the leading dimensions,
@@ -282,17 +286,20 @@ def test_pointwise_gemm_arguments_on_host_memory(x_shape, k, dtype, monkeypatch)
     dy = rng.integers(-3, 4, spec.output_shape).astype(dtype)
     out, dx = numpy.full(spec.output_shape, numpy.nan, dtype), numpy.full(spec.input_shape, numpy.nan, dtype)
     dw = numpy.full(spec.weight_shape, numpy.nan, dtype)
-    passes = [("fprop", (x.ctypes.data, w.ctypes.data, bias.ctypes.data if folded else 0, out.ctypes.data)),
+    with_bias = folded or spec.h * spec.w == 1
+    passes = [("fprop", (x.ctypes.data, w.ctypes.data, bias.ctypes.data if with_bias else 0, out.ctypes.data)),
               ("dgrad", (dy.ctypes.data, w.ctypes.data, dx.ctypes.data))]
     if folded or spec.h * spec.w == 1:
         passes.append(("wgrad", (x.ctypes.data, dy.ctypes.data, dw.ctypes.data)))
     for pass_, ptrs in passes:
-        plan = im2col_gemm.prepare(pass_, spec, dtype, "ieee", env, **({"bias": folded} if pass_ == "fprop" else {}))
+        plan = im2col_gemm.prepare(pass_, spec, dtype, "ieee", env, **({"bias": with_bias} if pass_ == "fprop" else {}))
         gemms = [step for step in plan.steps if type(step).__name__ == "Gemm"]
+        if pass_ == "fprop" and spec.h * spec.w == 1:
+            assert len(plan.steps) == 1 and gemms[0].bias is not None
         assert len(gemms) == 1 if (folded or spec.h * spec.w == 1) else gemms == list(plan.steps)
         workspace = numpy.zeros(max(plan.workspace, 1), numpy.uint8)
         plan.run(ptrs, 0, workspace.ctypes.data)
-    numpy.testing.assert_array_equal(out, cuconv.conv2d(x, w, bias if folded else None))
+    numpy.testing.assert_array_equal(out, cuconv.conv2d(x, w, bias if with_bias else None))
     numpy.testing.assert_array_equal(dx, cuconv.conv2d_input(x.shape, w, dy))
     if len(passes) == 3:
         numpy.testing.assert_array_equal(dw, cuconv.conv2d_weight(x, w.shape, dy))
