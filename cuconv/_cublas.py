@@ -308,11 +308,12 @@ def _lt_handle(device: int):
 
 def _set_matmul_attrs(lt, desc, trans_a: str, trans_b: str, bias: bool) -> None:
     """A matmul descriptor's transposes and, with ``bias``, the bias epilogue (its pointer is set per call)."""
-    for attr, value in ((_LT_DESC_TRANSA, ctypes.c_int32(_OP[trans_a])), (_LT_DESC_TRANSB, ctypes.c_int32(_OP[trans_b])),
-                        (_LT_DESC_EPILOGUE, ctypes.c_uint32(_LT_EPILOGUE_BIAS)) if bias else (None, None)):
-        if attr is not None:
-            _check(lt.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value), ctypes.sizeof(value)),
-                   "cublasLtMatmulDescSetAttribute")
+    attrs = [(_LT_DESC_TRANSA, ctypes.c_int32(_OP[trans_a])), (_LT_DESC_TRANSB, ctypes.c_int32(_OP[trans_b]))]
+    if bias:
+        attrs.append((_LT_DESC_EPILOGUE, ctypes.c_uint32(_LT_EPILOGUE_BIAS)))
+    for attr, value in attrs:
+        _check(lt.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value), ctypes.sizeof(value)),
+               "cublasLtMatmulDescSetAttribute")
 
 
 class _BiasDesc:

@@ -603,8 +603,9 @@ def transposed_spec(spec: ConvSpec) -> ConvSpec:
 
 # wgrad's GEMMs with wgmma: 128 filters x 256 of dW's columns (one block an SM, split over k to about one block
 # an SM) where a group has more than 64 filters and both dW's columns and the reduction are long (3x3 layers of
-# 256 channels and more, N·P·Q from 2500: 20-40% faster than 64 x 128 blocks, up to 1.7x on 28x28 planes);
-# 64 x 128 blocks elsewhere (shorter reductions, 1x1 layers, narrow groups: docs/perf-notes.md).
+# 256 channels and more with N·P·Q of 2500 and up: 20-40% faster than 64 x 128 blocks, up to 1.7x on 28x28
+# planes; at 1568 slower); 64 x 128 blocks elsewhere (shorter reductions, 1x1 layers, narrow groups:
+# docs/perf-notes.md).
 _WGRAD_WIDE_MIN = 2048  # dW's columns (C/groups·R·S) and the reduction (N·P·Q)
 
 
