@@ -173,9 +173,10 @@ def _pointwise_wgrad_by_gemm(spec: ConvSpec, dtype) -> bool:
     and dw are plain matrices: one GEMM over the batch, 2-3x faster than implicit_gemm's split tiles), on planes
     below 14x14 of one group and a weight below ``_BATCH_FOLDED_WGRAD_MAX_WEIGHT`` (one GEMM over the batch
     between swaps), and on large planes (``_POINTWISE_WGRAD_GEMM_MIN_PIXELS_*``); at a stride on large input
-    planes (``_STRIDED_POINTWISE_WGRAD_GEMM_MIN_PIXELS``)."""
+    planes of one group (``_STRIDED_POINTWISE_WGRAD_GEMM_MIN_PIXELS``; the layers measured had one)."""
     if (spec.r, spec.s, spec.pad) == (1, 1, (0, 0, 0, 0)) and spec.stride != (1, 1) and spec.dilation == (1, 1):
-        return spec.h * spec.w >= _STRIDED_POINTWISE_WGRAD_GEMM_MIN_PIXELS.get(numpy.dtype(dtype).itemsize, 1 << 62)
+        return spec.groups == 1 and spec.h * spec.w >= _STRIDED_POINTWISE_WGRAD_GEMM_MIN_PIXELS.get(
+            numpy.dtype(dtype).itemsize, 1 << 62)
     if not spec.is_pointwise_identity:
         return False
     if im2col_gemm.pixel_folded(spec):

@@ -118,16 +118,17 @@ def test_pointwise_wgrad_takes_a_gemm_on_large_planes_and_on_1x1_planes(hw, c, k
     assert cuconv.select_algorithm(spec, dtype, precision, True, "wgrad") == expected
 
 
-@pytest.mark.parametrize("x_shape,k,dtype,expected", [
-    ((32, 256, 56, 56), 512, _F32, "im2col_gemm"), ((32, 64, 56, 56), 144, _F32, "im2col_gemm"),
-    ((32, 32, 112, 112), 64, _F32, "im2col_gemm"), ((32, 32, 112, 112), 64, _BF16, "im2col_gemm"),
-    ((32, 256, 56, 56), 512, _BF16, "implicit_gemm"), ((32, 512, 28, 28), 1024, _F32, "implicit_gemm"),
-    ((32, 144, 28, 28), 320, _F32, "implicit_gemm"),
-], ids=["56_tf32", "56_tf32_narrow", "112_tf32", "112_bf16", "56_bf16", "28_tf32", "28_tf32_narrow"])
-def test_strided_pointwise_wgrad_gathers_only_the_pixels_it_reads_on_large_planes(x_shape, k, dtype, expected):
-    """1x1 wgrads at stride 2: im2col_gemm (a gather of the pixels the stride reads, one GEMM) on input planes from
-    56x56 in TF32 and from 112x112 in the half types; implicit_gemm, which packs all of x, below."""
-    spec = cuconv.ConvSpec.from_args(x_shape, (k, x_shape[1], 1, 1), stride=2)
+@pytest.mark.parametrize("x_shape,k,groups,dtype,expected", [
+    ((32, 256, 56, 56), 512, 1, _F32, "im2col_gemm"), ((32, 64, 56, 56), 144, 1, _F32, "im2col_gemm"),
+    ((32, 32, 112, 112), 64, 1, _F32, "im2col_gemm"), ((32, 32, 112, 112), 64, 1, _BF16, "im2col_gemm"),
+    ((32, 256, 56, 56), 512, 1, _BF16, "implicit_gemm"), ((32, 512, 28, 28), 1024, 1, _F32, "implicit_gemm"),
+    ((32, 144, 28, 28), 320, 1, _F32, "implicit_gemm"), ((32, 256, 56, 56), 512, 4, _F32, "implicit_gemm"),
+], ids=["56_tf32", "56_tf32_narrow", "112_tf32", "112_bf16", "56_bf16", "28_tf32", "28_tf32_narrow", "56_tf32_g4"])
+def test_strided_pointwise_wgrad_gathers_only_the_pixels_it_reads_on_large_planes(x_shape, k, groups, dtype, expected):
+    """1x1 wgrads at stride 2 of one group: im2col_gemm (a gather of the pixels the stride reads, one GEMM) on input
+    planes from 56x56 in TF32 and from 112x112 in the half types; implicit_gemm, which packs all of x, below, and
+    for grouped layers."""
+    spec = cuconv.ConvSpec.from_args(x_shape, (k, x_shape[1] // groups, 1, 1), stride=2, groups=groups)
     precision = "tf32" if dtype == _F32 else "ieee"
     assert cuconv.select_algorithm(spec, dtype, precision, True, "wgrad") == expected
 
