@@ -315,7 +315,6 @@ def _forward_steps(b, spec: ConvSpec, dtype, precision: str, bias: bool) -> None
     if batch_folded(spec, item, b.env.workspace_limit):
         _forward_batch_folded(b, spec, dtype, precision, bias)
         return
-    chunks_plan = plan_chunks(spec, item, b.env.workspace_limit)
     if pixel_folded(spec):  # column-major: out (K × N, ld K) = op(w) (K × C; stored C × K, ld C) @ x (C × N, ld C)
         operands = (dtype, precision, spec.k, spec.n, spec.c, b.ref("w"), spec.c, 0, b.ref("x"), spec.c, 0,
                     b.ref("out"), spec.k, 0, 1)
@@ -326,6 +325,7 @@ def _forward_steps(b, spec: ConvSpec, dtype, precision: str, bias: bool) -> None
             b.launch(bias_fill_launch(dtype, spec.n, spec.k, pq), b.ref("out"), b.ref("bias"))
         b.gemm(*operands, 1.0 if bias else 0.0, trans_a="T")
         return
+    chunks_plan = plan_chunks(spec, item, b.env.workspace_limit)
     beta = 0.0
     if bias:
         b.launch(bias_fill_launch(dtype, spec.n, spec.k, pq), b.ref("out"), b.ref("bias"))
