@@ -265,8 +265,16 @@ class PreparedLaunch:
                                         f"{exc}") from exc
 
     def __call__(self, stream: int, *pointers: int) -> None:
+        self.launch(stream, pointers)
+
+    def launch(self, stream: int, pointers) -> None:
+        """``self(stream, *pointers)`` with the pointers as one sequence (what plans' steps call: no argument
+        packing)."""
+        (gx, gy, gz), (bx, by, bz) = self.grid, self.block
         try:
-            self._launch(stream, pointers)
+            with self._lock:
+                self._pointers[:len(pointers)] = pointers
+                self._driver.launchKernel(self._handle, gx, gy, gz, bx, by, bz, self.smem, stream, self._params, 0)
         except Exception as exc:  # CUDADriverError
             if getattr(exc, "status", None) != _CUDA_ERROR_INVALID_CONTEXT:
                 raise self._error(exc) from exc
@@ -276,15 +284,12 @@ class PreparedLaunch:
             # cudaSetDevice makes the device's primary context (torch's and CuPy's) current; then launch again.
             try:
                 self._runtime.setDevice(self.device)
-                self._launch(stream, pointers)
+                with self._lock:
+                    self._pointers[:len(pointers)] = pointers
+                    self._driver.launchKernel(self._handle, gx, gy, gz, bx, by, bz, self.smem, stream,
+                                              self._params, 0)
             except Exception as again:
                 raise self._error(again) from again
-
-    def _launch(self, stream: int, pointers: tuple) -> None:
-        (gx, gy, gz), (bx, by, bz) = self.grid, self.block
-        with self._lock:
-            self._pointers[:len(pointers)] = pointers
-            self._driver.launchKernel(self._handle, gx, gy, gz, bx, by, bz, self.smem, stream, self._params, 0)
 
     def _error(self, exc) -> KernelLaunchError:
         return KernelLaunchError(f"cuconv: launching kernel {self.name} with grid={self.grid}, block={self.block} "

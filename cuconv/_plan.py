@@ -131,16 +131,18 @@ class Layout:
 
 
 class Launch:
-    """A step: a prepared kernel launch (``_loader.PreparedLaunch``) whose pointer arguments are operands
-    plus byte offsets, ``(index, offset)`` each."""
+    """A step: a prepared kernel launch (``_loader.PreparedLaunch``, or any callable ``kernel(stream, *pointers)``)
+    whose pointer arguments are operands plus byte offsets, ``(index, offset)`` each."""
 
-    __slots__ = ("kernel", "refs")
+    __slots__ = ("kernel", "refs", "_launch")
 
     def __init__(self, kernel, *refs):
         self.kernel, self.refs = kernel, tuple(refs)
+        # (a PreparedLaunch takes its pointers as one list: no argument packing per call)
+        self._launch = getattr(kernel, "launch", None) or (lambda stream, pointers: kernel(stream, *pointers))
 
     def __call__(self, bases, stream: int) -> None:
-        self.kernel(stream, *[bases[i] + offset for i, offset in self.refs])
+        self._launch(stream, [bases[i] + offset for i, offset in self.refs])
 
 
 class Gemm:

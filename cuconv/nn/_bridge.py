@@ -26,6 +26,7 @@ from ..spec import ConvSpec
 
 __all__ = ["Layer", "as_array", "raw_stream", "bias_grad", "backward_algo"]
 
+_MISALIGNED = _plan.ALIGNMENT - 1  # (pointer bits that put an operand off a 256-byte boundary)
 _NUMPY_DTYPES = {torch.float16: numpy.dtype(numpy.float16), torch.float32: numpy.dtype(numpy.float32),
                  torch.float64: numpy.dtype(numpy.float64), torch.bfloat16: _dtypes.bfloat16}
 
@@ -111,7 +112,8 @@ class Layer:
     (3-D for unbatched input: the data are the same)."""
 
     __slots__ = ("spec", "dtype", "np_dtype", "device", "index", "precision", "algo", "bias", "x_shape", "w_shape",
-                 "out_shape", "benchmark", "workspace_limit", "_plans", "_bias_grad", "_lock", "fprop")
+                 "out_shape", "benchmark", "workspace_limit", "_aligned", "_unaligned", "_bias_grad", "_lock", "fprop",
+                 "_bytes")
 
     def __init__(self, spec: ConvSpec, dtype: torch.dtype, device: torch.device, precision: str, algo: str,
                  bias: bool, x_shape: tuple, benchmark: bool = False, workspace_limit: int = None):
@@ -125,13 +127,18 @@ class Layer:
         # the workspace limit of the call that made the layer (part of its signature): its backward passes, which
         # autograd may run in another thread (outside a ``with cuconv.config`` block), choose and plan with it
         self.workspace_limit = config.workspace_limit if workspace_limit is None else workspace_limit
-        self._plans = {}
+        # pass -> plan, for operands all on 256-byte boundaries / for any others
+        self._aligned, self._unaligned = {}, {}
         self._bias_grad = None
         self._lock = threading.Lock()
+        self._bytes = None  # (CUDA) an empty uint8 tensor on the device, whose ``new_empty`` makes workspaces
         self.fprop = None
         if self.index >= 0:  # the forward's algorithm is resolved now: a forced one that cannot serve raises here
+            self._bytes = torch.empty(0, dtype=torch.uint8, device=device)
             name = _registry.resolve(algo, spec, self.np_dtype, precision, True, "fprop", self.workspace_limit)
             self.fprop = self._prepare("fprop", name, True)
+            if not benchmark:  # (with benchmark, the first aligned call times the candidates on its operands)
+                self._aligned["fprop"] = self.fprop
 
     # ---- CUDA ------------------------------------------------------------------------------------------------
     def _prepare(self, pass_: str, name: str, aligned: bool) -> "_plan.Plan":
@@ -141,21 +148,21 @@ class Layer:
 
     def plan(self, pass_: str, ptrs: tuple) -> "_plan.Plan":
         """The plan of ``pass_`` for these operand pointers (aligned or not), made the first time."""
-        aligned = _plan.is_aligned(*ptrs)
-        if pass_ == "fprop" and aligned and not self.benchmark:
-            return self.fprop
-        key = (pass_, aligned)
-        plan = self._plans.get(key)
+        return self._plan_for(pass_, _plan.is_aligned(*ptrs), ptrs)
+
+    def _plan_for(self, pass_: str, aligned: bool, ptrs: tuple) -> "_plan.Plan":
+        plan = (self._aligned if aligned else self._unaligned).get(pass_)
         if plan is None:
             with self._lock:
-                plan = self._plans.get(key)
+                plans = self._aligned if aligned else self._unaligned
+                plan = plans.get(pass_)
                 if plan is None:
                     algo = self.algo if pass_ == "fprop" else backward_algo(self.algo, pass_)
                     name = _registry.resolve(algo, self.spec, self.np_dtype, self.precision, True, pass_,
                                              self.workspace_limit)
                     if algo == "auto" and self.benchmark:
                         name = self._tuned(pass_, name, ptrs, aligned)
-                    plan = self._plans[key] = self._prepare(pass_, name, aligned)
+                    plan = plans[pass_] = self._prepare(pass_, name, aligned)
         return plan
 
     def prepare(self, passes) -> None:
@@ -172,55 +179,77 @@ class Layer:
         import cupy
 
         def run(name):
-            self._run(self._prepare(pass_, name, aligned), ptrs)
+            plan = self._prepare(pass_, name, aligned)
+            stream = _current_raw_stream(self.index)
+            workspace = self._workspace(plan.workspace, stream, False) if plan.workspace else None
+            plan.run(ptrs, stream, 0 if workspace is None else workspace.data_ptr())
 
         with cupy.cuda.ExternalStream(raw_stream(self.index), self.index):
             return autotune.pick("auto", heuristic, self.spec, self.np_dtype, self.precision, pass_, run)
 
-    def _run(self, plan: "_plan.Plan", ptrs: tuple) -> None:
-        # The workspace comes from torch's caching allocator on the current stream, per call: inside a CUDA-graph
-        # capture (or a pool cudagraph trees route allocations to) it is the graph's memory. (A buffer kept per
-        # stream saves the ~6 µs of an allocation, but one first allocated while such a pool is active lives in
-        # it and is overwritten by the graphs' replays.)
-        if plan.workspace:
-            workspace = torch.empty(plan.workspace, dtype=torch.uint8, device=self.device)
-            plan.run(ptrs, raw_stream(self.index), workspace.data_ptr())
-        else:
-            plan.run(ptrs, raw_stream(self.index), 0)
+    def _workspace(self, nbytes: int, stream: int, eager: bool) -> torch.Tensor:
+        """A workspace of ``nbytes`` (> 0) for launches on ``stream``, from torch's caching allocator; the caller
+        holds it until its launches are enqueued.
+
+        Per call: inside a CUDA-graph capture (or a pool cudagraph trees route allocations to) it is the graph's
+        memory. Made from an empty uint8 tensor: ``new_empty`` without keywords is torch's cheapest allocation
+        from Python."""
+        return self._bytes.new_empty((nbytes,))
 
     # ---- the passes (contiguous tensors of the layer's dtype and device) ------------------------------------
-    def forward(self, x: torch.Tensor, w: torch.Tensor, b) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, w: torch.Tensor, b, eager: bool = False) -> torch.Tensor:
         out = x.new_empty(self.out_shape)  # (x is of the layer's dtype and device; no keywords to parse)
         if self.index < 0:
             return self._forward_cpu(x, w, b, out)
-        ptrs = (x.data_ptr(), w.data_ptr(), 0 if b is None else b.data_ptr(), out.data_ptr())
-        self._run(self.plan("fprop", ptrs), ptrs)
+        x_ptr, w_ptr, out_ptr = x.data_ptr(), w.data_ptr(), out.data_ptr()
+        b_ptr = 0 if b is None else b.data_ptr()
+        ptrs = (x_ptr, w_ptr, b_ptr, out_ptr)
+        aligned = not (x_ptr | w_ptr | b_ptr | out_ptr) & _MISALIGNED
+        plan = (self._aligned if aligned else self._unaligned).get("fprop") or self._plan_for("fprop", aligned, ptrs)
+        stream = _current_raw_stream(self.index)
+        if plan.workspace:
+            workspace = self._workspace(plan.workspace, stream, eager)
+            plan.run(ptrs, stream, workspace.data_ptr())
+        else:
+            plan.run(ptrs, stream, 0)
         return out
 
-    def backward(self, dy: torch.Tensor, x, w, need_x: bool, need_w: bool, need_b: bool) -> tuple:
+    def backward(self, dy: torch.Tensor, x, w, need_x: bool, need_w: bool, need_b: bool,
+                 eager: bool = False) -> tuple:
         """(dx, dw, db), each None where not needed: dgrad and wgrad share one workspace (they run one after the
-        other on the stream), and the stream is asked once."""
+        other on the stream), and the stream is asked once. ``eager``: see ``_workspace``."""
         if self.index < 0:
             with cpu_matmul(_torch_matmul):
                 return (self._backward_cpu("dgrad", dy, w) if need_x else None,
                         self._backward_cpu("wgrad", x, dy) if need_w else None,
                         self.bias_grad(dy) if need_b else None)
-        dx = dw = None
+        dx = dw = dgrad = wgrad = None
         dy_ptr = dy.data_ptr()
-        runs = []
+        nbytes = 0
         if need_x:
             dx = dy.new_empty(self.x_shape)
-            ptrs = (dy_ptr, w.data_ptr(), dx.data_ptr())
-            runs.append((self.plan("dgrad", ptrs), ptrs))
+            w_ptr, dx_ptr = w.data_ptr(), dx.data_ptr()
+            dgrad_ptrs = (dy_ptr, w_ptr, dx_ptr)
+            aligned = not (dy_ptr | w_ptr | dx_ptr) & _MISALIGNED
+            dgrad = ((self._aligned if aligned else self._unaligned).get("dgrad")
+                     or self._plan_for("dgrad", aligned, dgrad_ptrs))
+            nbytes = dgrad.workspace
         if need_w:
             dw = dy.new_empty(self.w_shape)
-            ptrs = (x.data_ptr(), dy_ptr, dw.data_ptr())
-            runs.append((self.plan("wgrad", ptrs), ptrs))
-        stream = raw_stream(self.index)
-        nbytes = max((plan.workspace for plan, _ in runs), default=0)
-        workspace = torch.empty(nbytes, dtype=torch.uint8, device=self.device) if nbytes else None
-        for plan, ptrs in runs:
-            plan.run(ptrs, stream, 0 if workspace is None else workspace.data_ptr())
+            x_ptr, dw_ptr = x.data_ptr(), dw.data_ptr()
+            wgrad_ptrs = (x_ptr, dy_ptr, dw_ptr)
+            aligned = not (x_ptr | dy_ptr | dw_ptr) & _MISALIGNED
+            wgrad = ((self._aligned if aligned else self._unaligned).get("wgrad")
+                     or self._plan_for("wgrad", aligned, wgrad_ptrs))
+            if wgrad.workspace > nbytes:
+                nbytes = wgrad.workspace
+        stream = _current_raw_stream(self.index)
+        workspace = self._workspace(nbytes, stream, eager) if nbytes else None
+        ws_ptr = 0 if workspace is None else workspace.data_ptr()
+        if dgrad is not None:
+            dgrad.run(dgrad_ptrs, stream, ws_ptr)
+        if wgrad is not None:
+            wgrad.run(wgrad_ptrs, stream, ws_ptr)
         return dx, dw, self.bias_grad(dy) if need_b else None
 
     def dgrad(self, dy: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -236,9 +265,9 @@ class Layer:
         launch = self._bias_grad
         if launch is None:
             launch = self._bias_grad = grad_launch(self.spec, self.np_dtype)
-        db = torch.empty((self.spec.k,), dtype=self.dtype, device=self.device)
+        db = dy.new_empty((self.spec.k,))  # (dy is of the layer's dtype and device)
         if launch is not None:
-            launch(raw_stream(self.index), dy.data_ptr(), db.data_ptr())
+            launch(_current_raw_stream(self.index), dy.data_ptr(), db.data_ptr())
         return db
 
     # ---- CPU -----------------------------------------------------------------------------------------------

@@ -26,6 +26,11 @@ __all__ = ["conv2d", "torch_precision"]
 _TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _Tensor = torch.Tensor
 _PARAMETER = torch.nn.Parameter
+# (module-level names for what a call seen before asks: each attribute lookup on ``torch`` is host time)
+_is_compiling = torch.compiler.is_compiling
+_autocast_enabled = torch.is_autocast_enabled
+_grad_enabled = torch.is_grad_enabled
+_forward_ad = torch.autograd.forward_ad  # (its ``_current_level``: the innermost open dual level, -1 if none)
 
 
 try:  # torch's own getters, without the attribute lookups of torch.backends.cudnn(.conv) (~1 µs a call)
@@ -72,9 +77,12 @@ _LAYERS_MAX = 4096
 _recorder = None
 
 
+_PLAIN_TYPES = (_Tensor, _PARAMETER)
+
+
 def _plain_tensor(t) -> bool:
     """A tensor or parameter itself (subclasses take the checked path: their data may not be plain memory)."""
-    return type(t) is _Tensor or type(t) is _PARAMETER
+    return type(t) in _PLAIN_TYPES
 
 
 def _signature(x, w, b, stride, padding, dilation, groups, algo):
@@ -111,21 +119,22 @@ def _layer(x, w, b, spec: ConvSpec, algo: str, precision: str) -> "_bridge.Layer
 # Eager: an autograd.Function over a layer
 # ----------------------------------------------------------------------------------------------------------
 def _save(ctx, x, w, layer) -> None:
-    needs = ctx.needs_input_grad
+    need_x, need_w, _, _ = ctx.needs_input_grad
     ctx.layer = layer
-    ctx.save_for_backward(x if needs[1] else None, w if needs[0] else None)
-    if _forward_ad_level() >= 0:  # (a dual level is open: jvp may be asked)
+    ctx.save_for_backward(x if need_w else None, w if need_x else None)
+    if _forward_ad._current_level >= 0:  # (a dual level is open: jvp may be asked)
         ctx.save_for_forward(x, w)
 
 
 def _backward(ctx, dy):
     x, w = ctx.saved_tensors
-    layer = ctx.layer
     need_x, need_w, need_b, _ = ctx.needs_input_grad
-    dy = dy.contiguous()
-    if torch.is_grad_enabled():  # create_graph=True: the custom ops, whose own formulas autograd records
-        return _backward_ops(layer, x, w, dy, need_x, need_w, need_b) + (None,)
-    return layer.backward(dy, x, w, need_x, need_w, need_b) + (None,)
+    if not dy.is_contiguous():
+        dy = dy.contiguous()
+    if _grad_enabled():  # create_graph=True: the custom ops, whose own formulas autograd records
+        return _backward_ops(ctx.layer, x, w, dy, need_x, need_w, need_b) + (None,)
+    dx, dw, db = ctx.layer.backward(dy, x, w, need_x, need_w, need_b, True)
+    return dx, dw, db, None
 
 
 def _jvp(ctx, x_t, w_t, b_t, _):
@@ -162,7 +171,7 @@ class _Conv2d(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, layer):
         _save(ctx, x, w, layer)
-        return layer.forward(x, w, b)
+        return layer.forward(x, w, b, True)
 
     backward = staticmethod(_backward)
     jvp = staticmethod(_jvp)
@@ -173,7 +182,7 @@ class _Conv2dTransformable(torch.autograd.Function):
 
     @staticmethod
     def forward(x, w, b, layer):
-        return layer.forward(x, w, b)
+        return layer.forward(x, w, b, True)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -189,11 +198,6 @@ try:
 except AttributeError:  # pragma: no cover - a torch without functorch
     def _transforms_active() -> bool:
         return False
-
-
-def _forward_ad_level() -> int:
-    """The innermost open forward-mode AD level (-1: none): dual tensors may then reach a call."""
-    return torch.autograd.forward_ad._current_level
 
 
 def _op_geometry(layer) -> tuple:
@@ -228,14 +232,29 @@ def _run_layer(layer, x, w, b):
     if layer.index >= 0 and layer.index != _current_device():
         with torch.cuda.device(layer.index):
             return _run_layer(layer, x, w, b)
-    x = x if x.is_contiguous() else x.contiguous()
-    w = w if w.is_contiguous() else w.contiguous()
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if not w.is_contiguous():
+        w = w.contiguous()
     if b is not None and not b.is_contiguous():
         b = b.contiguous()
-    if ((torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)))
-            or _forward_ad_level() >= 0):
-        return (_Conv2dTransformable if _transforms_active() else _Conv2d).apply(x, w, b, layer)
-    return layer.forward(x, w, b)  # (it reads data pointers only: the result records no autograd history)
+    if ((_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)))
+            or _forward_ad._current_level >= 0):
+        if _transforms_active():
+            return _Conv2dTransformable.apply(x, w, b, layer)
+        # ``Function.apply`` itself, less its Python preamble (no setup_context to bind arguments for, no
+        # transform active): the tensors unwrapped where a finished ``torch.func`` transform left them wrapped
+        return _conv2d_apply(_unwrap_if_dead(x), _unwrap_if_dead(w), None if b is None else _unwrap_if_dead(b),
+                             layer)
+    return layer.forward(x, w, b, True)  # (it reads data pointers only: the result records no autograd history)
+
+
+_conv2d_apply = super(torch.autograd.Function, _Conv2d).apply  # (torch._C._FunctionBase.apply, bound to _Conv2d)
+try:
+    from torch._C._functorch import unwrap_if_dead as _unwrap_if_dead
+except ImportError:  # pragma: no cover - a torch without functorch
+    def _unwrap_if_dead(t):
+        return t
 
 
 try:
@@ -459,11 +478,11 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     >>> F.conv2d(x, w, padding="same").sum().backward(); x.grad.shape
     torch.Size([1, 2, 5, 6])
     """
-    if type(input) is _Tensor and input.is_cuda and not torch.compiler.is_compiling():
+    if type(input) is _Tensor and input.is_cuda and not _is_compiling():
         # the path of a layer seen before: its signature, one lookup, its launches
-        if torch.is_autocast_enabled("cuda"):
+        if _autocast_enabled("cuda"):
             input, weight, bias = _autocast(input, weight, bias, "cuda")
-        if _plain_tensor(weight) and (bias is None or _plain_tensor(bias)):
+        if type(weight) in _PLAIN_TYPES and (bias is None or type(bias) in _PLAIN_TYPES):
             key = _signature(input, weight, bias, stride, padding, dilation, groups, algo)
             layer = _layers.get(key) if key is not None else None
             if layer is not None:
