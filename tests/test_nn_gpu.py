@@ -180,6 +180,95 @@ def test_cuda_graph_capture_and_replay():
         assert torch.allclose(static_y, model(static_x), rtol=1e-5, atol=1e-5)
 
 
+def _workspace_layer():
+    """A converted layer whose eager passes use a workspace under ``_bridge._KEPT_MAX`` (im2col_gemm's column
+    matrix), and an input."""
+    from cuconv.nn import _bridge
+
+    torch.manual_seed(29)
+    conv = cuconv.nn.Conv2d(16, 24, 3, padding=1, bias=False, algo="im2col_gemm").cuda()
+    x = torch.randn(4, 16, 20, 20, device="cuda")
+    with torch.no_grad():
+        conv(x)
+    layer = next(l for l in F._layers.values() if l.spec.input_shape == (4, 16, 20, 20) and l.algo == "im2col_gemm")
+    assert 0 < layer.fprop.workspace <= _bridge._KEPT_MAX
+    return conv, x
+
+
+def _reference(conv, x):
+    return torch.nn.functional.conv2d(x.double(), conv.weight.double(), None, 1, 1)
+
+
+def test_eager_workspaces_kept_per_thread_and_stream():
+    """Eager calls on one stream from two threads at once, and on two streams, each reuse a buffer of their own
+    (thread, device, stream): every result equals the float64 reference."""
+    import threading
+
+    from cuconv.nn import _bridge
+
+    conv, _ = _workspace_layer()
+    inputs = [torch.randn(4, 16, 20, 20, device="cuda", generator=torch.Generator("cuda").manual_seed(s))
+              for s in range(4)]
+    refs = [_reference(conv, x) for x in inputs]
+    errors, results = [], {}
+
+    def work(name, stream):
+        try:
+            with torch.cuda.stream(stream), torch.no_grad():
+                results[name] = [conv(inputs[i % 4]) for i in range(40)]
+            stream.synchronize()
+            results[name + " buffers"] = dict(getattr(_bridge._kept, "buffers", {}))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    shared, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    threads = [threading.Thread(target=work, args=(name, stream))
+               for name, stream in (("a", shared), ("b", shared), ("c", side))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.cuda.synchronize()
+    assert not errors, errors
+    for name in "abc":
+        for i, y in enumerate(results[name]):
+            assert rel_err(y.double().cpu().numpy(), refs[i % 4].cpu().numpy()) <= tolerance(numpy.float32), (name, i)
+        stream = shared if name != "c" else side
+        assert list(results[name + " buffers"]) == [(torch.cuda.current_device(), stream.cuda_stream)]
+
+
+def test_captured_graph_keeps_its_own_workspace():
+    """A CUDA graph captured from eager calls allocates its workspaces in its own pool, not in the thread's kept
+    buffers (which eager calls between replays, or on other streams beside them, write): replays compute the
+    reference."""
+    from cuconv.nn import _bridge
+
+    conv, x = _workspace_layer()
+    static_x = x.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        for _ in range(3):
+            conv(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    kept = dict(getattr(_bridge._kept, "buffers", {}))
+    with torch.cuda.graph(graph), torch.no_grad():
+        static_y = conv(static_x)
+    after = getattr(_bridge._kept, "buffers", {})
+    assert after.keys() == kept.keys() and all(after[key] is kept[key] for key in kept)
+    for seed in range(3):
+        static_x.copy_(torch.randn(4, 16, 20, 20, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
+        graph.replay()
+        with torch.no_grad():
+            other = conv(torch.randn_like(static_x))  # (writes the kept buffer after the replay was enqueued)
+            graph.replay()
+        torch.cuda.synchronize()
+        expected = _reference(conv, static_x).cpu().numpy()
+        assert rel_err(static_y.double().cpu().numpy(), expected) <= tolerance(numpy.float32), seed
+        assert other.isfinite().all()
+
+
 def _small_cnn():
     return torch.nn.Sequential(
         torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 16, 3, stride=2, padding=1),
