@@ -21,14 +21,14 @@
 //       rows it reads held in registers (KS columns each): per output row, KS loads of one new input row
 //       (neighbouring lanes read neighbouring columns: coalesced, the overlap served by L1), KR·KS FMAs and one
 //       coalesced store.
-//   depthwise_fwd_rows<T, KR, KS, kSegmented>(x, w, bias, out, ..., slots, strips, segs, seg_lanes,
-//                                             rows_per_strip)
+//   depthwise_fwd_rows<T, KR, KS, kSegmented, kBytes>(x, w, bias, out, ..., slots, strips, segs, seg_lanes,
+//                                                     rows_per_strip)
 //       stride = dilation = 1, KS odd with its centred padding left and right (Q == W), rows of a multiple
-//       of 16 bytes, 16-byte aligned tensors: the fastest where it applies (near a same-size copy's time;
-//       docs/perf-notes.md). A thread owns
-//       V = 16 / sizeof(T) consecutive columns of a strip of output rows: per input row one 16-byte load
-//       (the KS - 1 halo columns come from the neighbouring lanes by shuffles), KR·KS·V FMAs and one
-//       16-byte store per output row; its KR window rows stay in registers, indexed j % KR so that a step of
+//       of kBytes (16, or 8 for 16-bit rows of 4 modulo 8 elements such as 28 or 20), 16-byte aligned
+//       tensors: the fastest where it applies (near a same-size copy's time; docs/perf-notes.md). A thread
+//       owns V = kBytes / sizeof(T) consecutive columns of a strip of output rows: per input row one kBytes
+//       load (the KS - 1 halo columns come from the neighbouring lanes by shuffles), KR·KS·V FMAs and one
+//       kBytes store per output row; its KR window rows stay in registers, indexed j % KR so that a step of
 //       KR rows needs no register moves, the KR loads of a step in flight together, issued a step early in
 //       the 16-bit types (else the next step's rows are prefetched into L2). A row's
 //       W / V vectors form segments of at most 32 lanes (edge lanes of a segment that ends inside the
@@ -293,39 +293,71 @@ __host__ __device__ constexpr int rows_min_blocks() {
     return KR <= 3 && sizeof(typename cuconv::Acc<T>::type) == 4 ? 2 : 1;
 }
 
-// Word i (0..3) of a 16-byte vector held as four 32-bit words; i is a compile-time constant once the
-// caller's loops are unrolled.
+// A row vector of depthwise_fwd_rows as 32-bit words: kBytes = 16 or 8.
+template <int kBytes> struct RowsRaw;
+template <> struct RowsRaw<16> {
+    typedef uint4 type;
+    static __device__ __forceinline__ uint4 zero() { return make_uint4(0u, 0u, 0u, 0u); }
+};
+template <> struct RowsRaw<8> {
+    typedef uint2 type;
+    static __device__ __forceinline__ uint2 zero() { return make_uint2(0u, 0u); }
+};
+
+// Its output vector: V elements of T stored with one kBytes store.
+template <typename T, int kBytes> struct alignas(kBytes) RowsOut {
+    T v[kBytes / sizeof(T)];
+};
+
+// Word i of a row vector held as 32-bit words; i is a compile-time constant once the caller's loops are
+// unrolled.
 __device__ __forceinline__ unsigned word_of(const uint4& u, int i) {
     return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
 }
+__device__ __forceinline__ unsigned word_of(const uint2& u, int i) {
+    return i == 0 ? u.x : u.y;
+}
 
-// Element e of a 16-byte vector of T held as words, in the arithmetic type. Rows travel as uint4 so that
-// loads, zero fills and window moves are whole 32-bit registers: as a Vec16 of halves the compiler moved
-// every 16-bit element separately (~60 PRMT per step of 3 rows, a sixth of the loop's instructions).
-template <typename T> __device__ __forceinline__ typename cuconv::Acc<T>::type elem_of(const uint4& u, int e);
-template <> __device__ __forceinline__ float elem_of<float>(const uint4& u, int e) {
-    return __uint_as_float(word_of(u, e));
-}
-template <> __device__ __forceinline__ double elem_of<double>(const uint4& u, int e) {
-    return __hiloint2double(static_cast<int>(word_of(u, 2 * e + 1)), static_cast<int>(word_of(u, 2 * e)));
-}
-template <> __device__ __forceinline__ float elem_of<__half>(const uint4& u, int e) {
-    const unsigned w = word_of(u, e / 2);
-    const __half2 h = *reinterpret_cast<const __half2*>(&w);
-    return e % 2 ? __high2float(h) : __low2float(h);
-}
-template <> __device__ __forceinline__ float elem_of<__nv_bfloat16>(const uint4& u, int e) {
-    const unsigned w = word_of(u, e / 2);  // a bfloat16 is the high half of its float
-    return __uint_as_float(e % 2 ? w & 0xffff0000u : w << 16);
+// Element e of a row vector of T held as words, in the arithmetic type. Rows travel as words so that loads,
+// zero fills and window moves are whole 32-bit registers: as a vector of halves the compiler moved every
+// 16-bit element separately (~60 PRMT per step of 3 rows, a sixth of the loop's instructions).
+template <typename T> struct ElemOf;
+template <> struct ElemOf<float> {
+    template <typename Raw> static __device__ __forceinline__ float get(const Raw& u, int e) {
+        return __uint_as_float(word_of(u, e));
+    }
+};
+template <> struct ElemOf<double> {
+    template <typename Raw> static __device__ __forceinline__ double get(const Raw& u, int e) {
+        return __hiloint2double(static_cast<int>(word_of(u, 2 * e + 1)), static_cast<int>(word_of(u, 2 * e)));
+    }
+};
+template <> struct ElemOf<__half> {
+    template <typename Raw> static __device__ __forceinline__ float get(const Raw& u, int e) {
+        const unsigned w = word_of(u, e / 2);
+        const __half2 h = *reinterpret_cast<const __half2*>(&w);
+        return e % 2 ? __high2float(h) : __low2float(h);
+    }
+};
+template <> struct ElemOf<__nv_bfloat16> {
+    template <typename Raw> static __device__ __forceinline__ float get(const Raw& u, int e) {
+        const unsigned w = word_of(u, e / 2);  // a bfloat16 is the high half of its float
+        return __uint_as_float(e % 2 ? w & 0xffff0000u : w << 16);
+    }
+};
+template <typename T, typename Raw>
+__device__ __forceinline__ typename cuconv::Acc<T>::type elem_of(const Raw& u, int e) {
+    return ElemOf<T>::get(u, e);
 }
 
 // One input row of a depthwise_fwd_rows window: the thread's V columns c0 .. c0 + V - 1 as stored and the
 // halo in the arithmetic type, (KS - 1) / 2 columns each side.
-template <typename T, int KS>
+template <typename T, int KS, int kBytes>
 struct RowsWindowRow {
     typedef typename cuconv::Acc<T>::type Acc;
-    static constexpr int V = cuconv::VecWidth<T>::value, PL = (KS - 1) / 2, PR = KS - 1 - PL;
-    uint4 mid;
+    typedef typename RowsRaw<kBytes>::type Raw;
+    static constexpr int V = kBytes / static_cast<int>(sizeof(T)), PL = (KS - 1) / 2, PR = KS - 1 - PL;
+    Raw mid;
     Acc halo[KS - 1];  // columns c0 - PL .. c0 - 1, then c0 + V .. c0 + V + PR - 1
 
     // Window column col (0 .. V + KS - 2), i.e. image column c0 - PL + col; col is a compile-time constant
@@ -338,7 +370,7 @@ struct RowsWindowRow {
     // except at the edges of a segment: there from `row` (the image row at column c0) where the segment
     // ends inside the image (edge_load_*: ok and the row is an image row), zero in the padding. Every
     // lane of the warp must call this: the shuffles are warp-wide.
-    __device__ __forceinline__ void fill(const uint4& raw, const T* __restrict__ row, bool left_edge,
+    __device__ __forceinline__ void fill(const Raw& raw, const T* __restrict__ row, bool left_edge,
                                          bool right_edge, bool edge_load_left, bool edge_load_right) {
         mid = raw;
 #pragma unroll
@@ -359,10 +391,10 @@ struct RowsWindowRow {
 };
 
 // Forward, stride = dilation = 1, KR × KS with KS odd and its centred padding left and right (so Q == W),
-// rows of a multiple of 16 bytes: 16-byte vectors per thread (see top). kSegmented: rows of more than 32
+// rows of a multiple of kBytes: kBytes vectors per thread (see top). kSegmented: rows of more than 32
 // vectors, cut into segments whose edge lanes read their halo from memory (the instance without it has
 // no such loads: fewer instructions per row).
-template <typename T, int KR, int KS, bool kSegmented>
+template <typename T, int KR, int KS, bool kSegmented, int kBytes>
 __global__ void __launch_bounds__(256, rows_min_blocks<T, KR>())
 depthwise_fwd_rows(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                    T* __restrict__ out, const cuconv::ConvGeometry geo, const DwWork work) {
@@ -370,8 +402,9 @@ depthwise_fwd_rows(const T* __restrict__ x, const T* __restrict__ w, const T* __
     const i64 slots = work.slots, strips = work.strips, segs = work.segs, seg_lanes = work.seg_lanes;
     const i64 rows_per_strip = work.rows;
     typedef typename cuconv::Acc<T>::type Acc;
-    typedef cuconv::Vec16<T> Vec;
-    constexpr int V = cuconv::VecWidth<T>::value;
+    typedef typename RowsRaw<kBytes>::type Raw;
+    typedef RowsOut<T, kBytes> Vec;
+    constexpr int V = kBytes / static_cast<int>(sizeof(T));
     static_assert(KS % 2 == 1 && (KS - 1) / 2 <= V, "the halo must come from one neighbouring vector");
 
     const int lane = threadIdx.x & 31;
@@ -413,18 +446,18 @@ depthwise_fwd_rows(const T* __restrict__ x, const T* __restrict__ w, const T* __
         const T* __restrict__ src = x + (static_cast<i64>(n) * C + k / m) * H * W + static_cast<i64>(p0 - pt) * W + c0;
         T* __restrict__ dst = out + static_cast<i64>(plane) * P * W + static_cast<i64>(p0) * W + c0;
         const int n_store = live && g < G ? p1 - p0 : 0;  // output rows this lane writes
-        auto load_row = [&](const T* row, bool ok, uint4& raw) {  // a predicated load over zeros
-            raw = make_uint4(0u, 0u, 0u, 0u);
-            if (ok) raw = *reinterpret_cast<const uint4*>(row);
+        auto load_row = [&](const T* row, bool ok, Raw& raw) {  // a predicated load over zeros
+            raw = RowsRaw<kBytes>::zero();
+            if (ok) raw = *reinterpret_cast<const Raw*>(row);
         };
 
         // The window row j lives in win[j % KR]: stepping KR output rows at a time, every index below is a
         // compile-time constant (no register moves down the window), and the KR loads of a step are in
         // flight together, the next step's rows prefetched into L2 behind them.
-        RowsWindowRow<T, KS> win[KR];
+        RowsWindowRow<T, KS, kBytes> win[KR];
 #pragma unroll
         for (int j = 0; j + 1 < KR; ++j, src += W) {
-            uint4 raw;
+            Raw raw;
             const bool ok = in_rows(j);
             load_row(src, ok, raw);
             win[j].fill(raw, src, left_edge, right_edge, ok && load_left, ok && load_right);
@@ -436,7 +469,7 @@ depthwise_fwd_rows(const T* __restrict__ x, const T* __restrict__ w, const T* __
         // registers halve its resident blocks, whose loads were in flight side by side already, and segmented
         // 16-bit rows lose too (measurements: docs/perf-notes.md).
         constexpr bool kEarly = sizeof(T) == 2 && !kSegmented;
-        uint4 next[KR];
+        Raw next[KR];
         bool next_ok[KR];
         auto load_step = [&](const T* row, int i0) {  // window rows i0 + KR - 1 .. i0 + 2 KR - 2 from `row`
 #pragma unroll
@@ -448,7 +481,7 @@ depthwise_fwd_rows(const T* __restrict__ x, const T* __restrict__ w, const T* __
         if (kEarly) load_step(src, 0);
         for (int i = 0; i < rps; i += KR) {
             if (!kEarly) load_step(src, i);
-            uint4 raw[KR];
+            Raw raw[KR];
             bool ok[KR];
 #pragma unroll
             for (int u = 0; u < KR; ++u) raw[u] = next[u], ok[u] = next_ok[u];

@@ -209,6 +209,8 @@ TILING_CASES = [
     _p("depthwise_rows_segments_5x5", (2, 3, 13, 264), (6, 1, 5, 5), groups=3, padding=(1, 2)),
     _p("depthwise_rows_tall_padding", (1, 2, 9, 16), (4, 1, 3, 3), groups=2, padding=(2, 1)),
     _p("depthwise_rows_one_vector", (3, 5, 6, 8), (5, 1, 3, 3), groups=5, padding=1),
+    # rows of 28 elements: 8-byte vectors in the 16-bit types, 16-byte ones in float32
+    _p("depthwise_rows_8byte_5x5", (2, 3, 11, 28), (3, 1, 5, 5), groups=3, padding=2),
     # depthwise a thread per output (strides, dilation, small planes) and the stride-2 dgrad by 2x2 quads of
     # dx: odd sizes (a last quad half outside), no padding with a multiplier, padding on one side wider than
     # the other, 7x7 reaching past a plane smaller than the kernel

@@ -56,8 +56,9 @@ NAME_EXPRESSIONS = tuple(
     + [f"depthwise_fwd_strips<{t},{r},{s},{f}>" for t in _dtypes.ALL_CTYPE_NAMES for r, s in ((3, 3), (5, 5), (7, 7))
        for f in ("false", "true")]
     + [f"depthwise_fwd_plane<{t},{r},{s}>" for t in _dtypes.ALL_CTYPE_NAMES for r, s in _PLANE_KERNELS[t != "double"]]
-    + [f"depthwise_fwd_rows<{t},{r},{s},{seg}>" for t in _dtypes.ALL_CTYPE_NAMES
-       for r, s in _ROWS_KERNELS[t != "double"] for seg in ("false", "true")]
+    + [f"depthwise_fwd_rows<{t},{r},{s},{seg},{vb}>" for t in _dtypes.ALL_CTYPE_NAMES
+       for r, s in _ROWS_KERNELS[t != "double"] for seg in ("false", "true")
+       for vb in ((16, 8) if t in ("__half", "__nv_bfloat16") else (16,))]
     + [f"depthwise_fwd_gather<{t},{r},{r}>" for t in _dtypes.ALL_CTYPE_NAMES for r in (3, 5, 7)]
     + [f"depthwise_fwd_gather2<{t},{r},{r},{sw}>" for t in _dtypes.ALL_CTYPE_NAMES for r in (3, 5, 7) for sw in (1, 2)]
     + [f"depthwise_dgrad_s2<{t},{r},{r}>" for t in _dtypes.ALL_CTYPE_NAMES for r in (3, 5, 7)]
@@ -233,13 +234,27 @@ def _plane_grid(spec: ConvSpec, dtype, smem: int) -> int:
     return max(1, min(spec.n * spec.c, _sm_count(device) * max(1, min(by_regs, by_smem))))
 
 
+def rows_vector_bytes(spec: ConvSpec, dtype):
+    """The bytes of ``depthwise_fwd_rows``' row vectors for rows of ``spec.w`` elements: 16 where a row is a
+    multiple of 16 bytes; in the 16-bit types 8 where it is a multiple of 8 (rows of 28 or 20 halves, which
+    16-byte vectors miss: without them those layers took the strips kernel at twice float32's time); else
+    None."""
+    row_bytes = spec.w * numpy.dtype(dtype).itemsize
+    if row_bytes % 16 == 0:
+        return 16
+    if numpy.dtype(dtype).itemsize == 2 and row_bytes % 8 == 0:
+        return 8
+    return None
+
+
 def rows_layout(spec: ConvSpec, dtype):
     """(segments per row, lanes per segment, slots per warp) of ``depthwise_fwd_rows``, or None where it does
     not apply: it needs stride = dilation = 1, a kernel of ``_ROWS_KERNELS`` with its centred padding left
-    and right (so Q == W: output rows are input rows' width, vector for vector) and rows of a multiple of
-    16 bytes. The input and output base addresses must be 16-byte aligned too (the launcher's check).
+    and right (so Q == W: output rows are input rows' width, vector for vector) and rows of whole vectors
+    (``rows_vector_bytes``). The input and output base addresses must be 16-byte aligned too (the
+    launcher's check).
 
-    A thread owns V = 16 / itemsize consecutive columns (one 16-byte load and store per row). A row's
+    A thread owns V = vector bytes / itemsize consecutive columns (one load and one store per row). A row's
     G = W / V vectors are cut into segments of at most 32 lanes, as even as they go; a warp serves
     32 // lanes slots side by side, a slot being one segment of one strip of output rows of one plane."""
     if spec.stride != (1, 1) or spec.dilation != (1, 1):
@@ -248,10 +263,10 @@ def rows_layout(spec: ConvSpec, dtype):
         return None
     if spec.pad[2] != (spec.s - 1) // 2 or spec.pad[3] != spec.s - 1 - spec.pad[2]:
         return None
-    per_vector = 16 // numpy.dtype(dtype).itemsize
-    if spec.w % per_vector:
+    vector_bytes = rows_vector_bytes(spec, dtype)
+    if vector_bytes is None:
         return None
-    vectors = spec.w // per_vector
+    vectors = spec.w // (vector_bytes // numpy.dtype(dtype).itemsize)
     segs = -(-vectors // 32)
     lanes = -(-vectors // segs)
     if spec.n * spec.k * segs * spec.p >= 2**31:  # slot indices are 32-bit (at most P strips per plane)
@@ -289,7 +304,8 @@ def _rows_launch(spec: ConvSpec, dtype, layout, device: int):
     """(kernel, grid, scalar arguments) of ``depthwise_fwd_rows``: a persistent grid of the blocks that are
     resident at once (the kernel's registers decide), strips cut for it (``rows_strips``)."""
     segs, lanes, per_warp = layout
-    name = f"depthwise_fwd_rows<{_dtypes.ctype_of(dtype)},{spec.r},{spec.s},{'true' if segs > 1 else 'false'}>"
+    name = (f"depthwise_fwd_rows<{_dtypes.ctype_of(dtype)},{spec.r},{spec.s},{'true' if segs > 1 else 'false'},"
+            f"{rows_vector_bytes(spec, dtype)}>")
     regs = -(-max(1, _fn(name).num_regs) // 8) * 8
     blocks_per_sm = max(1, min(2048 // _THREADS, 65536 // (regs * _THREADS)))
     resident_warps = _sm_count(device) * blocks_per_sm * (_THREADS // 32)

@@ -98,18 +98,19 @@ def test_depthwise_problem_is_staged_whole():
         assert (rows, strips) == (14, 4) and stages >= 3 and smem <= 48 << 10
 
 
-# ---- depthwise_fwd_rows: 16-byte vectors of rows --------------------------------------------------------
+# ---- depthwise_fwd_rows: 16-byte (or, in the 16-bit types, 8-byte) vectors of rows ----------------------
 
 @pytest.mark.parametrize("dtype,w,want", [
     (numpy.float32, 56, (1, 14, 2)), (numpy.float16, 56, (1, 7, 4)), (numpy.float64, 56, (1, 28, 1)),
     (numpy.float32, 128, (1, 32, 1)), (numpy.float32, 132, (2, 17, 1)), (numpy.float32, 264, (3, 22, 1)),
     (numpy.float16, 264, (2, 17, 1)), (numpy.float16, 8, (1, 1, 32)), (numpy.float32, 12, (1, 3, 10)),
+    (numpy.float16, 28, (1, 7, 4)), (numpy.float16, 260, (3, 22, 1)), (numpy.float16, 4, (1, 1, 32)),
 ])
 def test_rows_layout_cuts_rows_into_even_segments(dtype, w, want):
     spec = ConvSpec.from_args((2, 4, 9, w), (4, 1, 3, 3), groups=4, padding=1)
     segs, lanes, per_warp = depthwise.rows_layout(spec, dtype)
     assert (segs, lanes, per_warp) == want
-    vectors = w * numpy.dtype(dtype).itemsize // 16
+    vectors = w * numpy.dtype(dtype).itemsize // depthwise.rows_vector_bytes(spec, dtype)
     assert lanes <= 32 and segs * lanes >= vectors > (segs - 1) * lanes and per_warp * lanes <= 32
 
 
@@ -120,11 +121,13 @@ def test_rows_layout_limits():
     for kwargs in (dict(stride=2, padding=1), dict(dilation=2, padding=2), dict(padding=0), dict(padding=(1, 2)),
                    dict(padding="same", dilation=(1, 2))):
         assert depthwise.rows_layout(ConvSpec.from_args(*shapes, groups=4, **kwargs), numpy.float32) is None
-    # rows of whole 16-byte vectors only; 5x5 in double and 7x7 not compiled; groups == C only
-    assert depthwise.rows_layout(ConvSpec.from_args((1, 4, 20, 30), (4, 1, 3, 3), groups=4, padding=1),
-                                 numpy.float32) is None
-    assert depthwise.rows_layout(ConvSpec.from_args((1, 4, 20, 36), (4, 1, 3, 3), groups=4, padding=1),
-                                 numpy.float16) is None
+    # rows of whole 16-byte vectors, or 8-byte ones in the 16-bit types; 5x5 in double and 7x7 not compiled
+    narrow = {w: ConvSpec.from_args((1, 4, 20, w), (4, 1, 3, 3), groups=4, padding=1) for w in (30, 34, 36)}
+    assert depthwise.rows_layout(narrow[30], numpy.float32) is None
+    assert depthwise.rows_vector_bytes(narrow[36], numpy.float16) == 8
+    assert depthwise.rows_layout(narrow[36], numpy.float16) is not None
+    assert depthwise.rows_layout(narrow[34], numpy.float16) is None
+    assert depthwise.rows_vector_bytes(narrow[36], numpy.float32) == 16
     five = ConvSpec.from_args((1, 4, 20, 32), (4, 1, 5, 5), groups=4, padding=2)
     assert depthwise.rows_layout(five, numpy.float32) is not None
     assert depthwise.rows_layout(five, numpy.float64) is None
