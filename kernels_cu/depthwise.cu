@@ -77,9 +77,16 @@ using cuconv::i64;
 // items; slots, segs, seg_lanes: the rows kernel's warp slots, row segments and lanes per
 // segment; lead, pitch, stages: the plane kernel's buffer layout; chunk: work items per block.
 struct DwWork {
-    long long mult, total, tiles_q, rows, strips, items, slots, segs, seg_lanes, lead, pitch, stages, chunk;
+    long long mult, total, tiles_q, rows, strips, items, slots, segs, seg_lanes, lead, pitch, stages, chunk, flip;
 };
-static_assert(sizeof(DwWork) == 104, "DW_WORK_DTYPE in cuconv/families/depthwise.py has this layout");
+static_assert(sizeof(DwWork) == 112, "DW_WORK_DTYPE in cuconv/families/depthwise.py has this layout");
+
+// Tap i = r·S + s of filter k's R·S taps: as stored, or with `flip` (dgrad at stride 1 as the forward
+// convolution of dy: the kernel flipped in both axes, w'[k][r][s] = w[k][R-1-r][S-1-s], the flattened taps
+// reversed) read from the stored weight in place, no flipped copy.
+__device__ __forceinline__ i64 tap_index(i64 k, int taps, int i, bool flip) {
+    return k * taps + (flip ? taps - 1 - i : i);
+}
 
 // Forward tile: kRowsPerThread × 8 rows and kColsPerThread × 32 columns of one output plane; a block of
 // 32 × 8 threads, each computing kRowsPerThread × kColsPerThread outputs held in registers.
@@ -123,7 +130,7 @@ depthwise_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restr
     const int ih0 = p0 * sh - static_cast<int>(pad_top);
     const int iw0 = q0 * sw - static_cast<int>(pad_left);
 
-    for (int i = tid; i < taps; i += 256) w_s[i] = cuconv::to_acc(w[static_cast<i64>(k) * taps + i]);
+    for (int i = tid; i < taps; i += 256) w_s[i] = cuconv::to_acc(w[tap_index(k, taps, i, work.flip != 0)]);
     // Stage the input the tile's outputs inside the plane read (need_h x need_w of the tile_h x tile_w
     // window, rows tile_w apart; strided tiles on small planes, e.g. 7x7 outputs at stride 2, would otherwise
     // stage a window 30x what they read): kLoads elements per thread per batch, all loads in flight before any
@@ -189,15 +196,16 @@ depthwise_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restr
     }
 }
 
-// The column-strip kernels (strips, plane) share these two steps.
-// wr = the KR x KS taps of output channel k in the arithmetic type; returns its bias (0 without one).
+// The column-strip kernels (strips, plane, rows) share these two steps.
+// wr = the KR x KS taps of output channel k in the arithmetic type (flipped: see tap_index); returns its bias
+// (0 without one).
 template <typename T, typename Acc, int KR, int KS>
 __device__ __forceinline__ Acc load_taps(Acc (&wr)[KR][KS], const T* __restrict__ w, const T* __restrict__ bias,
-                                         i64 k) {
+                                         i64 k, bool flip) {
 #pragma unroll
     for (int r = 0; r < KR; ++r) {
 #pragma unroll
-        for (int s = 0; s < KS; ++s) wr[r][s] = cuconv::to_acc(w[(k * KR + r) * KS + s]);
+        for (int s = 0; s < KS; ++s) wr[r][s] = cuconv::to_acc(w[tap_index(k, KR * KS, r * KS + s, flip)]);
     }
     return bias != nullptr ? cuconv::to_acc(bias[k]) : Acc(0);
 }
@@ -264,7 +272,7 @@ depthwise_fwd_strips(const T* __restrict__ x, const T* __restrict__ w, const T* 
     T* __restrict__ out_col = out + static_cast<i64>(plane) * P * Q + q;
 
     Acc wr[KR][KS];
-    const Acc b = load_taps(wr, w, bias, k);
+    const Acc b = load_taps(wr, w, bias, k, work.flip != 0);
     const int iw0 = q - static_cast<int>(pad_left);
     bool col_ok[KS];
 #pragma unroll
@@ -430,7 +438,7 @@ depthwise_fwd_rows(const T* __restrict__ x, const T* __restrict__ w, const T* __
         const int g = seg * Ls + li, c0 = g * V;
         const int k = plane % Ki, n = plane / Ki;
         Acc wr[KR][KS];
-        const Acc b = load_taps(wr, w, bias, static_cast<i64>(k));
+        const Acc b = load_taps(wr, w, bias, static_cast<i64>(k), work.flip != 0);
 
         // Output rows p0 .. p1 - 1; input row j of the window (image row p0 - pt + j) is read iff
         // j_lo <= j < j_hi (inside the image, and needed by a row of this strip; none for an idle lane).
@@ -602,7 +610,7 @@ depthwise_fwd_plane(const T* __restrict__ x, const T* __restrict__ w, const T* _
         for (int j = 0; j < m; ++j) {
             const int k = c * m + j;
             Acc wr[KR][KS];
-            const Acc b = load_taps(wr, w, bias, static_cast<i64>(k));
+            const Acc b = load_taps(wr, w, bias, static_cast<i64>(k), work.flip != 0);
             T* __restrict__ out_plane = out + (n * K + k) * P * Q;
             for (int idx = tid; idx < n_strips * Qi; idx += 256) {
                 const int strip = idx / Qi, q = idx - strip * Qi;
@@ -634,9 +642,10 @@ depthwise_fwd_plane(const T* __restrict__ x, const T* __restrict__ w, const T* _
 // 2^31 so every decode is 32-bit.
 // wgrad's strips: `rows` output rows per strip, `strips` per plane, `chunk` work items per block.
 struct DwGeometry {
-    int n, c, h, w, k, p, q, mult, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, total, rows, strips, chunk;
+    int n, c, h, w, k, p, q, mult, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, total, rows, strips, chunk,
+        flip;
 };
-static_assert(sizeof(DwGeometry) == 72, "DW_GEOMETRY_DTYPE in cuconv/families/depthwise.py has this layout");
+static_assert(sizeof(DwGeometry) == 76, "DW_GEOMETRY_DTYPE in cuconv/families/depthwise.py has this layout");
 
 // One thread per output (n, k, p, q), flat over the batch's planes, so that small planes (7x7, 14x14) and
 // strided layers keep every thread busy; the KR x KS window comes through L1, where the neighbouring outputs'
@@ -664,7 +673,8 @@ depthwise_fwd_gather(const T* __restrict__ x, const T* __restrict__ w, const T* 
             for (int s = 0; s < KS; ++s) {
                 const int iw = iw0 + s * g.dil_w;
                 if (static_cast<unsigned>(iw) < static_cast<unsigned>(g.w))
-                    acc = fma(cuconv::to_acc(w_k[r * KS + s]), cuconv::to_acc(x_plane[ih * g.w + iw]), acc);
+                    acc = fma(cuconv::to_acc(w_k[g.flip ? KR * KS - 1 - (r * KS + s) : r * KS + s]),
+                              cuconv::to_acc(x_plane[ih * g.w + iw]), acc);
             }
         }
         out[idx] = cuconv::from_acc<T>(acc);
@@ -705,7 +715,7 @@ depthwise_fwd_gather2(const T* __restrict__ x, const T* __restrict__ w, const T*
             for (int c = 0; c < kCols; ++c) v[c] = col_ok[c] ? cuconv::to_acc(row[c]) : Acc(0);
 #pragma unroll
             for (int s = 0; s < KS; ++s) {
-                const Acc wv = cuconv::to_acc(w_k[r * KS + s]);
+                const Acc wv = cuconv::to_acc(w_k[g.flip ? KR * KS - 1 - (r * KS + s) : r * KS + s]);
                 acc0 = fma(wv, v[s], acc0);
                 acc1 = fma(wv, v[s + SW], acc1);
             }

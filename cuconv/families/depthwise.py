@@ -73,7 +73,7 @@ NAME_EXPRESSIONS = tuple(
 # DwGeometry in depthwise.cu: the gather kernels' one struct argument.
 DW_GEOMETRY_DTYPE = numpy.dtype([(f, numpy.int32) for f in (
     "n", "c", "h", "w", "k", "p", "q", "mult", "stride_h", "stride_w", "pad_top", "pad_left", "dil_h", "dil_w",
-    "total", "rows", "strips", "chunk")])
+    "total", "rows", "strips", "chunk", "flip")])
 
 
 def _dw_geometry(spec: ConvSpec, total: int, rows: int = 0, strips: int = 0, chunk: int = 0):
@@ -81,7 +81,7 @@ def _dw_geometry(spec: ConvSpec, total: int, rows: int = 0, strips: int = 0, chu
     per plane, ``chunk`` items per block)."""
     return numpy.array((spec.n, spec.c, spec.h, spec.w, spec.k, spec.p, spec.q, spec.k // spec.c, spec.stride[0],
                         spec.stride[1], spec.pad[0], spec.pad[2], spec.dilation[0], spec.dilation[1], total, rows,
-                        strips, chunk), dtype=DW_GEOMETRY_DTYPE)[()]
+                        strips, chunk, 0), dtype=DW_GEOMETRY_DTYPE)[()]
 
 
 def _fits_int(spec: ConvSpec) -> bool:
@@ -151,7 +151,7 @@ def _fn(name: str):
 # DwWork in depthwise.cu: what the 64-bit-indexed kernels take besides the cuconv::ConvGeometry.
 DW_WORK_DTYPE = numpy.dtype([(f, numpy.int64) for f in (
     "mult", "total", "tiles_q", "rows", "strips", "items", "slots", "segs", "seg_lanes", "lead", "pitch", "stages",
-    "chunk")])
+    "chunk", "flip")])
 
 
 def _geometry(spec: ConvSpec, **work) -> tuple:
@@ -338,9 +338,9 @@ def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, kernel: str = N
 def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
             kernel: str = None) -> "_plan.Plan":
     """The plan of ``pass_`` (see ``cuconv._plan``): the forward is one launch (``kernel`` forces one of
-    ``FORWARD_KERNELS``); dgrad the forward kernel on dy with the flipped kernel where that is the same
-    convolution (stride 1, multiplier 1), else a gather per dx element (no atomics); wgrad per-chunk partial
-    sums in the workspace, then an ordered sum."""
+    ``FORWARD_KERNELS``); dgrad one launch of the forward kernel on dy reading the weight flipped where that is
+    the same convolution (stride 1, multiplier 1), else a gather per dx element (no atomics); wgrad per-chunk
+    partial sums in the workspace, then an ordered sum."""
     dtype = numpy.dtype(dtype)
     b = _plan.Builder(pass_, env)
     if pass_ == "fprop":
@@ -349,8 +349,13 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     elif pass_ == "dgrad":
         transposed = dgrad_forward.forward_spec(spec)
         if transposed is not None and reason_unsupported(transposed, dtype, limits=env) is None:
-            return dgrad_forward.prepare(prepare, spec, dtype, precision, env)
-        b.launch(_dgrad_launch(spec, dtype), b.ref("dy"), b.ref("w"), b.ref("dx"))
+            # (multiplier 1: the transposed convolution's weight is the layer's, flipped, which the forward
+            # kernels read in place: one launch, no flipped copy)
+            launch = _forward_prepared(transposed, dtype, env.aligned, env.aligned, env.smem_limit, env.device,
+                                       None, True)
+            b.launch(launch, b.ref("dy"), b.ref("w"), _plan.NULL, b.ref("dx"))
+        else:
+            b.launch(_dgrad_launch(spec, dtype), b.ref("dy"), b.ref("w"), b.ref("dx"))
     else:
         partial_bytes, partial, reduce = _wgrad_launches(spec, dtype, env.sm_count)
         buffer = b.take(partial_bytes)
@@ -361,12 +366,24 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
 
 @functools.lru_cache(maxsize=1024)
 def _forward_prepared(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, smem_limit: int, device: int,
-                      kernel: str = None) -> "_loader.PreparedLaunch":
+                      kernel: str = None, flip: bool = False) -> "_loader.PreparedLaunch":
     """``_forward_launch`` prepared (``_loader.PreparedLaunch``): a call passes four pointers to one driver
-    call instead of CuPy marshalling sixteen arguments (~8 µs of host time on a 0.06 ms layer)."""
+    call instead of CuPy marshalling sixteen arguments (~8 µs of host time on a 0.06 ms layer). ``flip``: the
+    kernel reads the weight flipped in both axes (dgrad at stride 1 as this forward of dy)."""
     name, grid, block, smem, geometry = _forward_launch(spec, dtype, x_aligned, out_aligned, smem_limit, device,
                                                         kernel)
+    if flip:
+        geometry = tuple(_flipped(g) for g in geometry)
     return _loader.PreparedLaunch(_fn(name), name, grid, block, 4, geometry, smem)
+
+
+def _flipped(struct):
+    """A copy of a kernel's struct argument with its ``flip`` field set (structs without one as they are)."""
+    if "flip" not in (struct.dtype.names or ()):
+        return struct
+    copy = numpy.array(struct, dtype=struct.dtype)
+    copy["flip"] = 1
+    return copy[()]
 
 
 def forward_kernels(spec: ConvSpec, dtype, x_aligned: bool = True, out_aligned: bool = True) -> tuple:

@@ -280,6 +280,49 @@ def test_depthwise_forward_kernels_equal_cpu_exactly_on_integers(case, kernel, d
 
 
 
+def _flipped_dgrad_cases():
+    """(case, kernel, dtype) for every forward kernel that serves the stride-1, multiplier-1 depthwise cases'
+    dgrad as the forward of dy (the kernel reading the weight flipped)."""
+    from cuconv.families import depthwise, dgrad_forward
+
+    out = []
+    for param in CASES + PROBLEM_CASES + TILING_CASES:
+        case = param.values[0]
+        spec = case_spec(case)
+        if depthwise.reason_unsupported(spec, numpy.float32) is not None or spec.k != spec.c:
+            continue
+        transposed = dgrad_forward.forward_spec(spec)
+        if transposed is None:
+            continue
+        for dtype_name in ("float32", "float16"):
+            for kernel in depthwise.forward_kernels(transposed, _dtypes.by_name(dtype_name)):
+                out.append(pytest.param(case, kernel, dtype_name, id=f"{param.id}-{kernel}-{dtype_name}"))
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case,kernel,dtype_name", _flipped_dgrad_cases())
+def test_depthwise_dgrad_reads_the_weight_flipped_in_every_forward_kernel(case, kernel, dtype_name):
+    """dgrad at stride 1 (multiplier 1) is one launch of a forward kernel on dy reading the weight flipped in
+    place: each kernel, on integer inputs, equals the CPU path's dgrad bit for bit, into a NaN-poisoned dx."""
+    import cupy
+
+    from cuconv.families import depthwise, dgrad_forward
+
+    x, w, _ = make_inputs(case, seed=31, integer=True)
+    dtype = _dtypes.by_name(dtype_name)
+    x4 = x if x.ndim == 4 else x[None]
+    spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
+    dy = numpy.random.default_rng(32).integers(-3, 4, spec.output_shape).astype(dtype)
+    want = cuconv.conv2d_input(x4.shape, w.astype(dtype), dy, **case.kwargs)
+    launch = depthwise._forward_prepared(dgrad_forward.forward_spec(spec), numpy.dtype(dtype), True, True,
+                                         depthwise._loader.smem_limit(), cupy.cuda.runtime.getDevice(), kernel, True)
+    dx = cupy.full(spec.input_shape, numpy.nan, dtype=dtype)
+    wg, dyg = cupy.asarray(w.astype(dtype)), cupy.asarray(dy)
+    launch(cupy.cuda.get_current_stream().ptr, dyg.data.ptr, wg.data.ptr, 0, dx.data.ptr)
+    numpy.testing.assert_array_equal(cupy.asnumpy(dx).astype(numpy.float64), want.astype(numpy.float64))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype_name", ["float32", "float16"])
 def test_depthwise_rows_fall_back_on_misaligned_tensors(dtype_name):
