@@ -267,7 +267,7 @@ class PreparedLaunch:
     def __call__(self, stream: int, *pointers: int) -> None:
         self.launch(stream, pointers)
 
-    def launch(self, stream: int, pointers) -> None:
+    def launch(self, stream: int, pointers, _after_set_device: bool = False) -> None:
         """``self(stream, *pointers)`` with the pointers as one sequence (what plans' steps call: no argument
         packing)."""
         (gx, gy, gz), (bx, by, bz) = self.grid, self.block
@@ -276,7 +276,7 @@ class PreparedLaunch:
                 self._pointers[:len(pointers)] = pointers
                 self._driver.launchKernel(self._handle, gx, gy, gz, bx, by, bz, self.smem, stream, self._params, 0)
         except Exception as exc:  # CUDADriverError
-            if getattr(exc, "status", None) != _CUDA_ERROR_INVALID_CONTEXT:
+            if _after_set_device or getattr(exc, "status", None) != _CUDA_ERROR_INVALID_CONTEXT:
                 raise self._error(exc) from exc
             # A thread whose CUDA calls so far were all driver calls or none (a fresh Python thread, autograd's
             # device thread before any torch kernel ran on it) has no current context: torch's device guards
@@ -284,12 +284,9 @@ class PreparedLaunch:
             # cudaSetDevice makes the device's primary context (torch's and CuPy's) current; then launch again.
             try:
                 self._runtime.setDevice(self.device)
-                with self._lock:
-                    self._pointers[:len(pointers)] = pointers
-                    self._driver.launchKernel(self._handle, gx, gy, gz, bx, by, bz, self.smem, stream,
-                                              self._params, 0)
             except Exception as again:
                 raise self._error(again) from again
+            self.launch(stream, pointers, True)
 
     def _error(self, exc) -> KernelLaunchError:
         return KernelLaunchError(f"cuconv: launching kernel {self.name} with grid={self.grid}, block={self.block} "
