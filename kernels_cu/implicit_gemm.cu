@@ -329,7 +329,8 @@ struct TileLoader {
 };
 
 // The epilogue's second half, shared by all GEMM kernels: the block's fp32 tile, staged in shared memory as
-// c_smem[filter][pixel] (pitch BM + 4), goes to NCHW rows with bias added before the one rounding. A warp
+// c_smem[filter][pixel] (pitch BM + 4), goes to NCHW rows (or, where filters are adjacent, out_k == 1, to
+// channels-last pixels, lanes along the filters) with bias added before the one rounding. A warp
 // writes one filter's BM pixels at a time. Where the tile's pixels are one run of a single image, stored
 // densely, and the runs are aligned (P·Q a multiple of 4, the output 4-element aligned) a lane writes 4
 // consecutive pixels per store, 128 pixels of a filter row per warp store; elsewhere 32 pixels per store
@@ -374,6 +375,22 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
             }
             return;
         }
+    }
+    if (g.out_k == 1) {  // filters adjacent (channels-last, or one output pixel a plane): lanes along filters,
+        // a warp storing one pixel's run of filters at a time (reads of c_smem BM + 4 words apart: 4-way banked)
+        for (int ml = warp; ml < BM; ml += WARPS) {
+            const int m = m0 + ml;
+            if (m >= g.m) break;
+            const int img = m / pq, rem = m - img * pq, op = rem / g.q;
+            T* yp = y + img * g.out_img + op * g.out_row + (rem - op * g.q) * g.out_col + filter0;
+            for (int nl = lane; nl < BN; nl += 32) {
+                const int n = n0 + nl;
+                if (n >= g.k) break;
+                const float b = bias != nullptr ? to_acc(bias[filter0 + n]) : 0.f;
+                yp[n] = from_acc<T>(c_smem[nl * kCPitch + ml] + b);
+            }
+        }
+        return;
     }
     long long out_off[kCols];
     bool m_ok[kCols];

@@ -195,10 +195,18 @@ def wgrad_partial_samples(spec: ConvSpec, plan: ChunkPlan, acc_itemsize: int, co
 # ----------------------------------------------------------------------------------------------------------
 # GPU plans (``_plan``): every pass as prepared launches and cuBLAS GEMMs on raw pointers
 # ----------------------------------------------------------------------------------------------------------
-def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False) -> "_plan.Plan":
-    """The plan of ``pass_`` (see ``cuconv._plan``); ``bias``: whether the forward adds one."""
+def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
+            layout: str = "nchw") -> "_plan.Plan":
+    """The plan of ``pass_`` (see ``cuconv._plan``); ``bias``: whether the forward adds one. ``layout="nhwc"``:
+    x, out, dy and dx channels-last in memory (weights KCRS either way), 1×1 layers only (``pointwise_nhwc``)."""
     b = _plan.Builder(pass_, env)
     dtype = numpy.dtype(dtype)
+    if layout == "nhwc":
+        if not pointwise_nhwc(spec):
+            raise NotImplementedError("cuconv: im2col_gemm runs channels-last tensors for 1x1 layers of one group "
+                                      "at stride 1 without padding only")
+        _pointwise_nhwc_steps(b, pass_, spec, dtype, precision, bias)
+        return b.plan("im2col_gemm")
     if pass_ == "fprop":
         _forward_steps(b, spec, dtype, precision, bias)
     elif pass_ == "dgrad":
@@ -206,6 +214,33 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     else:
         _wgrad_steps(b, spec, dtype, precision)
     return b.plan("im2col_gemm")
+
+
+def pointwise_nhwc(spec: ConvSpec) -> bool:
+    """A 1×1 layer of one group at stride 1, dilation 1, no padding: on channels-last tensors every pass is one
+    GEMM over the N·H·W pixels."""
+    return ((spec.r, spec.s) == (1, 1) and spec.stride == (1, 1) and spec.dilation == (1, 1)
+            and spec.pad == (0, 0, 0, 0) and spec.groups == 1)
+
+
+def _pointwise_nhwc_steps(b, pass_: str, spec: ConvSpec, dtype, precision: str, bias: bool) -> None:
+    """One GEMM per pass on channels-last tensors, as cuBLAS's column-major products (pixels = N·H·W):
+    fprop outᵀ (K × pixels) = Wᵀ-op (K × C) · xᵀ (C × pixels), the bias in the epilogue;
+    dgrad dxᵀ (C × pixels) = W (C × K, as stored) · dyᵀ (K × pixels);
+    wgrad dWᵀ (C × K) = xᵀ (C × pixels) · dy-op (pixels × K): the reduction over every pixel in one GEMM, no
+    per-sample partial sums."""
+    pixels, c, k = spec.n * spec.h * spec.w, spec.c, spec.k
+    if pass_ == "fprop":
+        step = b.gemm(dtype, precision, k, pixels, c, b.ref("w"), c, 0, b.ref("x"), c, 0, b.ref("out"), k, 0, 1,
+                      trans_a="T", bias=b.ref("bias") if bias else None)
+        if step is None:  # (no bias epilogue for this pointer or shape: a per-pixel bias fill is still to come)
+            raise NotImplementedError("cuconv: im2col_gemm's channels-last forward adds its bias in cuBLASLt's "
+                                      "epilogue only (a 256-byte aligned bias)")
+    elif pass_ == "dgrad":
+        b.gemm(dtype, precision, c, pixels, k, b.ref("w"), c, 0, b.ref("dy"), k, 0, b.ref("dx"), c, 0, 1)
+    else:
+        b.gemm(dtype, precision, c, k, pixels, b.ref("x"), c, 0, b.ref("dy"), k, 0, b.ref("dw"), c, 0, 1,
+               trans_b="T")
 
 
 class _BatchedGemm:

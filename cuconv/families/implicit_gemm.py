@@ -885,7 +885,7 @@ def _phases_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None) -> "_pla
 
 
 def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
-            tile: Tile = None, splits: int = None) -> "_plan.Plan":
+            tile: Tile = None, splits: int = None, layout: str = "nchw") -> "_plan.Plan":
     """The plan of ``pass_`` (see ``cuconv._plan``): per chunk, the packing launch and the GEMM (an NchwTile:
     the GEMM alone, reading x and w as they are); dgrad as the forward convolution of dy
     (``dgrad_forward.forward_spec``), its packing launch reading the weight transposed and flipped (an
@@ -893,7 +893,10 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     one per phase of the stride (``phase_specs``); wgrad as the forward convolution of x by dy, samples and
     channels swapped (``transposed_spec``), split over ``splits`` k ranges (default ``wgrad_splits``). The
     workspace holds the packed weight, then one chunk's packed input. ``tile`` forces one of ``TILES`` (tests).
-    float32 computes TF32."""
+    float32 computes TF32. ``layout="nhwc"``: x and out channels-last in memory (``nhwc_in_place``; the forward
+    only, so far)."""
+    if layout == "nhwc":
+        return _nhwc_forward_plan(pass_, spec, numpy.dtype(dtype), env, tile, bias)
     if pass_ == "wgrad":
         return _wgrad_prepare(spec, numpy.dtype(dtype), env, tile, splits)
     if tile is not None and tile.wgmma and not env.wgmma:
@@ -935,6 +938,40 @@ def _forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, spl
         else:  # fp32 partial sums of the k ranges, then their sum with the bias
             b.launch(gemm, packed_x, packed_w, _plan.NULL, partials)
             b.launch(sums, partials, bias_ref, b.ref(out, out_offset))
+    return b.plan(STEM)
+
+
+def nhwc_in_place(spec: ConvSpec, dtype) -> bool:
+    """Whether the packed tiles read a channels-last input where it is: one group whose channels fill whole
+    16-byte vectors, so that the packed input's pixel (cp channels; the pack pads no rows or columns) is the
+    input's own pixel of C channels; float16 and bfloat16 (float32's pack rounds to TF32 on the way, which an
+    input read as stored would not have)."""
+    itemsize = numpy.dtype(dtype).itemsize
+    return spec.groups == 1 and itemsize == 2 and spec.c == _padded_channels(spec, itemsize)
+
+
+def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, bias: bool) -> "_plan.Plan":
+    """The forward on channels-last x and out: the weight's packing launch alone (no samples), then one GEMM over
+    every pixel of the batch reading x in place and storing NHWC rows (the epilogue's output strides: an image
+    P·Q·K elements, a row Q·K, a pixel K, a filter 1)."""
+    if pass_ != "fprop" or not nhwc_in_place(spec, dtype):
+        raise NotImplementedError("cuconv: implicit_gemm runs channels-last tensors for the forward of one group "
+                                  "with channels in whole 16-byte vectors, in float16 and bfloat16, so far")
+    b = _plan.Builder(pass_, env)
+    if spec.n * spec.k * spec.p * spec.q == 0:
+        return b.plan(STEM)
+    tile = tile or choose_tile(spec, dtype, env.wgmma, nchw=False)
+    if tile.nchw:
+        raise ValueError(f"implicit_gemm: tile {tile} gathers NCHW; channels-last inputs take a packed tile")
+    pl = plan(spec, dtype, tile, env.workspace_limit)
+    m = spec.n * spec.p * spec.q
+    if m * spec.k >= _INT_MAX or spec.n * spec.h * spec.w * spec.c >= _INT_MAX:
+        raise NotImplementedError("cuconv: implicit_gemm's channels-last forward indexes x and out in 32 bits")
+    packed_w = b.take(pl.weight_bytes(dtype.itemsize))
+    b.launch(_pack_kernel(spec, dtype, pl.pix, 0, pl), _plan.NULL, _plan.NULL, b.ref("w"), packed_w)
+    gemm = _gemm_launch(spec, dtype, pl, m, spec.k, 1, pl.cp, pl.kp, (spec.p * spec.q * spec.k, 1), 1, pl.k_tiles,
+                        out_pixel=(spec.q * spec.k, spec.k))
+    b.launch(gemm, b.ref("x"), packed_w, b.ref("bias") if bias else _plan.NULL, b.ref("out"))
     return b.plan(STEM)
 
 

@@ -303,3 +303,51 @@ def test_pointwise_gemm_arguments_on_host_memory(x_shape, k, dtype, monkeypatch)
     numpy.testing.assert_array_equal(dx, cuconv.conv2d_input(x.shape, w, dy))
     if len(passes) == 3:
         numpy.testing.assert_array_equal(dw, cuconv.conv2d_weight(x, w.shape, dy))
+
+
+@pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32, numpy.float16], ids=lambda d: numpy.dtype(d).name)
+@pytest.mark.parametrize("x_shape,k", [((3, 7, 5, 6), 4), ((2, 16, 1, 1), 9), ((1, 5, 3, 1), 12), ((2, 3, 15, 14), 5)],
+                         ids=["small_planes", "one_pixel", "batch1", "planes"])
+def test_pointwise_nhwc_gemms_on_host_memory(x_shape, k, dtype, monkeypatch):
+    """Channels-last 1×1 layers: each pass one GEMM over the pixels (the bias in the forward's epilogue), run
+    with cuBLAS's contract emulated on host memory, equals the CPU path on the NCHW views bit for bit (integers)."""
+    import cuconv
+    from cuconv import _cublas, _plan
+    from cuconv.families import im2col_gemm
+
+    monkeypatch.setattr(_cublas, "PreparedGemm", _HostGemm)
+    env = _plan.Env(0, GiB, 227 << 10, True, 132, 228 << 10, True)
+    rng = numpy.random.default_rng(5)
+    spec = ConvSpec.from_args(x_shape, (k, x_shape[1], 1, 1))
+    assert im2col_gemm.pointwise_nhwc(spec)
+    n, c, h, w_ = x_shape
+    x = rng.integers(-3, 4, (n, h, w_, c)).astype(dtype)             # NHWC in memory
+    w = rng.integers(-3, 4, spec.weight_shape).astype(dtype)
+    bias = rng.integers(-3, 4, (k,)).astype(dtype)
+    dy = rng.integers(-3, 4, (n, h, w_, k)).astype(dtype)
+    out, dx = numpy.full((n, h, w_, k), numpy.nan, dtype), numpy.full((n, h, w_, c), numpy.nan, dtype)
+    dw = numpy.full(spec.weight_shape, numpy.nan, dtype)
+    for pass_, ptrs in (("fprop", (x.ctypes.data, w.ctypes.data, bias.ctypes.data, out.ctypes.data)),
+                        ("dgrad", (dy.ctypes.data, w.ctypes.data, dx.ctypes.data)),
+                        ("wgrad", (x.ctypes.data, dy.ctypes.data, dw.ctypes.data))):
+        plan = im2col_gemm.prepare(pass_, spec, dtype, "ieee", env, layout="nhwc",
+                                   **({"bias": True} if pass_ == "fprop" else {}))
+        assert [type(step).__name__ for step in plan.steps] == ["Gemm"]
+        plan.run(ptrs, 0, numpy.zeros(max(plan.workspace, 1), numpy.uint8).ctypes.data)
+    nchw = lambda a: a.transpose(0, 3, 1, 2)  # noqa: E731
+    numpy.testing.assert_array_equal(nchw(out), cuconv.conv2d(nchw(x), w, bias))
+    numpy.testing.assert_array_equal(nchw(dx), cuconv.conv2d_input(spec.input_shape, w, nchw(dy)))
+    numpy.testing.assert_array_equal(dw, cuconv.conv2d_weight(nchw(x), w.shape, nchw(dy)))
+
+
+def test_pointwise_nhwc_only_for_plain_1x1_layers():
+    from cuconv import _plan
+    from cuconv.families import im2col_gemm
+
+    env = _plan.Env(0, GiB, 227 << 10, True, 132, 228 << 10, True)
+    for kwargs, w_shape in ((dict(stride=2), (4, 6, 1, 1)), (dict(padding=1), (4, 6, 1, 1)), (dict(groups=2), (4, 3, 1, 1)),
+                            ({}, (4, 6, 3, 3))):
+        spec = ConvSpec.from_args((2, 6, 8, 8), w_shape, **kwargs)
+        assert not im2col_gemm.pointwise_nhwc(spec)
+        with pytest.raises(NotImplementedError, match="channels-last"):
+            im2col_gemm.prepare("fprop", spec, numpy.float32, "ieee", env, layout="nhwc")

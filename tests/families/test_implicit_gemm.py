@@ -256,3 +256,43 @@ def test_implicit_gemm_dgrad_equals_cpu_exactly_on_integers(case, tile, dtype_na
     dx = cupy.full(x4.shape, numpy.nan, dtype=dtype)
     implicit_gemm.dgrad_gpu(to_gpu(dy, dtype), to_gpu(w, dtype), spec, dx, "tf32", tile=implicit_gemm.TILES[tile])
     numpy.testing.assert_array_equal(cupy.asnumpy(dx).astype(numpy.float64), cpu.astype(numpy.float64))
+
+
+def _nhwc_cases():
+    """(case, dtype) of the table whose forward implicit_gemm runs on channels-last tensors in place."""
+    from cuconv.families import implicit_gemm
+
+    out = []
+    for param in CASES + PROBLEM_CASES + TILING_CASES:
+        case = param.values[0]
+        for dtype_name in ("float16", "bfloat16"):
+            if _dtypes.bfloat16 is None and dtype_name == "bfloat16":
+                continue
+            if implicit_gemm.nhwc_in_place(case_spec(case), _dtypes.by_name(dtype_name)):
+                out.append(pytest.param(case, dtype_name, id=f"{param.id}-{dtype_name}"))
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case,dtype_name", _nhwc_cases())
+def test_forward_on_channels_last_tensors_in_place(case, dtype_name):
+    """x and out channels-last in memory: the weight's pack, then one GEMM reading x where it is and storing NHWC
+    rows; on integers, bit for bit the CPU path's result, into a NaN-poisoned out."""
+    import cupy
+
+    from cuconv import _plan
+    from cuconv.families import implicit_gemm
+
+    x, w, b = make_inputs(case, seed=41, integer=True)
+    dtype = _dtypes.by_name(dtype_name)
+    x4 = x if x.ndim == 4 else x[None]
+    spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
+    want = cuconv.conv2d(x4.astype(dtype), w.astype(dtype), None if b is None else b.astype(dtype), **case.kwargs)
+    xg = cupy.ascontiguousarray(cupy.asarray(x4.astype(dtype)).transpose(0, 2, 3, 1))
+    out = cupy.full((spec.n, spec.p, spec.q, spec.k), numpy.nan, dtype=dtype)
+    wg, bg = cupy.asarray(w.astype(dtype)), None if b is None else cupy.asarray(b.astype(dtype))
+    plan = implicit_gemm.prepare("fprop", spec, dtype, "ieee", _plan.current_env(xg, wg, bg, out), b is not None,
+                                 layout="nhwc")
+    _plan.run_arrays(plan, xg, wg, bg, out)
+    numpy.testing.assert_array_equal(cupy.asnumpy(out.transpose(0, 3, 1, 2)).astype(numpy.float64),
+                                     want.astype(numpy.float64))

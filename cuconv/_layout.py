@@ -1,0 +1,46 @@
+"""Memory formats as torch has them: which 4-D tensors and arrays are "channels-last" (NHWC in memory, NCHW in
+shape), so that a convolution's result comes back in the format torch's would (``suggest_memory_format``).
+
+torch decides from the strides alone (``is_channels_last_strides_2d_s4`` in c10): walking the dimensions C, W, H,
+N, each stride must be at least the extent of the ones inside it, with NCHW winning the ambiguous cases (a zero
+channel stride; a size-1 batch whose stride ties the channel's). A convolution's result is channels-last where its
+input or its weight is (``cudnn_conv_suggest_memory_format``, and the CPU backends alike).
+"""
+
+from __future__ import annotations
+
+__all__ = ["strides_like_channels_last", "is_channels_last", "result_channels_last"]
+
+
+def strides_like_channels_last(shape, strides) -> bool:
+    """torch's test of 4-D ``shape`` and ``strides`` (in elements) for channels-last order."""
+    if len(shape) != 4 or len(strides) != 4 or strides[1] == 0:
+        return False  # (a zero channel stride: NCHW, torch's default for the trivial case)
+    low = 0
+    for d in (1, 3, 2, 0):
+        if shape[d] == 0 or strides[d] < low:
+            return False
+        if d == 0 and low == strides[1]:
+            return False  # N111 and sliced N11W tensors: NCHW, as torch falls back
+        low = strides[d] * shape[d] if shape[d] > 1 else strides[d]
+    return True
+
+
+def is_channels_last(a) -> bool:
+    """Whether torch would call ``a`` (a torch tensor, or a NumPy or CuPy array) channels-last: 4-D with
+    channels-last strides."""
+    shape = tuple(a.shape)
+    if len(shape) != 4:
+        return False
+    stride = getattr(a, "stride", None)
+    if callable(stride):  # a torch tensor: strides in elements
+        return strides_like_channels_last(shape, tuple(stride()))
+    itemsize = a.dtype.itemsize
+    if any(s % itemsize for s in a.strides):
+        return False
+    return strides_like_channels_last(shape, tuple(s // itemsize for s in a.strides))
+
+
+def result_channels_last(x, weight) -> bool:
+    """Whether a convolution of ``x`` by ``weight`` returns a channels-last result (torch's rule: either is)."""
+    return is_channels_last(x) or is_channels_last(weight)
