@@ -68,7 +68,9 @@ def prepare(name: str, pass_: str, spec: ConvSpec, dtype, precision: str, env: "
             return b.plan(name)
         if spec.crs_per_group == 0:
             if bias:
-                b.launch(_bias.fill_launch(dtype, spec.n, spec.k, spec.p * spec.q), b.ref("out"), b.ref("bias"))
+                fill = _bias.fill_launch(dtype, spec.n, spec.k, spec.p * spec.q,
+                                         aligned=b.base_aligned(b.ref("out")))
+                b.launch(fill, b.ref("out"), b.ref("bias"))
             else:
                 b.launch(elementwise.fill(dtype, spec.n * spec.k * spec.p * spec.q), b.ref("out"))
             return b.plan(name)

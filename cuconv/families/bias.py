@@ -17,20 +17,32 @@ __all__ = ["fill_launch", "grad_launch", "NAME_EXPRESSIONS", "STEM"]
 STEM = "bias"
 _MAX_GRID_Y = 65535
 
+_VECTOR_BYTES = (16, 8, 4)  # widest first
+_ITEMSIZE = {"__half": 2, "__nv_bfloat16": 2, "float": 4, "double": 8}
 NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in ("bias_fill", "bias_grad", "bias_fill_flat", "bias_grad_warps")
-                         for t in _dtypes.ALL_CTYPE_NAMES)
+                         for t in _dtypes.ALL_CTYPE_NAMES) + tuple(
+    f"bias_fill_vec<{t}, {v}>" for t in _dtypes.ALL_CTYPE_NAMES for v in _VECTOR_BYTES if v >= _ITEMSIZE[t])
 # Planes of fewer pixels than a block take the flat fill and the warp-per-channel gradient.
 _SMALL_PLANE = _loader.THREADS
 
 
-def fill_launch(dtype, n: int, k: int, pq: int) -> "_loader.PreparedLaunch":
-    """A launch setting ``out[n, k] = bias[k]`` over a C-contiguous (n, K, P, Q) ``out``: a block per plane, or
-    a thread per element on planes smaller than a block; pointers: out, bias. None where the output is
-    empty."""
+def fill_launch(dtype, n: int, k: int, pq: int, *, aligned: bool) -> "_loader.PreparedLaunch":
+    """A launch setting ``out[n, k] = bias[k]`` over a C-contiguous (n, K, P, Q) ``out``: where ``out`` is
+    256-byte ``aligned`` and a plane is whole 16, 8 or 4-byte vectors, a thread per (widest) vector; else a block
+    per plane, or a thread per element on planes smaller than a block; pointers: out, bias. None where the
+    output is empty."""
+    dtype = numpy.dtype(dtype)
     planes = n * k
     if planes == 0 or pq == 0:
         return None
     total = planes * pq
+    plane_bytes = pq * dtype.itemsize
+    width = next((v for v in _VECTOR_BYTES if v >= dtype.itemsize and plane_bytes % v == 0), None) if aligned else None
+    if width is not None and total * dtype.itemsize // width < 2**30:  # 32-bit, as the flat fill
+        vecs = total * dtype.itemsize // width
+        name = f"bias_fill_vec<{_dtypes.ctype_of(dtype)}, {width}>"
+        return _loader.prepare(STEM, NAME_EXPRESSIONS, name, (_loader.blocks(vecs), 1, 1), (_loader.THREADS, 1, 1),
+                               2, (numpy.int64(k), numpy.int64(plane_bytes // width), numpy.int64(vecs)))
     if pq < _SMALL_PLANE and total < 2**30:  # 32-bit: an index plus the grid stride (< 2^24) below 2^31
         name = f"bias_fill_flat<{_dtypes.ctype_of(dtype)}>"
         return _loader.prepare(STEM, NAME_EXPRESSIONS, name, (_loader.blocks(total), 1, 1), (_loader.THREADS, 1, 1),

@@ -332,7 +332,7 @@ def _forward_batch_folded(b, spec: ConvSpec, dtype, precision: str, bias: bool) 
     b.launch(elementwise.swap_planes(dtype, spec.n, spec.c, pq), b.ref("x"), xt)
     beta = 0.0
     if bias:
-        b.launch(bias_fill_launch(dtype, 1, spec.k, npq), outt, b.ref("bias"))
+        b.launch(bias_fill_launch(dtype, 1, spec.k, npq, aligned=True), outt, b.ref("bias"))  # the workspace
         beta = 1.0
     # column-major: outtᵀ (N·PQ × K, ld N·PQ) = xtᵀ (N·PQ × C, ld N·PQ) @ Wᵀ (C × K, ld C)
     b.gemm(dtype, precision, npq, spec.k, spec.c, xt, npq, 0, b.ref("w"), spec.c, 0, outt, npq, 0, 1, beta)
@@ -357,13 +357,15 @@ def _forward_steps(b, spec: ConvSpec, dtype, precision: str, bias: bool) -> None
         if bias and b.gemm(*operands, 0.0, trans_a="T", bias=b.ref("bias")) is not None:
             return
         if bias:
-            b.launch(bias_fill_launch(dtype, spec.n, spec.k, pq), b.ref("out"), b.ref("bias"))
+            b.launch(bias_fill_launch(dtype, spec.n, spec.k, pq, aligned=b.base_aligned(b.ref("out"))),
+                     b.ref("out"), b.ref("bias"))
         b.gemm(*operands, 1.0 if bias else 0.0, trans_a="T")
         return
     chunks_plan = plan_chunks(spec, item, b.env.workspace_limit)
     beta = 0.0
     if bias:
-        b.launch(bias_fill_launch(dtype, spec.n, spec.k, pq), b.ref("out"), b.ref("bias"))
+        b.launch(bias_fill_launch(dtype, spec.n, spec.k, pq, aligned=b.base_aligned(b.ref("out"))),
+                     b.ref("out"), b.ref("bias"))
         beta = 1.0
     if chunks_plan.buffers == 0:
         _forward_gemm(b, dtype, precision, spec, spec.n, pq, b.ref("x"), pq, b.ref("out"), beta)

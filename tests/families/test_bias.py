@@ -18,20 +18,36 @@ def _stream():
     return cupy.cuda.get_current_stream().ptr
 
 
+def _fill_kernel(itemsize: int, pq: int, aligned: bool) -> str:
+    """The fill kernel expected: the widest vector (16, 8, 4 bytes) a plane is whole vectors of, on an aligned
+    output; else a block per plane, or a thread per element on planes of fewer than 256 pixels."""
+    for width in (16, 8, 4):
+        if aligned and width >= itemsize and pq * itemsize % width == 0:
+            return f"bias_fill_vec<{width}>"
+    return "bias_fill_flat" if pq < 256 else "bias_fill"
+
+
+@pytest.mark.parametrize("aligned", [True, False])
 @pytest.mark.parametrize("dtype_name", EXACT_DTYPES)
-@pytest.mark.parametrize("n,k,pq", [(1, 1, 1), (3, 5, 70000), (2, 7, 13), (32, 1153, 1), (2, 3, 255), (2, 3, 256)])
-def test_bias_fill_broadcasts_over_samples_and_pixels(n, k, pq, dtype_name):
-    """A block per plane, or a thread per element on planes of fewer than 256 pixels."""
+@pytest.mark.parametrize("n,k,pq", [(1, 1, 1), (3, 5, 70000), (2, 7, 13), (32, 1153, 1), (2, 3, 255), (2, 3, 256),
+                                    (3, 5, 3136), (2, 7, 196), (2, 5, 98), (4, 3, 49), (2, 3, 2)])
+def test_bias_fill_broadcasts_over_samples_and_pixels(n, k, pq, dtype_name, aligned):
+    """Every fill kernel and vector width: out[n, k, :] = bias[k], nothing outside out written."""
     import cupy
 
     dtype = _dtypes.by_name(dtype_name)
     b = numpy.arange(1, k + 1).astype(dtype)
-    out = cupy.full((n, k, pq), numpy.nan, dtype=dtype)
+    total = n * k * pq
+    poisoned = cupy.full(total + 64, numpy.nan, dtype=dtype)  # 64 elements past out stay NaN
+    out = poisoned[:total].reshape(n, k, pq)
     b_d = cupy.asarray(b)  # referenced until the launch has run
-    launch = bias.fill_launch(dtype, n, k, pq)
-    assert ("bias_fill_flat<" in launch.name) == (pq < 256)
+    launch = bias.fill_launch(dtype, n, k, pq, aligned=aligned)
+    expected = _fill_kernel(dtype.itemsize, pq, aligned)
+    name = launch.name.replace(f"<{_dtypes.ctype_of(dtype)}, ", "<").replace(f"<{_dtypes.ctype_of(dtype)}>", "")
+    assert name == expected
     launch(_stream(), out.data.ptr, b_d.data.ptr)
     numpy.testing.assert_array_equal(cupy.asnumpy(out), numpy.broadcast_to(b[None, :, None], (n, k, pq)))
+    assert bool(cupy.isnan(poisoned[total:]).all())
 
 
 @pytest.mark.parametrize("dtype_name", EXACT_DTYPES)
