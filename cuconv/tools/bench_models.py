@@ -77,33 +77,39 @@ def _events_ms(fn, reps: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def _graph_ms(fn, reps: int, calls: int = 5) -> float:
-    """Median milliseconds per call of ``fn`` with host time taken out: ``calls`` calls captured in a CUDA graph
-    (after a warm-up on a side stream, as torch's notes on graphs show), the replay timed."""
+def _graph_ms(fns, reps: int, calls: int = 5) -> list:
+    """Median milliseconds per call of each of ``fns`` (the two sides) with host time taken out: ``calls`` calls
+    of each captured in a CUDA graph (after a warm-up on a side stream, as torch's notes on graphs show), the
+    graphs' replays timed in alternation, their order flipped each round, so that a drift of the GPU's clocks
+    or of its other load falls on both sides alike."""
     import torch
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    graphs = []
+    for fn in fns:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
         graph.replay()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) / calls)
-    del graph
-    return statistics.median(times)
+        graphs.append(graph)
+    times = [[] for _ in graphs]
+    for r in range(reps):
+        for i in (range(len(graphs)) if r % 2 == 0 else reversed(range(len(graphs)))):
+            torch.cuda.synchronize()
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graphs[i].replay()
+            stop.record()
+            stop.synchronize()
+            times[i].append(start.elapsed_time(stop) / calls)
+    del graphs
+    return [statistics.median(t) for t in times]
 
 
 def _host_us(fns, contexts=(), rounds: int = 9, calls: int = 10) -> list:
@@ -281,7 +287,7 @@ def measure_layer(geometry: dict, shape: tuple, first: bool, mode: _Mode, reps: 
     row = dict(count=None, shape=list(shape), **{k: (list(v) if isinstance(v, tuple) else v)
                                                    for k, v in geometry.items()})
     row["algos"] = _chosen(geometry, shape, mode)
-    calls, fwd_bwds = [], []
+    calls, fwds, fwd_bwds = [], [], []
     for side, module in (("torch", theirs), ("cuconv", ours)):
         inputs = [t for t in (x, module.weight, module.bias) if t is not None and t.requires_grad]
 
@@ -298,11 +304,12 @@ def measure_layer(geometry: dict, shape: tuple, first: bool, mode: _Mode, reps: 
             return module(x)
 
         row[f"{side}_fwd_ms"] = _events_ms(fwd, reps)
-        row[f"{side}_fwd_gpu_ms"] = _graph_ms(fwd, reps)
         row[f"{side}_fb_ms"] = _events_ms(fwd_bwd, reps)
-        row[f"{side}_fb_gpu_ms"] = _graph_ms(fwd_bwd, reps)
         calls.append(call)
+        fwds.append(fwd)
         fwd_bwds.append(fwd_bwd)
+    row["torch_fwd_gpu_ms"], row["cuconv_fwd_gpu_ms"] = _graph_ms(fwds, reps)
+    row["torch_fb_gpu_ms"], row["cuconv_fb_gpu_ms"] = _graph_ms(fwd_bwds, reps)
     # (autocast's cast cache off: in a model each layer's weight is cast once per forward, on both sides)
     row["torch_fwd_host_us"], row["cuconv_fwd_host_us"] = _host_us(calls, (torch.no_grad(),
                                                                             mode.autocast(cache=False)))
