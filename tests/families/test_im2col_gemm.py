@@ -248,7 +248,7 @@ def _host_swap_planes(dtype, a, b, length):
     return launch
 
 
-def _host_bias_fill(dtype, n, k, pq):
+def _host_bias_fill(dtype, n, k, pq, *, aligned):
     """``bias.fill_launch`` on host pointers: out (n, k, pq) = bias[k]."""
     dtype = numpy.dtype(dtype)
 
