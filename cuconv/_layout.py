@@ -9,7 +9,8 @@ input or its weight is (``cudnn_conv_suggest_memory_format``, and the CPU backen
 
 from __future__ import annotations
 
-__all__ = ["strides_like_channels_last", "is_channels_last", "result_channels_last"]
+__all__ = ["strides_like_channels_last", "is_channels_last", "result_channels_last", "dense_nhwc", "nhwc_strides",
+           "element_strides"]
 
 
 def strides_like_channels_last(shape, strides) -> bool:
@@ -32,15 +33,34 @@ def is_channels_last(a) -> bool:
     shape = tuple(a.shape)
     if len(shape) != 4:
         return False
-    stride = getattr(a, "stride", None)
-    if callable(stride):  # a torch tensor: strides in elements
-        return strides_like_channels_last(shape, tuple(stride()))
-    itemsize = a.dtype.itemsize
-    if any(s % itemsize for s in a.strides):
-        return False
-    return strides_like_channels_last(shape, tuple(s // itemsize for s in a.strides))
+    strides = element_strides(a)
+    return strides is not None and strides_like_channels_last(shape, strides)
 
 
 def result_channels_last(x, weight) -> bool:
     """Whether a convolution of ``x`` by ``weight`` returns a channels-last result (torch's rule: either is)."""
     return is_channels_last(x) or is_channels_last(weight)
+
+
+def nhwc_strides(shape) -> tuple:
+    """The element strides of a dense channels-last tensor of 4-D ``shape`` (N, C, H, W)."""
+    _, c, h, w = shape
+    return (h * w * c, 1, w * c, c)
+
+
+def dense_nhwc(shape, strides) -> bool:
+    """Whether 4-D ``shape`` with element ``strides`` lies in memory as a dense (N, H, W, C) array (torch's
+    ``is_contiguous(memory_format=torch.channels_last)``: the stride of a dimension of extent 1 is free)."""
+    return len(shape) == 4 and all(n == 1 or s == e for n, s, e in zip(shape, strides, nhwc_strides(shape)))
+
+
+def element_strides(a) -> tuple:
+    """A torch tensor's or NumPy/CuPy array's strides in elements (None where a byte stride is not a whole
+    number of elements)."""
+    stride = getattr(a, "stride", None)
+    if callable(stride):
+        return tuple(stride())
+    itemsize = a.dtype.itemsize
+    if any(s % itemsize for s in a.strides):
+        return None
+    return tuple(s // itemsize for s in a.strides)

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import numpy
 
-from . import _backend, _dtypes, _plan, autotune, registry as _registry
+from . import _backend, _dtypes, _layout, _plan, autotune, registry as _registry
 from ._config import PRECISIONS, config
 from ._errors import ConvTypeError, ConvValueError
 from .spec import ConvSpec, _plain
@@ -158,15 +158,23 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     spec = ConvSpec.from_args(x.shape, weight.shape, stride, padding, dilation, groups)
     precision = _resolve_precision(precision)
     on_gpu = kind == "cupy"
-    name = _registry.resolve(algo, spec, x.dtype, precision, on_gpu)
+    # torch's rule for the result's memory format: channels-last where the input or the weight is; on the GPU
+    # computed so in place where an algorithm serves channels-last activations for this call's ``algo``
+    channels_last = _layout.result_channels_last(x, weight)
+    name = _registry.select_nhwc(algo, spec, x.dtype, precision) if channels_last and on_gpu else None
+    layout = "nchw" if name is None else "nhwc"
+    if name is None:
+        name = _registry.resolve(algo, spec, x.dtype, precision, on_gpu)
     result_shape = spec.output_shape[1:] if unbatched else spec.output_shape
     if out is not None:
         _check_out(out, result_shape, x.dtype)
     if not on_gpu:
-        return _run(numpy, _Plan(spec, name, precision, result_shape, unbatched), x, weight, bias, out, algo)
+        return _run(numpy, _Plan(spec, name, precision, result_shape, unbatched, channels_last=channels_last), x,
+                    weight, bias, out, algo)
     env = _plan.env(x.data.device_id, config.workspace_limit)
     plan = _Plan(spec, name, precision, result_shape, unbatched, env,
-                 _registry.prepare(name, "fprop", spec, x.dtype, precision, env, bias is not None))
+                 _registry.prepare(name, "fprop", spec, x.dtype, precision, env, bias is not None, layout),
+                 channels_last, layout)
     if key is not None:
         if len(_plans) >= _PLANS_MAX:
             _plans.clear()
@@ -184,6 +192,8 @@ class _Plan(NamedTuple):
     unbatched: bool
     gpu_env: "_plan.Env" = None  # GPU calls: the environment of aligned operands on the input's device
     gpu: "_plan.Plan" = None     # ... and the algorithm's plan in it (with a bias where the signature has one)
+    channels_last: bool = False  # the result channels-last (torch's rule: the input or the weight is)
+    layout: str = "nchw"         # the activations as the plan reads and writes them ("nhwc": channels-last)
 
 
 # A GPU call's signature (``_call_key``) -> its _Plan. The checks, the spec and the choice of algorithm cost as
@@ -195,9 +205,10 @@ _PLANS_MAX = 4096
 
 def _call_key(x, weight, bias, out, stride, padding, dilation, groups, algo, precision):
     """The signature of a call on CuPy arrays on the current device: everything the checks and the choice of
-    algorithm read (shapes, dtypes, devices, plain geometry arguments, algo, precision and the config values
-    they depend on); None for any other call, which is checked in full. Strides are left out: ``_run`` makes
-    every operand contiguous on each call. Only ``cupy.ndarray`` itself is admitted (subclasses are checked)."""
+    algorithm read (shapes, strides, dtypes, devices, plain geometry arguments, algo, precision and the config
+    values they depend on); None for any other call, which is checked in full. The strides decide the memory
+    format of the result and of the computation. Only ``cupy.ndarray`` itself is admitted (subclasses are
+    checked)."""
     cupy = _backend.cupy_or_none()
     if cupy is None:
         return None
@@ -212,7 +223,7 @@ def _call_key(x, weight, bias, out, stride, padding, dilation, groups, algo, pre
         if a is None:
             optional.append(None)
         elif type(a) is nd and a.data.device_id == device:
-            optional.append((a.shape, a.dtype))
+            optional.append((a.shape, a.dtype, a.strides))
         else:
             return None
     # _plain: values of exact types only, so that 1, 1.0 and True (equal as keys) never share a plan
@@ -220,25 +231,44 @@ def _call_key(x, weight, bias, out, stride, padding, dilation, groups, algo, pre
         return None
     if (precision is not None and type(precision) is not str) or type(algo) is not str:
         return None
-    return (device, x.shape, x.dtype, weight.shape, weight.dtype, *optional, stride, padding, dilation, groups, algo,
-            precision, config.precision, config.workspace_limit)
+    return (device, x.shape, x.strides, x.dtype, weight.shape, weight.strides, weight.dtype, *optional, stride,
+            padding, dilation, groups, algo, precision, config.precision, config.workspace_limit)
+
+
+def nhwc_view(xp, a):
+    """``a`` (N, C, H, W) as a dense channels-last array of the same shape: itself where it already lies so,
+    else a copy."""
+    if _layout.dense_nhwc(a.shape, _layout.element_strides(a) or ()):
+        return a
+    return xp.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+
+
+def empty_nhwc(xp, shape, dtype):
+    """A new dense channels-last array of shape (N, C, H, W)."""
+    n, c, h, w = shape
+    return xp.empty((n, h, w, c), dtype=dtype).transpose(0, 3, 1, 2)
 
 
 def _run(xp, plan: _Plan, x, weight, bias, out, requested="auto"):
-    """Run ``plan`` on 4-D ``x``: into ``out`` (of the plan's result shape) when given, else a new array."""
+    """Run ``plan`` on 4-D ``x``: into ``out`` (of the plan's result shape) when given, else a new array
+    (channels-last where ``plan.channels_last``)."""
     spec = plan.spec
-    # Compute into `out` directly when it is C-contiguous and shares no memory with an operand (the kernels read
-    # the operands while they write: an aliased out would feed them what they already wrote), else into a fresh
-    # array copied over at the end.
-    direct = out is not None and out.flags.c_contiguous and not _overlaps(xp, out, x, weight, bias)
+    nhwc = plan.layout == "nhwc"
+    # Compute into `out` directly when it lies as the plan writes (C-contiguous, or dense channels-last for a
+    # channels-last plan) and shares no memory with an operand (the kernels read the operands while they write:
+    # an aliased out would feed them what they already wrote), else into a fresh array copied over at the end.
+    direct = (out is not None and (_dense_nhwc_out(out, spec) if nhwc else out.flags.c_contiguous)
+              and not _overlaps(xp, out, x, weight, bias))
     if direct:  # a view costs host time (microseconds a call): built only when the shape differs
         y = out if out.shape == spec.output_shape else out.reshape(spec.output_shape)
+    elif nhwc:
+        y = empty_nhwc(xp, spec.output_shape, x.dtype)
     else:
         y = xp.empty(spec.output_shape, dtype=x.dtype)
     if y.size:
         if bias is not None:
             bias = xp.ascontiguousarray(bias)
-        x = xp.ascontiguousarray(x)
+        x = nhwc_view(xp, x) if nhwc else xp.ascontiguousarray(x)
         weight = xp.ascontiguousarray(weight)
         if xp is numpy:
             if spec.crs_per_group == 0:  # no input channels: the sum over an empty set is 0, plus bias
@@ -247,13 +277,25 @@ def _run(xp, plan: _Plan, x, weight, bias, out, requested="auto"):
                 _registry.cpu().forward_cpu(x, weight, bias, spec, y)
         else:
             _run_gpu(plan, requested, x, weight, bias, y)
-    if y.shape != plan.result_shape:
-        y = y.reshape(plan.result_shape)
     if out is None:
-        return y
+        if plan.channels_last and not nhwc:  # (an NCHW computation of a channels-last result)
+            y = nhwc_view(xp, y)
+        return y if y.shape == plan.result_shape else y.reshape(plan.result_shape)
     if not direct:
-        out[...] = y
+        out[...] = y if y.shape == out.shape else y.reshape(out.shape)
     return out
+
+
+def _dense_nhwc_out(out, spec: ConvSpec) -> bool:
+    """Whether ``out`` (3-D for an unbatched call) is the output as a dense channels-last array."""
+    strides = _layout.element_strides(out)
+    if strides is None:
+        return False
+    if out.ndim == 3:
+        shape, strides = spec.output_shape, (0,) + strides
+    else:
+        shape = tuple(out.shape)
+    return _layout.dense_nhwc(shape, strides)
 
 
 def _overlaps(xp, out, *operands) -> bool:
@@ -266,6 +308,12 @@ def _run_gpu(plan: _Plan, requested: str, x, weight, bias, y) -> None:
     aligned (``_plan.ALIGNMENT``) and nothing is tuned, else the registry's plan for what runs."""
     name, precision, spec = plan.name, plan.precision, plan.spec
     aligned = _plan.is_aligned(x.data.ptr, weight.data.ptr, 0 if bias is None else bias.data.ptr, y.data.ptr)
+    if plan.layout == "nhwc":  # (one channels-last candidate: nothing to time)
+        gpu = plan.gpu if aligned else _registry.prepare(
+            name, "fprop", spec, x.dtype, precision, _plan.env(plan.gpu_env.device, plan.gpu_env.workspace_limit,
+                                                               False), bias is not None, "nhwc")
+        _plan.run_arrays(gpu, x, weight, bias, y)
+        return
     if requested == "auto" and config.benchmark:
         env = _plan.env(plan.gpu_env.device, plan.gpu_env.workspace_limit, aligned)
 

@@ -25,9 +25,12 @@ from . import _plan
 from .families import (bias as _bias, depthwise, direct, direct_smem, elementwise, grouped_direct, grouped_mma,
                        im2col_gemm, implicit_gemm, winograd, winograd_fused)
 
-__all__ = ["PASSES", "algorithms", "select_algorithm", "resolve", "get", "prepare", "cpu", "reason_unsupported"]
+__all__ = ["PASSES", "LAYOUTS", "algorithms", "select_nhwc", "select_algorithm", "resolve", "get", "prepare", "cpu", "reason_unsupported"]
 
 PASSES = ("fprop", "dgrad", "wgrad")
+# Memory layouts of the activations a plan reads and writes: "nchw" (C-contiguous (N, C, H, W)) and "nhwc"
+# (channels-last: (N, C, H, W) in shape, (N, H, W, C) in memory); weights are KCRS in both.
+LAYOUTS = ("nchw", "nhwc")
 
 # Each family and the passes it implements, in order of preference for `auto` where nothing more specific
 # applies.
@@ -57,19 +60,23 @@ def get(name: str):
 
 @functools.lru_cache(maxsize=4096)
 def prepare(name: str, pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
-            bias: bool = False) -> "_plan.Plan":
+            bias: bool = False, layout: str = "nchw") -> "_plan.Plan":
     """The plan of algorithm ``name`` for ``pass_`` (``cuconv._plan``), made on ``env.device`` (the current
-    device), memoized per signature. Nothing to compute: an empty plan; no input channels (a forward of sums
-    over nothing) or, backward, an empty batch or no filters: the result filled with the bias or zeros."""
+    device), memoized per signature. ``layout="nhwc"``: the activations (x, out, dy, dx) channels-last in memory,
+    weights KCRS (for algorithms that serve it: ``reason_unsupported(..., layout="nhwc")``). Nothing to compute:
+    an empty plan; no input channels (a forward of sums over nothing) or, backward, an empty batch or no filters:
+    the result filled with the bias or zeros."""
     dtype = numpy.dtype(dtype)
+    if layout not in LAYOUTS:
+        raise ValueError(f"cuconv: unknown layout {layout!r}; expected one of {LAYOUTS}")
     b = _plan.Builder(pass_, env)
     if pass_ == "fprop":
         if spec.n * spec.k * spec.p * spec.q == 0:
             return b.plan(name)
         if spec.crs_per_group == 0:
-            if bias:
-                fill = _bias.fill_launch(dtype, spec.n, spec.k, spec.p * spec.q,
-                                         aligned=b.base_aligned(b.ref("out")))
+            if bias:  # NCHW: planes of P·Q pixels per filter; NHWC: N·P·Q "planes" of one pixel per filter
+                n, pq = (spec.n, spec.p * spec.q) if layout == "nchw" else (spec.n * spec.p * spec.q, 1)
+                fill = _bias.fill_launch(dtype, n, spec.k, pq, aligned=b.base_aligned(b.ref("out")))
                 b.launch(fill, b.ref("out"), b.ref("bias"))
             else:
                 b.launch(elementwise.fill(dtype, spec.n * spec.k * spec.p * spec.q), b.ref("out"))
@@ -80,6 +87,8 @@ def prepare(name: str, pass_: str, spec: ConvSpec, dtype, precision: str, env: "
         if count:
             b.launch(elementwise.fill(dtype, count), b.ref("dx" if pass_ == "dgrad" else "dw"))
         return b.plan(name)
+    if layout == "nhwc":
+        return _REGISTRY[name][0].prepare(pass_, spec, dtype, precision, env, bias=bias, layout=layout)
     return _REGISTRY[name][0].prepare(pass_, spec, dtype, precision, env, bias=bias)
 
 
@@ -94,21 +103,29 @@ def _check_pass(pass_: str) -> None:
 
 
 def reason_unsupported(name: str, spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee",
-                       workspace_limit: int = None) -> Optional[str]:
-    """Why algorithm ``name`` cannot run this case (float32 at ``precision``) on the current device under
-    ``workspace_limit`` (default ``cuconv.config.workspace_limit``), or None when it can (memoized with those
-    limits: a layer called again costs a lookup)."""
+                       workspace_limit: int = None, layout: str = "nchw") -> Optional[str]:
+    """Why algorithm ``name`` cannot run this case (float32 at ``precision``, activations in ``layout``) on the
+    current device under ``workspace_limit`` (default ``cuconv.config.workspace_limit``), or None when it can
+    (memoized with those limits: a layer called again costs a lookup)."""
     return _reason_unsupported(name, spec, numpy.dtype(dtype), pass_, precision,
-                               *_plan.current_limits(workspace_limit))
+                               *_plan.current_limits(workspace_limit), layout)
 
 
 @functools.lru_cache(maxsize=4096)
-def _reason_unsupported(name, spec, dtype, pass_, precision, smem_limit, wgmma, workspace_limit) -> Optional[str]:
+def _reason_unsupported(name, spec, dtype, pass_, precision, smem_limit, wgmma, workspace_limit,
+                        layout="nchw") -> Optional[str]:
     module, passes = _REGISTRY[name]
     if pass_ not in passes:
         return f"it implements no {pass_}"
-    check = getattr(module, "reason_unsupported", None)
     limits = _plan.Limits(smem_limit, wgmma, workspace_limit)
+    if layout == "nhwc":  # a family serving channels-last activations says where (its reason_unsupported_nhwc)
+        check_nhwc = getattr(module, "reason_unsupported_nhwc", None)
+        if check_nhwc is None:
+            return "it reads and writes NCHW activations only"
+        reason = check_nhwc(spec, dtype, pass_, precision, limits)
+        if reason is not None:
+            return reason
+    check = getattr(module, "reason_unsupported", None)
     return check(spec, dtype, pass_, precision, limits) if check is not None else None
 
 
@@ -129,6 +146,34 @@ def _select_algorithm(spec, dtype, precision, on_gpu, pass_, smem_limit, wgmma, 
                                                       workspace_limit) is None):
             return name
     raise NotImplementedError(f"cuconv: no algorithm supports {spec} in {dtype} for {pass_}")  # pragma: no cover
+
+
+def select_nhwc(algo: str, spec: ConvSpec, dtype, precision: str = "ieee", pass_: str = "fprop",
+                workspace_limit: int = None) -> Optional[str]:
+    """The algorithm that runs ``pass_`` on channels-last activations in place for a call asking for ``algo``
+    (``"auto"``: the first of ``_preference_nhwc`` that serves it; a forced name: itself where it serves it), or
+    None: the call then runs ``algo`` on NCHW copies (memoized with the device's limits)."""
+    return _select_nhwc(algo, spec, numpy.dtype(dtype), precision, pass_, *_plan.current_limits(workspace_limit))
+
+
+@functools.lru_cache(maxsize=4096)
+def _select_nhwc(algo, spec, dtype, precision, pass_, smem_limit, wgmma, workspace_limit) -> Optional[str]:
+    _check_pass(pass_)
+    candidates = (algo,) if algo != "auto" else _preference_nhwc(spec, dtype, precision, pass_, wgmma)
+    for name in candidates:
+        if (name in _REGISTRY and _reason_unsupported(name, spec, dtype, pass_, precision, smem_limit, wgmma,
+                                                      workspace_limit, "nhwc") is None):
+            return name
+    return None
+
+
+def _preference_nhwc(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool):
+    """Candidates on channels-last activations, best first: 1x1 stride-1 unpadded layers of one group as one GEMM
+    over every pixel (``im2col_gemm``: no swap, no per-sample batch, the bias in cuBLASLt's epilogue), then the
+    NCHW order (``_preference``) among the families that serve NHWC."""
+    if im2col_gemm.pointwise_nhwc(spec):
+        yield "im2col_gemm"
+    yield from _preference(spec, dtype, precision, pass_, wgmma)
 
 
 # The rules of _preference and their thresholds were drawn between measured points; the measurements are in

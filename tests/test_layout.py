@@ -55,3 +55,169 @@ def test_results_are_channels_last_where_input_or_weight_is():
 def test_zero_channel_stride_is_nchw():
     assert not strides_like_channels_last((2, 3, 4, 5), (60, 0, 5, 1))
     assert strides_like_channels_last((2, 3, 4, 5), (60, 1, 15, 3))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Convolutions on channels-last tensors and arrays: torch's values and torch's memory format
+# ---------------------------------------------------------------------------------------------------------------
+from cases import bound, reference, rel_err  # noqa: E402
+
+CL = torch.channels_last
+# (x shape, w shape, conv kwargs): an in-place forward in the half types (3x3, channels in 16-byte vectors), 1x1
+# layers (every pass in place), a strided 1x1, few channels, depthwise, batch 1, C = 1 and 1x1 planes (the
+# ambiguous strides torch resolves towards NCHW)
+LAYOUT_CASES = [
+    ((2, 16, 9, 7), (24, 16, 3, 3), dict(padding=1)),
+    ((3, 24, 5, 6), (40, 24, 1, 1), {}),
+    ((2, 16, 9, 9), (8, 16, 1, 1), dict(stride=2)),
+    ((2, 3, 11, 10), (5, 3, 3, 3), dict(stride=2, padding=1)),
+    ((2, 8, 7, 7), (8, 1, 5, 5), dict(padding=2, groups=8)),
+    ((1, 16, 6, 5), (8, 16, 3, 3), dict(padding=(1, 0))),
+    ((2, 1, 6, 6), (4, 1, 3, 3), {}),
+    ((4, 24, 1, 1), (16, 24, 1, 1), {}),
+]
+FORMATS = [("nchw", "nchw"), ("cl", "nchw"), ("nchw", "cl"), ("cl", "cl"), ("strided", "nchw")]
+
+
+def _as_format(t, fmt):
+    if fmt == "cl":
+        return t.contiguous(memory_format=CL)
+    if fmt == "strided":  # neither format: every other pixel of a wider channels-last tensor
+        wide = torch.empty(t.shape[:3] + (2 * t.shape[3],), dtype=t.dtype, device=t.device).to(memory_format=CL)
+        wide[..., ::2] = t
+        return wide[..., ::2]
+    return t.contiguous()
+
+
+def _layout_check(device, dtype, case, formats, tol_precision="ieee"):
+    """cuconv.nn.functional.conv2d forward and backward against torch's float64 CPU convolution (values) and
+    torch's own convolution in ``dtype`` on ``device`` (memory formats of the output and the input gradient)."""
+    import cuconv.nn.functional as F
+
+    x_shape, w_shape, kwargs = case
+    gen = torch.Generator().manual_seed(7)
+    x64, w64 = torch.randn(x_shape, generator=gen, dtype=torch.float64), torch.randn(w_shape, generator=gen,
+                                                                                    dtype=torch.float64)
+    b64 = torch.randn(w_shape[0], generator=gen, dtype=torch.float64)
+    x = _as_format(x64.to(device, dtype, copy=True), formats[0]).requires_grad_()
+    w = _as_format(w64.to(device, dtype, copy=True), formats[1]).requires_grad_()
+    b = b64.to(device, dtype, copy=True).requires_grad_()
+    y = F.conv2d(x, w, b, **kwargs)
+    theirs = torch.nn.functional.conv2d(x.detach(), w.detach(), b.detach(), **kwargs)
+    assert y.is_contiguous(memory_format=CL) == theirs.is_contiguous(memory_format=CL)
+    assert y.is_contiguous() == theirs.is_contiguous()
+    ref = reference(x64.numpy(), w64.numpy(), b64.numpy(), **kwargs)
+    numpy_dtype = {torch.float16: numpy.float16, torch.bfloat16: numpy.float32}.get(dtype, numpy.float64 if dtype
+                                                                                   == torch.float64 else numpy.float32)
+    assert rel_err(y.detach().double().cpu().numpy(), ref) <= 2 * bound(ref, numpy_dtype, tol_precision) + (
+        4e-3 if dtype == torch.bfloat16 else 0)
+    dy = torch.randn(y.shape, generator=gen, dtype=torch.float64)
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), _as_format(dy.to(device, dtype), formats[0]))
+    x_ref, w_ref = x64.clone().requires_grad_(), w64.clone().requires_grad_()
+    dx_ref, dw_ref = torch.autograd.grad(torch.nn.functional.conv2d(x_ref, w_ref, None, **kwargs), (x_ref, w_ref),
+                                         dy)
+    for got, want in ((dx, dx_ref), (dw, dw_ref), (db, dy.sum((0, 2, 3)))):
+        assert rel_err(got.double().cpu().numpy(), want.numpy()) <= 2 * bound(want.numpy(), numpy_dtype,
+                                                                               tol_precision) + (
+            4e-3 if dtype == torch.bfloat16 else 0)
+    if y.is_contiguous(memory_format=CL) and not y.is_contiguous():
+        assert dx.is_contiguous(memory_format=CL)  # the input gradient in the result's format, as torch's
+
+
+@pytest.mark.parametrize("formats", FORMATS, ids="-".join)
+@pytest.mark.parametrize("case", LAYOUT_CASES, ids=lambda c: f"{c[0]}x{c[1]}")
+def test_nn_conv_on_the_cpu_follows_torchs_memory_format(case, formats):
+    _layout_check("cpu", torch.float64, case, formats)
+
+
+def test_numpy_channels_last_arrays_give_channels_last_results():
+    """cuconv.conv2d on an NHWC-strided NumPy array: the values of the NCHW call, a channels-last result, and a
+    channels-last ``out=`` written in place."""
+    import cuconv
+
+    rng = numpy.random.default_rng(3)
+    x = rng.standard_normal((2, 5, 7, 6)).transpose(0, 3, 1, 2)  # (2, 6, 5, 7), NHWC in memory
+    w = rng.standard_normal((4, 6, 3, 3))
+    y = cuconv.conv2d(x, w, padding=1)
+    assert is_channels_last(y) and y.shape == (2, 4, 5, 7)
+    numpy.testing.assert_allclose(y, reference(x, w, padding=1), rtol=1e-12, atol=1e-12)
+    out = numpy.full((2, 5, 7, 4), numpy.nan).transpose(0, 3, 1, 2)
+    assert cuconv.conv2d(x, w, padding=1, out=out) is out
+    numpy.testing.assert_allclose(out, y, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("formats", FORMATS, ids="-".join)
+@pytest.mark.parametrize("case", LAYOUT_CASES, ids=lambda c: f"{c[0]}x{c[1]}")
+def test_nn_conv_on_cuda_follows_torchs_memory_format(case, formats, dtype):
+    """CUDA tensors in every dtype (float32 at torch's precision for convolutions, set to IEEE here): values
+    against float64, formats as torch's own."""
+    allow = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        _layout_check("cuda", dtype, case, formats)
+    finally:
+        torch.backends.cudnn.allow_tf32 = allow
+
+
+def _kernels(fn) -> list:
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_channels_last_layers_in_place_launch_no_copies(dtype):
+    """A channels-last 3x3 forward whose channels fill 16-byte vectors, and a 1x1 layer's forward and backward,
+    run cuconv's launches alone: no copy kernel of torch's before or after them."""
+    import cuconv.nn
+
+    conv3 = cuconv.nn.Conv2d(32, 64, 3, padding=1, bias=False).to("cuda", dtype).to(memory_format=CL)
+    conv1 = cuconv.nn.Conv2d(64, 48, 1).to("cuda", dtype).to(memory_format=CL)
+    x = torch.randn(4, 32, 14, 14, device="cuda", dtype=dtype).contiguous(memory_format=CL)
+    with torch.no_grad():
+        names = _kernels(lambda: conv3(x))
+    assert names and not [n for n in names if "at::native" in n], names
+    y = conv3(x).detach().requires_grad_()
+    dz = torch.randn(4, 48, 14, 14, device="cuda", dtype=dtype).contiguous(memory_format=CL)
+
+    def step():
+        z = conv1(y)
+        assert z.is_contiguous(memory_format=CL)
+        torch.autograd.grad(z, (y, conv1.weight), dz)
+
+    names = _kernels(step)
+    assert names and not [n for n in names if "copy" in n.lower() or "nchwToNhwc" in n], names
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16", "float32"])
+def test_cupy_channels_last_arrays_run_in_place(dtype_name):
+    """cuconv.conv2d on NHWC-strided CuPy arrays: a channels-last plan where one serves (a 1x1 layer in every
+    dtype, a 3x3 one in the half types), a channels-last result either way, the values of the NCHW call."""
+    import cupy
+
+    import cuconv
+    from cuconv import _dtypes, conv
+
+    dtype = _dtypes.by_name(dtype_name)
+    rng = numpy.random.default_rng(5)
+    for w_shape, kwargs, in_place in (((24, 16, 1, 1), {}, True), ((24, 16, 3, 3), dict(padding=1),
+                                                                    dtype_name != "float32")):
+        x = cupy.asarray(rng.standard_normal((3, 9, 8, 16)).astype(dtype)).transpose(0, 3, 1, 2)
+        w = cupy.asarray(rng.standard_normal(w_shape).astype(dtype))
+        b = cupy.asarray(rng.standard_normal(w_shape[0]).astype(dtype))
+        y = cuconv.conv2d(x, w, b, precision="ieee", **kwargs)
+        assert is_channels_last(y)
+        key = conv._call_key(x, w, b, None, 1, kwargs.get("padding", 0), 1, 1, "auto", "ieee")
+        assert (conv._plans[key].layout == "nhwc") == in_place
+        nchw = cuconv.conv2d(cupy.ascontiguousarray(x), w, b, precision="ieee", **kwargs)
+        numpy.testing.assert_allclose(cupy.asnumpy(y).astype(numpy.float64), cupy.asnumpy(nchw).astype(numpy.float64),
+                                      rtol=2e-2, atol=2e-2)

@@ -666,16 +666,21 @@ def test_warmup_records_every_convolution_on_meta_tensors():
 
 
 def test_warmup_keys_are_the_keys_real_calls_look_up():
-    """A layer warmup keeps must be found by the call it was made for: the same key, built from shapes."""
-    x, w, b = torch.randn(2, 3, 9, 9), torch.randn(4, 3, 3, 3), torch.randn(4)
-    for bias in (b, None):
-        for stride, padding in (((2, 1), (1, 0)), (1, "same"), (2, 0)):
-            if padding == "same" and stride != 1:
-                continue
-            real = F._signature(x, w, bias, stride, padding, (1, 1), 1, "auto")
-            made = F._signature_of(x.shape, x.dtype, -1, w.shape, bias is not None and bias.shape, stride, padding,
-                                   (1, 1), 1, "auto", cuconv.config.workspace_limit, cuconv.config.benchmark)
-            assert made == real and hash(made) == hash(real)
+    """A layer warmup keeps must be found by the call it was made for: the same key, built from shapes and
+    strides (channels-last tensors and views among them)."""
+    b = torch.randn(4)
+    for x, w in ((torch.randn(2, 3, 9, 9), torch.randn(4, 3, 3, 3)),
+                 (torch.randn(2, 3, 9, 9).to(memory_format=torch.channels_last), torch.randn(4, 3, 3, 3)),
+                 (torch.randn(2, 3, 9, 12)[..., ::2][..., :5], torch.randn(4, 3, 3, 3).to(memory_format=torch.channels_last))):
+        for bias in (b, None):
+            for stride, padding in (((2, 1), (1, 0)), (1, "same"), (2, 0)):
+                if padding == "same" and stride != 1:
+                    continue
+                real = F._signature(x, w, bias, stride, padding, (1, 1), 1, "auto")
+                made = F._signature_of(x.shape, x.stride(), x.dtype, -1, w.shape, w.stride(),
+                                       bias is not None and bias.shape, stride, padding, (1, 1), 1, "auto",
+                                       cuconv.config.workspace_limit, cuconv.config.benchmark)
+                assert made == real and hash(made) == hash(real)
 
 
 def test_warmup_has_nothing_to_do_on_the_cpu_and_refuses_bad_arguments():

@@ -40,7 +40,7 @@ from .im2col import row_pitch
 
 __all__ = ["ChunkPlan", "plan_chunks", "chunk_bytes", "wgrad_partial_samples", "pixel_folded", "batch_foldable",
            "batch_folded", "BATCH_FOLD_MAX_PIXELS", "prepare", "forward_gpu", "forward_cpu", "dgrad_gpu", "dgrad_cpu",
-           "wgrad_gpu", "wgrad_cpu", "cpu_matmul"]
+           "wgrad_gpu", "wgrad_cpu", "cpu_matmul", "pointwise_nhwc", "reason_unsupported_nhwc"]
 
 
 # Below this many column-buffer bytes a problem runs as one chunk: splitting it would cost more in
@@ -223,6 +223,17 @@ def pointwise_nhwc(spec: ConvSpec) -> bool:
             and spec.pad == (0, 0, 0, 0) and spec.groups == 1)
 
 
+def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee", limits=None):
+    """Why im2col_gemm cannot run ``pass_`` on channels-last activations in place, or None: it does for 1x1
+    layers of one group at stride 1 without padding or dilation (``pointwise_nhwc``), whose every pass is one
+    GEMM over the N·H·W pixels (cuBLAS's 32-bit dimensions)."""
+    if not pointwise_nhwc(spec):
+        return "on channels-last tensors it runs 1x1 layers of one group at stride 1, unpadded, only"
+    if spec.n * spec.h * spec.w > _INT_MAX or max(spec.c, spec.k) > _INT_MAX:
+        return "its channels-last GEMM has N·H·W rows, beyond cuBLAS's 32-bit dimensions"
+    return None
+
+
 def _pointwise_nhwc_steps(b, pass_: str, spec: ConvSpec, dtype, precision: str, bias: bool) -> None:
     """One GEMM per pass on channels-last tensors, as cuBLAS's column-major products (pixels = N·H·W):
     fprop outᵀ (K × pixels) = Wᵀ-op (K × C) · xᵀ (C × pixels), the bias in the epilogue;
@@ -231,11 +242,13 @@ def _pointwise_nhwc_steps(b, pass_: str, spec: ConvSpec, dtype, precision: str, 
     per-sample partial sums."""
     pixels, c, k = spec.n * spec.h * spec.w, spec.c, spec.k
     if pass_ == "fprop":
-        step = b.gemm(dtype, precision, k, pixels, c, b.ref("w"), c, 0, b.ref("x"), c, 0, b.ref("out"), k, 0, 1,
-                      trans_a="T", bias=b.ref("bias") if bias else None)
-        if step is None:  # (no bias epilogue for this pointer or shape: a per-pixel bias fill is still to come)
-            raise NotImplementedError("cuconv: im2col_gemm's channels-last forward adds its bias in cuBLASLt's "
-                                      "epilogue only (a 256-byte aligned bias)")
+        operands = (dtype, precision, k, pixels, c, b.ref("w"), c, 0, b.ref("x"), c, 0, b.ref("out"), k, 0, 1)
+        if bias and b.gemm(*operands, 0.0, trans_a="T", bias=b.ref("bias")) is not None:
+            return
+        if bias:  # (no epilogue for this bias pointer or shape: out filled with it, each pixel a "plane" of K)
+            b.launch(bias_fill_launch(dtype, pixels, k, 1, aligned=b.base_aligned(b.ref("out"))), b.ref("out"),
+                     b.ref("bias"))
+        b.gemm(*operands, 1.0 if bias else 0.0, trans_a="T")
     elif pass_ == "dgrad":
         b.gemm(dtype, precision, c, pixels, k, b.ref("w"), c, 0, b.ref("dy"), k, 0, b.ref("dx"), c, 0, 1)
     else:

@@ -40,7 +40,8 @@ from . import dgrad_forward, elementwise
 from .._config import config
 from ..spec import ConvSpec
 
-__all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "Tile", "WgmmaTile", "NchwTile", "TILES",
+__all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "reason_unsupported_nhwc", "nhwc_in_place",
+           "Tile", "WgmmaTile", "NchwTile", "TILES",
            "transposed_spec", "phase_specs", "phase_tile", "wgrad_tile", "wgrad_splits", "splits_for",
            "resident_blocks", "wgmma_available", "choose_tile", "prefers_nchw", "nchw_fits", "narrow_group_tile",
            "Plan", "plan", "pack_operands", "prepare", "NAME_EXPRESSIONS", "STEM"]
@@ -939,6 +940,20 @@ def _forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, spl
             b.launch(gemm, packed_x, packed_w, _plan.NULL, partials)
             b.launch(sums, partials, bias_ref, b.ref(out, out_offset))
     return b.plan(STEM)
+
+
+def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee", limits=None):
+    """Why ``implicit_gemm`` cannot run ``pass_`` on channels-last activations in place, or None: the forward
+    where ``nhwc_in_place`` holds and x and out index in 32 bits (the NCHW checks, ``reason_unsupported``, apply
+    too)."""
+    if pass_ != "fprop":
+        return "on channels-last tensors it runs the forward only, so far"
+    if not nhwc_in_place(spec, dtype):
+        return ("on channels-last tensors it runs one group whose channels fill whole 16-byte vectors, in float16 "
+                "and bfloat16")
+    if spec.n * spec.p * spec.q * spec.k >= _INT_MAX or spec.n * spec.h * spec.w * spec.c >= _INT_MAX:
+        return "its channels-last forward indexes x and out in 32 bits"
+    return None
 
 
 def nhwc_in_place(spec: ConvSpec, dtype) -> bool:

@@ -17,7 +17,7 @@ import threading
 import numpy
 import torch
 
-from .. import _dtypes, _plan, autotune, backward as _backward, registry as _registry
+from .. import _dtypes, _layout, _plan, autotune, backward as _backward, registry as _registry
 from .._config import config
 from ..families.bias import grad_launch
 from ..families.im2col_gemm import cpu_matmul
@@ -119,14 +119,20 @@ class Layer:
     """One call signature of ``cuconv.nn.functional.conv2d``: the validated geometry, the dtype and device, and
     (CUDA) the plans of its passes, made as each pass is first run and kept, one for operands on 256-byte
     boundaries and one for any others. ``x_shape`` and ``out_shape`` are the shapes as the caller sees them
-    (3-D for unbatched input: the data are the same)."""
+    (3-D for unbatched input: the data are the same).
+
+    ``channels_last``: the call's input or weight is channels-last (torch's rule), so are its results (output,
+    input gradient). A CUDA pass that an algorithm serves on channels-last activations (``registry.select_nhwc``,
+    ``nhwc[pass_]``) reads and writes them in place; the others run on NCHW copies, their results copied back to
+    channels-last."""
 
     __slots__ = ("spec", "dtype", "np_dtype", "device", "index", "precision", "algo", "bias", "x_shape", "w_shape",
                  "out_shape", "benchmark", "workspace_limit", "_aligned", "_unaligned", "_bias_grad", "_lock", "fprop",
-                 "_bytes")
+                 "_bytes", "channels_last", "nhwc", "x_format", "_out_strides", "_dx_strides")
 
     def __init__(self, spec: ConvSpec, dtype: torch.dtype, device: torch.device, precision: str, algo: str,
-                 bias: bool, x_shape: tuple, benchmark: bool = False, workspace_limit: int = None):
+                 bias: bool, x_shape: tuple, benchmark: bool = False, workspace_limit: int = None,
+                 channels_last: bool = False):
         self.spec, self.dtype, self.device, self.precision, self.algo, self.bias = (spec, dtype, device, precision,
                                                                                     algo, bias)
         self.np_dtype = _NUMPY_DTYPES[dtype]
@@ -143,18 +149,31 @@ class Layer:
         self._lock = threading.Lock()
         self._bytes = None  # (CUDA) an empty uint8 tensor on the device, whose ``new_empty`` makes workspaces
         self.fprop = None
+        # channels-last results (4-D calls only: torch treats an unbatched input as NCHW); pass -> the algorithm
+        # running it on channels-last activations in place, or None (NCHW copies)
+        self.channels_last = channels_last and len(x_shape) == 4
+        self.nhwc = dict.fromkeys(_registry.PASSES)
+        if self.channels_last and self.index >= 0:
+            for pass_ in _registry.PASSES:
+                self.nhwc[pass_] = _registry.select_nhwc(algo if pass_ == "fprop" else backward_algo(algo, pass_),
+                                                         spec, self.np_dtype, precision, pass_, self.workspace_limit)
+        # the memory format the forward takes x in (None: contiguous, the path without keyword arguments)
+        self.x_format = torch.channels_last if self.nhwc["fprop"] else None
+        self._out_strides = _layout.nhwc_strides(spec.output_shape)
+        self._dx_strides = _layout.nhwc_strides(spec.input_shape)
         if self.index >= 0:  # the forward's algorithm is resolved now: a forced one that cannot serve raises here
             self._bytes = torch.empty(0, dtype=torch.uint8, device=device)
-            name = _registry.resolve(algo, spec, self.np_dtype, precision, True, "fprop", self.workspace_limit)
+            name = self.nhwc["fprop"] or _registry.resolve(algo, spec, self.np_dtype, precision, True, "fprop",
+                                                           self.workspace_limit)
             self.fprop = self._prepare("fprop", name, True)
-            if not benchmark:  # (with benchmark, the first aligned call times the candidates on its operands)
+            if not benchmark or self.nhwc["fprop"]:  # (benchmark: the first aligned call times the candidates)
                 self._aligned["fprop"] = self.fprop
 
     # ---- CUDA ------------------------------------------------------------------------------------------------
     def _prepare(self, pass_: str, name: str, aligned: bool) -> "_plan.Plan":
         env = _plan.env(self.index, self.workspace_limit, aligned)
         return _registry.prepare(name, pass_, self.spec, self.np_dtype, self.precision, env,
-                                 self.bias and pass_ == "fprop")
+                                 self.bias and pass_ == "fprop", "nhwc" if self.nhwc[pass_] else "nchw")
 
     def plan(self, pass_: str, ptrs: tuple) -> "_plan.Plan":
         """The plan of ``pass_`` for these operand pointers (aligned or not), made the first time."""
@@ -168,9 +187,9 @@ class Layer:
                 plan = plans.get(pass_)
                 if plan is None:
                     algo = self.algo if pass_ == "fprop" else backward_algo(self.algo, pass_)
-                    name = _registry.resolve(algo, self.spec, self.np_dtype, self.precision, True, pass_,
-                                             self.workspace_limit)
-                    if algo == "auto" and self.benchmark:
+                    name = self.nhwc[pass_] or _registry.resolve(algo, self.spec, self.np_dtype, self.precision,
+                                                                 True, pass_, self.workspace_limit)
+                    if algo == "auto" and self.benchmark and not self.nhwc[pass_]:
                         name = self._tuned(pass_, name, ptrs, aligned)
                     plan = plans[pass_] = self._prepare(pass_, name, aligned)
         return plan
@@ -221,8 +240,10 @@ class Layer:
             return buffer
         return self._bytes.new_empty((nbytes,))
 
-    # ---- the passes (contiguous tensors of the layer's dtype and device) ------------------------------------
+    # ---- the passes (tensors of the layer's dtype and device: contiguous, or x in ``x_format``) ---------------
     def forward(self, x: torch.Tensor, w: torch.Tensor, b, eager: bool = False) -> torch.Tensor:
+        if self.channels_last:
+            return self._forward_channels_last(x, w, b, eager)
         out = x.new_empty(self.out_shape)  # (x is of the layer's dtype and device; no keywords to parse)
         if self.index < 0:
             return self._forward_cpu(x, w, b, out)
@@ -239,10 +260,47 @@ class Layer:
             plan.run(ptrs, stream, 0)
         return out
 
+    def _forward_channels_last(self, x, w, b, eager: bool) -> torch.Tensor:
+        """The forward of a channels-last result: in place where ``nhwc["fprop"]`` (x dense channels-last, the
+        output allocated so), else on contiguous copies, the output copied to channels-last."""
+        if not self.nhwc["fprop"]:
+            x = x.contiguous()
+            out = x.new_empty(self.out_shape)
+            if self.index < 0:
+                self._forward_cpu(x, w, b, out)
+            else:
+                self._run_forward(x, w, b, out, eager)
+            return out.contiguous(memory_format=torch.channels_last)
+        if not x.is_contiguous(memory_format=torch.channels_last):
+            x = x.contiguous(memory_format=torch.channels_last)
+        out = x.new_empty_strided(self.out_shape, self._out_strides)
+        self._run_forward(x, w, b, out, eager)
+        return out
+
+    def _run_forward(self, x, w, b, out, eager: bool) -> None:
+        x_ptr, w_ptr, out_ptr = x.data_ptr(), w.data_ptr(), out.data_ptr()
+        b_ptr = 0 if b is None else b.data_ptr()
+        ptrs = (x_ptr, w_ptr, b_ptr, out_ptr)
+        aligned = not (x_ptr | w_ptr | b_ptr | out_ptr) & _MISALIGNED
+        plan = (self._aligned if aligned else self._unaligned).get("fprop") or self._plan_for("fprop", aligned, ptrs)
+        stream = _current_raw_stream(self.index)
+        plan.run(ptrs, stream, self._workspace(plan.workspace, stream, eager).data_ptr() if plan.workspace else 0)
+
     def backward(self, dy: torch.Tensor, x, w, need_x: bool, need_w: bool, need_b: bool,
                  eager: bool = False) -> tuple:
         """(dx, dw, db), each None where not needed: dgrad and wgrad share one workspace (they run one after the
-        other on the stream), and the stream is asked once. ``eager``: see ``_workspace``."""
+        other on the stream), and the stream is asked once. ``eager``: see ``_workspace``. dy (and x) in any
+        memory format: each pass takes them as its plan reads them."""
+        if self.channels_last:
+            return self._backward_channels_last(dy, x, w, need_x, need_w, need_b, eager)
+        if not dy.is_contiguous():
+            dy = dy.contiguous()
+        if x is not None and not x.is_contiguous():
+            x = x.contiguous()
+        return self._backward_nchw(dy, x, w, need_x, need_w, need_b, eager)
+
+    def _backward_nchw(self, dy, x, w, need_x: bool, need_w: bool, need_b: bool, eager: bool) -> tuple:
+        """``backward`` on contiguous dy, x and w, with the passes' NCHW plans."""
         if self.index < 0:
             with cpu_matmul(_torch_matmul):
                 return (self._backward_cpu("dgrad", dy, w) if need_x else None,
@@ -276,6 +334,50 @@ class Layer:
         if wgrad is not None:
             wgrad.run(wgrad_ptrs, stream, ws_ptr)
         return dx, dw, self.bias_grad(dy) if need_b else None
+
+    def _backward_channels_last(self, dy, x, w, need_x: bool, need_w: bool, need_b: bool, eager: bool) -> tuple:
+        """``backward`` of a channels-last layer: each pass in place on channels-last dy and x where an algorithm
+        serves it (``nhwc``), else on contiguous copies; dx channels-last either way, dw as the kernels write it
+        (KCRS), db from dy's NCHW copy where the layer has one to make (its sum kernel reads NCHW)."""
+        dy_nchw = None
+        dx = dw = db = None
+        if self.index < 0:
+            dy_nchw = dy.contiguous()
+            dx, dw, db = self._backward_nchw(dy_nchw, x, w, need_x, need_w, need_b, eager)
+            return (None if dx is None else dx.contiguous(memory_format=torch.channels_last)), dw, db
+        dy_nhwc = None
+        if need_x:
+            if self.nhwc["dgrad"]:
+                dy_nhwc = dy if dy.is_contiguous(memory_format=torch.channels_last) else dy.contiguous(
+                    memory_format=torch.channels_last)
+                dx = dy.new_empty_strided(self.x_shape, self._dx_strides)
+                self._run_pass("dgrad", (dy_nhwc.data_ptr(), w.data_ptr(), dx.data_ptr()), eager)
+            else:
+                dy_nchw = dy.contiguous()
+                dx = self._backward_nchw(dy_nchw, None, w, True, False, False, eager)[0]
+                dx = dx.contiguous(memory_format=torch.channels_last)
+        if need_w:
+            if self.nhwc["wgrad"]:
+                if dy_nhwc is None:
+                    dy_nhwc = dy if dy.is_contiguous(memory_format=torch.channels_last) else dy.contiguous(
+                        memory_format=torch.channels_last)
+                if not x.is_contiguous(memory_format=torch.channels_last):
+                    x = x.contiguous(memory_format=torch.channels_last)
+                dw = dy.new_empty(self.w_shape)
+                self._run_pass("wgrad", (x.data_ptr(), dy_nhwc.data_ptr(), dw.data_ptr()), eager)
+            else:
+                if dy_nchw is None:
+                    dy_nchw = dy.contiguous()
+                dw = self._backward_nchw(dy_nchw, x.contiguous(), None, False, True, False, eager)[1]
+        if need_b:
+            db = self.bias_grad(dy_nchw if dy_nchw is not None else dy.contiguous())
+        return dx, dw, db
+
+    def _run_pass(self, pass_: str, ptrs: tuple, eager: bool) -> None:
+        aligned = _plan.is_aligned(*ptrs)
+        plan = (self._aligned if aligned else self._unaligned).get(pass_) or self._plan_for(pass_, aligned, ptrs)
+        stream = _current_raw_stream(self.index)
+        plan.run(ptrs, stream, self._workspace(plan.workspace, stream, eager).data_ptr() if plan.workspace else 0)
 
     def dgrad(self, dy: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return self.backward(dy, None, w, True, False, False)[0]

@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch
 
+from .. import _layout
 from .._config import config
 from . import _bridge, functional
 
@@ -119,13 +120,14 @@ def warmup(model: torch.nn.Module, *inputs, backward: Optional[bool] = None, thr
             dtype = autocast
         if dtype not in functional._TORCH_DTYPES or (w.dtype != x.dtype and autocast is None):
             continue  # (the real call raises)
-        key = functional._signature_of(x.shape, dtype, device.index, w.shape, b is not None and b.shape, stride,
-                                       padding, dilation, groups, algo, workspace_limit, benchmark)
+        key = functional._signature_of(x.shape, x.stride(), dtype, device.index, w.shape, w.stride(),
+                                       b is not None and b.shape, stride, padding, dilation, groups, algo,
+                                       workspace_limit, benchmark)
         if key is None or key in functional._layers:
             continue
         job = jobs.get(key)
         passes = (() if no_dgrad else ("dgrad",)) + ("wgrad",) if backward else ()
-        jobs[key] = (spec, dtype, precision, algo, b is not None, tuple(x.shape),
+        jobs[key] = (spec, dtype, precision, algo, b is not None, tuple(x.shape), _layout.result_channels_last(x, w),
                      tuple(sorted(set(passes) | set(job[-1] if job else ()))))
     if not jobs:
         return 0
@@ -133,9 +135,10 @@ def warmup(model: torch.nn.Module, *inputs, backward: Optional[bool] = None, thr
                              else os.cpu_count() or 1)
 
     def make(key, job):
-        spec, dtype, precision, algo, bias, x_shape, passes = job
+        spec, dtype, precision, algo, bias, x_shape, channels_last, passes = job
         with torch.cuda.device(device.index):
-            layer = _bridge.Layer(spec, dtype, device, precision, algo, bias, x_shape, benchmark, workspace_limit)
+            layer = _bridge.Layer(spec, dtype, device, precision, algo, bias, x_shape, benchmark, workspace_limit,
+                                  channels_last)
             if not benchmark:  # (config.benchmark: the backward passes are tuned at their first real call)
                 layer.prepare(passes)
         return key, layer

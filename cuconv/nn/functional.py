@@ -15,6 +15,7 @@ from typing import List, Optional
 
 import torch
 
+from .. import _layout
 from .._config import config
 from .._errors import ConvTypeError, ConvValueError
 from ..registry import algorithms
@@ -90,18 +91,18 @@ def _signature(x, w, b, stride, padding, dilation, groups, algo):
     if not (_plain(stride) and _plain(padding) and _plain(dilation) and type(groups) is int and type(algo) is str):
         return None
     dtype = x.dtype
-    return (x.shape, dtype, x.get_device(), w.shape, w.dtype, w.get_device(),
+    return (x.shape, x.stride(), dtype, x.get_device(), w.shape, w.stride(), w.dtype, w.get_device(),
             None if b is None else (b.shape, b.dtype, b.get_device()), stride, padding, dilation, groups, algo,
             torch_precision() if dtype is torch.float32 else None, config.workspace_limit, config.benchmark)
 
 
-def _signature_of(x_shape, dtype, index: int, w_shape, b_shape, stride, padding, dilation, groups, algo,
-                  workspace_limit: int, benchmark: bool):
-    """``_signature`` of a call on CUDA device ``index`` with tensors of these shapes, all of ``dtype``
-    (``b_shape`` False: no bias): the key ``warmup`` keeps a layer under."""
+def _signature_of(x_shape, x_stride, dtype, index: int, w_shape, w_stride, b_shape, stride, padding, dilation,
+                  groups, algo, workspace_limit: int, benchmark: bool):
+    """``_signature`` of a call on CUDA device ``index`` with tensors of these shapes and strides, all of
+    ``dtype`` (``b_shape`` False: no bias): the key ``warmup`` keeps a layer under."""
     if not (_plain(stride) and _plain(padding) and _plain(dilation) and type(groups) is int and type(algo) is str):
         return None
-    return (torch.Size(x_shape), dtype, index, torch.Size(w_shape), dtype, index,
+    return (torch.Size(x_shape), tuple(x_stride), dtype, index, torch.Size(w_shape), tuple(w_stride), dtype, index,
             None if b_shape is False else (torch.Size(b_shape), dtype, index), stride, padding, dilation, groups,
             algo, torch_precision() if dtype is torch.float32 else None, workspace_limit, benchmark)
 
@@ -112,7 +113,8 @@ def _layer(x, w, b, spec: ConvSpec, algo: str, precision: str) -> "_bridge.Layer
     if device.type == "cuda" and device.index != torch.cuda.current_device():
         with torch.cuda.device(device.index):
             return _layer(x, w, b, spec, algo, precision)
-    return _bridge.Layer(spec, x.dtype, device, precision, algo, b is not None, tuple(x.shape), config.benchmark)
+    return _bridge.Layer(spec, x.dtype, device, precision, algo, b is not None, tuple(x.shape), config.benchmark,
+                         channels_last=_layout.result_channels_last(x, w))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -129,8 +131,6 @@ def _save(ctx, x, w, layer) -> None:
 def _backward(ctx, dy):
     x, w = ctx.saved_tensors
     need_x, need_w, need_b, _ = ctx.needs_input_grad
-    if not dy.is_contiguous():
-        dy = dy.contiguous()
     if _grad_enabled():  # create_graph=True: the custom ops, whose own formulas autograd records
         return _backward_ops(ctx.layer, x, w, dy, need_x, need_w, need_b) + (None,)
     dx, dw, db = ctx.layer.backward(dy, x, w, need_x, need_w, need_b, True)
@@ -232,7 +232,10 @@ def _run_layer(layer, x, w, b):
     if layer.index >= 0 and layer.index != _current_device():
         with torch.cuda.device(layer.index):
             return _run_layer(layer, x, w, b)
-    if not x.is_contiguous():
+    if layer.x_format is not None:  # (a channels-last forward in place)
+        if not x.is_contiguous(memory_format=layer.x_format):
+            x = x.contiguous(memory_format=layer.x_format)
+    elif not x.is_contiguous() and not layer.channels_last:  # (a channels-last layer's forward copies x itself)
         x = x.contiguous()
     if not w.is_contiguous():
         w = w.contiguous()
