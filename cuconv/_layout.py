@@ -37,8 +37,11 @@ def is_channels_last(a) -> bool:
     return strides is not None and strides_like_channels_last(shape, strides)
 
 
-def result_channels_last(x, weight) -> bool:
-    """Whether a convolution of ``x`` by ``weight`` returns a channels-last result (torch's rule: either is)."""
+def result_channels_last(x, weight, on_gpu: bool = False) -> bool:
+    """Whether a convolution of ``x`` by ``weight`` returns a channels-last result: torch's rule, either is,
+    except for float64 on a GPU (``cudnn_conv_suggest_memory_format``: doubles stay NCHW there)."""
+    if on_gpu and x.dtype.itemsize == 8:  # (float64: the only 8-byte dtype a convolution takes)
+        return False
     return is_channels_last(x) or is_channels_last(weight)
 
 

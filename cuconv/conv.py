@@ -160,7 +160,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     on_gpu = kind == "cupy"
     # torch's rule for the result's memory format: channels-last where the input or the weight is; on the GPU
     # computed so in place where an algorithm serves channels-last activations for this call's ``algo``
-    channels_last = _layout.result_channels_last(x, weight)
+    channels_last = _layout.result_channels_last(x, weight, on_gpu)
     name = _registry.select_nhwc(algo, spec, x.dtype, precision) if channels_last and on_gpu else None
     layout = "nchw" if name is None else "nhwc"
     if name is None:

@@ -105,7 +105,7 @@ def test_planned_call_follows_the_config(monkeypatch):
         assert ran[-2:] == [expected, expected], (precision, ran)
     assert registry.select_algorithm(spec, numpy.float32, "ieee") != registry.select_algorithm(spec, numpy.float32,
                                                                                                "tf32")
-    assert len([k for k in conv._plans if k[1] == x.shape and k[3] == w.shape]) == 2
+    assert len([k for k in conv._plans if k[1] == x.shape and k[4] == w.shape]) == 2
 
 
 def test_runs_on_a_non_default_stream():

@@ -223,13 +223,16 @@ def pointwise_nhwc(spec: ConvSpec) -> bool:
             and spec.pad == (0, 0, 0, 0) and spec.groups == 1)
 
 
+_GEMM_DIM_MAX = 2**31 - 1  # cuBLAS's int dimensions and leading dimensions
+
+
 def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee", limits=None):
     """Why im2col_gemm cannot run ``pass_`` on channels-last activations in place, or None: it does for 1x1
     layers of one group at stride 1 without padding or dilation (``pointwise_nhwc``), whose every pass is one
     GEMM over the N·H·W pixels (cuBLAS's 32-bit dimensions)."""
     if not pointwise_nhwc(spec):
         return "on channels-last tensors it runs 1x1 layers of one group at stride 1, unpadded, only"
-    if spec.n * spec.h * spec.w > _INT_MAX or max(spec.c, spec.k) > _INT_MAX:
+    if spec.n * spec.h * spec.w > _GEMM_DIM_MAX or max(spec.c, spec.k) > _GEMM_DIM_MAX:
         return "its channels-last GEMM has N·H·W rows, beyond cuBLAS's 32-bit dimensions"
     return None
 

@@ -114,7 +114,7 @@ def _layer(x, w, b, spec: ConvSpec, algo: str, precision: str) -> "_bridge.Layer
         with torch.cuda.device(device.index):
             return _layer(x, w, b, spec, algo, precision)
     return _bridge.Layer(spec, x.dtype, device, precision, algo, b is not None, tuple(x.shape), config.benchmark,
-                         channels_last=_layout.result_channels_last(x, w))
+                         channels_last=_layout.result_channels_last(x, w, device.type == "cuda"))
 
 
 # ----------------------------------------------------------------------------------------------------------
