@@ -174,12 +174,12 @@ def _kernels(fn) -> list:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_channels_last_layers_in_place_launch_no_copies(dtype):
     """A channels-last 3x3 forward whose channels fill 16-byte vectors (its weight KCRS: a channels-last weight
-    is copied to KCRS), and a 1x1 layer's forward and backward, run cuconv's launches alone: no copy kernel of
-    torch's before or after them."""
+    is copied to KCRS), and a 1x1 layer's forward and backward (without a bias: the bias gradient reads an NCHW
+    copy of grad_output), run cuconv's launches alone: no copy kernel of torch's before or after them."""
     import cuconv.nn
 
     conv3 = cuconv.nn.Conv2d(32, 64, 3, padding=1, bias=False).to("cuda", dtype)
-    conv1 = cuconv.nn.Conv2d(64, 48, 1).to("cuda", dtype).to(memory_format=CL)
+    conv1 = cuconv.nn.Conv2d(64, 48, 1, bias=False).to("cuda", dtype).to(memory_format=CL)
     x = torch.randn(4, 32, 14, 14, device="cuda", dtype=dtype).contiguous(memory_format=CL)
     with torch.no_grad():
         names = _kernels(lambda: conv3(x))
