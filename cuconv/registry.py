@@ -25,7 +25,8 @@ from . import _plan
 from .families import (bias as _bias, depthwise, direct, direct_smem, elementwise, grouped_direct, grouped_mma,
                        im2col_gemm, implicit_gemm, winograd, winograd_fused)
 
-__all__ = ["PASSES", "LAYOUTS", "algorithms", "select_nhwc", "select_algorithm", "resolve", "get", "prepare", "cpu", "reason_unsupported"]
+__all__ = ["PASSES", "LAYOUTS", "algorithms", "select_nhwc", "select_algorithm", "resolve", "get", "prepare", "cpu",
+           "reason_unsupported"]
 
 PASSES = ("fprop", "dgrad", "wgrad")
 # Memory layouts of the activations a plan reads and writes: "nchw" (C-contiguous (N, C, H, W)) and "nhwc"

@@ -671,7 +671,8 @@ def test_warmup_keys_are_the_keys_real_calls_look_up():
     b = torch.randn(4)
     for x, w in ((torch.randn(2, 3, 9, 9), torch.randn(4, 3, 3, 3)),
                  (torch.randn(2, 3, 9, 9).to(memory_format=torch.channels_last), torch.randn(4, 3, 3, 3)),
-                 (torch.randn(2, 3, 9, 12)[..., ::2][..., :5], torch.randn(4, 3, 3, 3).to(memory_format=torch.channels_last))):
+                 (torch.randn(2, 3, 9, 12)[..., ::2][..., :5],
+                  torch.randn(4, 3, 3, 3).to(memory_format=torch.channels_last))):
         for bias in (b, None):
             for stride, padding in (((2, 1), (1, 0)), (1, "same"), (2, 0)):
                 if padding == "same" and stride != 1:

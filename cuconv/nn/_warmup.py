@@ -127,8 +127,8 @@ def warmup(model: torch.nn.Module, *inputs, backward: Optional[bool] = None, thr
             continue
         job = jobs.get(key)
         passes = (() if no_dgrad else ("dgrad",)) + ("wgrad",) if backward else ()
-        jobs[key] = (spec, dtype, precision, algo, b is not None, tuple(x.shape), _layout.result_channels_last(x, w, True),
-                     tuple(sorted(set(passes) | set(job[-1] if job else ()))))
+        jobs[key] = (spec, dtype, precision, algo, b is not None, tuple(x.shape),
+                     _layout.result_channels_last(x, w, True), tuple(sorted(set(passes) | set(job[-1] if job else ()))))
     if not jobs:
         return 0
     workers = threads or min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
