@@ -62,13 +62,17 @@ struct Axis {
 };
 
 // out = Σ_i coef[i] · in[i] over a compile-time row of coefficients: zeros are skipped, ones and minus
-// ones are additions (the coefficients are constants once the loops that call this are unrolled).
+// ones are additions, and the first term found starts the sum (a sum started at 0 costs an addition of zero
+// the compiler may not drop: 0 + -0 is +0). `started` is a constant once the loops that call this are
+// unrolled. A row of zeros gives 0.
 template <typename Acc>
-__device__ __forceinline__ Acc combine_term(Acc sum, double coef, Acc value) {
+__device__ __forceinline__ Acc combine_term(Acc sum, bool& started, double coef, Acc value) {
     if (coef == 0.0) return sum;
-    if (coef == 1.0) return sum + value;
-    if (coef == -1.0) return sum - value;
-    return fma(static_cast<Acc>(coef), value, sum);
+    const bool first = !started;
+    started = true;
+    if (coef == 1.0) return first ? value : sum + value;
+    if (coef == -1.0) return first ? -value : sum - value;
+    return first ? static_cast<Acc>(coef) * value : fma(static_cast<Acc>(coef), value, sum);
 }
 
 // One constant table per F(M, R), evaluated once by the front end.
@@ -88,8 +92,9 @@ __device__ __forceinline__ void transform(const double (&left)[OH][IH], const T 
 #pragma unroll
         for (int j = 0; j < IW; ++j) {
             T sum = 0;
+            bool started = false;
 #pragma unroll
-            for (int i = 0; i < IH; ++i) sum = combine_term(sum, left[a][i], in[i][j]);
+            for (int i = 0; i < IH; ++i) sum = combine_term(sum, started, left[a][i], in[i][j]);
             rows[a][j] = sum;
         }
 #pragma unroll
@@ -97,8 +102,9 @@ __device__ __forceinline__ void transform(const double (&left)[OH][IH], const T 
 #pragma unroll
         for (int b = 0; b < OW; ++b) {
             T sum = 0;
+            bool started = false;
 #pragma unroll
-            for (int j = 0; j < IW; ++j) sum = combine_term(sum, right[b][j], rows[a][j]);
+            for (int j = 0; j < IW; ++j) sum = combine_term(sum, started, right[b][j], rows[a][j]);
             out[a][b] = sum;
         }
 }

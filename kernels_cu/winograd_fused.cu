@@ -13,10 +13,14 @@
 // Kernels (float32 only: a lane's 128 accumulators would need 256 registers in float64):
 //   winograd_fused_weight(w, u, K, C, c_pad, k_pad)   one thread per (k, c); w is (K, C, 3, 3), u is
 //       (16, c_pad, k_pad) and zero where c >= C or k >= K (the caller zero-fills it)
-//   winograd_fused_3x3<BK, BT, WARPS, CC, MIN_BLOCKS>(x, u, bias, y, w, ...)   MIN_BLOCKS: per SM (registers);
-//   w (the weights as given) only for outputs that come out non-finite (wino::direct_output)
-//       one block per (sample n, tile row th, BT tiles of that row, BK filters); blockIdx.x enumerates them
-//       with the filter block fastest, so the blocks sharing an input row run together (L2). x NCHW, y NCHW.
+//   winograd_fused_3x3<BK, BT, WARPS, CC, MIN_BLOCKS, OVERLAP>(x, u, bias, y, w, ...)   MIN_BLOCKS: per SM
+//       (registers); w (the weights as given) only for outputs that come out non-finite (wino::direct_output).
+//       A work item is (sample n, tile row th, BT tiles of that row, BK filters); block b takes items b,
+//       b + gridDim.x, ... (wfused::decode: the filter block fastest, so the items in flight share input rows in
+//       L2). x NCHW, y NCHW. OVERLAP: M has shared memory of its own, so the next item's first chunk is staged
+//       during this item's last chunk and arrives while its outputs are transformed and stored (the caller
+//       launches a block per SM); otherwise M lies over the staging buffers (the caller launches a block per
+//       item, and a block takes one).
 // A block walks the input channels CC at a time, two shared-memory buffers deep: U's slice and the input
 // rows of the next chunk (CC channels x 4 rows x 2·BT + 2 columns, zero outside the image) arrive by
 // cp.async while the current chunk's products run; then each thread transforms 4x4 input tiles of those rows
@@ -24,9 +28,10 @@
 // the warps (16 / WARPS each); a lane keeps, per point, an 8-filter x (BT / 4)-tile register tile (filters
 // kg·4.. and BK/2 + kg·4.., tiles tg·4.. every BT / NTV), so per channel and point it reads two 16-byte U
 // vectors (8 lanes' distinct vectors: one wavefront) and NTV V vectors for 32 · NTV FFMA. Afterwards the
-// accumulators cross shared memory as M[point][filter][tile] (row stride BT + 4: conflict-free 16-byte
-// stores), and each thread takes (filter, tile) pairs, transforms 16 points into 2x2 outputs and stores
-// them (two floats at a time where rows are 8-byte aligned: consecutive threads, consecutive tiles).
+// accumulators cross shared memory as M[point][filter][tile], the first BK/2 filters then the others (row
+// stride BT + 4: conflict-free 16-byte stores), and each thread takes (filter, tile) pairs, transforms 16
+// points into 2x2 outputs and stores them (two floats at a time where rows are 8-byte aligned: consecutive
+// threads, consecutive tiles).
 // Index arithmetic of x and y is 64-bit; padding and image edges are zero-filled by the loads' masks.
 #include "common.cuh"
 #include "winograd.cuh"
@@ -37,7 +42,7 @@ namespace wfused {
 
 constexpr int kPoints = 16;  // F(2x2, 3x3): 4x4 points
 
-template <int BK, int BT, int WARPS, int CC>
+template <int BK, int BT, int WARPS, int CC, bool OVERLAP>
 struct Config {
     static constexpr int kThreads = 32 * WARPS;
     static constexpr int kPointsPerWarp = kPoints / WARPS;
@@ -51,9 +56,11 @@ struct Config {
     static constexpr int kRawCols = 2 * BT + 2;   // the input columns of BT tiles
     static constexpr int kRawPitch = (kRawCols + 31) / 32 * 32;
     static constexpr int kRawFloats = CC * 4 * kRawPitch;
-    static constexpr int kMFloats = kPoints * BK * kLdM;
+    static constexpr int kHalfFilters = BK / 2;  // the epilogue's M holds half the filters at a time
+    static constexpr int kMFloats = kPoints * kHalfFilters * kLdM;
     static constexpr int kStagingFloats = 2 * (kUFloats + kVFloats + kRawFloats);
-    static constexpr int kSmemFloats = kStagingFloats > kMFloats ? kStagingFloats : kMFloats;
+    static constexpr int kSmemFloats =
+        OVERLAP ? kStagingFloats + kMFloats : (kStagingFloats > kMFloats ? kStagingFloats : kMFloats);
     static_assert(kPoints % WARPS == 0, "the points split evenly over the warps");
     static_assert(BK % 8 == 0 && 32 % kLanesK == 0 && BT % (4 * kLanesT) == 0, "lane tiles of 8 x 4n");
     static_assert(kUFloats % 4 == 0 && kVFloats % 4 == 0, "16-byte aligned buffers");
@@ -85,15 +92,39 @@ winograd_fused_weight(const float* __restrict__ w, float* __restrict__ u, i64 K,
     }
 }
 
-// The launch's padded channel and filter counts of U and its grid's tile rows of a sample, tile column blocks
-// and filter blocks (FUSED_TILES_DTYPE in cuconv/families/winograd_fused.py has this layout).
+// The launch's padded channel and filter counts of U, its grid's tile rows of a sample, tile column blocks and
+// filter blocks, and its work items (a block's worth: tile rows x column blocks x filter blocks x samples)
+// (FUSED_TILES_DTYPE in cuconv/families/winograd_fused.py has this layout).
 struct FusedTiles {
     long long c_pad, k_pad;
-    int tiles_h, col_blocks, k_blocks, unused;
+    int tiles_h, col_blocks, k_blocks, items;
 };
 static_assert(sizeof(FusedTiles) == 32, "FUSED_TILES_DTYPE in cuconv/families/winograd_fused.py has this layout");
 
-template <int BK, int BT, int WARPS, int CC, int MIN_BLOCKS>
+namespace wfused {
+
+// A work item's sample, tile row, tile column block and first filter: the filter block fastest, then the tile
+// column block, then (n, tile row), so the items in flight at once share input rows (L2). Fewer than 2^31 items
+// (the caller checks): 32-bit divisions (64-bit ones are long subroutines).
+struct Item {
+    i64 n, th;
+    int cb, k0;
+};
+
+template <int BK>
+__device__ __forceinline__ Item decode(unsigned item, const FusedTiles& tiling) {
+    const unsigned kb = item % static_cast<unsigned>(tiling.k_blocks);
+    const unsigned rest = item / static_cast<unsigned>(tiling.k_blocks);
+    const unsigned cb = rest % static_cast<unsigned>(tiling.col_blocks);
+    const unsigned row = rest / static_cast<unsigned>(tiling.col_blocks);
+    const unsigned n = row / static_cast<unsigned>(tiling.tiles_h);
+    return Item{static_cast<i64>(n), static_cast<i64>(row - n * static_cast<unsigned>(tiling.tiles_h)),
+                static_cast<int>(cb), static_cast<int>(kb) * BK};
+}
+
+}  // namespace wfused
+
+template <int BK, int BT, int WARPS, int CC, int MIN_BLOCKS, bool OVERLAP>
 __global__ void __launch_bounds__(32 * WARPS, MIN_BLOCKS)
 winograd_fused_3x3(const float* __restrict__ x, const float* __restrict__ u, const float* __restrict__ bias,
                    float* __restrict__ y, const float* __restrict__ w,
@@ -101,59 +132,60 @@ winograd_fused_3x3(const float* __restrict__ x, const float* __restrict__ u, con
     using T = float;
     const i64 C = geo.c, H = geo.h, W = geo.w, K = geo.k, P = geo.p, Q = geo.q, pad_top = geo.pad_top;
     const i64 pad_left = geo.pad_left, c_pad = tiling.c_pad, k_pad = tiling.k_pad;
-    const int tiles_h = tiling.tiles_h, col_blocks = tiling.col_blocks, k_blocks = tiling.k_blocks;
-    using Cfg = wfused::Config<BK, BT, WARPS, CC>;
+    const unsigned items = static_cast<unsigned>(tiling.items);
+    using Cfg = wfused::Config<BK, BT, WARPS, CC, OVERLAP>;
     constexpr int kThreads = Cfg::kThreads, kPPW = Cfg::kPointsPerWarp, kTPL = Cfg::kTilesPerLane;
-    constexpr int kNTV = Cfg::kTileVectors, kLdM = Cfg::kLdM;
+    constexpr int kNTV = Cfg::kTileVectors, kLdM = Cfg::kLdM, kBKH = Cfg::kHalfFilters;
     constexpr const wino::Axis<2, 3>& ax = wino::Table<2, 3>::value;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     float* const u_s = reinterpret_cast<float*>(smem_raw);  // [2][16][CC][BK]
     float* const v_s = u_s + 2 * Cfg::kUFloats;             // [2][16][CC][BT]
     float* const raw_s = v_s + 2 * Cfg::kVFloats;  // [2][CC][4][kRawPitch]: the chunk's input rows
-    float* const m_s = reinterpret_cast<float*>(smem_raw);  // [16][BK][kLdM], after the channel loop
-
-    // Block coordinates: filter block fastest, then tile column block, then (n, tile row). The grid has
-    // fewer than 2^31 blocks (the caller checks), so 32-bit divisions (64-bit ones are long subroutines).
-    const unsigned bid = blockIdx.x;
-    const unsigned kb = bid % static_cast<unsigned>(k_blocks), rest = bid / static_cast<unsigned>(k_blocks);
-    const unsigned cb = rest % static_cast<unsigned>(col_blocks), row = rest / static_cast<unsigned>(col_blocks);
-    const i64 n = row / static_cast<unsigned>(tiles_h), th = row - n * tiles_h;
-    const int k0 = static_cast<int>(kb) * BK;
+    // [16][BK / 2][kLdM]: half the filters' M at a time; beside the staging buffers (OVERLAP) or over them
+    float* const m_s = u_s + (OVERLAP ? Cfg::kStagingFloats : 0);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int kg = lane / Cfg::kLanesT, tg = lane % Cfg::kLanesT;
 
     // ---- staging: U's slice and the chunk's input rows by cp.async; input tiles from there into V --------
-    const float* __restrict__ x_n = x + n * C * H * W;
-    const i64 h0 = 2 * th - pad_top;
-    const i64 w0 = 2 * static_cast<i64>(cb) * BT - pad_left;
-
     // Per thread: U vectors (pt0 + e·kPointStep, c_u, kv) for e < kUPerThread, and input columns lane,
     // lane + 32, ... of rows warp·kRowsPerWarp.. of the chunk's CC x 4 staged rows.
     constexpr int kUPerThread = Cfg::kUFloats / 4 / kThreads;
     constexpr int kPointStep = kThreads / (CC * BK / 4);
     static_assert(Cfg::kUFloats / 4 % kThreads == 0 && kThreads % (CC * BK / 4) == 0, "U's slice splits evenly");
     const int u_pt0 = tid / (CC * BK / 4), u_c = tid % (CC * BK / 4) / (BK / 4), u_kv = tid % (BK / 4);
-    const float* const u_src0 = u + (static_cast<i64>(u_pt0) * c_pad + u_c) * k_pad + k0 + u_kv * 4;
     const i64 u_point_stride = kPointStep * c_pad * k_pad;
     const unsigned u_dst0 = cuconv::smem_addr(u_s + (u_pt0 * CC + u_c) * BK + u_kv * 4);
     // Input rows: warp w stages rows w·kRowsPerWarp.. of the chunk's CC x 4 (channel cl = row / 4, input row
     // h0 + row % 4), lane l columns l, l + 32, ... of kRawPitch (a multiple of 32: every lane copies, the
-    // columns past kRawCols are zero-filled and never read). What does not depend on the chunk is decided
-    // here, once: which rows and columns lie inside the image.
+    // columns past kRawCols are zero-filled and never read); rows and columns outside the image are zeros.
     constexpr int kRowsPerWarp = CC * 4 / WARPS;
     constexpr int kColsPerLane = Cfg::kRawPitch / 32;
     static_assert((CC * 4) % WARPS == 0, "the staged rows split evenly over the warps");
-    bool col_in[kColsPerLane];
-#pragma unroll
-    for (int j = 0; j < kColsPerLane; ++j) {
-        const i64 wc = w0 + lane + 32 * j;
-        col_in[j] = lane + 32 * j < Cfg::kRawCols && wc >= 0 && wc < W;
-    }
 
-    auto stage = [&](int chunk, int buf) {
-        const float* u_src = u_src0 + static_cast<i64>(chunk) * CC * k_pad;
+    // What staging an item's chunks needs, decided once per item: its sample's input and U's filter block,
+    // its first input row and this lane's first column, which of this lane's columns lie inside the image.
+    struct Source {
+        const float* x_n;
+        const float* u_k;
+        i64 h0, w0;
+        bool col_in[kColsPerLane];
+    };
+    auto source = [&](unsigned item) {
+        const wfused::Item it = wfused::decode<BK>(item, tiling);
+        Source src;
+        src.x_n = x + it.n * C * H * W;
+        src.u_k = u + (static_cast<i64>(u_pt0) * c_pad + u_c) * k_pad + it.k0 + u_kv * 4;
+        src.h0 = 2 * it.th - pad_top;
+        src.w0 = 2 * static_cast<i64>(it.cb) * BT - pad_left + lane;
+#pragma unroll
+        for (int j = 0; j < kColsPerLane; ++j)
+            src.col_in[j] = lane + 32 * j < Cfg::kRawCols && src.w0 + 32 * j >= 0 && src.w0 + 32 * j < W;
+        return src;
+    };
+    auto stage = [&](const Source& src, int chunk, int buf) {
+        const float* u_src = src.u_k + static_cast<i64>(chunk) * CC * k_pad;
         const unsigned u_dst = u_dst0 + buf * Cfg::kUFloats * 4;
 #pragma unroll
         for (int e = 0; e < kUPerThread; ++e)
@@ -162,12 +194,12 @@ winograd_fused_3x3(const float* __restrict__ x, const float* __restrict__ u, con
 #pragma unroll
         for (int r = 0; r < kRowsPerWarp; ++r) {
             const int row = warp * kRowsPerWarp + r, cl = row / 4, dh = row % 4;
-            const i64 c = static_cast<i64>(chunk) * CC + cl, h = h0 + dh;
+            const i64 c = static_cast<i64>(chunk) * CC + cl, h = src.h0 + dh;
             const bool row_in = c < C && h >= 0 && h < H;
-            const float* src_row = x_n + (c * H + h) * W + w0 + lane;
+            const float* src_row = src.x_n + (c * H + h) * W + src.w0;
 #pragma unroll
             for (int j = 0; j < kColsPerLane; ++j) {
-                const bool in = row_in && col_in[j];
+                const bool in = row_in && src.col_in[j];
                 cuconv::cp_async_ca<4>(raw_dst + (row * Cfg::kRawPitch + 32 * j) * 4, in ? src_row + 32 * j : x, in);
             }
         }
@@ -195,122 +227,142 @@ winograd_fused_3x3(const float* __restrict__ x, const float* __restrict__ u, con
         }
     };
 
-    // ---- the channel loop: 16 GEMMs of (BK x BT) over CC channels per chunk -----------------------------
-    float acc[kPPW][8][kTPL];
-#pragma unroll
-    for (int p = 0; p < kPPW; ++p)
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-#pragma unroll
-            for (int j = 0; j < kTPL; ++j) acc[p][i][j] = 0.0f;
-
     const int chunks = static_cast<int>(c_pad / CC);
-    if (chunks > 0) {  // C == 0: the output is the bias
-        stage(0, 0);
-        cuconv::cp_async_wait<0>();
-        __syncthreads();
-        transform_tiles(0);
-        __syncthreads();
-    }
-    for (int chunk = 0; chunk < chunks; ++chunk) {
-        const int buf = chunk & 1;
-        const bool more = chunk + 1 < chunks;
-        if (more) stage(chunk + 1, buf ^ 1);
-        const float* u_b = u_s + buf * Cfg::kUFloats;
-        const float* v_b = v_s + buf * Cfg::kVFloats;
+    int buf = 0;
+    bool staged = false;  // the first chunk of this item is on its way into buf (staged under the last one's work)
+    for (unsigned item = blockIdx.x; item < items; item += gridDim.x) {
+        const unsigned next = item + gridDim.x;
+        const Source src = source(item);
+        if (chunks > 0) {  // C == 0: the output is the bias
+            if (!staged) stage(src, 0, buf);
+            cuconv::cp_async_wait<0>();
+            __syncthreads();
+            transform_tiles(buf);
+            __syncthreads();
+        }
+        staged = false;
+
+        // ---- the channel loop: 16 GEMMs of (BK x BT) over CC channels per chunk -------------------------
+        float acc[kPPW][8][kTPL];
 #pragma unroll
-        for (int c = 0; c < CC; ++c) {
+        for (int p = 0; p < kPPW; ++p)
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+#pragma unroll
+                for (int j = 0; j < kTPL; ++j) acc[p][i][j] = 0.0f;
+
+        for (int chunk = 0; chunk < chunks; ++chunk) {
+            const bool more = chunk + 1 < chunks;
+            if (more) {
+                stage(src, chunk + 1, buf ^ 1);
+            } else if (OVERLAP && next < items) {  // the next item's first chunk arrives under this one's epilogue
+                stage(source(next), 0, buf ^ 1);
+                staged = true;
+            }
+            const float* u_b = u_s + buf * Cfg::kUFloats;
+            const float* v_b = v_s + buf * Cfg::kVFloats;
+#pragma unroll
+            for (int c = 0; c < CC; ++c) {
+#pragma unroll
+                for (int p = 0; p < kPPW; ++p) {
+                    const int pt = warp * kPPW + p;
+                    const float* u_row = u_b + (pt * CC + c) * BK;
+                    const float* v_row = v_b + (pt * CC + c) * BT;
+                    const float4 ua = *reinterpret_cast<const float4*>(u_row + kg * 4);
+                    const float4 ub = *reinterpret_cast<const float4*>(u_row + BK / 2 + kg * 4);
+                    const float uk[8] = {ua.x, ua.y, ua.z, ua.w, ub.x, ub.y, ub.z, ub.w};
+                    float vt[kTPL];
+#pragma unroll
+                    for (int vv = 0; vv < kNTV; ++vv) {
+                        const float4 q = *reinterpret_cast<const float4*>(v_row + vv * (BT / kNTV) + tg * 4);
+                        vt[vv * 4 + 0] = q.x;
+                        vt[vv * 4 + 1] = q.y;
+                        vt[vv * 4 + 2] = q.z;
+                        vt[vv * 4 + 3] = q.w;
+                    }
+#pragma unroll
+                    for (int i = 0; i < 8; ++i)
+#pragma unroll
+                        for (int j = 0; j < kTPL; ++j) acc[p][i][j] = fmaf(uk[i], vt[j], acc[p][i][j]);
+                }
+            }
+            if (more) {
+                cuconv::cp_async_wait<0>();
+                __syncthreads();  // the next chunk's rows are in, from every thread
+                transform_tiles(buf ^ 1);
+            }
+            __syncthreads();  // V of the next chunk is written; this chunk's buffers are free
+            buf ^= 1;
+        }
+
+        // ---- epilogue, a half of the filters at a time: M through shared memory, then 2x2 outputs -------
+        // A lane's accumulators i < 4 are filters kg·4.. of the first half, i >= 4 the same of the second.
+        const wfused::Item it = wfused::decode<BK>(item, tiling);
+        const int tl = tid % BT;
+        const i64 q0 = 2 * (static_cast<i64>(it.cb) * BT + tl), p0 = 2 * it.th;
+        const bool q1_in = q0 + 1 < Q, p1_in = p0 + 1 < P;
+        const bool pairs = q1_in && Q % 2 == 0 && reinterpret_cast<unsigned long long>(y) % 8 == 0;
+        constexpr int kKStep = kThreads / BT;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            // every thread is past the channel loop's last barrier, or done reading the other half
+            if (half == 1 || chunks == 0) __syncthreads();
 #pragma unroll
             for (int p = 0; p < kPPW; ++p) {
                 const int pt = warp * kPPW + p;
-                const float* u_row = u_b + (pt * CC + c) * BK;
-                const float* v_row = v_b + (pt * CC + c) * BT;
-                const float4 ua = *reinterpret_cast<const float4*>(u_row + kg * 4);
-                const float4 ub = *reinterpret_cast<const float4*>(u_row + BK / 2 + kg * 4);
-                const float uk[8] = {ua.x, ua.y, ua.z, ua.w, ub.x, ub.y, ub.z, ub.w};
-                float vt[kTPL];
 #pragma unroll
-                for (int vv = 0; vv < kNTV; ++vv) {
-                    const float4 q = *reinterpret_cast<const float4*>(v_row + vv * (BT / kNTV) + tg * 4);
-                    vt[vv * 4 + 0] = q.x;
-                    vt[vv * 4 + 1] = q.y;
-                    vt[vv * 4 + 2] = q.z;
-                    vt[vv * 4 + 3] = q.w;
+                for (int ii = 0; ii < 4; ++ii) {
+                    const int i = half * 4 + ii;
+                    T* m_row = m_s + (pt * kBKH + kg * 4 + ii) * kLdM;
+#pragma unroll
+                    for (int vv = 0; vv < kNTV; ++vv) {
+                        float4 q;
+                        q.x = acc[p][i][vv * 4 + 0];
+                        q.y = acc[p][i][vv * 4 + 1];
+                        q.z = acc[p][i][vv * 4 + 2];
+                        q.w = acc[p][i][vv * 4 + 3];
+                        *reinterpret_cast<float4*>(m_row + vv * (BT / kNTV) + tg * 4) = q;
+                    }
                 }
+            }
+            __syncthreads();
+            if (q0 >= Q) continue;
+            const int kh = it.k0 + half * kBKH;  // the half's first filter
+            int kl = tid / BT;
+            float* out = y + ((it.n * K + kh + kl) * P + p0) * Q + q0;
+            for (; kl < kBKH && kh + kl < K; kl += kKStep, out += kKStep * P * Q) {
+                float e[4][4];
 #pragma unroll
-                for (int i = 0; i < 8; ++i)
+                for (int a = 0; a < 4; ++a)
 #pragma unroll
-                    for (int j = 0; j < kTPL; ++j) acc[p][i][j] = fmaf(uk[i], vt[j], acc[p][i][j]);
+                    for (int b = 0; b < 4; ++b) e[a][b] = m_s[((a * 4 + b) * kBKH + kl) * kLdM + tl];
+                float o[2][2];
+                wino::transform(ax.at, e, ax.at, o);
+                // a NaN or Inf among the tile's inputs (see wino::direct_output): one test for the four outputs
+                // (their sum is non-finite if any is; one that overflows only costs a needless recomputation)
+                if (!isfinite((o[0][0] + o[0][1]) + (o[1][0] + o[1][1]))) {
+#pragma unroll
+                    for (int i = 0; i < 2; ++i)
+#pragma unroll
+                        for (int j = 0; j < 2; ++j)
+                            if (!isfinite(o[i][j]))
+                                o[i][j] = wino::direct_output(x, w, it.n, kh + kl, p0 + i, q0 + j, C, H, W, 3, 3,
+                                                              pad_top, pad_left);
+                }
+                const float add = bias != nullptr ? __ldg(bias + kh + kl) : 0.0f;
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    if (i == 1 && !p1_in) break;
+                    float* out_row = out + i * Q;
+                    if (pairs) {
+                        *reinterpret_cast<float2*>(out_row) = make_float2(o[i][0] + add, o[i][1] + add);
+                    } else {
+                        out_row[0] = o[i][0] + add;
+                        if (q1_in) out_row[1] = o[i][1] + add;
+                    }
+                }
             }
         }
-        if (more) {
-            cuconv::cp_async_wait<0>();
-            __syncthreads();  // the next chunk's rows are in, from every thread
-            transform_tiles(buf ^ 1);
-        }
-        __syncthreads();  // V of the next chunk is written; this chunk's buffers are free
-    }
-
-    // ---- epilogue: M through shared memory (over the staging buffers: every thread is past the barrier) ---
-#pragma unroll
-    for (int p = 0; p < kPPW; ++p) {
-        const int pt = warp * kPPW + p;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int kl = (i < 4 ? 0 : BK / 2) + kg * 4 + (i & 3);
-            T* m_row = m_s + (pt * BK + kl) * kLdM;
-#pragma unroll
-            for (int vv = 0; vv < kNTV; ++vv) {
-                float4 q;
-                q.x = acc[p][i][vv * 4 + 0];
-                q.y = acc[p][i][vv * 4 + 1];
-                q.z = acc[p][i][vv * 4 + 2];
-                q.w = acc[p][i][vv * 4 + 3];
-                *reinterpret_cast<float4*>(m_row + vv * (BT / kNTV) + tg * 4) = q;
-            }
-        }
-    }
-    __syncthreads();
-
-    const int tl = tid % BT;
-    const i64 q0 = 2 * (static_cast<i64>(cb) * BT + tl), p0 = 2 * th;
-    if (q0 >= Q) return;  // no barrier follows
-    const bool q1_in = q0 + 1 < Q, p1_in = p0 + 1 < P;
-    const bool pairs = q1_in && Q % 2 == 0 && reinterpret_cast<unsigned long long>(y) % 8 == 0;
-    constexpr int kKStep = kThreads / BT;
-    const i64 k_stride = kKStep * P * Q;
-    int kl = tid / BT;
-    float* out = y + ((n * K + k0 + kl) * P + p0) * Q + q0;
-    for (; kl < BK && k0 + kl < K; kl += kKStep, out += k_stride) {
-        float e[4][4];
-#pragma unroll
-        for (int a = 0; a < 4; ++a)
-#pragma unroll
-            for (int b = 0; b < 4; ++b) e[a][b] = m_s[((a * 4 + b) * BK + kl) * kLdM + tl];
-        float o[2][2];
-        wino::transform(ax.at, e, ax.at, o);
-        // a NaN or Inf among the tile's inputs (see wino::direct_output): one test for the four outputs (their sum is
-        // non-finite if any is; one that overflows only costs a needless recomputation)
-        if (!isfinite((o[0][0] + o[0][1]) + (o[1][0] + o[1][1]))) {
-#pragma unroll
-            for (int i = 0; i < 2; ++i)
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    if (!isfinite(o[i][j]))
-                        o[i][j] = wino::direct_output(x, w, n, k0 + kl, p0 + i, q0 + j, C, H, W, 3, 3, pad_top,
-                                                      pad_left);
-        }
-        const float add = bias != nullptr ? __ldg(bias + k0 + kl) : 0.0f;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            if (i == 1 && !p1_in) break;
-            float* out_row = out + i * Q;
-            if (pairs) {
-                *reinterpret_cast<float2*>(out_row) = make_float2(o[i][0] + add, o[i][1] + add);
-            } else {
-                out_row[0] = o[i][0] + add;
-                if (q1_in) out_row[1] = o[i][1] + add;
-            }
-        }
+        if (!OVERLAP) break;  // a block per item (M lies over the staging buffers the next item would need)
     }
 }

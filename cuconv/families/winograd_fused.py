@@ -50,6 +50,9 @@ class Tile:
     warps: int
     cc: int  # input channels per chunk
     min_blocks: int  # per SM: caps the registers a thread may use
+    # M's shared memory beside the staging buffers: a block runs items in turn (a block per SM), the next
+    # item's first chunk arriving while this one's outputs are transformed and stored
+    overlap: bool = False
 
     @property
     def threads(self) -> int:
@@ -58,32 +61,39 @@ class Tile:
     @property
     def smem_bytes(self) -> int:
         """Two chunk buffers of U (16 × cc × bk), V (16 × cc × bt) and the input rows (cc × 4 × the 2·bt + 2
-        columns rounded up to 32), or M (16 × bk × (bt + 4)) after them (``Config::kSmemFloats`` in the kernel)."""
+        columns rounded up to 32), and half the filters' M (16 × bk / 2 × (bt + 4)) beside them (``overlap``) or
+        over them (``Config::kSmemFloats`` in the kernel)."""
         raw_pitch = _round_up(2 * self.bt + 2, 32)
         staging = 2 * (_POINTS * self.cc * (self.bk + self.bt) + self.cc * 4 * raw_pitch)
-        return 4 * max(staging, _POINTS * self.bk * (self.bt + 4))
+        m_half = _POINTS * self.bk // 2 * (self.bt + 4)
+        return 4 * (staging + m_half if self.overlap else max(staging, m_half))
 
     @property
     def kernel_name(self) -> str:
-        return f"winograd_fused_3x3<{self.bk},{self.bt},{self.warps},{self.cc},{self.min_blocks}>"
+        overlap = "true" if self.overlap else "false"
+        return f"winograd_fused_3x3<{self.bk},{self.bt},{self.warps},{self.cc},{self.min_blocks},{overlap}>"
 
 
-# wide: 64 filters × 32 tiles (64 columns), 8 warps, one block per SM (144 KB of shared memory);
-# narrow: 64 × 16 tiles, 4 warps, two blocks per SM (89 KB each), for devices with less shared memory.
+# wide: 64 filters × 32 tiles (64 columns), 8 warps, one block per SM; with overlap (192 KB of shared memory:
+# H100/H200) a block per SM runs the items in turn, else (120 KB: A100) a block per item;
+# narrow: 64 × 16 tiles, 4 warps, two blocks per SM (96 KB each), for devices with less shared memory.
 # (An 8-warp tile of 64 x 16 tiles, 64 accumulators a lane at two blocks per SM, ran 15.2 ms against the wide
 # tile's 13.9 on square_3x3_1024: dropped, docs/perf-notes.md.)
-TILES = (Tile(bk=64, bt=32, warps=8, cc=8, min_blocks=1), Tile(bk=64, bt=16, warps=4, cc=8, min_blocks=2))
+TILES = (Tile(bk=64, bt=32, warps=8, cc=8, min_blocks=1, overlap=True),
+         Tile(bk=64, bt=32, warps=8, cc=8, min_blocks=1),
+         Tile(bk=64, bt=16, warps=4, cc=8, min_blocks=2))
 _WEIGHT_KERNEL = "winograd_fused_weight"
 NAME_EXPRESSIONS = (_WEIGHT_KERNEL,) + tuple(t.kernel_name for t in TILES)
 
 # FusedTiles in winograd_fused.cu: the fused kernel's argument beside the cuconv::ConvGeometry.
 FUSED_TILES_DTYPE = numpy.dtype([("c_pad", numpy.int64), ("k_pad", numpy.int64), ("tiles_h", numpy.int32),
-                                 ("col_blocks", numpy.int32), ("k_blocks", numpy.int32), ("unused", numpy.int32)])
+                                 ("col_blocks", numpy.int32), ("k_blocks", numpy.int32), ("items", numpy.int32)])
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """One problem's tile, its padded channel counts (U's shape is ``(16, c_pad, k_pad)``) and grid."""
+    """One problem's tile, its padded channel counts (U's shape is ``(16, c_pad, k_pad)``) and work items (a
+    block's worth each; ``blocks`` of them)."""
 
     tile: Tile
     c_pad: int
@@ -91,7 +101,7 @@ class Plan:
     tiles_h: int
     col_blocks: int
     k_blocks: int
-    blocks: int
+    items: int
 
     @property
     def u_bytes(self) -> int:
@@ -131,8 +141,8 @@ def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits
     limit = limits.smem_limit
     if pl.tile.smem_bytes > limit:
         return f"its tile needs {pl.tile.smem_bytes} bytes of shared memory; the device allows {limit}"
-    if pl.blocks > _MAX_GRID_X:
-        return f"its {pl.blocks} blocks exceed the CUDA grid limit ({_MAX_GRID_X})"
+    if pl.items > _MAX_GRID_X:
+        return f"its {pl.items} blocks' worth of tiles exceed the CUDA grid limit ({_MAX_GRID_X})"
     if pl.u_bytes > limits.workspace_limit:
         return (f"its transformed weights ({pl.u_bytes} bytes) exceed cuconv.config.workspace_limit="
                 f"{limits.workspace_limit}")
@@ -140,12 +150,13 @@ def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits
 
 
 def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
-            tile: Tile = None) -> "_plan.Plan":
+            tile: Tile = None, grid: int = None) -> "_plan.Plan":
     """The plan of ``pass_`` (see ``cuconv._plan``): the transformed weights U (16 points × c_pad × k_pad, zero
     padded) into the workspace, then one launch (FFMA at any precision); dgrad as the forward convolution of dy
-    (``dgrad_forward``). ``tile`` forces one of ``TILES`` (tests)."""
+    (``dgrad_forward``). ``tile`` forces one of ``TILES`` and ``grid`` the blocks an ``overlap`` tile's items
+    are shared among (tests; default a block per SM)."""
     if pass_ == "dgrad":
-        return dgrad_forward.prepare(prepare, spec, dtype, precision, env, tile=tile)
+        return dgrad_forward.prepare(prepare, spec, dtype, precision, env, tile=tile, grid=grid)
     b = _plan.Builder(pass_, env)
     if spec.n * spec.k * spec.p * spec.q == 0:
         return b.plan(STEM)
@@ -155,23 +166,28 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     u = b.take(u_count * 4)
     b.launch(elementwise.fill(numpy.float32, u_count), u)
     if spec.c:
-        grid = (_loader.blocks(spec.k * spec.c, threads=_WEIGHT_THREADS), 1, 1)
-        b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, _WEIGHT_KERNEL, grid, (_WEIGHT_THREADS, 1, 1), 2,
+        weight_grid = (_loader.blocks(spec.k * spec.c, threads=_WEIGHT_THREADS), 1, 1)
+        b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, _WEIGHT_KERNEL, weight_grid, (_WEIGHT_THREADS, 1, 1), 2,
                                  (i64(spec.k), i64(spec.c), i64(pl.c_pad), i64(pl.k_pad))),
                  b.ref("w"), u)
     t = pl.tile
-    tiles = numpy.array((pl.c_pad, pl.k_pad, pl.tiles_h, pl.col_blocks, pl.k_blocks, 0), dtype=FUSED_TILES_DTYPE)
+    tiles = numpy.array((pl.c_pad, pl.k_pad, pl.tiles_h, pl.col_blocks, pl.k_blocks, pl.items),
+                        dtype=FUSED_TILES_DTYPE)
     scalars = (_loader.conv_geometry(spec), tiles[()])
-    b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, t.kernel_name, (pl.blocks, 1, 1), (t.threads, 1, 1), 5, scalars,
+    if not t.overlap:
+        blocks = pl.items
+    else:  # its shared memory allows one block per SM
+        blocks = min(pl.items, env.sm_count if grid is None else grid)
+    b.launch(_loader.prepare(STEM, NAME_EXPRESSIONS, t.kernel_name, (blocks, 1, 1), (t.threads, 1, 1), 5, scalars,
                              t.smem_bytes),
              b.ref("x"), u, b.ref("bias"), b.ref("out"), b.ref("w"))
     return b.plan(STEM)
 
 
-def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, tile: Tile = None) -> None:
+def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, tile: Tile = None, grid: int = None) -> None:
     """out = conv(x, w) + bias on C-contiguous float32 CuPy arrays, current stream (FFMA at any precision);
-    ``tile`` forces one of ``TILES`` (tests)."""
-    _plan.run_on_arrays(prepare, "fprop", spec, precision, x, w, bias, out, tile=tile)
+    ``tile`` and ``grid`` as in ``prepare`` (tests)."""
+    _plan.run_on_arrays(prepare, "fprop", spec, precision, x, w, bias, out, tile=tile, grid=grid)
 
 
 def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:

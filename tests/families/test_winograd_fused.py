@@ -43,15 +43,17 @@ def test_plan_pads_channels_to_the_tile_and_counts_blocks():
     assert (pl.c_pad, pl.k_pad) == (40, 256)
     assert (pl.tiles_h, pl.k_blocks) == (-(-spec.p // 2), 4)
     assert pl.col_blocks == -(-(-(-spec.q // 2)) // tile.bt)
-    assert pl.blocks == spec.n * pl.tiles_h * pl.col_blocks * pl.k_blocks
+    assert pl.items == spec.n * pl.tiles_h * pl.col_blocks * pl.k_blocks
     assert pl.u_bytes == 4 * 16 * 40 * 256
 
 
 def test_plan_takes_the_first_tile_the_shared_memory_allows(monkeypatch):
     spec = ConvSpec.from_args((1, 16, 20, 20), (64, 16, 3, 3))
-    wide, narrow = winograd_fused.TILES[0], winograd_fused.TILES[1]
-    assert narrow.smem_bytes < wide.smem_bytes
-    assert winograd_fused.plan(spec, smem_limit=227 << 10).tile == wide
+    overlap, wide, narrow = winograd_fused.TILES
+    assert overlap.overlap and not wide.overlap and not narrow.overlap
+    assert (overlap.smem_bytes, wide.smem_bytes, narrow.smem_bytes) == (192 << 10, 120 << 10, 96 << 10)
+    assert winograd_fused.plan(spec, smem_limit=227 << 10).tile == overlap  # sm_90
+    assert winograd_fused.plan(spec, smem_limit=163 << 10).tile == wide  # sm_80
     assert winograd_fused.plan(spec, smem_limit=99 << 10).tile == narrow  # sm_86/sm_89
     monkeypatch.setattr(winograd_fused._loader, "smem_limit", lambda: 99 << 10)  # the default: the device's
     assert winograd_fused.plan(spec).tile == narrow
@@ -101,13 +103,18 @@ def _require_shared_memory(tile):
         pytest.skip(f"this device gives a block less than the tile's {tile.smem_bytes} bytes of shared memory")
 
 
-def _forward(case, x, w, b, tile, out):
-    """The algorithm's entry point with ``tile`` forced (``conv2d`` runs the device's tile)."""
-    winograd_fused.forward_gpu(x, w, b, _spec(case), out, "ieee", tile)
+def _forward(case, x, w, b, tile, out, grid=None):
+    """The algorithm's entry point with ``tile`` (and an ``overlap`` tile's ``grid``) forced (``conv2d`` runs the
+    device's tile on a block per SM)."""
+    winograd_fused.forward_gpu(x, w, b, _spec(case), out, "ieee", tile, grid)
+
+
+def _tile_id(t):
+    return f"bt{t.bt}_w{t.warps}" + ("_overlap" if t.overlap else "")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", winograd_fused.TILES, ids=lambda t: f"bt{t.bt}_w{t.warps}")
+@pytest.mark.parametrize("tile", winograd_fused.TILES, ids=_tile_id)
 @pytest.mark.parametrize("case", FUSED_CASES)
 def test_forward_matches_oracle_every_tile(case, tile):
     import cupy
@@ -123,7 +130,7 @@ def test_forward_matches_oracle_every_tile(case, tile):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", winograd_fused.TILES, ids=lambda t: f"bt{t.bt}_w{t.warps}")
+@pytest.mark.parametrize("tile", winograd_fused.TILES, ids=_tile_id)
 @pytest.mark.parametrize("case", FUSED_CASES)
 def test_integer_inputs_equal_direct_exactly(case, tile):
     """Transforms of 0, ±1 and ±1/2: integer inputs give exact multiples of 1/4 all the way."""
@@ -134,6 +141,31 @@ def test_integer_inputs_equal_direct_exactly(case, tile):
     expected = cuconv.conv2d(x, w, b, algo="direct", precision="ieee", **case.kwargs)
     out = cupy.full(expected.shape, numpy.nan, dtype=numpy.float32)
     _forward(case, x, w, b, tile, out)
+    assert bool((out == expected).all())
+
+
+# Blocks that take several items in turn (a block per SM on a large layer): items of other samples, tile rows,
+# column blocks and filter blocks after each other, the next one's first chunk staged under the last one's
+# epilogue; grids that do and do not divide the items.
+@pytest.mark.gpu
+@pytest.mark.parametrize("grid", [1, 3, 7])
+@pytest.mark.parametrize("case", FUSED_CASES)
+def test_overlap_blocks_take_items_in_turn(case, grid):
+    import cupy
+
+    tile = winograd_fused.TILES[0]
+    _require_shared_memory(tile)
+    x, w, b = (None if a is None else a.astype(numpy.float32).astype(numpy.float64)
+               for a in make_inputs(case, seed=37))
+    ref = reference(x, w, b, **case.kwargs)
+    out = cupy.full(ref.shape, numpy.nan, dtype=numpy.float32)
+    _forward(case, _gpu(x), _gpu(w), _gpu(b), tile, out, grid)
+    err = rel_err(cupy.asnumpy(out), ref)
+    assert err <= tolerance(numpy.float32), f"{err:.2e}"
+    xi, wi, bi = (_gpu(a) for a in make_inputs(case, seed=38, integer=True))
+    expected = cuconv.conv2d(xi, wi, bi, algo="direct", precision="ieee", **case.kwargs)
+    out = cupy.full(expected.shape, numpy.nan, dtype=numpy.float32)
+    _forward(case, xi, wi, bi, tile, out, grid)
     assert bool((out == expected).all())
 
 
