@@ -376,8 +376,9 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
             return;
         }
     }
-    if (g.out_k == 1) {  // filters adjacent (channels-last, or one output pixel a plane): lanes along filters,
-        // a warp storing one pixel's run of filters at a time (reads of c_smem BM + 4 words apart: 4-way banked)
+    if (g.out_k == 1) {  // filters adjacent (channels-last, or one output pixel a plane)
+        // lanes along filters, a warp storing one pixel's run of filters at a time (reads of c_smem BM + 4
+        // words apart: 4-way banked; whole 16-byte vectors of filters take store_tile_nhwc instead)
         for (int ml = warp; ml < BM; ml += WARPS) {
             const int m = m0 + ml;
             if (m >= g.m) break;
@@ -409,6 +410,51 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
 #pragma unroll
         for (int j = 0; j < kCols; ++j)
             if (m_ok[j]) yn[out_off[j]] = from_acc<T>(c_smem[nl * kCPitch + lane + 32 * j] + b);
+    }
+}
+
+// Channels-last outputs in whole 16-byte vectors of filters (filters adjacent, out_k == 1; K, the pixels'
+// strides and y vector-aligned; not split over k): the epilogue stages the tile as c_smem[pixel][filter]
+// (pitch BN + 4, store_tile_nhwc) instead, so that a thread reads a vector's filters of one pixel together.
+template <typename T>
+__device__ __forceinline__ bool nhwc_vectors(const Geometry& g, const T* y) {
+    constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+    return g.split_stride == 0 && g.out_k == 1 && g.k % kVec == 0 && g.out_img % kVec == 0 &&
+           g.out_row % kVec == 0 && g.out_col % kVec == 0 && reinterpret_cast<unsigned long long>(y) % 16 == 0;
+}
+
+// The tile from c_smem[pixel][filter] (pitch BN + 4) to channels-last pixels, bias added before the one
+// rounding: a thread per (pixel, 16-byte vector of filters), 8 consecutive threads 8 pixels of one vector
+// (their 16-byte reads 4 banks apart: no conflicts), so a warp stores 4 vectors, 64 bytes, of each of 8 pixels.
+template <typename T, int BM, int BN, int WARPS>
+__device__ __forceinline__ void store_tile_nhwc(const float* c_smem, const Geometry& g, const T* __restrict__ bias,
+                                                T* __restrict__ y, int m0, int n0, int tid) {
+    constexpr int kVec = 16 / static_cast<int>(sizeof(T)), kPitch = BN + 4, kVectors = BN / kVec;
+    constexpr int kPerWord = 4 / static_cast<int>(sizeof(T));
+    static_assert(BM % 8 == 0 && BN % kVec == 0, "whole groups of 8 pixels and vectors of filters");
+    const int pq = g.p * g.q;
+    const int grp = n0 / g.kp;  // the group's filters, from filter grp·k of the output
+    const long long filter0 = static_cast<long long>(grp) * g.k;
+    n0 -= grp * g.kp;
+    for (int idx = tid; idx < BM * kVectors; idx += 32 * WARPS) {
+        const int ml = idx % 8 + idx / (8 * kVectors) * 8, nl = idx / 8 % kVectors * kVec;
+        const int m = m0 + ml, n = n0 + nl;
+        if (m >= g.m || n >= g.k) continue;
+        const int img = m / pq, rem = m - img * pq, op = rem / g.q;
+        T* yp = y + img * g.out_img + op * g.out_row + (rem - op * g.q) * g.out_col + filter0 + n;
+        unsigned word[4];
+#pragma unroll
+        for (int v = 0; v < kVec / 4; ++v) {
+            const float4 f = *reinterpret_cast<const float4*>(&c_smem[ml * kPitch + nl + 4 * v]);
+            const float e[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int el = 4 * v + i;
+                const float b = bias != nullptr ? to_acc(bias[filter0 + n + el]) : 0.f;
+                put_bits(word[el / kPerWord], el % kPerWord, from_acc<T>(e[i] + b));
+            }
+        }
+        *reinterpret_cast<uint4*>(yp) = make_uint4(word[0], word[1], word[2], word[3]);
     }
 }
 
@@ -521,10 +567,26 @@ implicit_gemm_fprop(CUCONV_IGEMM_PARAMS) {
     cp_async_wait<0>();
     __syncthreads();  // the pipeline's shared memory is reused for the epilogue
 
-    // ---- epilogue: acc -> smem [n][m] (pitch BM + 4: conflict-free fragment stores) -> NCHW rows
-    constexpr int kCPitch = BM + 4;
+    // ---- epilogue: acc -> smem [n][m] (pitch BM + 4: conflict-free fragment stores) -> NCHW rows, or
+    // [m][n] (pitch BN + 4) -> channels-last vectors
     float* c_smem = reinterpret_cast<float*>(smem);
     const int gid = lane >> 2, tig = lane & 3;
+    if (nhwc_vectors(g, y)) {
+        constexpr int kNPitch = BN + 4;
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NI; ++j) {
+                const int m = warp_m * WTM + i * 16 + gid;
+                const int n = warp_n * WTN + j * 8 + 2 * tig;
+                *reinterpret_cast<float2*>(&c_smem[m * kNPitch + n]) = make_float2(acc[i][j][0], acc[i][j][1]);
+                *reinterpret_cast<float2*>(&c_smem[(m + 8) * kNPitch + n]) = make_float2(acc[i][j][2], acc[i][j][3]);
+            }
+        __syncthreads();
+        store_tile_nhwc<T, BM, BN, WARPS_M * WARPS_N>(c_smem, g, bias, y, m0, n0, threadIdx.x);
+        return;
+    }
+    constexpr int kCPitch = BM + 4;
 #pragma unroll
     for (int i = 0; i < MI; ++i)
 #pragma unroll
@@ -652,11 +714,27 @@ __device__ __forceinline__ void wgmma_epilogue(float (&acc)[NW][64], unsigned ch
     constexpr int kWgPixels = BP / WG_P;
     cp_async_wait<0>();
     __syncthreads();
-    constexpr int kCPitch = BP + 4;  // rows 4 banks apart: a warp's 8 rows x 8 columns hit 32 banks
     float* c_smem = reinterpret_cast<float*>(stage);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32, wg = tid / 128;
     const int wg_f = wg % (BF / 64), wg_p = wg / (BF / 64);
     const int row = wg_f * 64 + (warp % 4) * 16 + lane / 4;
+    if (nhwc_vectors(g, y)) {  // [pixel][filter], pitch BF + 4: a warp's 8 columns x 8 rows hit 32 banks
+        constexpr int kFPitch = BF + 4;
+#pragma unroll
+        for (int n = 0; n < NW; ++n)
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                const int col = wg_p * kWgPixels + n * 128 + 8 * j + 2 * (lane % 4);
+                c_smem[col * kFPitch + row] = acc[n][4 * j];
+                c_smem[(col + 1) * kFPitch + row] = acc[n][4 * j + 1];
+                c_smem[col * kFPitch + row + 8] = acc[n][4 * j + 2];
+                c_smem[(col + 1) * kFPitch + row + 8] = acc[n][4 * j + 3];
+            }
+        __syncthreads();
+        store_tile_nhwc<T, BP, BF, kThreads / 32>(c_smem, g, bias, y, m0, n0, tid);
+        return;
+    }
+    constexpr int kCPitch = BP + 4;  // rows 4 banks apart: a warp's 8 rows x 8 columns hit 32 banks
 #pragma unroll
     for (int n = 0; n < NW; ++n)
 #pragma unroll
@@ -786,7 +864,8 @@ implicit_gemm_wgmma_nchw(CUCONV_IGEMM_PARAMS) {
     constexpr int VPT = EPT / V;               // its 16-byte vectors
     constexpr int BPT = BF * 8 / kThreads;     // weight vectors per thread and tile
     constexpr int kSlotBytes = (BF + BP) * kRowBytes;
-    constexpr int kStagingBytes = BF * (BP + 4) * 4;
+    // the epilogue's staging: [BF][BP + 4], or [BP][BF + 4] for channels-last vectors (nhwc_vectors)
+    constexpr int kStagingBytes = (BF * (BP + 4) > BP * (BF + 4) ? BF * (BP + 4) : BP * (BF + 4)) * 4;
     constexpr int kTableOffset = 2 * kSlotBytes > kStagingBytes ? 2 * kSlotBytes : kStagingBytes;
     static_assert(BP == 128 && kThreads % BP == 0 && VPT >= 1 && BPT >= 1 && (BF * 8) % kThreads == 0,
                   "tile shape");

@@ -60,6 +60,12 @@ def _tf32(ctype: str) -> str:
     return "true" if ctype == "float" else "false"
 
 
+def _staging_bytes(bm: int, bn: int) -> int:
+    """The epilogue's fp32 tile in shared memory: [bn][bm + 4] (NCHW rows) or [bm][bn + 4] (channels-last
+    vectors of filters), whichever the output takes."""
+    return 4 * max(bn * (bm + 4), bm * (bn + 4))
+
+
 @dataclasses.dataclass(frozen=True)
 class Tile:
     """One kernel instance: a block computes ``bm`` output pixels × ``bn`` output channels with
@@ -84,8 +90,9 @@ class Tile:
 
     @property
     def smem_bytes(self) -> int:
-        """The pipeline's tiles, or the epilogue's fp32 [bn][bm + 4] staging if larger."""
-        return max(self.stages * (self.bm + self.bn) * self.pitch, self.bn * (self.bm + 4) * 4)
+        """The pipeline's tiles, or the epilogue's fp32 staging ([bn][bm + 4], or [bm][bn + 4] for
+        channels-last outputs) if larger."""
+        return max(self.stages * (self.bm + self.bn) * self.pitch, _staging_bytes(self.bm, self.bn))
 
     def kernel_name(self, ctype: str) -> str:
         return (f"implicit_gemm_fprop<{ctype},{self.bm},{self.bn},{self.warps_m},{self.warps_n},{self.stages},"
@@ -115,7 +122,7 @@ class WgmmaTile:
     def smem_bytes(self) -> int:
         """The pipeline's slots or the epilogue's fp32 [bn][bm + 4] staging, if larger, plus 1024 bytes to
         align them for the swizzle."""
-        return max(self.stages * (self.bm + self.bn) * self.kbytes, self.bn * (self.bm + 4) * 4) + 1024
+        return max(self.stages * (self.bm + self.bn) * self.kbytes, _staging_bytes(self.bm, self.bn)) + 1024
 
     def kernel_name(self, ctype: str) -> str:
         return (f"implicit_gemm_wgmma<{ctype},{self.bn},{self.bm},{self.wg_p},{self.stages},"
@@ -146,7 +153,7 @@ class NchwTile:
     def smem_bytes(self) -> int:
         """The two slots or the epilogue's staging, if larger, plus 1024 bytes of alignment; the k table
         comes on top (``table_bytes``)."""
-        return max(2 * (self.bm + self.bn) * self.kbytes, self.bn * (self.bm + 4) * 4) + 1024
+        return max(2 * (self.bm + self.bn) * self.kbytes, _staging_bytes(self.bm, self.bn)) + 1024
 
     def table_bytes(self, k_tiles: int, itemsize: int) -> int:
         """8 bytes per k of the padded reduction (input offset, tap bit)."""

@@ -45,8 +45,8 @@ def _parse(argv):
     ap.add_argument("--backward", action="store_true",
                     help="also time dgrad and wgrad against cuDNN's backward (aten.convolution_backward)")
     ap.add_argument("--cudnn-layout", choices=("nchw", "nhwc"), default="nchw",
-                    help="memory format of torch's tensors (nhwc: torch.channels_last, cuDNN's fastest for "
-                         "half types); cuconv always takes NCHW")
+                    help="memory format of torch's tensors alone (nhwc: torch.channels_last, cuDNN's fastest for "
+                         "half types), cuconv's arrays staying NCHW; --channels-last puts both sides in NHWC")
     ap.add_argument("--json", metavar="PATH", help="also write all figures to this JSON file")
     bench_models.add_arguments(ap)
     args = ap.parse_args(argv)
@@ -171,6 +171,13 @@ class _Pass:
         self.reference, self.compare, self.min_bytes = reference, compare, min_bytes
 
 
+def _channels_last(a):
+    """``a`` (N, C, H, W) with channels-last strides (torch.channels_last's layout), same values."""
+    import cupy
+
+    return cupy.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+
+
 def _passes(args, prob, spec, x, w, dy):
     """fprop, and with --backward dgrad and wgrad, each with its torch call, our call and its oracle."""
     import cupy
@@ -179,14 +186,15 @@ def _passes(args, prob, spec, x, w, dy):
     import cuconv
 
     kw = prob.conv_kwargs
-    xt, wt = torch.from_dlpack(x), torch.from_dlpack(w)
+    xt, wt = torch.from_dlpack(x), torch.from_dlpack(w)  # with --channels-last, x and w are NHWC already
     if args.cudnn_layout == "nhwc":  # torch's copies only: cuconv keeps reading the NCHW arrays
         xt, wt = (t.contiguous(memory_format=torch.channels_last) for t in (xt, wt))
     idx = [0, spec.n - 1] if spec.n > 1 else [0]  # samples checked (both batch ends: chunking errors)
     item = x.dtype.itemsize
     out_bytes = spec.n * spec.k * spec.p * spec.q * item
     aten_args = (list(prob.stride), list(prob.padding), list(prob.dilation), False, [0, 0], prob.groups)
-    out = cupy.empty(spec.output_shape, dtype=x.dtype)
+    out = _channels_last(cupy.empty(spec.output_shape, dtype=x.dtype)) if args.channels_last else \
+        cupy.empty(spec.output_shape, dtype=x.dtype)
 
     def fprop(algo):
         return cuconv.conv2d(x, w, None, algo=algo, precision=args.precision, out=out, **kw)
@@ -317,6 +325,9 @@ def _bench_gpu(args, names, algos):
         w = (rng.standard_normal(prob.weight_shape, dtype=numpy.float32)
              / numpy.sqrt(spec.crs_per_group)).astype(dtype)
         dy = rng.standard_normal(spec.output_shape, dtype=numpy.float32).astype(dtype) if args.backward else None
+        if args.channels_last:  # both sides read the same channels-last arrays
+            x, w = _channels_last(x), _channels_last(w)
+            dy = None if dy is None else _channels_last(dy)
         for pass_ in _passes(args, prob, spec, x, w, dy):
             for row in _measure(args, prob, spec, pass_, algos, rate, bandwidth, f"[{i}/{len(names)}]"):
                 rows.append(row)
@@ -325,7 +336,8 @@ def _bench_gpu(args, names, algos):
         torch.cuda.empty_cache()
     meta = dict(device=device_name, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
                 cuconv=cuconv.__version__, dtype=args.dtype, precision=args.precision,
-                cudnn_layout=args.cudnn_layout, gemm_tflops=rates, copy_tbs=bandwidth,
+                cudnn_layout="nhwc" if args.channels_last else args.cudnn_layout,
+                cuconv_layout="nhwc" if args.channels_last else "nchw", gemm_tflops=rates, copy_tbs=bandwidth,
                 date=time.strftime("%Y-%m-%d"))
     return meta, rows
 
@@ -351,7 +363,8 @@ def _print_auto_vs_best(rows):
 
 def _print_table(meta, rows):
     print(f"\n{meta['device']}, {meta['date']}, dtype {meta['dtype']}, precision {meta['precision']} "
-          f"(both sides); torch {meta['torch']}, cuDNN {meta['cudnn']}, cudnn.benchmark=True")
+          f"(both sides), memory format cuconv {meta['cuconv_layout']} / cuDNN {meta['cudnn_layout']}; "
+          f"torch {meta['torch']}, cuDNN {meta['cudnn']}, cudnn.benchmark=True")
     head = (f"{'problem':<20} {'pass':<6} {'algo':<12} {'ms':>9} {'TFLOP/s':>8} {'%floor':>7} {'cuDNN ms':>9} "
             f"{'ratio':>6} {'loop ms':>9} {'loop':>6} {'rel err':>8} {'torch err':>9} {'host us':>8} {'ws MiB':>7}")
     print(head)

@@ -47,8 +47,9 @@ def add_arguments(ap) -> None:
     g.add_argument("--infer-batch", type=int, default=64, help="batch of end-to-end inference (default 64)")
     g.add_argument("--image", type=int, default=224, help="input height and width (default 224)")
     g.add_argument("--channels-last", action="store_true",
-                   help="both sides in torch.channels_last (cuconv's layers run NHWC passes in place where a plan "
-                        "serves them, the others on NCHW copies)")
+                   help="both sides in torch.channels_last, for the models and for the problems (where cuconv gets "
+                        "channels-last CuPy arrays): cuconv runs NHWC passes in place where a plan serves them, "
+                        "the others on NCHW copies")
     g.add_argument("--compile", action="store_true",
                    help="also time torch.compile of both models (default and mode='reduce-overhead')")
     g.add_argument("--no-layers", action="store_true", help="skip the per-layer measurements")
