@@ -901,8 +901,8 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     one per phase of the stride (``phase_specs``); wgrad as the forward convolution of x by dy, samples and
     channels swapped (``transposed_spec``), split over ``splits`` k ranges (default ``wgrad_splits``). The
     workspace holds the packed weight, then one chunk's packed input. ``tile`` forces one of ``TILES`` (tests).
-    float32 computes TF32. ``layout="nhwc"``: x and out channels-last in memory (``nhwc_in_place``; the forward
-    only, so far)."""
+    float32 computes TF32. ``layout="nhwc"``: the activations channels-last in memory (``nhwc_in_place``; the
+    forward and the stride-1 dgrad, so far)."""
     if layout == "nhwc":
         return _nhwc_forward_plan(pass_, spec, numpy.dtype(dtype), env, tile, bias)
     if pass_ == "wgrad":
@@ -950,17 +950,32 @@ def _forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, spl
 
 
 def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee", limits=None):
-    """Why ``implicit_gemm`` cannot run ``pass_`` on channels-last activations in place, or None: the forward
-    where ``nhwc_in_place`` holds and x and out index in 32 bits (the NCHW checks, ``reason_unsupported``, apply
-    too)."""
-    if pass_ != "fprop":
-        return "on channels-last tensors it runs the forward only, so far"
-    if not nhwc_in_place(spec, dtype):
-        return ("on channels-last tensors it runs one group whose channels fill whole 16-byte vectors, in float16 "
-                "and bfloat16")
-    if spec.n * spec.p * spec.q * spec.k >= _INT_MAX or spec.n * spec.h * spec.w * spec.c >= _INT_MAX:
-        return "its channels-last forward indexes x and out in 32 bits"
+    """Why ``implicit_gemm`` cannot run ``pass_`` on channels-last activations in place, or None: the forward, and
+    the dgrad at stride 1 as the forward of dy (``dgrad_forward.forward_spec``), where ``nhwc_in_place`` holds for
+    that forward and its input and output index in 32 bits (the NCHW checks, ``reason_unsupported``, apply too)."""
+    fspec = _nhwc_forward_spec(spec, pass_)
+    if isinstance(fspec, str):
+        return fspec
+    if not nhwc_in_place(fspec, dtype):
+        return ("on channels-last tensors it runs one group whose channels (grad_output's for the dgrad) fill whole "
+                "16-byte vectors, in float16 and bfloat16")
+    if fspec.n * fspec.p * fspec.q * fspec.k >= _INT_MAX or fspec.n * fspec.h * fspec.w * fspec.c >= _INT_MAX:
+        return "its channels-last GEMM indexes its input and output in 32 bits"
     return None
+
+
+def _nhwc_forward_spec(spec: ConvSpec, pass_: str):
+    """The forward convolution a channels-last ``pass_`` runs (the layer's, or for dgrad that of dy), or why
+    there is none."""
+    if pass_ == "fprop":
+        return spec
+    if pass_ == "dgrad":
+        fspec = dgrad_forward.forward_spec(spec)
+        if fspec is None:
+            return ("on channels-last tensors its dgrad is the forward convolution of grad_output, which needs "
+                    "stride 1 and padding no wider than the dilated kernel")
+        return fspec
+    return "on channels-last tensors it runs the forward and the stride-1 dgrad, so far"
 
 
 def nhwc_in_place(spec: ConvSpec, dtype) -> bool:
@@ -973,27 +988,32 @@ def nhwc_in_place(spec: ConvSpec, dtype) -> bool:
 
 
 def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, bias: bool) -> "_plan.Plan":
-    """The forward on channels-last x and out: the weight's packing launch alone (no samples), then one GEMM over
-    every pixel of the batch reading x in place and storing NHWC rows (the epilogue's output strides: an image
-    P·Q·K elements, a row Q·K, a pixel K, a filter 1)."""
-    if pass_ != "fprop" or not nhwc_in_place(spec, dtype):
-        raise NotImplementedError("cuconv: implicit_gemm runs channels-last tensors for the forward of one group "
-                                  "with channels in whole 16-byte vectors, in float16 and bfloat16, so far")
+    """A pass on channels-last activations as one forward GEMM over every pixel of the batch, reading its input
+    in place and storing NHWC rows (the epilogue's output strides: an image P·Q·K elements, a row Q·K, a pixel K,
+    a filter 1), after the weight's packing launch alone (no samples): the forward on x and out, or the dgrad at
+    stride 1 as the forward of dy into dx, the pack reading the layer's weight transposed and flipped."""
+    fspec = _nhwc_forward_spec(spec, pass_)
+    if isinstance(fspec, str) or not nhwc_in_place(fspec, dtype):
+        raise NotImplementedError("cuconv: implicit_gemm runs channels-last tensors for the forward and the stride-1 "
+                                  "dgrad of one group with channels in whole 16-byte vectors, in float16 and "
+                                  "bfloat16, so far")
     b = _plan.Builder(pass_, env)
-    if spec.n * spec.k * spec.p * spec.q == 0:
+    if spec.n * spec.k * spec.p * spec.q == 0 or fspec.n * fspec.k * fspec.p * fspec.q == 0:
         return b.plan(STEM)
-    tile = tile or choose_tile(spec, dtype, env.wgmma, nchw=False)
+    tile = tile or choose_tile(fspec, dtype, env.wgmma, nchw=False)
     if tile.nchw:
         raise ValueError(f"implicit_gemm: tile {tile} gathers NCHW; channels-last inputs take a packed tile")
-    pl = plan(spec, dtype, tile, env.workspace_limit)
-    m = spec.n * spec.p * spec.q
-    if m * spec.k >= _INT_MAX or spec.n * spec.h * spec.w * spec.c >= _INT_MAX:
-        raise NotImplementedError("cuconv: implicit_gemm's channels-last forward indexes x and out in 32 bits")
+    pl = plan(fspec, dtype, tile, env.workspace_limit)
+    m = fspec.n * fspec.p * fspec.q
+    if m * fspec.k >= _INT_MAX or fspec.n * fspec.h * fspec.w * fspec.c >= _INT_MAX:
+        raise NotImplementedError("cuconv: implicit_gemm's channels-last GEMM indexes its input and output in 32 bits")
+    x, out = ("x", "out") if pass_ == "fprop" else ("dy", "dx")
     packed_w = b.take(pl.weight_bytes(dtype.itemsize))
-    b.launch(_pack_kernel(spec, dtype, pl.pix, 0, pl), _plan.NULL, _plan.NULL, b.ref("w"), packed_w)
-    gemm = _gemm_launch(spec, dtype, pl, m, spec.k, 1, pl.cp, pl.kp, (spec.p * spec.q * spec.k, 1), 1, pl.k_tiles,
-                        out_pixel=(spec.q * spec.k, spec.k))
-    b.launch(gemm, b.ref("x"), packed_w, b.ref("bias") if bias else _plan.NULL, b.ref("out"))
+    b.launch(_pack_kernel(fspec, dtype, pl.pix, 0, pl, flip=pass_ == "dgrad"), _plan.NULL, _plan.NULL, b.ref("w"),
+             packed_w)
+    gemm = _gemm_launch(fspec, dtype, pl, m, fspec.k, 1, pl.cp, pl.kp, (fspec.p * fspec.q * fspec.k, 1), 1,
+                        pl.k_tiles, out_pixel=(fspec.q * fspec.k, fspec.k))
+    b.launch(gemm, b.ref(x), packed_w, b.ref("bias") if bias and pass_ == "fprop" else _plan.NULL, b.ref(out))
     return b.plan(STEM)
 
 

@@ -258,8 +258,8 @@ def test_implicit_gemm_dgrad_equals_cpu_exactly_on_integers(case, tile, dtype_na
     numpy.testing.assert_array_equal(cupy.asnumpy(dx).astype(numpy.float64), cpu.astype(numpy.float64))
 
 
-def _nhwc_cases():
-    """(case, dtype) of the table whose forward implicit_gemm runs on channels-last tensors in place."""
+def _nhwc_cases(pass_="fprop"):
+    """(case, dtype) of the table whose ``pass_`` implicit_gemm runs on channels-last tensors in place."""
     from cuconv.families import implicit_gemm
 
     out = []
@@ -268,9 +268,26 @@ def _nhwc_cases():
         for dtype_name in ("float16", "bfloat16"):
             if _dtypes.bfloat16 is None and dtype_name == "bfloat16":
                 continue
-            if implicit_gemm.nhwc_in_place(case_spec(case), _dtypes.by_name(dtype_name)):
+            if implicit_gemm.reason_unsupported_nhwc(case_spec(case), _dtypes.by_name(dtype_name), pass_) is None:
                 out.append(pytest.param(case, dtype_name, id=f"{param.id}-{dtype_name}"))
     return out
+
+
+def test_channels_last_dgrad_is_the_stride_1_forward_of_dy():
+    """The channels-last dgrad runs where the forward of dy would run in place: stride 1, grad_output's channels
+    (the layer's filters) in whole 16-byte vectors; wgrad is refused with a reason."""
+    from cuconv.families import implicit_gemm
+
+    f16 = numpy.dtype(numpy.float16)
+    spec = cuconv.ConvSpec.from_args((2, 20, 9, 9), (16, 20, 3, 3), padding=1)  # 16 filters: dy's pixels 32 bytes
+    assert implicit_gemm.reason_unsupported_nhwc(spec, f16, "dgrad") is None
+    assert implicit_gemm.reason_unsupported_nhwc(spec, f16, "fprop") is not None  # x's 20 channels are 40 bytes
+    odd = cuconv.ConvSpec.from_args((2, 16, 9, 9), (12, 16, 3, 3), padding=1)
+    assert "16-byte vectors" in implicit_gemm.reason_unsupported_nhwc(odd, f16, "dgrad")
+    strided = cuconv.ConvSpec.from_args((2, 16, 9, 9), (16, 16, 3, 3), padding=1, stride=2)
+    assert "stride 1" in implicit_gemm.reason_unsupported_nhwc(strided, f16, "dgrad")
+    assert "forward and the stride-1 dgrad" in implicit_gemm.reason_unsupported_nhwc(spec, f16, "wgrad")
+    assert len(_nhwc_cases("dgrad")) >= 8
 
 
 @pytest.mark.gpu
@@ -295,4 +312,30 @@ def test_forward_on_channels_last_tensors_in_place(case, dtype_name):
                                  layout="nhwc")
     _plan.run_arrays(plan, xg, wg, bg, out)
     numpy.testing.assert_array_equal(cupy.asnumpy(out.transpose(0, 3, 1, 2)).astype(numpy.float64),
+                                     want.astype(numpy.float64))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case,dtype_name", _nhwc_cases("dgrad"))
+def test_dgrad_on_channels_last_tensors_in_place(case, dtype_name):
+    """dy and dx channels-last in memory, stride 1: the layer's weight packed transposed and flipped, then one
+    GEMM reading dy where it is and storing dx's NHWC rows; on integers, bit for bit the CPU path's result, into
+    a NaN-poisoned dx."""
+    import cupy
+
+    from cuconv import _plan
+    from cuconv.families import implicit_gemm
+
+    x, w, _ = make_inputs(case, seed=42, integer=True)
+    dtype = _dtypes.by_name(dtype_name)
+    x4 = x if x.ndim == 4 else x[None]
+    spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
+    dy = numpy.random.default_rng(43).integers(-3, 4, spec.output_shape).astype(dtype)
+    want = cuconv.conv2d_input(x4.shape, w.astype(dtype), dy, **case.kwargs)
+    dyg = cupy.ascontiguousarray(cupy.asarray(dy).transpose(0, 2, 3, 1))
+    dx = cupy.full((spec.n, spec.h, spec.w, spec.c), numpy.nan, dtype=dtype)
+    wg = cupy.asarray(w.astype(dtype))
+    plan = implicit_gemm.prepare("dgrad", spec, dtype, "ieee", _plan.current_env(dyg, wg, dx), layout="nhwc")
+    _plan.run_arrays(plan, dyg, wg, dx)
+    numpy.testing.assert_array_equal(cupy.asnumpy(dx.transpose(0, 3, 1, 2)).astype(numpy.float64),
                                      want.astype(numpy.float64))
