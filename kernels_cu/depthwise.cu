@@ -64,7 +64,8 @@
 //       blockIdx.x = output channel k, blockIdx.y = one chunk of the flattened (n, p, q) space. Each thread
 //       accumulates all R·S taps in its own shared-memory column, the block reduces each tap in a fixed
 //       tree, and a second kernel sums the chunks in order: deterministic, no atomics.
-// Layouts: x (N, C, H, W), w (K, 1, R, S), out/dy (N, K, P, Q), all contiguous; 64-bit plane offsets.
+// Layouts: x (N, C, H, W), w (K, 1, R, S), out/dy (N, K, P, Q), all contiguous; 64-bit plane offsets; the
+// depthwise_nhwc_* kernels at the end of the file take channels-last activations (N, H, W, C).
 #include "common.cuh"
 
 using cuconv::i64;
@@ -950,5 +951,70 @@ __global__ void depthwise_wgrad_reduce(const typename cuconv::Acc<T>::type* __re
         Acc sum = 0;
         for (i64 j = 0; j < chunks; ++j) sum += partial[(k * chunks + j) * taps + tap];  // in order
         dw[i] = cuconv::from_acc<T>(sum);
+    }
+}
+
+// ---- channels-last (NHWC) activations -------------------------------------------------------------------------
+// depthwise_nhwc_weight<T>(w, wt, C, taps, flip)
+//     the weight (C, 1, R, S) as (R·S, C), so that a tap's weights of V adjacent channels are one 16-byte
+//     vector; with `flip` the taps reversed (the kernel flipped in both axes: dgrad at stride 1 as the forward
+//     convolution of dy).
+// depthwise_nhwc_fwd<T, KR, Index>(x, wt, bias, out, ConvGeometry, total)
+//     multiplier 1, x (N, H, W, C) and out (N, P, Q, C) channels-last, C a multiple of V = 16 / sizeof(T),
+//     x, wt and out 16-byte aligned: a thread per (output pixel, V adjacent channels), flat over the batch with
+//     the channels fastest (a warp's loads of one tap are consecutive 16-byte vectors; the taps' overlap comes
+//     through L1); per tap one 16-byte load of x and one of wt, V FMAs in Acc<T>; bias added; one 16-byte
+//     store. KR > 0: a KR x KR kernel with its tap loops unrolled; 0: R x S read at run time. Index: int
+//     where total and every tensor's element count fit 31 bits (32-bit decodes), else long long.
+template <typename T>
+__global__ void __launch_bounds__(256)
+depthwise_nhwc_weight(const T* __restrict__ w, T* __restrict__ wt, long long c, int taps, int flip) {
+    const long long total = c * taps;
+    for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+         i += static_cast<long long>(gridDim.x) * blockDim.x) {
+        const long long t = i / c, ch = i - t * c;  // (tap, channel) of wt
+        wt[i] = w[ch * taps + (flip ? taps - 1 - t : t)];
+    }
+}
+
+template <typename T, int KR, typename Index>
+__global__ void __launch_bounds__(256)
+depthwise_nhwc_fwd(const T* __restrict__ x, const T* __restrict__ wt, const T* __restrict__ bias,
+                   T* __restrict__ out, const cuconv::ConvGeometry g, long long total) {
+    using Acc = typename cuconv::Acc<T>::type;
+    constexpr int V = 16 / static_cast<int>(sizeof(T));
+    const Index vectors = static_cast<Index>(g.c / V), q_count = static_cast<Index>(g.q);
+    const Index p_count = static_cast<Index>(g.p), h = static_cast<Index>(g.h), w = static_cast<Index>(g.w);
+    const Index c = static_cast<Index>(g.c);
+    const int r_count = KR > 0 ? KR : static_cast<int>(g.r), s_count = KR > 0 ? KR : static_cast<int>(g.s);
+    for (Index i = static_cast<Index>(blockIdx.x) * 256 + static_cast<Index>(threadIdx.x);
+         i < static_cast<Index>(total); i += static_cast<Index>(gridDim.x) * 256) {
+        const Index v = i % vectors, pix = i / vectors;
+        const Index oq = pix % q_count, rest = pix / q_count, op = rest % p_count, n = rest / p_count;
+        const Index c0 = v * V;
+        Acc acc[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = bias != nullptr ? cuconv::to_acc(bias[c0 + e]) : Acc(0);
+        const Index h0 = op * static_cast<Index>(g.stride_h) - static_cast<Index>(g.pad_top);
+        const Index w0 = oq * static_cast<Index>(g.stride_w) - static_cast<Index>(g.pad_left);
+        const T* __restrict__ xn = x + static_cast<i64>(n) * h * w * c + c0;
+#pragma unroll
+        for (int r = 0; r < r_count; ++r) {
+            const Index ih = h0 + r * static_cast<Index>(g.dil_h);
+            if (ih < 0 || ih >= h) continue;
+#pragma unroll
+            for (int s = 0; s < s_count; ++s) {
+                const Index iw = w0 + s * static_cast<Index>(g.dil_w);
+                if (iw < 0 || iw >= w) continue;
+                const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xn + (static_cast<i64>(ih) * w + iw) * c));
+                const uint4 wv = __ldg(reinterpret_cast<const uint4*>(wt + static_cast<i64>(r * s_count + s) * c + c0));
+#pragma unroll
+                for (int e = 0; e < V; ++e) acc[e] = fma(elem_of<T>(xv, e), elem_of<T>(wv, e), acc[e]);
+            }
+        }
+        RowsOut<T, 16> o;
+#pragma unroll
+        for (int e = 0; e < V; ++e) o.v[e] = cuconv::from_acc<T>(acc[e]);
+        *reinterpret_cast<RowsOut<T, 16>*>(out + static_cast<i64>(pix) * c + c0) = o;
     }
 }

@@ -35,7 +35,8 @@ from .. import _dtypes, _loader, _plan
 from . import dgrad_forward
 from ..spec import ConvSpec
 
-__all__ = ["prepare", "forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "forward_smem", "rows_layout",
+__all__ = ["prepare", "forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "reason_unsupported_nhwc",
+           "forward_smem", "rows_layout",
            "rows_strips", "plane_plan", "strips_plan", "wgrad_strips_plan", "forward_kernels", "FORWARD_KERNELS",
            "DW_GEOMETRY_DTYPE", "NAME_EXPRESSIONS", "STEM"]
 
@@ -46,6 +47,8 @@ _PLANE_KERNELS = {False: ((3, 3),), True: ((3, 3), (5, 5))}
 # Kernel sizes of depthwise_fwd_rows: the same limits (5x5 in double needs ~185 registers and spills at 128).
 _ROWS_KERNELS = _PLANE_KERNELS
 _THREADS = _loader.THREADS  # its kernels' block: the residency arithmetic below reads it
+# depthwise_nhwc_fwd's square kernels with unrolled tap loops (0: R x S read at run time)
+_NHWC_KERNELS = (3, 5, 7, 0)
 _SMEM_LIMIT = _loader.SMEM_DEFAULT  # wgrad's per-thread accumulators stay within the default
 _MAX_GRID_Y = 65535
 
@@ -67,7 +70,10 @@ NAME_EXPRESSIONS = tuple(
     + [f"depthwise_wgrad_strips<{t},{r},{r},{sh}>" for t in _dtypes.ALL_CTYPE_NAMES for r in (3, 5, 7)
        for sh in (1, 2)]
     + [f"depthwise_wgrad_partial<{t},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for i in ("int", "long long")]
-    + [f"depthwise_wgrad_reduce<{t}>" for t in _dtypes.ALL_CTYPE_NAMES])
+    + [f"depthwise_wgrad_reduce<{t}>" for t in _dtypes.ALL_CTYPE_NAMES]
+    + [f"depthwise_nhwc_weight<{t}>" for t in _dtypes.ALL_CTYPE_NAMES]
+    + [f"depthwise_nhwc_fwd<{t},{r},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for r in _NHWC_KERNELS
+       for i in ("int", "long long")])
 
 
 # DwGeometry in depthwise.cu: the gather kernels' one struct argument.
@@ -137,6 +143,67 @@ def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: s
     if pass_ == "wgrad" and _wgrad_threads(spec, acc) == 0:
         return f"{spec.r}x{spec.s} taps do not fit per-thread accumulators in {_SMEM_LIMIT} bytes"
     return None
+
+
+def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee", limits=None):
+    """Why ``depthwise`` cannot run ``pass_`` on channels-last activations in place, or None: the forward, and the
+    dgrad at stride 1 as the forward of dy with the kernel flipped (``dgrad_forward.forward_spec``), of a
+    multiplier of 1 whose channels fill whole 16-byte vectors (``depthwise_nhwc_fwd``)."""
+    if not _is_depthwise(spec):
+        return "not a depthwise convolution"
+    if spec.k != spec.c:
+        return "on channels-last tensors it runs a channel multiplier of 1 only"
+    if pass_ == "dgrad":
+        if dgrad_forward.forward_spec(spec) is None:
+            return ("on channels-last tensors its dgrad is the forward convolution of grad_output, which needs "
+                    "stride 1 and padding no wider than the dilated kernel")
+    elif pass_ != "fprop":
+        return "on channels-last tensors it runs the forward and the stride-1 dgrad, so far"
+    if spec.c * numpy.dtype(dtype).itemsize % 16:
+        return "on channels-last tensors it needs channels in whole 16-byte vectors"
+    return None
+
+
+def _nhwc_launches(spec: ConvSpec, dtype, flip: bool):
+    """(weight bytes, the weight's (R·S, C) launch, the forward launch) of ``depthwise_nhwc_fwd`` on ``spec``;
+    ``flip``: the weight transposed with its taps reversed (dgrad of the layer whose dgrad ``spec`` is the
+    forward of)."""
+    ctype = _dtypes.ctype_of(dtype)
+    taps = spec.r * spec.s
+    weight = _loader.prepare(STEM, NAME_EXPRESSIONS, f"depthwise_nhwc_weight<{ctype}>",
+                             (_loader.blocks(spec.c * taps), 1, 1), (_THREADS, 1, 1), 2,
+                             (numpy.int64(spec.c), numpy.int32(taps), numpy.int32(flip)))
+    total = spec.n * spec.p * spec.q * spec.c // (16 // numpy.dtype(dtype).itemsize)
+    index = "int" if max(total, spec.n * spec.h * spec.w * spec.c, spec.n * spec.p * spec.q * spec.c) < 2**31 - 2**28 \
+        else "long long"
+    kr = spec.r if spec.r == spec.s and spec.r in _NHWC_KERNELS else 0
+    forward = _loader.prepare(STEM, NAME_EXPRESSIONS, f"depthwise_nhwc_fwd<{ctype},{kr},{index}>",
+                              (_loader.blocks(total, 1 << 20), 1, 1), (_THREADS, 1, 1), 4,
+                              (_loader.conv_geometry(spec), numpy.int64(total)))
+    return taps * spec.c * numpy.dtype(dtype).itemsize, weight, forward
+
+
+def _nhwc_prepare(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", bias: bool) -> "_plan.Plan":
+    """A pass on channels-last activations: the weight as (R·S, C) into the workspace, then
+    ``depthwise_nhwc_fwd`` over the forward (x into out) or, for dgrad at stride 1, over the forward of dy with
+    the kernel flipped (into dx)."""
+    reason = reason_unsupported_nhwc(spec, dtype, pass_)
+    if reason is not None:
+        raise NotImplementedError(f"cuconv: depthwise cannot run this {pass_} on channels-last tensors: {reason}")
+    b = _plan.Builder(pass_, env)
+    fspec = spec if pass_ == "fprop" else dgrad_forward.forward_spec(spec)
+    if fspec.n * fspec.k * fspec.p * fspec.q == 0:
+        return b.plan(STEM)
+    if fspec.c * fspec.r * fspec.s == 0:  # no taps: the output is the bias (or zeros)
+        raise NotImplementedError("cuconv: depthwise's channels-last kernels need at least one tap")
+    weight_bytes, weight, forward = _nhwc_launches(fspec, dtype, pass_ == "dgrad")
+    wt = b.take(weight_bytes)
+    b.launch(weight, b.ref("w"), wt)
+    if pass_ == "fprop":
+        b.launch(forward, b.ref("x"), wt, b.ref("bias") if bias else _plan.NULL, b.ref("out"))
+    else:
+        b.launch(forward, b.ref("dy"), wt, _plan.NULL, b.ref("dx"))
+    return b.plan(STEM)
 
 
 def _index_type(total: int) -> str:
@@ -336,12 +403,15 @@ def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, kernel: str = N
 
 
 def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
-            kernel: str = None) -> "_plan.Plan":
+            kernel: str = None, layout: str = "nchw") -> "_plan.Plan":
     """The plan of ``pass_`` (see ``cuconv._plan``): the forward is one launch (``kernel`` forces one of
     ``FORWARD_KERNELS``); dgrad one launch of the forward kernel on dy reading the weight flipped where that is
     the same convolution (stride 1, multiplier 1), else a gather per dx element (no atomics); wgrad per-chunk
-    partial sums in the workspace, then an ordered sum."""
+    partial sums in the workspace, then an ordered sum. ``layout="nhwc"``: channels-last activations, the
+    forward and the stride-1 dgrad (``reason_unsupported_nhwc``, ``_nhwc_prepare``)."""
     dtype = numpy.dtype(dtype)
+    if layout == "nhwc":
+        return _nhwc_prepare(pass_, spec, dtype, env, bias)
     b = _plan.Builder(pass_, env)
     if pass_ == "fprop":
         launch = _forward_prepared(spec, dtype, env.aligned, env.aligned, env.smem_limit, env.device, kernel)

@@ -347,3 +347,80 @@ def test_depthwise_rows_fall_back_on_misaligned_tensors(dtype_name):
         cuconv.conv2d(xg, cupy.asarray(w.astype(dtype)), groups=2, padding=(2, 1), out=out, algo="depthwise")
         numpy.testing.assert_array_equal(cupy.asnumpy(out), want)
 
+
+
+# ---- channels-last activations (depthwise_nhwc_*) -----------------------------------------------------------
+# (x shape, kernel, conv2d keywords): unrolled 3x3/5x5/7x7 and run-time R x S taps, strides, dilation, asymmetric
+# and wide padding, batch 1, channels of one 16-byte vector in double and several in halves, a bias
+_NHWC_CASES = [
+    pytest.param((2, 16, 9, 11), (3, 3), dict(padding=1), id="3x3"),
+    pytest.param((1, 16, 13, 10), (5, 5), dict(padding=2, stride=2), id="5x5_s2_n1"),
+    pytest.param((2, 32, 12, 12), (7, 7), dict(padding=3), id="7x7"),
+    pytest.param((2, 16, 11, 9), (3, 3), dict(padding=(2, 1), dilation=2), id="3x3_dil2"),
+    pytest.param((2, 16, 8, 15), (1, 3), dict(padding=(0, 2), stride=(1, 2)), id="1x3_runtime_taps"),
+    pytest.param((3, 48, 7, 7), (3, 3), dict(padding=0), id="valid_7x7_plane"),
+    pytest.param((2, 16, 10, 10), (5, 5), dict(padding=(1, 3)), id="5x5_asym_pad"),
+]
+
+
+def test_nhwc_reasons():
+    """Channels-last in place: multiplier 1, channels in whole 16-byte vectors, the forward and the stride-1
+    dgrad; everything else refused with its reason (the bridge runs it on NCHW copies)."""
+    f16, f32 = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
+    spec = ConvSpec.from_args((2, 16, 9, 9), (16, 1, 3, 3), groups=16, padding=1)
+    for pass_ in ("fprop", "dgrad"):
+        assert depthwise.reason_unsupported_nhwc(spec, f16, pass_) is None
+    assert "stride-1 dgrad" in depthwise.reason_unsupported_nhwc(spec, f16, "wgrad")
+    assert "16-byte" in depthwise.reason_unsupported_nhwc(
+        ConvSpec.from_args((2, 12, 9, 9), (12, 1, 3, 3), groups=12, padding=1), f16)
+    assert depthwise.reason_unsupported_nhwc(
+        ConvSpec.from_args((2, 12, 9, 9), (12, 1, 3, 3), groups=12, padding=1), f32) is None
+    assert "multiplier" in depthwise.reason_unsupported_nhwc(
+        ConvSpec.from_args((2, 16, 9, 9), (32, 1, 3, 3), groups=16, padding=1), f16)
+    strided = ConvSpec.from_args((2, 16, 9, 9), (16, 1, 3, 3), groups=16, padding=1, stride=2)
+    assert depthwise.reason_unsupported_nhwc(strided, f16, "fprop") is None
+    assert "stride 1" in depthwise.reason_unsupported_nhwc(strided, f16, "dgrad")
+
+
+def _nhwc(a):
+    import cupy
+
+    return cupy.ascontiguousarray(cupy.asarray(a).transpose(0, 2, 3, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", EXACT_DTYPES)
+@pytest.mark.parametrize("x_shape,kernel,kwargs", _NHWC_CASES)
+def test_nhwc_forward_and_dgrad_equal_cpu_exactly_on_integers(x_shape, kernel, kwargs, dtype_name):
+    """x, out, dy and dx channels-last in memory: the forward (with a bias) and, at stride 1, the dgrad (the
+    forward of dy with the weight transposed and flipped) bit for bit the CPU path's on integers, into
+    NaN-poisoned outputs."""
+    import cupy
+
+    from cuconv import _plan
+
+    dtype = _dtypes.by_name(dtype_name)
+    c = x_shape[1]
+    rng = numpy.random.default_rng(51)
+    x = rng.integers(-3, 4, x_shape).astype(dtype)
+    w = rng.integers(-3, 4, (c, 1) + kernel).astype(dtype)
+    b = rng.integers(-3, 4, c).astype(dtype)
+    spec = ConvSpec.from_args(x.shape, w.shape, groups=c, **kwargs)
+    assert depthwise.reason_unsupported_nhwc(spec, dtype, "fprop") is None
+    want = cuconv.conv2d(x, w, b, groups=c, **kwargs)
+    xg, wg, bg = _nhwc(x), cupy.asarray(w), cupy.asarray(b)
+    out = cupy.full((spec.n, spec.p, spec.q, spec.k), numpy.nan, dtype=dtype)
+    plan = depthwise.prepare("fprop", spec, dtype, "ieee", _plan.current_env(xg, wg, bg, out), True, layout="nhwc")
+    _plan.run_arrays(plan, xg, wg, bg, out)
+    numpy.testing.assert_array_equal(cupy.asnumpy(out.transpose(0, 3, 1, 2)).astype(numpy.float64),
+                                     want.astype(numpy.float64))
+    if depthwise.reason_unsupported_nhwc(spec, dtype, "dgrad") is not None:
+        return
+    dy = rng.integers(-3, 4, spec.output_shape).astype(dtype)
+    want = cuconv.conv2d_input(x.shape, w, dy, groups=c, **kwargs)
+    dyg = _nhwc(dy)
+    dx = cupy.full((spec.n, spec.h, spec.w, spec.c), numpy.nan, dtype=dtype)
+    plan = depthwise.prepare("dgrad", spec, dtype, "ieee", _plan.current_env(dyg, wg, dx), layout="nhwc")
+    _plan.run_arrays(plan, dyg, wg, dx)
+    numpy.testing.assert_array_equal(cupy.asnumpy(dx.transpose(0, 3, 1, 2)).astype(numpy.float64),
+                                     want.astype(numpy.float64))
