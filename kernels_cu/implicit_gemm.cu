@@ -15,7 +15,9 @@
 // conflict-free. Each k step takes 32 bytes of every row: for TF32 that is k = 8 (m16n8k8), for halves
 // k = 16 (m16n8k16), and the ldmatrix addressing is byte-for-byte the same for both (the lane addressing in the main loop).
 // The epilogue stages the accumulator tile through shared memory as [n][m] and writes NCHW rows of m
-// with 128-byte coalesced stores, bias added in fp32 before the one rounding.
+// with 128-byte coalesced stores, or, for channels-last outputs in whole 16-byte vectors of filters, as
+// [m][n] and writes 16-byte vectors of a pixel's filters (store_tile_nhwc); bias added in fp32 before the one
+// rounding.
 //
 // TF32: the pack kernels round float32 to TF32 (cvt.rna) once, so the MMAs see rounded operands.
 #include "common.cuh"
@@ -704,7 +706,8 @@ namespace cuconv {
 namespace igemm {
 
 // The epilogue of both wgmma kernels, once every wgmma is retired: accumulators -> shared memory [filter]
-// [pixel] at `stage` (the pipeline's slots, free by now) -> NCHW rows. Accumulator i of a thread: filter row
+// [pixel] at `stage` (the pipeline's slots, free by now) -> NCHW rows, or [pixel][filter] -> channels-last
+// vectors (nhwc_vectors). Accumulator i of a thread: filter row
 // (lane / 4) + 8·((i / 2) % 2) of its warp's 16, pixel column 2·(lane % 4) + (i % 2) + 8·(i / 4) of the
 // wgmma's 128; pairs of columns go as one 8-byte store.
 template <typename T, int BF, int BP, int WG_P, int NW>

@@ -120,8 +120,8 @@ class WgmmaTile:
 
     @property
     def smem_bytes(self) -> int:
-        """The pipeline's slots or the epilogue's fp32 [bn][bm + 4] staging, if larger, plus 1024 bytes to
-        align them for the swizzle."""
+        """The pipeline's slots or the epilogue's fp32 staging (``_staging_bytes``), if larger, plus 1024 bytes
+        to align them for the swizzle."""
         return max(self.stages * (self.bm + self.bn) * self.kbytes, _staging_bytes(self.bm, self.bn)) + 1024
 
     def kernel_name(self, ctype: str) -> str:

@@ -76,7 +76,8 @@ class Tile:
 
 # wide: 64 filters × 32 tiles (64 columns), 8 warps, one block per SM; with overlap (192 KB of shared memory:
 # H100/H200) a block per SM runs the items in turn, else (120 KB: A100) a block per item;
-# narrow: 64 × 16 tiles, 4 warps, two blocks per SM (96 KB each), for devices with less shared memory.
+# narrow: 64 × 16 tiles, 4 warps, 96 KB (registers capped for two blocks per SM where the shared memory allows
+# two), for devices with less shared memory (sm_86/sm_89: one block per SM).
 # (An 8-warp tile of 64 x 16 tiles, 64 accumulators a lane at two blocks per SM, ran 15.2 ms against the wide
 # tile's 13.9 on square_3x3_1024: dropped, docs/perf-notes.md.)
 TILES = (Tile(bk=64, bt=32, warps=8, cc=8, min_blocks=1, overlap=True),
@@ -142,7 +143,7 @@ def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits
     if pl.tile.smem_bytes > limit:
         return f"its tile needs {pl.tile.smem_bytes} bytes of shared memory; the device allows {limit}"
     if pl.items > _MAX_GRID_X:
-        return f"its {pl.items} blocks' worth of tiles exceed the CUDA grid limit ({_MAX_GRID_X})"
+        return f"its {pl.items} work items exceed the 31-bit item numbers of its grid ({_MAX_GRID_X})"
     if pl.u_bytes > limits.workspace_limit:
         return (f"its transformed weights ({pl.u_bytes} bytes) exceed cuconv.config.workspace_limit="
                 f"{limits.workspace_limit}")

@@ -187,7 +187,7 @@ def _passes(args, prob, spec, x, w, dy):
 
     kw = prob.conv_kwargs
     xt, wt = torch.from_dlpack(x), torch.from_dlpack(w)  # with --channels-last, x and w are NHWC already
-    if args.cudnn_layout == "nhwc":  # torch's copies only: cuconv keeps reading the NCHW arrays
+    if args.cudnn_layout == "nhwc":  # torch's copies only: cuconv keeps reading its NCHW arrays
         xt, wt = (t.contiguous(memory_format=torch.channels_last) for t in (xt, wt))
     idx = [0, spec.n - 1] if spec.n > 1 else [0]  # samples checked (both batch ends: chunking errors)
     item = x.dtype.itemsize

@@ -351,7 +351,7 @@ def test_depthwise_rows_fall_back_on_misaligned_tensors(dtype_name):
 
 # ---- channels-last activations (depthwise_nhwc_*) -----------------------------------------------------------
 # (x shape, kernel, conv2d keywords): unrolled 3x3/5x5/7x7 and run-time R x S taps, strides, dilation, asymmetric
-# and wide padding, batch 1, channels of one 16-byte vector in double and several in halves, a bias
+# and wide padding, batch 1, 16 to 48 channels (2 to 6 vectors of 16 bytes in halves, 8 to 24 in double), a bias
 _NHWC_CASES = [
     pytest.param((2, 16, 9, 11), (3, 3), dict(padding=1), id="3x3"),
     pytest.param((1, 16, 13, 10), (5, 5), dict(padding=2, stride=2), id="5x5_s2_n1"),
