@@ -372,3 +372,19 @@ def test_pointwise_tf32_forward_takes_implicit_gemm_on_14x14_planes_with_large_w
     limits = dict(smem_limit=227 << 10, workspace_limit=1 << 30)
     assert registry._select_algorithm(spec, _F32, "tf32", True, "fprop", wgmma=True, **limits) == expected
     assert registry._select_algorithm(spec, _F16, "ieee", True, "fprop", wgmma=True, **limits) == "im2col_gemm"
+
+
+def test_channels_last_dgrad_is_the_stride_1_forward_of_dy():
+    """The channels-last dgrad runs where the forward of dy would run in place: stride 1, grad_output's channels
+    (the layer's filters) in whole 16-byte vectors; wgrad is refused with a reason."""
+    from cuconv.families import implicit_gemm
+
+    f16 = numpy.dtype(numpy.float16)
+    spec = cuconv.ConvSpec.from_args((2, 20, 9, 9), (16, 20, 3, 3), padding=1)  # 16 filters: dy's pixels 32 bytes
+    assert implicit_gemm.reason_unsupported_nhwc(spec, f16, "dgrad") is None
+    assert implicit_gemm.reason_unsupported_nhwc(spec, f16, "fprop") is not None  # x's 20 channels are 40 bytes
+    odd = cuconv.ConvSpec.from_args((2, 16, 9, 9), (12, 16, 3, 3), padding=1)
+    assert "16-byte vectors" in implicit_gemm.reason_unsupported_nhwc(odd, f16, "dgrad")
+    strided = cuconv.ConvSpec.from_args((2, 16, 9, 9), (16, 16, 3, 3), padding=1, stride=2)
+    assert "stride 1" in implicit_gemm.reason_unsupported_nhwc(strided, f16, "dgrad")
+    assert "forward and the stride-1 dgrad" in implicit_gemm.reason_unsupported_nhwc(spec, f16, "wgrad")

@@ -273,23 +273,6 @@ def _nhwc_cases(pass_="fprop"):
     return out
 
 
-def test_channels_last_dgrad_is_the_stride_1_forward_of_dy():
-    """The channels-last dgrad runs where the forward of dy would run in place: stride 1, grad_output's channels
-    (the layer's filters) in whole 16-byte vectors; wgrad is refused with a reason."""
-    from cuconv.families import implicit_gemm
-
-    f16 = numpy.dtype(numpy.float16)
-    spec = cuconv.ConvSpec.from_args((2, 20, 9, 9), (16, 20, 3, 3), padding=1)  # 16 filters: dy's pixels 32 bytes
-    assert implicit_gemm.reason_unsupported_nhwc(spec, f16, "dgrad") is None
-    assert implicit_gemm.reason_unsupported_nhwc(spec, f16, "fprop") is not None  # x's 20 channels are 40 bytes
-    odd = cuconv.ConvSpec.from_args((2, 16, 9, 9), (12, 16, 3, 3), padding=1)
-    assert "16-byte vectors" in implicit_gemm.reason_unsupported_nhwc(odd, f16, "dgrad")
-    strided = cuconv.ConvSpec.from_args((2, 16, 9, 9), (16, 16, 3, 3), padding=1, stride=2)
-    assert "stride 1" in implicit_gemm.reason_unsupported_nhwc(strided, f16, "dgrad")
-    assert "forward and the stride-1 dgrad" in implicit_gemm.reason_unsupported_nhwc(spec, f16, "wgrad")
-    assert len(_nhwc_cases("dgrad")) >= 8
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("case,dtype_name", _nhwc_cases())
 def test_forward_on_channels_last_tensors_in_place(case, dtype_name):
