@@ -10,7 +10,12 @@ input or its weight is (``cudnn_conv_suggest_memory_format``, and the CPU backen
 from __future__ import annotations
 
 __all__ = ["strides_like_channels_last", "is_channels_last", "result_channels_last", "dense_nhwc", "nhwc_strides",
-           "element_strides"]
+           "element_strides", "VECTOR_ALIGNMENT"]
+
+# The passes that read and write channels-last activations in place move 16-byte vectors of channels (cp.async,
+# 16-byte loads and stores): their activations must lie on 16-byte boundaries. A dense channels-last operand
+# elsewhere (a view with a hand-made storage offset) is copied first.
+VECTOR_ALIGNMENT = 16
 
 
 def strides_like_channels_last(shape, strides) -> bool:

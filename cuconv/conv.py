@@ -243,6 +243,15 @@ def nhwc_view(xp, a):
     return xp.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
 
 
+def _nhwc_operand(xp, a):
+    """``a`` (a CuPy array) as a dense channels-last array on a ``_layout.VECTOR_ALIGNMENT`` boundary, as the
+    in-place channels-last passes read it: itself where it lies so, else a copy."""
+    a = nhwc_view(xp, a)
+    if a.data.ptr % _layout.VECTOR_ALIGNMENT:
+        a = a.transpose(0, 2, 3, 1).copy().transpose(0, 3, 1, 2)
+    return a
+
+
 def empty_nhwc(xp, shape, dtype):
     """A new dense channels-last array of shape (N, C, H, W)."""
     n, c, h, w = shape
@@ -257,7 +266,9 @@ def _run(xp, plan: _Plan, x, weight, bias, out, requested="auto"):
     # Compute into `out` directly when it lies as the plan writes (C-contiguous, or dense channels-last for a
     # channels-last plan) and shares no memory with an operand (the kernels read the operands while they write:
     # an aliased out would feed them what they already wrote), else into a fresh array copied over at the end.
-    direct = (out is not None and (_dense_nhwc_out(out, spec) if nhwc else out.flags.c_contiguous)
+    direct = (out is not None
+              and (_dense_nhwc_out(out, spec) and out.data.ptr % _layout.VECTOR_ALIGNMENT == 0 if nhwc
+                   else out.flags.c_contiguous)
               and not _overlaps(xp, out, x, weight, bias))
     if direct:  # a view costs host time (microseconds a call): built only when the shape differs
         y = out if out.shape == spec.output_shape else out.reshape(spec.output_shape)
@@ -268,7 +279,7 @@ def _run(xp, plan: _Plan, x, weight, bias, out, requested="auto"):
     if y.size:
         if bias is not None:
             bias = xp.ascontiguousarray(bias)
-        x = nhwc_view(xp, x) if nhwc else xp.ascontiguousarray(x)
+        x = _nhwc_operand(xp, x) if nhwc else xp.ascontiguousarray(x)
         weight = xp.ascontiguousarray(weight)
         if xp is numpy:
             if spec.crs_per_group == 0:  # no input channels: the sum over an empty set is 0, plus bias

@@ -220,3 +220,51 @@ def test_cupy_channels_last_arrays_run_in_place(dtype_name):
         nchw = cuconv.conv2d(cupy.ascontiguousarray(x), w, b, precision="ieee", **kwargs)
         numpy.testing.assert_allclose(cupy.asnumpy(y).astype(numpy.float64), cupy.asnumpy(nchw).astype(numpy.float64),
                                       rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_misaligned_channels_last_operands_are_copied_to_a_16_byte_boundary(dtype_name):
+    """Dense channels-last views one element past their allocation (off the 16-byte boundary the in-place
+    passes' vectors need): a 3x3 layer (implicit_gemm) and a depthwise one, on CuPy arrays (input and ``out=``)
+    and through cuconv.nn (forward and backward), give the values of aligned copies and leave CUDA usable."""
+    import cupy
+
+    import cuconv
+    import cuconv.nn
+    from cuconv import _dtypes
+
+    dtype = _dtypes.by_name(dtype_name)
+    rng = numpy.random.default_rng(6)
+    for w_shape, groups in (((32, 16, 3, 3), 1), ((16, 1, 3, 3), 16)):
+        n, c, h, w = 2, 16, 9, 10
+        flat = cupy.asarray(rng.standard_normal(n * h * w * c + 1).astype(dtype))
+        x = flat[1:].reshape(n, h, w, c).transpose(0, 3, 1, 2)  # dense NHWC, 2 bytes off
+        assert x.data.ptr % 16 and is_channels_last(x)
+        wt = cupy.asarray(rng.standard_normal(w_shape).astype(dtype))
+        aligned = x.transpose(0, 2, 3, 1).copy().transpose(0, 3, 1, 2)  # the same NHWC values, on a boundary
+        assert aligned.data.ptr % 16 == 0
+        want = cuconv.conv2d(aligned, wt, padding=1, groups=groups)
+        got = cuconv.conv2d(x, wt, padding=1, groups=groups)
+        numpy.testing.assert_array_equal(cupy.asnumpy(got), cupy.asnumpy(want))
+        k = w_shape[0]
+        out_flat = cupy.full(n * h * w * k + 1, numpy.nan, dtype=dtype)
+        out = out_flat[1:].reshape(n, h, w, k).transpose(0, 3, 1, 2)
+        assert cuconv.conv2d(x, wt, padding=1, groups=groups, out=out) is out
+        numpy.testing.assert_array_equal(cupy.asnumpy(out), cupy.asnumpy(want))
+
+        tdtype = torch.float16 if dtype_name == "float16" else torch.bfloat16
+        layer = cuconv.nn.Conv2d(c, k, 3, padding=1, groups=groups, bias=False).to("cuda", tdtype)
+        layer = layer.to(memory_format=CL)
+        base = torch.randn(n * h * w * c + 1, device="cuda", dtype=tdtype)
+        xt = base[1:].view(n, h, w, c).permute(0, 3, 1, 2).requires_grad_()  # dense NHWC, 2 bytes off
+        assert xt.data_ptr() % 16 and xt.is_contiguous(memory_format=CL)
+        xa = xt.detach().clone(memory_format=CL).requires_grad_()
+        y, ya = layer(xt), layer(xa)
+        torch.testing.assert_close(y, ya, rtol=0, atol=0)
+        dy_flat = torch.randn(y.numel() + 1, device="cuda", dtype=tdtype)
+        dy = dy_flat[1:].view(n, h, w, k).permute(0, 3, 1, 2)  # grad_output off the boundary too
+        gx, = torch.autograd.grad(y, xt, dy)
+        ga, = torch.autograd.grad(ya, xa, dy.clone(memory_format=CL))
+        torch.testing.assert_close(gx, ga, rtol=0, atol=0)
+        torch.cuda.synchronize()

@@ -95,6 +95,14 @@ def backward_algo(algo: str, pass_: str) -> str:
 _bias_launches = {}  # (N, K, P·Q, dtype, device index) -> the prepared bias_grad launch
 
 
+def _nhwc_operand(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a dense channels-last tensor on a ``_layout.VECTOR_ALIGNMENT`` boundary, as the in-place
+    channels-last passes read it: itself where it lies so, else a copy."""
+    if t.is_contiguous(memory_format=torch.channels_last) and not t.data_ptr() % _layout.VECTOR_ALIGNMENT:
+        return t
+    return t.clone(memory_format=torch.channels_last)
+
+
 def bias_grad(dy: torch.Tensor) -> torch.Tensor:
     """Σ of a contiguous grad_output ``(N, K, P, Q)`` (or ``(K, P, Q)``) over all but K: ``bias.cu``'s
     ``bias_grad`` on CUDA tensors (fp32 sums for the half types, a fixed order), NumPy on the CPU."""
@@ -272,8 +280,7 @@ class Layer:
             else:
                 self._run_forward(x, w, b, out, eager)
             return out.contiguous(memory_format=torch.channels_last)
-        if not x.is_contiguous(memory_format=torch.channels_last):
-            x = x.contiguous(memory_format=torch.channels_last)
+        x = _nhwc_operand(x)
         out = x.new_empty_strided(self.out_shape, self._out_strides)
         self._run_forward(x, w, b, out, eager)
         return out
@@ -349,8 +356,7 @@ class Layer:
         dy_nhwc = None
         if need_x:
             if self.nhwc["dgrad"]:
-                dy_nhwc = dy if dy.is_contiguous(memory_format=torch.channels_last) else dy.contiguous(
-                    memory_format=torch.channels_last)
+                dy_nhwc = _nhwc_operand(dy)
                 dx = dy.new_empty_strided(self.x_shape, self._dx_strides)
                 self._run_pass("dgrad", (dy_nhwc.data_ptr(), w.data_ptr(), dx.data_ptr()), eager)
             else:
@@ -360,10 +366,8 @@ class Layer:
         if need_w:
             if self.nhwc["wgrad"]:
                 if dy_nhwc is None:
-                    dy_nhwc = dy if dy.is_contiguous(memory_format=torch.channels_last) else dy.contiguous(
-                        memory_format=torch.channels_last)
-                if not x.is_contiguous(memory_format=torch.channels_last):
-                    x = x.contiguous(memory_format=torch.channels_last)
+                    dy_nhwc = _nhwc_operand(dy)
+                x = _nhwc_operand(x)
                 dw = dy.new_empty(self.w_shape)
                 self._run_pass("wgrad", (x.data_ptr(), dy_nhwc.data_ptr(), dw.data_ptr()), eager)
             else:
