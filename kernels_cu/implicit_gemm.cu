@@ -58,13 +58,14 @@ using namespace cuconv;
 // rows per group w_kp (groups follow each other: row kk is filter kk % w_kp of group kk / w_kp); then the
 // input's strides in elements between samples and between channels (an NCHW input: c·hw and hw; wgrad packs x
 // and dy with samples and channels swapped, ``transposed_spec``) and between packed samples (hw·cp, or a packed
-// weight row where wgrad packs dy as its weight), and whether the weight is read flipped (w_flip). The Python
-// twin builds the same layout (PACK_SHAPE_DTYPE).
+// weight row where wgrad packs dy as its weight), whether the weight is read flipped (w_flip), and the input's
+// stride between pixels (1 for NCHW; C for a channels-last input, which only pack_nhwc_narrow reads: pack_nhwc's
+// tiles read along the pixels and take 1). The Python twin builds the same layout (PACK_SHAPE_DTYPE).
 struct PackShape {
     int c, cp, hw, units, in_blocks, k_valid, rs, w_c, w_cp, w_kp, w_flip;
-    long long w_row, w_total, src_sample, src_channel, dst_sample;
+    long long w_row, w_total, src_sample, src_channel, dst_sample, src_pixel;
 };
-static_assert(sizeof(PackShape) == 88 && alignof(PackShape) == 8,  // 11 ints and 4 bytes of padding, 5 long longs
+static_assert(sizeof(PackShape) == 96 && alignof(PackShape) == 8,  // 11 ints and 4 bytes of padding, 6 long longs
               "PACK_SHAPE_DTYPE in cuconv/families/implicit_gemm.py has this layout");
 
 // Block `block` of `blocks` packs rows block, block + blocks, ... of the weight, its 256 threads along a row
@@ -135,10 +136,11 @@ pack_nhwc(const T* __restrict__ src, T* __restrict__ dst, const T* __restrict__ 
 }
 
 // The same for narrower pixels (cp · sizeof(T) <= 256 bytes: up to 64 floats or 128 halves; below 64 bytes
-// half or more of pack_nhwc's 32-channel tile would idle): one thread per 16-byte output vector, its V
-// channels read from V planes. A warp's loads then cover 32 / (cp / V) consecutive pixels of each of its
-// channels and its stores 512 contiguous bytes. Chunks hold below 2^31 elements (Python twin). Blocks from
-// in_blocks on pack the weight.
+// half or more of pack_nhwc's 32-channel tile would idle), and for channels-last inputs of any width: one thread
+// per 16-byte output vector, its V channels read from V planes (NCHW: a warp's loads cover 32 / (cp / V)
+// consecutive pixels of each of its channels) or from one pixel's V adjacent channels (channels-last: a warp's
+// loads are contiguous), its stores 512 contiguous bytes a warp. Chunks hold below 2^31 elements (Python twin).
+// Blocks from in_blocks on pack the weight.
 template <typename T, bool kTf32>
 __global__ void __launch_bounds__(256)
 pack_nhwc_narrow(const T* __restrict__ src, T* __restrict__ dst, const T* __restrict__ w_src, T* __restrict__ w_dst,
@@ -154,12 +156,54 @@ pack_nhwc_narrow(const T* __restrict__ src, T* __restrict__ dst, const T* __rest
         const int pix = i / nvec;  // sample · hw + position
         const int ch0 = (i - pix * nvec) * V;
         const int img = pix / hw, pos = pix - img * hw;
-        const T* s = src + img * ps.src_sample + ch0 * ps.src_channel + pos;
+        const T* s = src + img * ps.src_sample + ch0 * ps.src_channel + pos * ps.src_pixel;
         Vec16<T> v;
 #pragma unroll
         for (int e = 0; e < V; ++e)
             v.v[e] = ch0 + e < c ? igemm::prepare<T, kTf32>(s[e * ps.src_channel]) : zero<T>();
         *reinterpret_cast<Vec16<T>*>(dst + img * ps.dst_sample + pos * cp + ch0) = v;
+    }
+}
+
+// wgrad on channels-last activations: x (N, H·W, C) and dy (N, P·Q, K) as transposed_spec reads them, C
+// images (K filter rows) of N channels: src (a, b, c) at a·src_a + b·src_b + c -> dst (c, b, a) at c·dst_c +
+// b·ap + a, a zero-filled up to ap (the padded samples), float32 rounded to TF32 on the way. Block (32, 8)
+// transposes a 32 (a) x 64 (c) tile of one b through shared memory: its loads along c and its stores along a are
+// both contiguous runs, 8 loads in flight a thread. Grid (c tiles, a tiles over ap, b), b walking the rest past
+// gridDim.z.
+struct SwapShape {
+    int a, b, c, ap;
+    long long src_a, src_b, dst_c;
+};
+static_assert(sizeof(SwapShape) == 40 && alignof(SwapShape) == 8,
+              "SWAP_SHAPE_DTYPE in cuconv/families/implicit_gemm.py has this layout");
+
+template <typename T, bool kTf32>
+__global__ void __launch_bounds__(256)
+pack_swap(const T* __restrict__ src, T* __restrict__ dst, const SwapShape ss) {
+    constexpr int kHalves = 2;  // 32-channel halves of a tile
+    __shared__ T tile[kHalves][32][33];
+    const int c0 = blockIdx.x * 32 * kHalves, a0 = blockIdx.y * 32;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    for (int b = blockIdx.z; b < ss.b; b += gridDim.z) {
+        const T* s = src + b * ss.src_b;
+#pragma unroll
+        for (int half = 0; half < kHalves; ++half)
+#pragma unroll
+            for (int i = ty; i < 32; i += 8) {  // tile[half][a][c] = src (a0 + i, b, c0 + 32·half + tx)
+                const int a = a0 + i, c = c0 + half * 32 + tx;
+                tile[half][i][tx] = a < ss.a && c < ss.c ? igemm::prepare<T, kTf32>(s[a * ss.src_a + c]) : zero<T>();
+            }
+        __syncthreads();
+        T* d = dst + static_cast<long long>(b) * ss.ap;
+#pragma unroll
+        for (int half = 0; half < kHalves; ++half)
+#pragma unroll
+            for (int i = ty; i < 32; i += 8) {  // dst (c0 + 32·half + i, b, a0 + tx)
+                const int c = c0 + half * 32 + i, a = a0 + tx;
+                if (c < ss.c && a < ss.ap) d[c * ss.dst_c + a] = tile[half][tx][i];
+            }
+        __syncthreads();
     }
 }
 

@@ -374,17 +374,28 @@ def test_pointwise_tf32_forward_takes_implicit_gemm_on_14x14_planes_with_large_w
     assert registry._select_algorithm(spec, _F16, "ieee", True, "fprop", wgmma=True, **limits) == "im2col_gemm"
 
 
-def test_channels_last_dgrad_is_the_stride_1_forward_of_dy():
-    """The channels-last dgrad runs where the forward of dy would run in place: stride 1, grad_output's channels
-    (the layer's filters) in whole 16-byte vectors; wgrad is refused with a reason."""
-    from cuconv.families import implicit_gemm
+def test_channels_last_passes_read_in_place_or_pack_channels_last_pixels():
+    """implicit_gemm serves every pass on channels-last activations: the forward and the stride-1 dgrad (the
+    forward of dy) read their input in place where a group's channels fill 16-byte vectors in the half types, and
+    pack channels-last pixels elsewhere (float32's TF32 rounding, channels off whole vectors) within the
+    workspace limit; strided dgrads (phases) and wgrad pack from channels-last pixels too."""
+    from cuconv import _plan
+    from cuconv.families import dgrad_forward, implicit_gemm
 
-    f16 = numpy.dtype(numpy.float16)
+    f16, f32 = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
+    limits = _plan.Limits(227 << 10, True, 1 << 30)
     spec = cuconv.ConvSpec.from_args((2, 20, 9, 9), (16, 20, 3, 3), padding=1)  # 16 filters: dy's pixels 32 bytes
-    assert implicit_gemm.reason_unsupported_nhwc(spec, f16, "dgrad") is None
-    assert implicit_gemm.reason_unsupported_nhwc(spec, f16, "fprop") is not None  # x's 20 channels are 40 bytes
-    odd = cuconv.ConvSpec.from_args((2, 16, 9, 9), (12, 16, 3, 3), padding=1)
-    assert "16-byte vectors" in implicit_gemm.reason_unsupported_nhwc(odd, f16, "dgrad")
+    assert not implicit_gemm.nhwc_in_place(spec, f16)  # x's 20 channels are 40 bytes
+    assert implicit_gemm.nhwc_in_place(dgrad_forward.forward_spec(spec), f16)
+    assert not implicit_gemm.nhwc_in_place(dgrad_forward.forward_spec(spec), f32)
+    grouped = cuconv.ConvSpec.from_args((2, 32, 9, 9), (32, 16, 3, 3), padding=1, groups=2)
+    assert implicit_gemm.nhwc_in_place(grouped, f16)
+    assert not implicit_gemm.nhwc_in_place(cuconv.ConvSpec.from_args((2, 8, 9, 9), (8, 4, 3, 3), groups=2), f16)
     strided = cuconv.ConvSpec.from_args((2, 16, 9, 9), (16, 16, 3, 3), padding=1, stride=2)
-    assert "stride 1" in implicit_gemm.reason_unsupported_nhwc(strided, f16, "dgrad")
-    assert "forward and the stride-1 dgrad" in implicit_gemm.reason_unsupported_nhwc(spec, f16, "wgrad")
+    for case in (spec, grouped, strided):
+        for dtype in (f16, f32):
+            for pass_ in ("fprop", "dgrad", "wgrad"):
+                assert implicit_gemm.reason_unsupported_nhwc(case, dtype, pass_, "tf32", limits) is None
+    tiny = _plan.Limits(227 << 10, True, 1024)
+    assert "workspace_limit" in implicit_gemm.reason_unsupported_nhwc(spec, f16, "fprop", "tf32", tiny)
+    assert implicit_gemm.reason_unsupported_nhwc(dgrad_forward.forward_spec(spec), f16, "fprop", "tf32", tiny) is None

@@ -185,7 +185,7 @@ TILES = {
 
 NAME_EXPRESSIONS = tuple(
     [t.kernel_name(c) for c in _TENSOR_CORE_TYPES for t in TILES.values()]
-    + [f"{k}<{c},{_tf32(c)}>" for k in ("pack_nhwc", "pack_nhwc_narrow", "pack_dgrad_phases")
+    + [f"{k}<{c},{_tf32(c)}>" for k in ("pack_nhwc", "pack_nhwc_narrow", "pack_dgrad_phases", "pack_swap")
        for c in _TENSOR_CORE_TYPES]
     + [f"sum_splits<{c}>" for c in _TENSOR_CORE_TYPES])
 
@@ -415,7 +415,7 @@ def _kernel(name: str, grid: tuple, block: tuple, scalars: tuple, smem: int = 0)
 PACK_SHAPE_DTYPE = numpy.dtype([(f, numpy.int32) for f in ("c", "cp", "hw", "units", "in_blocks", "k_valid", "rs",
                                                              "w_c", "w_cp", "w_kp", "w_flip")]
                                + [(f, numpy.int64) for f in ("w_row", "w_total", "src_sample", "src_channel",
-                                                             "dst_sample")], align=True)
+                                                             "dst_sample", "src_pixel")], align=True)
 _GEOMETRY_FIELDS = ("h", "w", "cp", "k", "p", "q", "r", "s", "stride_h", "stride_w", "pad_h", "pad_w", "dil_h",
                     "dil_w", "m", "k_tiles")
 GEOMETRY_DTYPE = numpy.dtype([(f, numpy.int32) for f in _GEOMETRY_FIELDS]
@@ -433,27 +433,33 @@ _WEIGHT_BLOCKS = 1024     # at most this many blocks of 256 threads pack the wei
 
 
 def _pack_kernel(spec: ConvSpec, dtype, cp: int, samples: int, weight: "Plan" = None,
-                 flip: bool = False) -> "_loader.PreparedLaunch":
+                 flip: bool = False, nhwc: bool = False) -> "_loader.PreparedLaunch":
     """One launch packing ``samples`` samples (C, H, W) -> (H, W, cp), channels zero-padded (``cp`` the pixel
     stride: all groups' channels), and with a ``weight`` plan also the weight, KCRS -> (groups, kp, w_row)
     zero-padded with k index (r·S + s)·cp + c; float32 rounded to TF32 on the way; with ``flip`` the weight
     given is the layer's whose dgrad ``spec`` is the forward of (``dgrad_forward.forward_weight`` of it is
-    packed). Pointers: x, packed x, w, packed w (ignored without a weight)."""
+    packed); ``nhwc``: the samples are channels-last in memory, (H, W, C). Pointers: x, packed x, w, packed w
+    (ignored without a weight)."""
     hw = spec.h * spec.w
+    if nhwc:
+        return _pack_launch(dtype, spec.c, cp, hw, samples, spec.c * hw, 1, hw * cp, weight, spec.k_per_group,
+                            spec.r * spec.s, spec.c_per_group, flip, src_pixel=spec.c)
     return _pack_launch(dtype, spec.c, cp, hw, samples, spec.c * hw, hw, hw * cp, weight, spec.k_per_group,
                         spec.r * spec.s, spec.c_per_group, flip)
 
 
 def _pack_launch(dtype, c: int, cp: int, hw: int, samples: int, src_sample: int, src_channel: int, dst_sample: int,
                  weight: "Plan" = None, k_valid: int = 0, rs: int = 0, w_c: int = 0,
-                 flip: bool = False) -> "_loader.PreparedLaunch":
+                 flip: bool = False, src_pixel: int = 1) -> "_loader.PreparedLaunch":
     """The packing launch: ``samples`` samples of ``c`` channels of ``hw`` pixels, ``src_sample`` and
-    ``src_channel`` elements apart, to (hw, cp) each, ``dst_sample`` elements apart, and with a ``weight`` plan
-    the KCRS weight of ``k_valid`` filters per group, ``w_c`` channels and ``rs`` taps too (``flip``: read
-    transposed and flipped from a dgrad's layer weight, see ``_pack_kernel``). Pixels of up to 256
-    bytes take one thread per 16-byte output vector (``pack_nhwc_narrow``: 2-10x faster than pack_nhwc below 64
-    bytes, where its 32-channel tiles idle, and up to 20% at 128-256), wider ones 32 x 64 transposes in shared
-    memory; the weight takes extra blocks of the same launch, one per row."""
+    ``src_channel`` elements apart (pixels ``src_pixel`` apart: 1 for NCHW, C for channels-last), to (hw, cp)
+    each, ``dst_sample`` elements apart, and with a ``weight`` plan the KCRS weight of ``k_valid`` filters per
+    group, ``w_c`` channels and ``rs`` taps too (``flip``: read transposed and flipped from a dgrad's layer
+    weight, see ``_pack_kernel``). Pixels of up to 256 bytes, and channels-last inputs, take one thread per
+    16-byte output vector (``pack_nhwc_narrow``: 2-10x faster than pack_nhwc below 64 bytes, where its
+    32-channel tiles idle, and up to 20% at 128-256; on a channels-last input its loads are contiguous), wider
+    NCHW ones 32 x 64 transposes in shared memory; the weight takes extra blocks of the same launch, one per
+    row."""
     dtype = numpy.dtype(dtype)
     ctype = _dtypes.ctype_of(dtype)
     w_total = 0 if weight is None else weight.groups * weight.kp * weight.w_row
@@ -464,9 +470,9 @@ def _pack_launch(dtype, c: int, cp: int, hw: int, samples: int, src_sample: int,
 
     def shape(units: int, in_blocks: int = 0):
         return numpy.array((c, cp, hw, units, in_blocks, k_valid, rs, w_c, w_cp, w_kp, flip, w_row, w_total,
-                            src_sample, src_channel, dst_sample), dtype=PACK_SHAPE_DTYPE)[()]
+                            src_sample, src_channel, dst_sample, src_pixel), dtype=PACK_SHAPE_DTYPE)[()]
 
-    if cp * dtype.itemsize <= _NARROW_PIXEL_BYTES:
+    if cp * dtype.itemsize <= _NARROW_PIXEL_BYTES or src_pixel != 1:
         vecs = samples * hw * cp * dtype.itemsize // 16
         blocks = _loader.blocks(vecs, None)  # one vector a thread (a capped grid walking them was up to 11% slower)
         return _kernel(f"pack_nhwc_narrow<{ctype},{_tf32(ctype)}>", (blocks + w_blocks, 1, 1), (_loader.THREADS, 1, 1),
@@ -479,13 +485,15 @@ def _pack_launch(dtype, c: int, cp: int, hw: int, samples: int, src_sample: int,
 
 
 def _gemm_kernel(spec: ConvSpec, dtype, pl: Plan, samples: int, splits: int = 1,
-                 split_tiles: int = None) -> "_loader.PreparedLaunch":
-    """The implicit GEMM of ``samples`` packed samples into their NCHW output, bias fused; over ``splits`` ranges
-    of ``split_tiles`` k tiles (grid z), each writing fp32 partial sums, one output apart, where ``splits`` > 1.
-    Groups split the channels (``Geometry``)."""
+                 split_tiles: int = None, nhwc: bool = False) -> "_loader.PreparedLaunch":
+    """The implicit GEMM of ``samples`` packed samples into their NCHW output (``nhwc``: channels-last), bias
+    fused; over ``splits`` ranges of ``split_tiles`` k tiles (grid z), each writing fp32 partial sums, one output
+    apart, where ``splits`` > 1. Groups split the channels (``Geometry``)."""
     m = samples * spec.p * spec.q
+    pq = spec.p * spec.q
     return _gemm_launch(spec, dtype, pl, m, spec.k_per_group, pl.groups, pl.cp, pl.kp,
-                        (spec.k * spec.p * spec.q, spec.p * spec.q), splits, split_tiles or pl.k_tiles)
+                        (spec.k * pq, 1 if nhwc else pq), splits, split_tiles or pl.k_tiles,
+                        (spec.q * spec.k, spec.k) if nhwc else None)
 
 
 def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: int, grp_a: int, w_rows: int,
@@ -548,14 +556,15 @@ def splits_for(m: int, filters: int, tile, k_tiles: int, sm_count: int, smem_per
 
 @functools.lru_cache(maxsize=1024)
 def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int, sm_count: int, smem_per_sm: int,
-              splits: int = None, flip: bool = False):
+              splits: int = None, flip: bool = False, nhwc: bool = False):
     """(plan, workspace bytes, partial-sum bytes, chunks) of a forward; each chunk (x byte offset, out byte
     offset, packing, GEMM, sum of the splits or None), the first chunk's packing with the weight's. The
     workspace holds the packed weight (kp · w_row elements: whole 128-byte rows), then one chunk's packed input,
     then where the GEMM is split over k (``splits_for``, or ``splits``) the fp32 partial sums. An NchwTile
     packs nothing and is not split: no workspace, packing None. ``flip``: the weight given is a dgrad's layer
-    weight, packed transposed and flipped (``_pack_kernel``). Memoized per problem, tile, device, workspace limit
-    and SMs: a layer called again spends no host time planning."""
+    weight, packed transposed and flipped (``_pack_kernel``). ``nhwc``: x and out channels-last in memory (a
+    sample's offset is the same; the pack reads pixels, the GEMM and the sum of the splits write them). Memoized
+    per problem, tile, device, workspace limit and SMs: a layer called again spends no host time planning."""
     pl = plan(spec, dtype, tile, workspace_limit)
     itemsize = numpy.dtype(dtype).itemsize
     packed = pl.weight_bytes(itemsize) + pl.samples * pl.sample_bytes(spec, itemsize)
@@ -568,11 +577,12 @@ def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int, sm
     chunks = []
     for n0 in range(0, spec.n, pl.samples):
         nb = min(pl.samples, spec.n - n0)
-        pack = None if pl.tile.nchw else _pack_kernel(spec, dtype, pl.pix, nb, pl if n0 == 0 else None, flip)
-        sums = None if splits == 1 else _sum_kernel(dtype, nb * spec.k * spec.p * spec.q, splits, spec.p * spec.q,
-                                                     spec.k, sm_count)
+        pack = None if pl.tile.nchw else _pack_kernel(spec, dtype, pl.pix, nb, pl if n0 == 0 else None, flip, nhwc)
+        # (a filter's outputs: planes of P·Q in NCHW, every K-th element in channels-last)
+        sums = None if splits == 1 else _sum_kernel(dtype, nb * spec.k * spec.p * spec.q, splits,
+                                                     1 if nhwc else spec.p * spec.q, spec.k, sm_count)
         chunks.append((n0 * spec.c * spec.h * spec.w * itemsize, n0 * spec.k * spec.p * spec.q * itemsize, pack,
-                       _gemm_kernel(spec, dtype, pl, nb, splits=splits, split_tiles=split_tiles), sums))
+                       _gemm_kernel(spec, dtype, pl, nb, splits=splits, split_tiles=split_tiles, nhwc=nhwc), sums))
     return pl, packed, 0 if splits == 1 else splits * m * spec.k * 4, tuple(chunks)
 
 
@@ -666,15 +676,35 @@ def _wgrad_sizes(spec: ConvSpec, dtype, tile, splits: int):
     return pl, spec.c * spec.h * spec.w * pl.cp * item, dy_rows * pl.w_row * item, partials
 
 
+SWAP_SHAPE_DTYPE = numpy.dtype([(f, numpy.int32) for f in ("a", "b", "c", "ap")]
+                                + [(f, numpy.int64) for f in ("src_a", "src_b", "dst_c")], align=True)
+
+
+def _swap_launch(dtype, a: int, b: int, c: int, ap: int, dst_c: int) -> "_loader.PreparedLaunch":
+    """``pack_swap``: a channels-last (a, b, c) array (samples, pixels, channels) to (c, b, ap), samples
+    zero-padded to ``ap``, each c ``dst_c`` elements after the previous (pointers: source, packed)."""
+    ctype = _dtypes.ctype_of(dtype)
+    name = f"pack_swap<{ctype},{_tf32(ctype)}>"
+    shape = numpy.array((a, b, c, ap, b * c, c, dst_c), dtype=SWAP_SHAPE_DTYPE)[()]
+    return _loader.PreparedLaunch(_fn(name), name, (-(-c // 64), -(-ap // 32), min(b, _MAX_GRID_Z)), (32, 8, 1), 2,
+                                  (shape,))
+
+
 @functools.lru_cache(maxsize=1024)
-def _wgrad_launches(spec: ConvSpec, dtype, tile, splits: int, device: int, sm_count: int) -> WgradLaunches:
-    """Memoized per problem, tile, splits, device and SMs (a layer called again plans nothing)."""
+def _wgrad_launches(spec: ConvSpec, dtype, tile, splits: int, device: int, sm_count: int,
+                    nhwc: bool = False) -> WgradLaunches:
+    """Memoized per problem, tile, splits, device and SMs (a layer called again plans nothing). ``nhwc``: x and
+    dy channels-last in memory (``pack_swap`` packs them)."""
     t = transposed_spec(spec)
     pl, x_bytes, dy_bytes, partial_bytes = _wgrad_sizes(spec, dtype, tile, splits)
     hw, pq, rs = spec.h * spec.w, spec.p * spec.q, spec.r * spec.s
     # x as C images of N channels (n·C·H·W + c·H·W + pixel), dy as K filters of N channels and P·Q taps
-    pack_x = _pack_launch(dtype, spec.n, pl.cp, hw, spec.c, hw, spec.c * hw, hw * pl.cp)
-    pack_dy = _pack_launch(dtype, spec.n, pl.cp, pq, spec.k, pq, spec.k * pq, pl.w_row)
+    if nhwc:
+        pack_x = _swap_launch(dtype, spec.n, hw, spec.c, pl.cp, hw * pl.cp)
+        pack_dy = _swap_launch(dtype, spec.n, pq, spec.k, pl.cp, pl.w_row)
+    else:
+        pack_x = _pack_launch(dtype, spec.n, pl.cp, hw, spec.c, hw, spec.c * hw, hw * pl.cp)
+        pack_dy = _pack_launch(dtype, spec.n, pl.cp, pq, spec.k, pq, spec.k * pq, pl.w_row)
     split_tiles = -(-pl.k_tiles // splits)
     splits = -(-pl.k_tiles // split_tiles)  # (no empty range)
     cg, kg = spec.c_per_group, spec.k_per_group
@@ -707,8 +737,10 @@ def _wgrad_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits")
     return None
 
 
-def _wgrad_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, splits: int = None) -> "_plan.Plan":
-    """wgrad's plan: pack x and dy (two launches), the GEMM, and where split the sum of its partial sums."""
+def _wgrad_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, splits: int = None,
+                   nhwc: bool = False) -> "_plan.Plan":
+    """wgrad's plan: pack x and dy (two launches; ``nhwc``: from channels-last ones), the GEMM, and where split
+    the sum of its partial sums."""
     b = _plan.Builder("wgrad", env)
     tile = tile or wgrad_tile(spec, dtype, env.wgmma)
     if tile.nchw:
@@ -716,7 +748,7 @@ def _wgrad_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, splits: i
     if tile.wgmma and not env.wgmma:
         raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
     splits = splits or wgrad_splits(spec, dtype, tile, env.sm_count, env.smem_per_sm, env.workspace_limit)
-    ls = _wgrad_launches(spec, dtype, tile, splits, env.device, env.sm_count)
+    ls = _wgrad_launches(spec, dtype, tile, splits, env.device, env.sm_count, nhwc)
     packed_x, packed_dy = b.take(ls.x_bytes), b.take(ls.dy_bytes)
     b.launch(ls.pack_x, b.ref("x"), packed_x, _plan.NULL, _plan.NULL)
     b.launch(ls.pack_dy, b.ref("dy"), packed_dy, _plan.NULL, _plan.NULL)
@@ -811,12 +843,19 @@ def _phase_plan(spec: ConvSpec, dtype, tile) -> tuple:
 
 
 @functools.lru_cache(maxsize=1024)
-def _phase_launches(spec: ConvSpec, dtype, tile, device: int) -> PhaseLaunches:
-    """Memoized per problem, tile and device (a layer called again plans nothing)."""
+def _phase_launches(spec: ConvSpec, dtype, tile, device: int, nhwc: bool = False) -> PhaseLaunches:
+    """Memoized per problem, tile and device (a layer called again plans nothing). ``nhwc``: dy and dx
+    channels-last in memory; dy read in place where its pixels are the packed ones (``pack_dy`` None: a group's
+    filters fill whole vectors, in the half types), else packed from channels-last pixels."""
     cp, kp, w_row, phases = _phase_plan(spec, dtype, tile)
     itemsize, g, pq, hw = numpy.dtype(dtype).itemsize, spec.groups, spec.p * spec.q, spec.h * spec.w
     pix = g * cp
-    pack_dy = _pack_launch(dtype, spec.k, pix, pq, spec.n, spec.k * pq, pq, pq * pix)
+    if not nhwc:
+        pack_dy = _pack_launch(dtype, spec.k, pix, pq, spec.n, spec.k * pq, pq, pq * pix)
+    elif pix == spec.k and itemsize == 2:
+        pack_dy = None
+    else:
+        pack_dy = _pack_launch(dtype, spec.k, pix, pq, spec.n, spec.k * pq, 1, pq * pix, src_pixel=spec.k)
     rows = spec.stride[0] * spec.stride[1] * g * kp  # every phase's rows, in the kernel's order (ph, pw)
     shape = numpy.array((g, spec.k_per_group, spec.c_per_group, kp, cp, spec.r, spec.s, *spec.stride, spec.pad[0],
                          spec.pad[2], 0, w_row, rows), dtype=PHASE_WEIGHTS_DTYPE)[()]
@@ -833,11 +872,17 @@ def _phase_launches(spec: ConvSpec, dtype, tile, device: int) -> PhaseLaunches:
             continue
         k_tiles = -(-taps * cp * itemsize // tile.kbytes)
         pl = Plan(tile, cp, k_tiles, w_row, kp, spec.n, g)
-        gemm = _gemm_launch(fs, dtype, pl, spec.n * fs.p * fs.q, spec.c_per_group, g, cp, kp,
-                            (spec.c * hw, hw), 1, k_tiles, (spec.stride[0] * spec.w, spec.stride[1]))
+        if nhwc:  # (dx's pixel (h, w) at (h·W + w)·C; a filter of the phase's GEMM is a channel of dx)
+            strides, pixel, first = (spec.c * hw, 1), (spec.stride[0] * spec.w * spec.c, spec.stride[1] * spec.c), \
+                (ph * spec.w + pw) * spec.c
+        else:
+            strides, pixel, first = (spec.c * hw, hw), (spec.stride[0] * spec.w, spec.stride[1]), ph * spec.w + pw
+        gemm = _gemm_launch(fs, dtype, pl, spec.n * fs.p * fs.q, spec.c_per_group, g, cp, kp, strides, 1, k_tiles,
+                            pixel)
         phase = ph * spec.stride[1] + pw
-        gemms.append((gemm, phase * g * kp * w_row * itemsize, (ph * spec.w + pw) * itemsize))
-    return PhaseLaunches(pack_dy, pack_w, zeros, tuple(gemms), spec.n * pq * pix * itemsize, rows * w_row * itemsize)
+        gemms.append((gemm, phase * g * kp * w_row * itemsize, first * itemsize))
+    dy_bytes = 0 if nhwc and pack_dy is None else spec.n * pq * pix * itemsize
+    return PhaseLaunches(pack_dy, pack_w, zeros, tuple(gemms), dy_bytes, rows * w_row * itemsize)
 
 
 def _phases_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"):
@@ -871,8 +916,9 @@ def _phases_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"
     return None
 
 
-def _phases_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None) -> "_plan.Plan":
-    """A phased dgrad's plan: pack dy, pack the phases' weights, a GEMM per phase."""
+def _phases_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, nhwc: bool = False) -> "_plan.Plan":
+    """A phased dgrad's plan: pack dy (``nhwc``: from channels-last pixels, or not at all where they are the
+    packed ones), pack the phases' weights, a GEMM per phase."""
     b = _plan.Builder("dgrad", env)
     if spec.n * spec.c * spec.h * spec.w == 0:
         return b.plan(STEM)
@@ -881,10 +927,12 @@ def _phases_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None) -> "_pla
     tile = tile or phase_tile(spec, dtype, env.wgmma)
     if tile.wgmma and not env.wgmma:
         raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
-    ls = _phase_launches(spec, numpy.dtype(dtype), tile, env.device)
-    packed_dy, packed_w = b.take(ls.dy_bytes), b.take(ls.w_bytes)
+    ls = _phase_launches(spec, numpy.dtype(dtype), tile, env.device, nhwc)
+    packed_dy = b.take(ls.dy_bytes) if ls.pack_dy is not None else b.ref("dy")
+    packed_w = b.take(ls.w_bytes)
     if spec.k:
-        b.launch(ls.pack_dy, b.ref("dy"), packed_dy, _plan.NULL, _plan.NULL)
+        if ls.pack_dy is not None:
+            b.launch(ls.pack_dy, b.ref("dy"), packed_dy, _plan.NULL, _plan.NULL)
         b.launch(ls.pack_w, b.ref("w"), packed_w)
     b.launch(ls.zeros, b.ref("dx"))
     for gemm, w_offset, dx_offset in ls.gemms:
@@ -901,12 +949,16 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     one per phase of the stride (``phase_specs``); wgrad as the forward convolution of x by dy, samples and
     channels swapped (``transposed_spec``), split over ``splits`` k ranges (default ``wgrad_splits``). The
     workspace holds the packed weight, then one chunk's packed input. ``tile`` forces one of ``TILES`` (tests).
-    float32 computes TF32. ``layout="nhwc"``: the activations channels-last in memory (``nhwc_in_place``; the
-    forward and the stride-1 dgrad, so far)."""
-    if layout == "nhwc":
-        return _nhwc_forward_plan(pass_, spec, numpy.dtype(dtype), env, tile, bias)
+    float32 computes TF32. ``layout="nhwc"``: the activations channels-last in memory (``reason_unsupported_nhwc``):
+    the forward and the stride-1 dgrad in place where ``nhwc_in_place`` holds, else packed from channels-last
+    pixels; the phases and wgrad's packs read channels-last pixels."""
+    nhwc = layout == "nhwc"
     if pass_ == "wgrad":
-        return _wgrad_prepare(spec, numpy.dtype(dtype), env, tile, splits)
+        return _wgrad_prepare(spec, numpy.dtype(dtype), env, tile, splits, nhwc)
+    if nhwc:
+        if pass_ == "dgrad" and dgrad_forward.forward_spec(spec) is None:
+            return _phases_prepare(spec, dtype, env, tile, nhwc=True)
+        return _nhwc_forward_plan(pass_, spec, numpy.dtype(dtype), env, tile, bias)
     if tile is not None and tile.wgmma and not env.wgmma:
         raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
     if pass_ == "dgrad":
@@ -921,17 +973,18 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
                          ("x", "w", "bias", "out"))
 
 
-def _forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, splits: int, operands: tuple
-                  ) -> "_plan.Plan":
+def _forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, splits: int, operands: tuple,
+                  nhwc: bool = False) -> "_plan.Plan":
     """The forward ``spec``'s launches as ``pass_``'s plan, its input, weight, bias (None: none) and output the
-    plan's ``operands``; a dgrad's (the forward of dy) packs the layer's weight flipped."""
+    plan's ``operands`` (``nhwc``: the input and output channels-last in memory); a dgrad's (the forward of dy)
+    packs the layer's weight flipped."""
     b = _plan.Builder(pass_, env)
     if spec.n * spec.k * spec.p * spec.q == 0:
         return b.plan(STEM)
     x, w, bias, out = operands
     bias_ref = _plan.NULL if bias is None else b.ref(bias)
     pl, packed, partial_bytes, chunks = _launches(spec, dtype, tile, env.device, env.workspace_limit, env.sm_count,
-                                                  env.smem_per_sm, splits, pass_ == "dgrad")
+                                                  env.smem_per_sm, splits, pass_ == "dgrad", nhwc)
     if not packed:  # an NchwTile: the GEMM reads x and w as they are
         for x_offset, out_offset, _, gemm, _ in chunks:
             b.launch(gemm, b.ref(x, x_offset), b.ref(w), bias_ref, b.ref(out, out_offset))
@@ -950,70 +1003,83 @@ def _forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, spl
 
 
 def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee", limits=None):
-    """Why ``implicit_gemm`` cannot run ``pass_`` on channels-last activations in place, or None: the forward, and
-    the dgrad at stride 1 as the forward of dy (``dgrad_forward.forward_spec``), where ``nhwc_in_place`` holds for
-    that forward and its input and output index in 32 bits (the NCHW checks, ``reason_unsupported``, apply too)."""
+    """Why ``implicit_gemm`` cannot run ``pass_`` on channels-last activations, or None (the NCHW checks,
+    ``reason_unsupported``, apply too): every pass, as on NCHW ones, its packs reading channels-last pixels. The
+    forward, and the dgrad at stride 1 as the forward of dy (``dgrad_forward.forward_spec``), read their input
+    in place where ``nhwc_in_place`` holds, in one GEMM whose input and output index in 32 bits; the phases of a
+    strided dgrad read grad_output in place where its groups' channels fill whole vectors."""
+    dtype = numpy.dtype(dtype)
+    limits = limits or _plan.current_limits()
     fspec = _nhwc_forward_spec(spec, pass_)
-    if isinstance(fspec, str):
-        return fspec
-    if not nhwc_in_place(fspec, dtype):
-        return ("on channels-last tensors it runs one group whose channels (grad_output's for the dgrad) fill whole "
-                "16-byte vectors, in float16 and bfloat16")
-    if fspec.n * fspec.p * fspec.q * fspec.k >= _INT_MAX or fspec.n * fspec.h * fspec.w * fspec.c >= _INT_MAX:
-        return "its channels-last GEMM indexes its input and output in 32 bits"
+    if fspec is not None and nhwc_in_place(fspec, dtype):
+        if fspec.n * fspec.p * fspec.q * fspec.k >= _INT_MAX or fspec.n * fspec.h * fspec.w * fspec.c >= _INT_MAX:
+            return "its channels-last GEMM reading its input in place indexes its input and output in 32 bits"
+    elif fspec is not None and _arithmetic_reason(dtype, precision) is None:
+        pl = plan(fspec, dtype, choose_tile(fspec, dtype, limits.wgmma, nchw=False), limits.workspace_limit)
+        need = pl.sample_bytes(fspec, dtype.itemsize) + pl.weight_bytes(dtype.itemsize)
+        if need > limits.workspace_limit:
+            return (f"one sample packed from channels-last pixels and the packed weight need {need} bytes, more "
+                    f"than cuconv.config.workspace_limit ({limits.workspace_limit})")
+    if pass_ == "wgrad":
+        tile = wgrad_tile(spec, dtype, limits.wgmma)
+        pl = _wgrad_sizes(spec, dtype, tile, 1)[0]
+        if -(-pl.cp // 32) > _MAX_GRID_Y:
+            return f"its channels-last packs run 32 samples per grid y (at most {_MAX_GRID_Y})"
     return None
 
 
+_MAX_GRID_Y = 65535
+
+
 def _nhwc_forward_spec(spec: ConvSpec, pass_: str):
-    """The forward convolution a channels-last ``pass_`` runs (the layer's, or for dgrad that of dy), or why
-    there is none."""
+    """The forward convolution a channels-last ``pass_`` runs as one (the layer's, or for a dgrad at stride 1 that
+    of dy), or None (a phased dgrad, wgrad)."""
     if pass_ == "fprop":
         return spec
     if pass_ == "dgrad":
-        fspec = dgrad_forward.forward_spec(spec)
-        if fspec is None:
-            return ("on channels-last tensors its dgrad is the forward convolution of grad_output, which needs "
-                    "stride 1 and padding no wider than the dilated kernel")
-        return fspec
-    return "on channels-last tensors it runs the forward and the stride-1 dgrad, so far"
+        return dgrad_forward.forward_spec(spec)
+    return None
 
 
 def nhwc_in_place(spec: ConvSpec, dtype) -> bool:
-    """Whether the packed tiles read a channels-last input where it is: one group whose channels fill whole
-    16-byte vectors, so that the packed input's pixel (cp channels; the pack pads no rows or columns) is the
-    input's own pixel of C channels; float16 and bfloat16 (float32's pack rounds to TF32 on the way, which an
-    input read as stored would not have)."""
+    """Whether the packed tiles read a channels-last input where it is, with no pack: a group's channels fill
+    whole 16-byte vectors, so that the packed input's pixel (groups · cp channels; the pack pads no rows or
+    columns) is the input's own pixel of C channels; float16 and bfloat16 (float32's pack rounds to TF32 on the
+    way, which an input read as stored would not have)."""
     itemsize = numpy.dtype(dtype).itemsize
-    return spec.groups == 1 and itemsize == 2 and spec.c == _padded_channels(spec, itemsize)
+    return itemsize == 2 and spec.c_per_group == _padded_channels(spec, itemsize)
 
 
 def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, bias: bool) -> "_plan.Plan":
-    """A pass on channels-last activations as one forward GEMM over every pixel of the batch, reading its input
-    in place and storing NHWC rows (the epilogue's output strides: an image P·Q·K elements, a row Q·K, a pixel K,
-    a filter 1), after the weight's packing launch alone (no samples): the forward on x and out, or the dgrad at
-    stride 1 as the forward of dy into dx, the pack reading the layer's weight transposed and flipped."""
+    """A forward or stride-1 dgrad on channels-last activations (the forward of dy into dx, the pack reading the
+    layer's weight transposed and flipped). Where ``nhwc_in_place`` holds: one GEMM over every pixel of the batch,
+    reading its input in place and storing NHWC rows (the epilogue's output strides: an image P·Q·K elements, a
+    row Q·K, a pixel K, a filter 1), after the weight's packing launch alone (no samples). Elsewhere the NCHW
+    plan's chunks, the pack reading channels-last pixels and the GEMM storing them."""
     fspec = _nhwc_forward_spec(spec, pass_)
-    if isinstance(fspec, str) or not nhwc_in_place(fspec, dtype):
-        raise NotImplementedError("cuconv: implicit_gemm runs channels-last tensors for the forward and the stride-1 "
-                                  "dgrad of one group with channels in whole 16-byte vectors, in float16 and "
-                                  "bfloat16, so far")
     b = _plan.Builder(pass_, env)
     if spec.n * spec.k * spec.p * spec.q == 0 or fspec.n * fspec.k * fspec.p * fspec.q == 0:
         return b.plan(STEM)
     tile = tile or choose_tile(fspec, dtype, env.wgmma, nchw=False)
     if tile.nchw:
         raise ValueError(f"implicit_gemm: tile {tile} gathers NCHW; channels-last inputs take a packed tile")
+    if tile.wgmma and not env.wgmma:
+        raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
+    operands = ("x", "w", "bias" if bias and pass_ == "fprop" else None, "out") if pass_ == "fprop" else \
+        ("dy", "w", None, "dx")
+    if not nhwc_in_place(fspec, dtype):
+        return _forward_plan(pass_, fspec, dtype, env, tile, None, operands, nhwc=True)
     pl = plan(fspec, dtype, tile, env.workspace_limit)
     m = fspec.n * fspec.p * fspec.q
     if m * fspec.k >= _INT_MAX or fspec.n * fspec.h * fspec.w * fspec.c >= _INT_MAX:
         raise NotImplementedError("cuconv: implicit_gemm's channels-last GEMM indexes its input and output in 32 bits")
-    x, out = ("x", "out") if pass_ == "fprop" else ("dy", "dx")
+    x, _, bias_operand, out = operands
     packed_w = b.take(pl.weight_bytes(dtype.itemsize))
     b.launch(_pack_kernel(fspec, dtype, pl.pix, 0, pl, flip=pass_ == "dgrad"), _plan.NULL, _plan.NULL, b.ref("w"),
              packed_w)
-    gemm = _gemm_launch(fspec, dtype, pl, m, fspec.k, 1, pl.cp, pl.kp, (fspec.p * fspec.q * fspec.k, 1), 1,
-                        pl.k_tiles, out_pixel=(fspec.q * fspec.k, fspec.k))
-    b.launch(gemm, b.ref(x), packed_w, b.ref("bias") if bias and pass_ == "fprop" else _plan.NULL, b.ref(out))
+    gemm = _gemm_launch(fspec, dtype, pl, m, fspec.k_per_group, pl.groups, pl.cp, pl.kp,
+                        (fspec.p * fspec.q * fspec.k, 1), 1, pl.k_tiles, out_pixel=(fspec.q * fspec.k, fspec.k))
+    b.launch(gemm, b.ref(x), packed_w, _plan.NULL if bias_operand is None else b.ref(bias_operand), b.ref(out))
     return b.plan(STEM)
 
 

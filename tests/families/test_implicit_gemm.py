@@ -259,25 +259,41 @@ def test_implicit_gemm_dgrad_equals_cpu_exactly_on_integers(case, tile, dtype_na
 
 
 def _nhwc_cases(pass_="fprop"):
-    """(case, dtype) of the table whose ``pass_`` implicit_gemm runs on channels-last tensors in place."""
+    """(case, dtype) of the table whose ``pass_`` implicit_gemm runs on channels-last tensors (in place, or packed
+    from channels-last pixels), float32 at TF32."""
+    from cuconv import _plan
     from cuconv.families import implicit_gemm
 
     out = []
+    limits = _plan.Limits(232448, True, 1 << 30)  # (the cases' support is the same on the devices we run)
     for param in CASES + PROBLEM_CASES + TILING_CASES:
         case = param.values[0]
-        for dtype_name in ("float16", "bfloat16"):
+        spec = case_spec(case)
+        if 0 in case.x_shape or spec.n * spec.k * spec.p * spec.q * spec.crs_per_group == 0:
+            continue  # (empty problems: the registry's fills, test_conv_gpu)
+        for dtype_name in ("float16", "bfloat16", "float32"):
             if _dtypes.bfloat16 is None and dtype_name == "bfloat16":
                 continue
-            if implicit_gemm.reason_unsupported_nhwc(case_spec(case), _dtypes.by_name(dtype_name), pass_) is None:
+            dtype = _dtypes.by_name(dtype_name)
+            if (implicit_gemm.reason_unsupported_nhwc(spec, dtype, pass_, "tf32", limits) is None
+                    and implicit_gemm.reason_unsupported(spec, dtype, pass_, "tf32", limits) is None):
                 out.append(pytest.param(case, dtype_name, id=f"{param.id}-{dtype_name}"))
     return out
 
 
+def _nhwc(a):
+    """A C-contiguous (N, C, H, W) CuPy array's values as a dense (N, H, W, C) one."""
+    import cupy
+
+    return cupy.ascontiguousarray(a.transpose(0, 2, 3, 1))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case,dtype_name", _nhwc_cases())
-def test_forward_on_channels_last_tensors_in_place(case, dtype_name):
-    """x and out channels-last in memory: the weight's pack, then one GEMM reading x where it is and storing NHWC
-    rows; on integers, bit for bit the CPU path's result, into a NaN-poisoned out."""
+def test_forward_on_channels_last_tensors(case, dtype_name):
+    """x and out channels-last in memory: in place where a group's channels fill 16-byte vectors in the half
+    types (the weight's pack, one GEMM reading x where it is), else packed from channels-last pixels; NHWC rows
+    stored; on integers, bit for bit the CPU path's result, into a NaN-poisoned out."""
     import cupy
 
     from cuconv import _plan
@@ -288,10 +304,10 @@ def test_forward_on_channels_last_tensors_in_place(case, dtype_name):
     x4 = x if x.ndim == 4 else x[None]
     spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
     want = cuconv.conv2d(x4.astype(dtype), w.astype(dtype), None if b is None else b.astype(dtype), **case.kwargs)
-    xg = cupy.ascontiguousarray(cupy.asarray(x4.astype(dtype)).transpose(0, 2, 3, 1))
+    xg = _nhwc(cupy.asarray(x4.astype(dtype)))
     out = cupy.full((spec.n, spec.p, spec.q, spec.k), numpy.nan, dtype=dtype)
     wg, bg = cupy.asarray(w.astype(dtype)), None if b is None else cupy.asarray(b.astype(dtype))
-    plan = implicit_gemm.prepare("fprop", spec, dtype, "ieee", _plan.current_env(xg, wg, bg, out), b is not None,
+    plan = implicit_gemm.prepare("fprop", spec, dtype, "tf32", _plan.current_env(xg, wg, bg, out), b is not None,
                                  layout="nhwc")
     _plan.run_arrays(plan, xg, wg, bg, out)
     numpy.testing.assert_array_equal(cupy.asnumpy(out.transpose(0, 3, 1, 2)).astype(numpy.float64),
@@ -300,10 +316,11 @@ def test_forward_on_channels_last_tensors_in_place(case, dtype_name):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case,dtype_name", _nhwc_cases("dgrad"))
-def test_dgrad_on_channels_last_tensors_in_place(case, dtype_name):
-    """dy and dx channels-last in memory, stride 1: the layer's weight packed transposed and flipped, then one
-    GEMM reading dy where it is and storing dx's NHWC rows; on integers, bit for bit the CPU path's result, into
-    a NaN-poisoned dx."""
+def test_dgrad_on_channels_last_tensors(case, dtype_name):
+    """dy and dx channels-last in memory: at stride 1 the forward GEMM of dy (the layer's weight packed transposed
+    and flipped), at a stride a GEMM per phase, dy read in place or packed from channels-last pixels, dx's NHWC
+    rows (every stride-th pixel for a phase) stored; on integers, bit for bit the CPU path's result, into a
+    NaN-poisoned dx."""
     import cupy
 
     from cuconv import _plan
@@ -315,10 +332,35 @@ def test_dgrad_on_channels_last_tensors_in_place(case, dtype_name):
     spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
     dy = numpy.random.default_rng(43).integers(-3, 4, spec.output_shape).astype(dtype)
     want = cuconv.conv2d_input(x4.shape, w.astype(dtype), dy, **case.kwargs)
-    dyg = cupy.ascontiguousarray(cupy.asarray(dy).transpose(0, 2, 3, 1))
+    dyg = _nhwc(cupy.asarray(dy))
     dx = cupy.full((spec.n, spec.h, spec.w, spec.c), numpy.nan, dtype=dtype)
     wg = cupy.asarray(w.astype(dtype))
-    plan = implicit_gemm.prepare("dgrad", spec, dtype, "ieee", _plan.current_env(dyg, wg, dx), layout="nhwc")
+    plan = implicit_gemm.prepare("dgrad", spec, dtype, "tf32", _plan.current_env(dyg, wg, dx), layout="nhwc")
     _plan.run_arrays(plan, dyg, wg, dx)
     numpy.testing.assert_array_equal(cupy.asnumpy(dx.transpose(0, 3, 1, 2)).astype(numpy.float64),
                                      want.astype(numpy.float64))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [None, 3])
+@pytest.mark.parametrize("case,dtype_name", _nhwc_cases("wgrad"))
+def test_wgrad_on_channels_last_tensors(case, dtype_name, splits):
+    """x and dy channels-last in memory: both packed with samples and channels swapped (``pack_swap``), the GEMM,
+    whole or split over k; on integers, bit for bit the CPU path's dW, into a NaN-poisoned one."""
+    import cupy
+
+    from cuconv import _plan
+    from cuconv.families import implicit_gemm
+
+    x, w, _ = make_inputs(case, seed=44, integer=True)
+    dtype = _dtypes.by_name(dtype_name)
+    x4 = x if x.ndim == 4 else x[None]
+    spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
+    dy = numpy.random.default_rng(45).integers(-3, 4, spec.output_shape).astype(dtype)
+    want = cuconv.conv2d_weight(x4.astype(dtype), w.shape, dy, **case.kwargs)
+    xg, dyg = _nhwc(cupy.asarray(x4.astype(dtype))), _nhwc(cupy.asarray(dy))
+    dw = cupy.full(w.shape, numpy.nan, dtype=dtype)
+    plan = implicit_gemm.prepare("wgrad", spec, dtype, "tf32", _plan.current_env(xg, dyg, dw), splits=splits,
+                                 layout="nhwc")
+    _plan.run_arrays(plan, xg, dyg, dw)
+    numpy.testing.assert_array_equal(cupy.asnumpy(dw).astype(numpy.float64), want.astype(numpy.float64))
