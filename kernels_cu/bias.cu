@@ -19,6 +19,11 @@
 //          (16, 8 or 4), a thread per vector (grid-stride, 32-bit: total_vecs < 2^30), for a 256-byte aligned out
 //          whose planes are whole vectors (plane_vecs of them): a block per plane stores one T at a time and is
 //          done after 256 of them, so the plain fill ran at a sixth of the copy bandwidth on 56x56 half planes.
+// Kernel   bias_grad_nhwc_part<T>(dy, partials, rows, K, slice_rows)   channels-last grad_output (rows = N·P·Q
+//          of K channels): block (32, 8) of grid (K / 32, slices) sums 32 channels over rows [y·slice_rows,
+//          (y + 1)·slice_rows), a warp reading 32 adjacent channels of a row, its 8 row lanes added in a fixed
+//          order into partials[y][k] (the arithmetic type);
+// Kernel   bias_grad_nhwc_sum<T>(partials, db, slices, K)   db[k] = Σ over y in order: deterministic, no atomics.
 #include "common.cuh"
 
 using cuconv::i64;
@@ -97,5 +102,39 @@ __global__ void bias_fill_vec(T* __restrict__ out, const T* __restrict__ bias, i
 #pragma unroll
         for (int j = 0; j < kBytes / static_cast<int>(sizeof(T)); ++j) v.v[j] = b;
         dst[i] = v;
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256) bias_grad_nhwc_part(const T* __restrict__ dy,
+                                                           typename cuconv::Acc<T>::type* __restrict__ partials,
+                                                           i64 rows, i64 K, i64 slice_rows) {
+    typedef typename cuconv::Acc<T>::type Acc;
+    __shared__ Acc lanes[8][33];
+    const i64 k = static_cast<i64>(blockIdx.x) * 32 + threadIdx.x;
+    const i64 first = static_cast<i64>(blockIdx.y) * slice_rows;
+    const i64 last = min(rows, first + slice_rows);
+    Acc sum = 0;
+    if (k < K)
+        for (i64 row = first + threadIdx.y; row < last; row += 8) sum += cuconv::to_acc<T>(dy[row * K + k]);
+    lanes[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && k < K) {
+        Acc total = lanes[0][threadIdx.x];
+#pragma unroll
+        for (int i = 1; i < 8; ++i) total += lanes[i][threadIdx.x];
+        partials[static_cast<i64>(blockIdx.y) * K + k] = total;
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256) bias_grad_nhwc_sum(const typename cuconv::Acc<T>::type* __restrict__ partials,
+                                                          T* __restrict__ db, i64 slices, i64 K) {
+    typedef typename cuconv::Acc<T>::type Acc;
+    for (i64 k = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; k < K;
+         k += static_cast<i64>(gridDim.x) * blockDim.x) {
+        Acc sum = 0;
+        for (i64 y = 0; y < slices; ++y) sum += partials[y * K + k];
+        db[k] = cuconv::from_acc<T>(sum);
     }
 }

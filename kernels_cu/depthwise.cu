@@ -1018,3 +1018,142 @@ depthwise_nhwc_fwd(const T* __restrict__ x, const T* __restrict__ wt, const T* _
         *reinterpret_cast<RowsOut<T, 16>*>(out + static_cast<i64>(pix) * c + c0) = o;
     }
 }
+
+// depthwise_nhwc_dgrad<T, Index>(dy, wt, dx, ConvGeometry, total)
+//     multiplier 1, any stride and dilation: a thread per (dx pixel, V adjacent channels), flat over the batch
+//     with the channels fastest; per tap whose output position (h + pad - r·dil) / stride is whole and inside
+//     dy, one 16-byte load of dy and one of wt (the weight as (R·S, C), not flipped), V FMAs in Acc<T>; one
+//     16-byte store (a gather: no atomics, every dx element written once).
+template <typename T, typename Index>
+__global__ void __launch_bounds__(256)
+depthwise_nhwc_dgrad(const T* __restrict__ dy, const T* __restrict__ wt, T* __restrict__ dx,
+                     const cuconv::ConvGeometry g, long long total) {
+    using Acc = typename cuconv::Acc<T>::type;
+    constexpr int V = 16 / static_cast<int>(sizeof(T));
+    const Index vectors = static_cast<Index>(g.c / V), w_count = static_cast<Index>(g.w);
+    const Index h_count = static_cast<Index>(g.h), p_count = static_cast<Index>(g.p), q_count = static_cast<Index>(g.q);
+    const Index c = static_cast<Index>(g.c);
+    const int r_count = static_cast<int>(g.r), s_count = static_cast<int>(g.s);
+    const int sh = static_cast<int>(g.stride_h), sw = static_cast<int>(g.stride_w);
+    for (Index i = static_cast<Index>(blockIdx.x) * 256 + static_cast<Index>(threadIdx.x);
+         i < static_cast<Index>(total); i += static_cast<Index>(gridDim.x) * 256) {
+        const Index v = i % vectors, pix = i / vectors;
+        const Index iw = pix % w_count, rest = pix / w_count, ih = rest % h_count, n = rest / h_count;
+        const Index c0 = v * V;
+        Acc acc[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = Acc(0);
+        const T* __restrict__ dyn = dy + static_cast<i64>(n) * p_count * q_count * c + c0;
+        for (int r = 0; r < r_count; ++r) {
+            const Index ph = ih + static_cast<Index>(g.pad_top) - r * static_cast<Index>(g.dil_h);
+            if (ph < 0 || ph % sh != 0 || ph / sh >= p_count) continue;
+            const Index op = ph / sh;
+            for (int s = 0; s < s_count; ++s) {
+                const Index pw = iw + static_cast<Index>(g.pad_left) - s * static_cast<Index>(g.dil_w);
+                if (pw < 0 || pw % sw != 0 || pw / sw >= q_count) continue;
+                const uint4 dv = __ldg(reinterpret_cast<const uint4*>(dyn + (static_cast<i64>(op) * q_count + pw / sw) * c));
+                const uint4 wv = __ldg(reinterpret_cast<const uint4*>(wt + static_cast<i64>(r * s_count + s) * c + c0));
+#pragma unroll
+                for (int e = 0; e < V; ++e) acc[e] = fma(elem_of<T>(dv, e), elem_of<T>(wv, e), acc[e]);
+            }
+        }
+        RowsOut<T, 16> o;
+#pragma unroll
+        for (int e = 0; e < V; ++e) o.v[e] = cuconv::from_acc<T>(acc[e]);
+        *reinterpret_cast<RowsOut<T, 16>*>(dx + static_cast<i64>(pix) * c + c0) = o;
+    }
+}
+
+// depthwise_nhwc_wgrad<T, KS>(x, dy, partial, ConvGeometry, rows_per_slice)
+//     multiplier 1, kernels of up to kMaxS columns (KS > 0: exactly KS, unrolled; 0: g.s at run time): block
+//     (32, 8) of grid (ceil(C/V · R / 32), slices); thread x takes item (V adjacent channels, kernel row r), y a
+//     row lane: over the dy rows (n, p) y, y + 8, ... of its slice, for every output column q, one 16-byte load
+//     of dy and one of x per kernel column s (the next q's reuse them through L1), S·V FMAs into S·V
+//     accumulators. The 8 row lanes are then added through shared memory in a fixed order (4 + 4, 2 + 2, 1 + 1)
+//     and lane 0 writes the block's partial sums partial[slice][r·S + s][c] in Acc<T>;
+//     depthwise_nhwc_wgrad_reduce adds the slices in order into dw (C, 1, R, S).
+constexpr int kDwNhwcMaxS = 8;
+
+template <typename T, int KS>
+__global__ void __launch_bounds__(256)
+depthwise_nhwc_wgrad(const T* __restrict__ x, const T* __restrict__ dy, typename cuconv::Acc<T>::type* __restrict__ partial,
+                     const cuconv::ConvGeometry g, long long rows_per_slice) {
+    using Acc = typename cuconv::Acc<T>::type;
+    constexpr int V = 16 / static_cast<int>(sizeof(T));
+    constexpr int S_MAX = KS > 0 ? KS : kDwNhwcMaxS;
+    __shared__ Acc lanes[4][32][S_MAX * V + 1];
+    const int s_count = KS > 0 ? KS : static_cast<int>(g.s);
+    const long long vectors = g.c / V, items = vectors * g.r;
+    const long long item = static_cast<long long>(blockIdx.x) * 32 + threadIdx.x;
+    const bool live = item < items;
+    const long long v = live ? item % vectors : 0, r = live ? item / vectors : 0;
+    const long long c0 = v * V;
+    Acc acc[S_MAX][V];
+#pragma unroll
+    for (int s = 0; s < S_MAX; ++s)
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[s][e] = Acc(0);
+    const long long rows = g.n * g.p;
+    const long long first = static_cast<long long>(blockIdx.y) * rows_per_slice;
+    const long long last = min(rows, first + rows_per_slice);
+    if (live) {
+        for (long long row = first + threadIdx.y; row < last; row += 8) {
+            const long long n = row / g.p, op = row - n * g.p;
+            const long long ih = op * g.stride_h - g.pad_top + r * g.dil_h;
+            if (ih < 0 || ih >= g.h) continue;
+            const T* __restrict__ dyr = dy + row * g.q * g.c + c0;
+            const T* __restrict__ xr = x + (n * g.h + ih) * g.w * g.c + c0;
+            for (long long oq = 0; oq < g.q; ++oq) {
+                const uint4 dv = __ldg(reinterpret_cast<const uint4*>(dyr + oq * g.c));
+                const long long iw0 = oq * g.stride_w - g.pad_left;
+#pragma unroll
+                for (int s = 0; s < S_MAX; ++s) {
+                    const long long iw = iw0 + s * g.dil_w;
+                    if (s >= s_count || iw < 0 || iw >= g.w) continue;
+                    const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr + iw * g.c));
+#pragma unroll
+                    for (int e = 0; e < V; ++e) acc[s][e] = fma(elem_of<T>(xv, e), elem_of<T>(dv, e), acc[s][e]);
+                }
+            }
+        }
+    }
+    for (int half = 4; half > 0; half /= 2) {  // lanes [half, 2·half) handed to lanes [0, half), in order
+        if (threadIdx.y >= half && threadIdx.y < 2 * half)
+#pragma unroll
+            for (int s = 0; s < S_MAX; ++s)
+#pragma unroll
+                for (int e = 0; e < V; ++e) lanes[threadIdx.y - half][threadIdx.x][s * V + e] = acc[s][e];
+        __syncthreads();
+        if (threadIdx.y < half)
+#pragma unroll
+            for (int s = 0; s < S_MAX; ++s)
+#pragma unroll
+                for (int e = 0; e < V; ++e) acc[s][e] += lanes[threadIdx.y][threadIdx.x][s * V + e];
+        __syncthreads();
+    }
+    if (threadIdx.y == 0 && live) {
+        Acc* __restrict__ out = partial + (static_cast<long long>(blockIdx.y) * g.r * g.s + r * g.s) * g.c + c0;
+#pragma unroll
+        for (int s = 0; s < S_MAX; ++s)
+            if (s < s_count)
+#pragma unroll
+                for (int e = 0; e < V; ++e) out[s * g.c + e] = acc[s][e];
+    }
+}
+
+// depthwise_nhwc_wgrad_reduce<T>(partial, dw, slices, C, taps): dw[c·taps + t] = Σ over slices j, in order, of
+//     partial[j][t][c] (a thread per weight element).
+template <typename T>
+__global__ void __launch_bounds__(256)
+depthwise_nhwc_wgrad_reduce(const typename cuconv::Acc<T>::type* __restrict__ partial, T* __restrict__ dw,
+                            long long slices, long long c, long long taps) {
+    using Acc = typename cuconv::Acc<T>::type;
+    const long long total = c * taps;
+    for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+         i += static_cast<long long>(gridDim.x) * blockDim.x) {
+        const long long ch = i / taps, t = i - ch * taps;
+        Acc sum = 0;
+        for (long long j = 0; j < slices; ++j) sum += partial[(j * taps + t) * c + ch];
+        dw[i] = cuconv::from_acc<T>(sum);
+    }
+}

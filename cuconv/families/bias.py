@@ -12,14 +12,15 @@ import numpy
 from .. import _dtypes, _loader
 from ..spec import ConvSpec
 
-__all__ = ["fill_launch", "grad_launch", "NAME_EXPRESSIONS", "STEM"]
+__all__ = ["fill_launch", "grad_launch", "grad_launch_nhwc", "NhwcGrad", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "bias"
 _MAX_GRID_Y = 65535
 
 _VECTOR_BYTES = (16, 8, 4)  # widest first
 _ITEMSIZE = {"__half": 2, "__nv_bfloat16": 2, "float": 4, "double": 8}
-NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in ("bias_fill", "bias_grad", "bias_fill_flat", "bias_grad_warps")
+NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in ("bias_fill", "bias_grad", "bias_fill_flat", "bias_grad_warps",
+                                                "bias_grad_nhwc_part", "bias_grad_nhwc_sum")
                          for t in _dtypes.ALL_CTYPE_NAMES) + tuple(
     f"bias_fill_vec<{t}, {v}>" for t in _dtypes.ALL_CTYPE_NAMES for v in _VECTOR_BYTES if v >= _ITEMSIZE[t])
 # Planes of fewer pixels than a block take the flat fill and the warp-per-channel gradient.
@@ -67,3 +68,42 @@ def grad_launch(spec: ConvSpec, dtype) -> "_loader.PreparedLaunch":
                                scalars)
     name = f"bias_grad<{_dtypes.ctype_of(dtype)}>"
     return _loader.prepare(STEM, NAME_EXPRESSIONS, name, (spec.k, 1, 1), (_loader.THREADS, 1, 1), 2, scalars)
+
+
+# The channels-last bias gradient's slices of rows: about this many blocks over the device (the sums of a slice
+# then run beside the others), each slice at least _MIN_SLICE_ROWS rows (8 per row lane of a block).
+_NHWC_GRAD_BLOCKS = 1024
+_MIN_SLICE_ROWS = 64
+
+
+class NhwcGrad:
+    """The bias gradient of a channels-last grad_output of ``rows`` pixels (N·P·Q) of ``k`` channels: ``part``
+    (pointers: dy, partials) sums slices of rows into ``partial_bytes`` of partial sums in the arithmetic type,
+    ``sum`` (pointers: partials, db) adds them in order."""
+
+    __slots__ = ("part", "sum", "partial_bytes")
+
+    def __init__(self, dtype, rows: int, k: int):
+        dtype = numpy.dtype(dtype)
+        ctype = _dtypes.ctype_of(dtype)
+        tiles = -(-k // 32)
+        slices = max(1, min(-(-rows // _MIN_SLICE_ROWS), _NHWC_GRAD_BLOCKS // tiles, 65535))
+        slice_rows = -(-rows // slices)
+        slices = -(-rows // slice_rows)  # (no empty slice)
+        i64 = numpy.int64
+        self.part = _loader.prepare(STEM, NAME_EXPRESSIONS, f"bias_grad_nhwc_part<{ctype}>", (tiles, slices, 1),
+                                    (32, 8, 1), 2, (i64(rows), i64(k), i64(slice_rows)))
+        self.sum = _loader.prepare(STEM, NAME_EXPRESSIONS, f"bias_grad_nhwc_sum<{ctype}>", (_loader.blocks(k), 1, 1),
+                                   (_loader.THREADS, 1, 1), 2, (i64(slices), i64(k)))
+        self.partial_bytes = slices * k * (8 if dtype.itemsize == 8 else 4)
+
+    def __call__(self, stream: int, dy: int, db: int, partials: int) -> None:
+        self.part(stream, dy, partials)
+        self.sum(stream, partials, db)
+
+
+def grad_launch_nhwc(spec: ConvSpec, dtype) -> "NhwcGrad":
+    """``grad_launch`` for a channels-last grad_output (N, P, Q, K in memory): two launches and a workspace of
+    partial sums (``NhwcGrad``); None where there is no channel or no pixel."""
+    rows = spec.n * spec.p * spec.q
+    return NhwcGrad(dtype, rows, spec.k) if spec.k and rows else None

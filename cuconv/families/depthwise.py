@@ -73,7 +73,10 @@ NAME_EXPRESSIONS = tuple(
     + [f"depthwise_wgrad_reduce<{t}>" for t in _dtypes.ALL_CTYPE_NAMES]
     + [f"depthwise_nhwc_weight<{t}>" for t in _dtypes.ALL_CTYPE_NAMES]
     + [f"depthwise_nhwc_fwd<{t},{r},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for r in _NHWC_KERNELS
-       for i in ("int", "long long")])
+       for i in ("int", "long long")]
+    + [f"depthwise_nhwc_dgrad<{t},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for i in ("int", "long long")]
+    + [f"depthwise_nhwc_wgrad<{t},{r}>" for t in _dtypes.ALL_CTYPE_NAMES for r in _NHWC_KERNELS]
+    + [f"depthwise_nhwc_wgrad_reduce<{t}>" for t in _dtypes.ALL_CTYPE_NAMES])
 
 
 # DwGeometry in depthwise.cu: the gather kernels' one struct argument.
@@ -146,22 +149,33 @@ def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: s
 
 
 def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee", limits=None):
-    """Why ``depthwise`` cannot run ``pass_`` on channels-last activations in place, or None: the forward, and the
-    dgrad at stride 1 as the forward of dy with the kernel flipped (``dgrad_forward.forward_spec``), of a
-    multiplier of 1 whose channels fill whole 16-byte vectors (``depthwise_nhwc_fwd``)."""
+    """Why ``depthwise`` cannot run ``pass_`` on channels-last activations in place, or None: a multiplier of 1
+    whose channels fill whole 16-byte vectors; the forward (``depthwise_nhwc_fwd``), the dgrad (at stride 1 the
+    forward of dy with the kernel flipped, else a gather per dx pixel: ``depthwise_nhwc_dgrad``) and wgrad for
+    kernels of up to ``_NHWC_WGRAD_MAX_S`` columns (``depthwise_nhwc_wgrad``)."""
     if not _is_depthwise(spec):
         return "not a depthwise convolution"
     if spec.k != spec.c:
         return "on channels-last tensors it runs a channel multiplier of 1 only"
-    if pass_ == "dgrad":
-        if dgrad_forward.forward_spec(spec) is None:
-            return ("on channels-last tensors its dgrad is the forward convolution of grad_output, which needs "
-                    "stride 1 and padding no wider than the dilated kernel")
-    elif pass_ != "fprop":
-        return "on channels-last tensors it runs the forward and the stride-1 dgrad, so far"
     if spec.c * numpy.dtype(dtype).itemsize % 16:
         return "on channels-last tensors it needs channels in whole 16-byte vectors"
+    if pass_ == "wgrad" and spec.s > _NHWC_WGRAD_MAX_S:
+        return f"on channels-last tensors its wgrad keeps a kernel row's taps in registers: at most " \
+               f"{_NHWC_WGRAD_MAX_S} columns"
+    if pass_ != "fprop" and max(*spec.stride, *spec.dilation, *spec.pad) >= 2**31:
+        return "its channels-last backward kernels hold strides, dilations and paddings in 32 bits"
     return None
+
+
+_NHWC_WGRAD_MAX_S = 8  # kDwNhwcMaxS in depthwise.cu
+
+
+def _nhwc_index(spec: ConvSpec, dtype) -> str:
+    """The index type of the channels-last gathers: int where every count fits 31 bits with room for the grid
+    stride."""
+    vectors = spec.n * max(spec.p * spec.q, spec.h * spec.w) * spec.c // (16 // numpy.dtype(dtype).itemsize)
+    counts = (vectors, spec.n * spec.h * spec.w * spec.c, spec.n * spec.p * spec.q * spec.c)
+    return "int" if max(counts) < 2**31 - 2**28 else "long long"
 
 
 def _nhwc_launches(spec: ConvSpec, dtype, flip: bool):
@@ -169,33 +183,84 @@ def _nhwc_launches(spec: ConvSpec, dtype, flip: bool):
     ``flip``: the weight transposed with its taps reversed (dgrad of the layer whose dgrad ``spec`` is the
     forward of)."""
     ctype = _dtypes.ctype_of(dtype)
-    taps = spec.r * spec.s
-    weight = _loader.prepare(STEM, NAME_EXPRESSIONS, f"depthwise_nhwc_weight<{ctype}>",
-                             (_loader.blocks(spec.c * taps), 1, 1), (_THREADS, 1, 1), 2,
-                             (numpy.int64(spec.c), numpy.int32(taps), numpy.int32(flip)))
+    weight = _nhwc_weight(spec, dtype, flip)
     total = spec.n * spec.p * spec.q * spec.c // (16 // numpy.dtype(dtype).itemsize)
-    index = "int" if max(total, spec.n * spec.h * spec.w * spec.c, spec.n * spec.p * spec.q * spec.c) < 2**31 - 2**28 \
-        else "long long"
     kr = spec.r if spec.r == spec.s and spec.r in _NHWC_KERNELS else 0
-    forward = _loader.prepare(STEM, NAME_EXPRESSIONS, f"depthwise_nhwc_fwd<{ctype},{kr},{index}>",
+    forward = _loader.prepare(STEM, NAME_EXPRESSIONS, f"depthwise_nhwc_fwd<{ctype},{kr},{_nhwc_index(spec, dtype)}>",
                               (_loader.blocks(total, 1 << 20), 1, 1), (_THREADS, 1, 1), 4,
                               (_loader.conv_geometry(spec), numpy.int64(total)))
-    return taps * spec.c * numpy.dtype(dtype).itemsize, weight, forward
+    return spec.r * spec.s * spec.c * numpy.dtype(dtype).itemsize, weight, forward
+
+
+def _nhwc_weight(spec: ConvSpec, dtype, flip: bool) -> "_loader.PreparedLaunch":
+    """The weight (C, 1, R, S) to (R·S, C) (pointers: w, wt), taps reversed with ``flip``."""
+    taps = spec.r * spec.s
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, f"depthwise_nhwc_weight<{_dtypes.ctype_of(dtype)}>",
+                           (_loader.blocks(spec.c * taps), 1, 1), (_THREADS, 1, 1), 2,
+                           (numpy.int64(spec.c), numpy.int32(taps), numpy.int32(flip)))
+
+
+# depthwise_nhwc_wgrad: about this many blocks (of 256 threads) per SM over the device, each row lane of a block
+# at least _NHWC_WGRAD_MIN_ROWS dy rows
+_NHWC_WGRAD_BLOCKS_PER_SM = 8
+_NHWC_WGRAD_MIN_ROWS = 2
+
+
+@functools.lru_cache(maxsize=1024)
+def _nhwc_wgrad_launches(spec: ConvSpec, dtype, sm_count: int):
+    """(partial bytes, the partial sums' launch (pointers x, dy, partial), the reduction (partial, dw)) of a
+    channels-last wgrad: slices of dy's rows (N·P of them) over the grid's y, so that the device holds about
+    ``_NHWC_WGRAD_BLOCKS_PER_SM`` blocks per SM."""
+    ctype = _dtypes.ctype_of(dtype)
+    vec = 16 // dtype.itemsize
+    items = spec.c // vec * spec.r
+    blocks_x = -(-items // 32)
+    rows = spec.n * spec.p
+    slices = max(1, min(-(-_NHWC_WGRAD_BLOCKS_PER_SM * sm_count // blocks_x), -(-rows // (8 * _NHWC_WGRAD_MIN_ROWS)),
+                        65535))
+    rows_per_slice = -(-rows // slices)
+    slices = -(-rows // rows_per_slice)  # (no empty slice)
+    ks = spec.s if spec.s in _NHWC_KERNELS else 0
+    partial = _loader.prepare(STEM, NAME_EXPRESSIONS, f"depthwise_nhwc_wgrad<{ctype},{ks}>", (blocks_x, slices, 1),
+                              (32, 8, 1), 3, (_loader.conv_geometry(spec), numpy.int64(rows_per_slice)))
+    taps = spec.r * spec.s
+    reduce = _loader.prepare(STEM, NAME_EXPRESSIONS, f"depthwise_nhwc_wgrad_reduce<{ctype}>",
+                             (_loader.blocks(spec.c * taps), 1, 1), (_THREADS, 1, 1), 2,
+                             (numpy.int64(slices), numpy.int64(spec.c), numpy.int64(taps)))
+    acc = 8 if dtype.itemsize == 8 else 4
+    return slices * taps * spec.c * acc, partial, reduce
 
 
 def _nhwc_prepare(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", bias: bool) -> "_plan.Plan":
     """A pass on channels-last activations: the weight as (R·S, C) into the workspace, then
     ``depthwise_nhwc_fwd`` over the forward (x into out) or, for dgrad at stride 1, over the forward of dy with
-    the kernel flipped (into dx)."""
+    the kernel flipped (into dx); a strided dgrad gathers (``depthwise_nhwc_dgrad``); wgrad sums slices of dy's
+    rows into partial sums, then adds them in order (``depthwise_nhwc_wgrad``)."""
     reason = reason_unsupported_nhwc(spec, dtype, pass_)
     if reason is not None:
         raise NotImplementedError(f"cuconv: depthwise cannot run this {pass_} on channels-last tensors: {reason}")
     b = _plan.Builder(pass_, env)
-    fspec = spec if pass_ == "fprop" else dgrad_forward.forward_spec(spec)
-    if fspec.n * fspec.k * fspec.p * fspec.q == 0:
+    if spec.n * spec.k * spec.p * spec.q == 0:
         return b.plan(STEM)
-    if fspec.c * fspec.r * fspec.s == 0:  # no taps: the output is the bias (or zeros)
+    if spec.c * spec.r * spec.s == 0:  # no taps: the output is the bias (or zeros)
         raise NotImplementedError("cuconv: depthwise's channels-last kernels need at least one tap")
+    if pass_ == "wgrad":
+        partial_bytes, partial, reduce = _nhwc_wgrad_launches(spec, dtype, env.sm_count)
+        buffer = b.take(partial_bytes)
+        b.launch(partial, b.ref("x"), b.ref("dy"), buffer)
+        b.launch(reduce, buffer, b.ref("dw"))
+        return b.plan(STEM)
+    fspec = spec if pass_ == "fprop" else dgrad_forward.forward_spec(spec)
+    if fspec is None:  # a strided dgrad: the gather, reading the weight as it is (not flipped)
+        wt = b.take(spec.r * spec.s * spec.c * dtype.itemsize)
+        b.launch(_nhwc_weight(spec, dtype, False), b.ref("w"), wt)
+        total = spec.n * spec.h * spec.w * spec.c // (16 // dtype.itemsize)
+        gather = _loader.prepare(STEM, NAME_EXPRESSIONS,
+                                 f"depthwise_nhwc_dgrad<{_dtypes.ctype_of(dtype)},{_nhwc_index(spec, dtype)}>",
+                                 (_loader.blocks(total, 1 << 20), 1, 1), (_THREADS, 1, 1), 3,
+                                 (_loader.conv_geometry(spec), numpy.int64(total)))
+        b.launch(gather, b.ref("dy"), wt, b.ref("dx"))
+        return b.plan(STEM)
     weight_bytes, weight, forward = _nhwc_launches(fspec, dtype, pass_ == "dgrad")
     wt = b.take(weight_bytes)
     b.launch(weight, b.ref("w"), wt)
@@ -407,8 +472,8 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     """The plan of ``pass_`` (see ``cuconv._plan``): the forward is one launch (``kernel`` forces one of
     ``FORWARD_KERNELS``); dgrad one launch of the forward kernel on dy reading the weight flipped where that is
     the same convolution (stride 1, multiplier 1), else a gather per dx element (no atomics); wgrad per-chunk
-    partial sums in the workspace, then an ordered sum. ``layout="nhwc"``: channels-last activations, the
-    forward and the stride-1 dgrad (``reason_unsupported_nhwc``, ``_nhwc_prepare``)."""
+    partial sums in the workspace, then an ordered sum. ``layout="nhwc"``: channels-last activations, every
+    pass (``reason_unsupported_nhwc``, ``_nhwc_prepare``)."""
     dtype = numpy.dtype(dtype)
     if layout == "nhwc":
         return _nhwc_prepare(pass_, spec, dtype, env, bias)

@@ -19,7 +19,7 @@ import torch
 
 from .. import _dtypes, _layout, _plan, autotune, backward as _backward, registry as _registry
 from .._config import config
-from ..families.bias import grad_launch
+from ..families.bias import grad_launch, grad_launch_nhwc
 from ..families.im2col_gemm import cpu_matmul
 from ..conv import _Plan as _ForwardPlan, _run as _run_forward
 from ..spec import ConvSpec
@@ -136,7 +136,7 @@ class Layer:
 
     __slots__ = ("spec", "dtype", "np_dtype", "device", "index", "precision", "algo", "bias", "x_shape", "w_shape",
                  "out_shape", "benchmark", "workspace_limit", "_aligned", "_unaligned", "_bias_grad", "_lock", "fprop",
-                 "_bytes", "channels_last", "nhwc", "x_format", "_out_strides", "_dx_strides")
+                 "_bytes", "channels_last", "nhwc", "x_format", "_out_strides", "_dx_strides", "_bias_grad_nhwc")
 
     def __init__(self, spec: ConvSpec, dtype: torch.dtype, device: torch.device, precision: str, algo: str,
                  bias: bool, x_shape: tuple, benchmark: bool = False, workspace_limit: int = None,
@@ -153,7 +153,7 @@ class Layer:
         self.workspace_limit = config.workspace_limit if workspace_limit is None else workspace_limit
         # pass -> plan, for operands all on 256-byte boundaries / for any others
         self._aligned, self._unaligned = {}, {}
-        self._bias_grad = None
+        self._bias_grad = self._bias_grad_nhwc = None
         self._lock = threading.Lock()
         self._bytes = None  # (CUDA) an empty uint8 tensor on the device, whose ``new_empty`` makes workspaces
         self.fprop = None
@@ -346,7 +346,7 @@ class Layer:
     def _backward_channels_last(self, dy, x, w, need_x: bool, need_w: bool, need_b: bool, eager: bool) -> tuple:
         """``backward`` of a channels-last layer: each pass in place on channels-last dy and x where an algorithm
         serves it (``nhwc``), else on contiguous copies; dx channels-last either way, dw as the kernels write it
-        (KCRS), db from dy's NCHW copy where the layer has one to make (its sum kernel reads NCHW)."""
+        (KCRS), db from dy's NCHW copy where a pass made one, else summed over channels-last pixels."""
         dy_nchw = None
         dx = dw = db = None
         if self.index < 0:
@@ -375,8 +375,28 @@ class Layer:
                     dy_nchw = dy.contiguous()
                 dw = self._backward_nchw(dy_nchw, x.contiguous(), None, False, True, False, eager)[1]
         if need_b:
-            db = self.bias_grad(dy_nchw if dy_nchw is not None else dy.contiguous())
+            if dy_nchw is not None:
+                db = self.bias_grad(dy_nchw)
+            else:
+                db = self._bias_grad_channels_last(dy_nhwc if dy_nhwc is not None else dy, eager)
         return dx, dw, db
+
+    def _bias_grad_channels_last(self, dy, eager: bool) -> torch.Tensor:
+        """Σ of a channels-last grad_output over (N, P, Q), read in place where it is dense (``bias.NhwcGrad``:
+        slices of pixels into fp32 partial sums in a workspace, then their sum in order), else from an NCHW copy."""
+        if not dy.is_contiguous(memory_format=torch.channels_last):
+            return self.bias_grad(dy.contiguous())
+        launch = self._bias_grad_nhwc
+        if launch is None:
+            launch = self._bias_grad_nhwc = grad_launch_nhwc(self.spec, self.np_dtype)
+        db = dy.new_empty((self.spec.k,))
+        if launch is not None:
+            stream = _current_raw_stream(self.index)
+            partials = self._workspace(launch.partial_bytes, stream, eager)
+            launch(stream, dy.data_ptr(), db.data_ptr(), partials.data_ptr())
+        elif self.spec.k:
+            db.zero_()  # (no pixel: a sum over nothing)
+        return db
 
     def _run_pass(self, pass_: str, ptrs: tuple, eager: bool) -> None:
         aligned = _plan.is_aligned(*ptrs)

@@ -68,3 +68,22 @@ def test_bias_grad_sums_over_samples_and_pixels(shape, dtype_name):
     launch(_stream(), dy_d.data.ptr, db.data.ptr)
     # the integer sums are exact in fp32 (and in float64): rounded once to the dtype, as the kernel rounds
     numpy.testing.assert_array_equal(cupy.asnumpy(db), dy.astype(numpy.float64).sum(axis=(0, 2, 3)).astype(dtype))
+
+
+@pytest.mark.parametrize("dtype_name", EXACT_DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (4, 6, 15, 17), (2, 40, 100, 100), (32, 1153, 1, 1), (3, 33, 7, 9),
+                                   (32, 96, 56, 56)])
+def test_bias_grad_sums_channels_last_grad_output(shape, dtype_name):
+    """grad_output (N, K, P, Q) channels-last in memory: slices of pixels into partial sums, then their ordered
+    sum (``NhwcGrad``), channel tails past a warp's 32 and slices past the last pixel included."""
+    import cupy
+
+    dtype = _dtypes.by_name(dtype_name)
+    n, k, p, q = shape
+    dy = numpy.random.default_rng(10).integers(-3, 4, size=shape).astype(dtype)
+    db = cupy.full(k, numpy.nan, dtype=dtype)
+    dy_d = cupy.asarray(numpy.ascontiguousarray(dy.transpose(0, 2, 3, 1)))
+    launch = bias.grad_launch_nhwc(cuconv.ConvSpec(n, 0, p, q, k, 1, 1), dtype)
+    partials = cupy.full(launch.partial_bytes, 255, dtype=numpy.uint8)
+    launch(_stream(), dy_d.data.ptr, db.data.ptr, partials.data.ptr)
+    numpy.testing.assert_array_equal(cupy.asnumpy(db), dy.astype(numpy.float64).sum(axis=(0, 2, 3)).astype(dtype))

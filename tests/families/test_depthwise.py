@@ -360,17 +360,22 @@ _NHWC_CASES = [
     pytest.param((2, 16, 8, 15), (1, 3), dict(padding=(0, 2), stride=(1, 2)), id="1x3_runtime_taps"),
     pytest.param((3, 48, 7, 7), (3, 3), dict(padding=0), id="valid_7x7_plane"),
     pytest.param((2, 16, 10, 10), (5, 5), dict(padding=(1, 3)), id="5x5_asym_pad"),
+    pytest.param((2, 24, 15, 14), (3, 3), dict(padding=1, stride=2), id="3x3_s2_odd"),
+    pytest.param((1, 16, 12, 13), (7, 7), dict(padding=3, stride=2), id="7x7_s2"),
+    pytest.param((2, 16, 11, 12), (3, 3), dict(padding=(0, 1), stride=(2, 3), dilation=(2, 1)), id="3x3_s2x3_dil"),
+    pytest.param((3, 16, 9, 9), (5, 5), dict(padding=4), id="5x5_pad_wider_than_kernel"),
 ]
 
 
 def test_nhwc_reasons():
-    """Channels-last in place: multiplier 1, channels in whole 16-byte vectors, the forward and the stride-1
-    dgrad; everything else refused with its reason (the bridge runs it on NCHW copies)."""
+    """Channels-last in place: multiplier 1, channels in whole 16-byte vectors, every pass (wgrad for kernels of
+    up to 8 columns); everything else refused with its reason (the bridge runs it on NCHW copies)."""
     f16, f32 = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
     spec = ConvSpec.from_args((2, 16, 9, 9), (16, 1, 3, 3), groups=16, padding=1)
-    for pass_ in ("fprop", "dgrad"):
+    for pass_ in ("fprop", "dgrad", "wgrad"):
         assert depthwise.reason_unsupported_nhwc(spec, f16, pass_) is None
-    assert "stride-1 dgrad" in depthwise.reason_unsupported_nhwc(spec, f16, "wgrad")
+    assert "columns" in depthwise.reason_unsupported_nhwc(
+        ConvSpec.from_args((2, 16, 9, 19), (16, 1, 1, 9), groups=16), f16, "wgrad")
     assert "16-byte" in depthwise.reason_unsupported_nhwc(
         ConvSpec.from_args((2, 12, 9, 9), (12, 1, 3, 3), groups=12, padding=1), f16)
     assert depthwise.reason_unsupported_nhwc(
@@ -378,8 +383,8 @@ def test_nhwc_reasons():
     assert "multiplier" in depthwise.reason_unsupported_nhwc(
         ConvSpec.from_args((2, 16, 9, 9), (32, 1, 3, 3), groups=16, padding=1), f16)
     strided = ConvSpec.from_args((2, 16, 9, 9), (16, 1, 3, 3), groups=16, padding=1, stride=2)
-    assert depthwise.reason_unsupported_nhwc(strided, f16, "fprop") is None
-    assert "stride 1" in depthwise.reason_unsupported_nhwc(strided, f16, "dgrad")
+    for pass_ in ("fprop", "dgrad", "wgrad"):
+        assert depthwise.reason_unsupported_nhwc(strided, f16, pass_) is None
 
 
 def _nhwc(a):
@@ -391,10 +396,10 @@ def _nhwc(a):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype_name", EXACT_DTYPES)
 @pytest.mark.parametrize("x_shape,kernel,kwargs", _NHWC_CASES)
-def test_nhwc_forward_and_dgrad_equal_cpu_exactly_on_integers(x_shape, kernel, kwargs, dtype_name):
-    """x, out, dy and dx channels-last in memory: the forward (with a bias) and, at stride 1, the dgrad (the
-    forward of dy with the weight transposed and flipped) bit for bit the CPU path's on integers, into
-    NaN-poisoned outputs."""
+def test_nhwc_passes_equal_cpu_exactly_on_integers(x_shape, kernel, kwargs, dtype_name):
+    """x, out, dy and dx channels-last in memory: the forward (with a bias), the dgrad (at stride 1 the forward of
+    dy with the weight transposed and flipped, else the gather) and wgrad (slices of dy's rows, then their ordered
+    sum) bit for bit the CPU path's on integers, into NaN-poisoned outputs."""
     import cupy
 
     from cuconv import _plan
@@ -414,8 +419,6 @@ def test_nhwc_forward_and_dgrad_equal_cpu_exactly_on_integers(x_shape, kernel, k
     _plan.run_arrays(plan, xg, wg, bg, out)
     numpy.testing.assert_array_equal(cupy.asnumpy(out.transpose(0, 3, 1, 2)).astype(numpy.float64),
                                      want.astype(numpy.float64))
-    if depthwise.reason_unsupported_nhwc(spec, dtype, "dgrad") is not None:
-        return
     dy = rng.integers(-3, 4, spec.output_shape).astype(dtype)
     want = cuconv.conv2d_input(x.shape, w, dy, groups=c, **kwargs)
     dyg = _nhwc(dy)
@@ -424,3 +427,8 @@ def test_nhwc_forward_and_dgrad_equal_cpu_exactly_on_integers(x_shape, kernel, k
     _plan.run_arrays(plan, dyg, wg, dx)
     numpy.testing.assert_array_equal(cupy.asnumpy(dx.transpose(0, 3, 1, 2)).astype(numpy.float64),
                                      want.astype(numpy.float64))
+    want = cuconv.conv2d_weight(x, w.shape, dy, groups=c, **kwargs)
+    dw = cupy.full(w.shape, numpy.nan, dtype=dtype)
+    plan = depthwise.prepare("wgrad", spec, dtype, "ieee", _plan.current_env(xg, dyg, dw), layout="nhwc")
+    _plan.run_arrays(plan, xg, dyg, dw)
+    numpy.testing.assert_array_equal(cupy.asnumpy(dw).astype(numpy.float64), want.astype(numpy.float64))
