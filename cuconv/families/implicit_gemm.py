@@ -750,8 +750,9 @@ def _wgrad_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, splits: i
     splits = splits or wgrad_splits(spec, dtype, tile, env.sm_count, env.smem_per_sm, env.workspace_limit)
     ls = _wgrad_launches(spec, dtype, tile, splits, env.device, env.sm_count, nhwc)
     packed_x, packed_dy = b.take(ls.x_bytes), b.take(ls.dy_bytes)
-    b.launch(ls.pack_x, b.ref("x"), packed_x, _plan.NULL, _plan.NULL)
-    b.launch(ls.pack_dy, b.ref("dy"), packed_dy, _plan.NULL, _plan.NULL)
+    weightless = () if nhwc else (_plan.NULL, _plan.NULL)  # (pack_nhwc's weight pointers; pack_swap has none)
+    b.launch(ls.pack_x, b.ref("x"), packed_x, *weightless)
+    b.launch(ls.pack_dy, b.ref("dy"), packed_dy, *weightless)
     if ls.sums is None:
         b.launch(ls.gemm, packed_x, packed_dy, _plan.NULL, b.ref("dw"))
     else:
