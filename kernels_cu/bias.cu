@@ -23,7 +23,8 @@
 //          of K channels): block (32, 8) of grid (K / 32, slices) sums 32 channels over rows [y·slice_rows,
 //          (y + 1)·slice_rows), a warp reading 32 adjacent channels of a row, its 8 row lanes added in a fixed
 //          order into partials[y][k] (the arithmetic type);
-// Kernel   bias_grad_nhwc_sum<T>(partials, db, slices, K)   db[k] = Σ over y in order: deterministic, no atomics.
+// Kernel   bias_grad_nhwc_sum<T>(partials, db, slices, K)   db[k] = Σ over y, a warp per channel (8 per block):
+//          lane l adds slices l, l + 32, ..., then a fixed butterfly: deterministic, no atomics.
 #include "common.cuh"
 
 using cuconv::i64;
@@ -131,10 +132,12 @@ template <typename T>
 __global__ void __launch_bounds__(256) bias_grad_nhwc_sum(const typename cuconv::Acc<T>::type* __restrict__ partials,
                                                           T* __restrict__ db, i64 slices, i64 K) {
     typedef typename cuconv::Acc<T>::type Acc;
-    for (i64 k = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; k < K;
-         k += static_cast<i64>(gridDim.x) * blockDim.x) {
-        Acc sum = 0;
-        for (i64 y = 0; y < slices; ++y) sum += partials[y * K + k];
-        db[k] = cuconv::from_acc<T>(sum);
-    }
+    const i64 k = static_cast<i64>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (k >= K) return;  // whole warps: the butterfly below has every lane of a live warp
+    Acc sum = 0;
+    for (i64 y = lane; y < slices; y += 32) sum += partials[y * K + k];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) db[k] = cuconv::from_acc<T>(sum);
 }

@@ -1096,6 +1096,9 @@ depthwise_nhwc_wgrad(const T* __restrict__ x, const T* __restrict__ dy, typename
     const long long rows = g.n * g.p;
     const long long first = static_cast<long long>(blockIdx.y) * rows_per_slice;
     const long long last = min(rows, first + rows_per_slice);
+    // (a row's offsets in 32 bits: W·C and Q·C elements are below 2^31, as the Python twin checks)
+    const int cc = static_cast<int>(g.c), q_count = static_cast<int>(g.q), w_count = static_cast<int>(g.w);
+    const int sw = static_cast<int>(g.stride_w), pw = static_cast<int>(g.pad_left), dw = static_cast<int>(g.dil_w);
     if (live) {
         for (long long row = first + threadIdx.y; row < last; row += 8) {
             const long long n = row / g.p, op = row - n * g.p;
@@ -1103,14 +1106,14 @@ depthwise_nhwc_wgrad(const T* __restrict__ x, const T* __restrict__ dy, typename
             if (ih < 0 || ih >= g.h) continue;
             const T* __restrict__ dyr = dy + row * g.q * g.c + c0;
             const T* __restrict__ xr = x + (n * g.h + ih) * g.w * g.c + c0;
-            for (long long oq = 0; oq < g.q; ++oq) {
-                const uint4 dv = __ldg(reinterpret_cast<const uint4*>(dyr + oq * g.c));
-                const long long iw0 = oq * g.stride_w - g.pad_left;
+            for (int oq = 0; oq < q_count; ++oq) {
+                const uint4 dv = __ldg(reinterpret_cast<const uint4*>(dyr + oq * cc));
+                const int iw0 = oq * sw - pw;
 #pragma unroll
                 for (int s = 0; s < S_MAX; ++s) {
-                    const long long iw = iw0 + s * g.dil_w;
-                    if (s >= s_count || iw < 0 || iw >= g.w) continue;
-                    const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr + iw * g.c));
+                    const int iw = iw0 + s * dw;
+                    if (s >= s_count || iw < 0 || iw >= w_count) continue;
+                    const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr + iw * cc));
 #pragma unroll
                     for (int e = 0; e < V; ++e) acc[s][e] = fma(elem_of<T>(xv, e), elem_of<T>(dv, e), acc[s][e]);
                 }
@@ -1141,19 +1144,21 @@ depthwise_nhwc_wgrad(const T* __restrict__ x, const T* __restrict__ dy, typename
     }
 }
 
-// depthwise_nhwc_wgrad_reduce<T>(partial, dw, slices, C, taps): dw[c·taps + t] = Σ over slices j, in order, of
-//     partial[j][t][c] (a thread per weight element).
+// depthwise_nhwc_wgrad_reduce<T>(partial, dw, slices, C, taps): dw[c·taps + t] = Σ over slices j of
+//     partial[j][t][c], a warp per weight element (8 per block): lane l adds slices l, l + 32, ..., then a fixed
+//     butterfly (deterministic).
 template <typename T>
 __global__ void __launch_bounds__(256)
 depthwise_nhwc_wgrad_reduce(const typename cuconv::Acc<T>::type* __restrict__ partial, T* __restrict__ dw,
                             long long slices, long long c, long long taps) {
     using Acc = typename cuconv::Acc<T>::type;
-    const long long total = c * taps;
-    for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-         i += static_cast<long long>(gridDim.x) * blockDim.x) {
-        const long long ch = i / taps, t = i - ch * taps;
-        Acc sum = 0;
-        for (long long j = 0; j < slices; ++j) sum += partial[(j * taps + t) * c + ch];
-        dw[i] = cuconv::from_acc<T>(sum);
-    }
+    const long long i = static_cast<long long>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (i >= c * taps) return;  // whole warps
+    const long long ch = i / taps, t = i - ch * taps;
+    Acc sum = 0;
+    for (long long j = lane; j < slices; j += 32) sum += partial[(j * taps + t) * c + ch];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) dw[i] = cuconv::from_acc<T>(sum);
 }

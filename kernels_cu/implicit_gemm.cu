@@ -166,14 +166,16 @@ pack_nhwc_narrow(const T* __restrict__ src, T* __restrict__ dst, const T* __rest
 }
 
 // wgrad on channels-last activations: x (N, H·W, C) and dy (N, P·Q, K) as transposed_spec reads them, C
-// images (K filter rows) of N channels: src (a, b, c) at a·src_a + b·src_b + c -> dst (c, b, a) at c·dst_c +
-// b·ap + a, a zero-filled up to ap (the padded samples), float32 rounded to TF32 on the way. Block (32, 8)
-// transposes a 32 (a) x 64 (c) tile of one b through shared memory: its loads along c and its stores along a are
-// both contiguous runs, 8 loads in flight a thread. Grid (c tiles, a tiles over ap, b), b walking the rest past
-// gridDim.z.
+// images (K filter rows) of N channels: src (a, b, c) at a·src_a + b·c_count + c -> dst (c, b, a) at c·dst_c +
+// b·ap + a, a zero-filled up to ap (the padded samples), float32 rounded to TF32 on the way. A sample's pixels
+// are one run of l = b_count·c_count elements, so block (32, 8) transposes tiles of 32 samples x 64 of the run
+// (j = b·c_count + c) through shared memory: a warp loads 32 adjacent elements of one sample and stores 32
+// adjacent samples of one (c, b), whatever the channels (a stem's 3 fill the tile as well as 256), 8 loads in
+// flight a thread. Grid (tile columns, capped: blocks walk them; sample tiles over ap). A run is below 2^31
+// elements (the packed x is: Python twin): 32-bit j.
 struct SwapShape {
     int a, b, c, ap;
-    long long src_a, src_b, dst_c;
+    long long src_a, l, dst_c;
 };
 static_assert(sizeof(SwapShape) == 40 && alignof(SwapShape) == 8,
               "SWAP_SHAPE_DTYPE in cuconv/families/implicit_gemm.py has this layout");
@@ -181,27 +183,29 @@ static_assert(sizeof(SwapShape) == 40 && alignof(SwapShape) == 8,
 template <typename T, bool kTf32>
 __global__ void __launch_bounds__(256)
 pack_swap(const T* __restrict__ src, T* __restrict__ dst, const SwapShape ss) {
-    constexpr int kHalves = 2;  // 32-channel halves of a tile
+    constexpr int kHalves = 2;  // 32-element halves of a tile's run
     __shared__ T tile[kHalves][32][33];
-    const int c0 = blockIdx.x * 32 * kHalves, a0 = blockIdx.y * 32;
-    const int tx = threadIdx.x, ty = threadIdx.y;
-    for (int b = blockIdx.z; b < ss.b; b += gridDim.z) {
-        const T* s = src + b * ss.src_b;
+    const int a0 = blockIdx.y * 32, tx = threadIdx.x, ty = threadIdx.y;
+    const int l = static_cast<int>(ss.l), tiles = (l + 32 * kHalves - 1) / (32 * kHalves);
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int j0 = t * 32 * kHalves;
 #pragma unroll
         for (int half = 0; half < kHalves; ++half)
 #pragma unroll
-            for (int i = ty; i < 32; i += 8) {  // tile[half][a][c] = src (a0 + i, b, c0 + 32·half + tx)
-                const int a = a0 + i, c = c0 + half * 32 + tx;
-                tile[half][i][tx] = a < ss.a && c < ss.c ? igemm::prepare<T, kTf32>(s[a * ss.src_a + c]) : zero<T>();
+            for (int i = ty; i < 32; i += 8) {  // tile[half][a][j] = src (a0 + i, j0 + 32·half + tx)
+                const int a = a0 + i, j = j0 + half * 32 + tx;
+                tile[half][i][tx] = a < ss.a && j < l ? igemm::prepare<T, kTf32>(src[a * ss.src_a + j]) : zero<T>();
             }
         __syncthreads();
-        T* d = dst + static_cast<long long>(b) * ss.ap;
 #pragma unroll
         for (int half = 0; half < kHalves; ++half)
 #pragma unroll
-            for (int i = ty; i < 32; i += 8) {  // dst (c0 + 32·half + i, b, a0 + tx)
-                const int c = c0 + half * 32 + i, a = a0 + tx;
-                if (c < ss.c && a < ss.ap) d[c * ss.dst_c + a] = tile[half][tx][i];
+            for (int i = ty; i < 32; i += 8) {  // dst (c, b, a0 + tx) of j = j0 + 32·half + i (one per warp)
+                const int j = j0 + half * 32 + i, a = a0 + tx;
+                if (j < l && a < ss.ap) {
+                    const int b = j / ss.c, c = j - b * ss.c;
+                    dst[c * ss.dst_c + static_cast<long long>(b) * ss.ap + a] = tile[half][tx][i];
+                }
             }
         __syncthreads();
     }

@@ -93,7 +93,7 @@ class NhwcGrad:
         i64 = numpy.int64
         self.part = _loader.prepare(STEM, NAME_EXPRESSIONS, f"bias_grad_nhwc_part<{ctype}>", (tiles, slices, 1),
                                     (32, 8, 1), 2, (i64(rows), i64(k), i64(slice_rows)))
-        self.sum = _loader.prepare(STEM, NAME_EXPRESSIONS, f"bias_grad_nhwc_sum<{ctype}>", (_loader.blocks(k), 1, 1),
+        self.sum = _loader.prepare(STEM, NAME_EXPRESSIONS, f"bias_grad_nhwc_sum<{ctype}>", (-(-k // 8), 1, 1),
                                    (_loader.THREADS, 1, 1), 2, (i64(slices), i64(k)))
         self.partial_bytes = slices * k * (8 if dtype.itemsize == 8 else 4)
 

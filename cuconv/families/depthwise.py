@@ -162,8 +162,8 @@ def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precisi
     if pass_ == "wgrad" and spec.s > _NHWC_WGRAD_MAX_S:
         return f"on channels-last tensors its wgrad keeps a kernel row's taps in registers: at most " \
                f"{_NHWC_WGRAD_MAX_S} columns"
-    if pass_ != "fprop" and max(*spec.stride, *spec.dilation, *spec.pad) >= 2**31:
-        return "its channels-last backward kernels hold strides, dilations and paddings in 32 bits"
+    if pass_ != "fprop" and max(*spec.stride, *spec.dilation, *spec.pad, spec.w * spec.c, spec.q * spec.c) >= 2**31:
+        return "its channels-last backward kernels hold strides, dilations, paddings and a row's offsets in 32 bits"
     return None
 
 
@@ -202,8 +202,8 @@ def _nhwc_weight(spec: ConvSpec, dtype, flip: bool) -> "_loader.PreparedLaunch":
 
 # depthwise_nhwc_wgrad: about this many blocks (of 256 threads) per SM over the device, each row lane of a block
 # at least _NHWC_WGRAD_MIN_ROWS dy rows
-_NHWC_WGRAD_BLOCKS_PER_SM = 8
-_NHWC_WGRAD_MIN_ROWS = 2
+_NHWC_WGRAD_BLOCKS_PER_SM = 4
+_NHWC_WGRAD_MIN_ROWS = 4
 
 
 @functools.lru_cache(maxsize=1024)
@@ -225,7 +225,7 @@ def _nhwc_wgrad_launches(spec: ConvSpec, dtype, sm_count: int):
                               (32, 8, 1), 3, (_loader.conv_geometry(spec), numpy.int64(rows_per_slice)))
     taps = spec.r * spec.s
     reduce = _loader.prepare(STEM, NAME_EXPRESSIONS, f"depthwise_nhwc_wgrad_reduce<{ctype}>",
-                             (_loader.blocks(spec.c * taps), 1, 1), (_THREADS, 1, 1), 2,
+                             (-(-spec.c * taps // 8), 1, 1), (_THREADS, 1, 1), 2,
                              (numpy.int64(slices), numpy.int64(spec.c), numpy.int64(taps)))
     acc = 8 if dtype.itemsize == 8 else 4
     return slices * taps * spec.c * acc, partial, reduce

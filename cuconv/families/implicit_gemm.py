@@ -677,7 +677,8 @@ def _wgrad_sizes(spec: ConvSpec, dtype, tile, splits: int):
 
 
 SWAP_SHAPE_DTYPE = numpy.dtype([(f, numpy.int32) for f in ("a", "b", "c", "ap")]
-                                + [(f, numpy.int64) for f in ("src_a", "src_b", "dst_c")], align=True)
+                                + [(f, numpy.int64) for f in ("src_a", "l", "dst_c")], align=True)
+_SWAP_MAX_COLUMN_BLOCKS = 4096  # pack_swap's blocks along a sample's run: more tiles are walked
 
 
 def _swap_launch(dtype, a: int, b: int, c: int, ap: int, dst_c: int) -> "_loader.PreparedLaunch":
@@ -685,9 +686,9 @@ def _swap_launch(dtype, a: int, b: int, c: int, ap: int, dst_c: int) -> "_loader
     zero-padded to ``ap``, each c ``dst_c`` elements after the previous (pointers: source, packed)."""
     ctype = _dtypes.ctype_of(dtype)
     name = f"pack_swap<{ctype},{_tf32(ctype)}>"
-    shape = numpy.array((a, b, c, ap, b * c, c, dst_c), dtype=SWAP_SHAPE_DTYPE)[()]
-    return _loader.PreparedLaunch(_fn(name), name, (-(-c // 64), -(-ap // 32), min(b, _MAX_GRID_Z)), (32, 8, 1), 2,
-                                  (shape,))
+    shape = numpy.array((a, b, c, ap, b * c, b * c, dst_c), dtype=SWAP_SHAPE_DTYPE)[()]
+    columns = min(max(1, -(-b * c // 64)), _SWAP_MAX_COLUMN_BLOCKS)
+    return _loader.PreparedLaunch(_fn(name), name, (columns, -(-ap // 32), 1), (32, 8, 1), 2, (shape,))
 
 
 @functools.lru_cache(maxsize=1024)
