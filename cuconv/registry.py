@@ -25,13 +25,18 @@ from . import _plan
 from .families import (bias as _bias, depthwise, direct, direct_smem, elementwise, grouped_direct, grouped_mma,
                        im2col_gemm, implicit_gemm, winograd, winograd_fused)
 
-__all__ = ["PASSES", "LAYOUTS", "algorithms", "select_nhwc", "select_algorithm", "resolve", "get", "prepare", "cpu",
+__all__ = ["PASSES", "LAYOUTS", "WEIGHT_LAYOUTS", "takes_krsc", "algorithms", "select_nhwc", "select_algorithm", "resolve", "get", "prepare", "cpu",
            "reason_unsupported"]
 
 PASSES = ("fprop", "dgrad", "wgrad")
 # Memory layouts of the activations a plan reads and writes: "nchw" (C-contiguous (N, C, H, W)) and "nhwc"
 # (channels-last: (N, C, H, W) in shape, (N, H, W, C) in memory); weights are KCRS in both.
 LAYOUTS = ("nchw", "nhwc")
+# Memory layouts of the weight (and of wgrad's dW): "kcrs" (C-contiguous (K, C/groups, R, S)) and "krsc"
+# (channels-last: (K, R, S, C/groups) in memory), the second with channels-last activations, for the families of
+# _KRSC_FAMILIES (their packs read it; 1x1 and depthwise weights are the same memory either way).
+WEIGHT_LAYOUTS = ("kcrs", "krsc")
+_KRSC_FAMILIES = ("implicit_gemm",)
 
 # Each family and the passes it implements, in order of preference for `auto` where nothing more specific
 # applies.
@@ -59,17 +64,25 @@ def get(name: str):
     return _REGISTRY[name][0]
 
 
+def takes_krsc(name: str) -> bool:
+    """Whether algorithm ``name``'s channels-last plans read a channels-last weight (and write wgrad's dW so)."""
+    return name in _KRSC_FAMILIES
+
+
 @functools.lru_cache(maxsize=4096)
 def prepare(name: str, pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
-            bias: bool = False, layout: str = "nchw") -> "_plan.Plan":
+            bias: bool = False, layout: str = "nchw", weights: str = "kcrs") -> "_plan.Plan":
     """The plan of algorithm ``name`` for ``pass_`` (``cuconv._plan``), made on ``env.device`` (the current
     device), memoized per signature. ``layout="nhwc"``: the activations (x, out, dy, dx) channels-last in memory,
-    weights KCRS (for algorithms that serve it: ``reason_unsupported(..., layout="nhwc")``). Nothing to compute:
+    weights KCRS (for algorithms that serve it: ``reason_unsupported(..., layout="nhwc")``), or with
+    ``weights="krsc"`` channels-last too (``takes_krsc``). Nothing to compute:
     an empty plan; no input channels (a forward of sums over nothing) or, backward, an empty batch or no filters:
     the result filled with the bias or zeros."""
     dtype = numpy.dtype(dtype)
     if layout not in LAYOUTS:
         raise ValueError(f"cuconv: unknown layout {layout!r}; expected one of {LAYOUTS}")
+    if weights not in WEIGHT_LAYOUTS or (weights == "krsc" and (layout != "nhwc" or not takes_krsc(name))):
+        raise ValueError(f"cuconv: {name} takes no {weights!r} weights with {layout!r} activations")
     b = _plan.Builder(pass_, env)
     if pass_ == "fprop":
         if spec.n * spec.k * spec.p * spec.q == 0:
@@ -88,6 +101,9 @@ def prepare(name: str, pass_: str, spec: ConvSpec, dtype, precision: str, env: "
         if count:
             b.launch(elementwise.fill(dtype, count), b.ref("dx" if pass_ == "dgrad" else "dw"))
         return b.plan(name)
+    if weights == "krsc":
+        return _REGISTRY[name][0].prepare(pass_, spec, dtype, precision, env, bias=bias, layout=layout,
+                                          weights=weights)
     if layout == "nhwc":
         return _REGISTRY[name][0].prepare(pass_, spec, dtype, precision, env, bias=bias, layout=layout)
     return _REGISTRY[name][0].prepare(pass_, spec, dtype, precision, env, bias=bias)

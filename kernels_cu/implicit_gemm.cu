@@ -49,7 +49,8 @@ using namespace cuconv;
 // ch >= c and past r·s·cp (the last k tile's padding); elements first, first + step, ... of w_total (0:
 // no weight in this launch). With w_flip the source is a dgrad's layer weight (groups·w_c, k_valid, r·s)
 // and the forward of dy takes it per group transposed and flipped: packed (k, ch, t) = source (ch, k,
-// rs - 1 - t) (dgrad_forward.py), read in place (no launch writes the flipped copy).
+// rs - 1 - t) (dgrad_forward.py), read in place (no launch writes the flipped copy). With w_krsc the source is
+// channels-last, (k, r·s, ch) (flipped: (ch, r·s, k)): a thread's row elements then read adjacent channels.
 //
 // Both pack kernels take their sizes as one struct (host time per launch argument, see CUCONV_IGEMM_PARAMS):
 // channels c and padded cp, pixels per sample hw, units (pack_nhwc: hw tiles; pack_nhwc_narrow: 16-byte
@@ -62,10 +63,10 @@ using namespace cuconv;
 // stride between pixels (1 for NCHW; C for a channels-last input, which only pack_nhwc_narrow reads: pack_nhwc's
 // tiles read along the pixels and take 1). The Python twin builds the same layout (PACK_SHAPE_DTYPE).
 struct PackShape {
-    int c, cp, hw, units, in_blocks, k_valid, rs, w_c, w_cp, w_kp, w_flip;
+    int c, cp, hw, units, in_blocks, k_valid, rs, w_c, w_cp, w_kp, w_flip, w_krsc;
     long long w_row, w_total, src_sample, src_channel, dst_sample, src_pixel;
 };
-static_assert(sizeof(PackShape) == 96 && alignof(PackShape) == 8,  // 11 ints and 4 bytes of padding, 6 long longs
+static_assert(sizeof(PackShape) == 96 && alignof(PackShape) == 8,  // 12 ints, 6 long longs
               "PACK_SHAPE_DTYPE in cuconv/families/implicit_gemm.py has this layout");
 
 // Block `block` of `blocks` packs rows block, block + blocks, ... of the weight, its 256 threads along a row
@@ -76,10 +77,13 @@ __device__ __forceinline__ void pack_weight_part(const T* __restrict__ src, T* _
     const int row = static_cast<int>(ps.w_row);
     const long long rows = ps.w_total / ps.w_row;
     // element (k, ch, t) of group grp: source ((grp·k_valid + k)·w_c + ch)·rs + t, or flipped
-    // ((grp·w_c + ch)·k_valid + k)·rs + rs - 1 - t
+    // ((grp·w_c + ch)·k_valid + k)·rs + rs - 1 - t; channels-last: ((grp·k_valid + k)·rs + t)·w_c + ch, or
+    // flipped ((grp·w_c + ch)·rs + rs - 1 - t)·k_valid + k
     const long long group_elems = static_cast<long long>(ps.k_valid) * ps.w_c * ps.rs;
-    const long long k_step = ps.w_flip ? ps.rs : static_cast<long long>(ps.w_c) * ps.rs;
-    const long long ch_step = ps.w_flip ? static_cast<long long>(ps.k_valid) * ps.rs : ps.rs;
+    const long long inner = ps.w_flip ? ps.k_valid : ps.w_c;  // (the source's second-slowest extent: c or k)
+    const long long k_step = ps.w_krsc ? (ps.w_flip ? 1 : ps.rs * inner) : (ps.w_flip ? ps.rs : inner * ps.rs);
+    const long long ch_step = ps.w_krsc ? (ps.w_flip ? ps.rs * inner : 1) : (ps.w_flip ? inner * ps.rs : ps.rs);
+    const long long t_step = ps.w_krsc ? inner : 1;
     for (long long kk = block; kk < rows; kk += blocks) {
         const long long grp = kk / ps.w_kp, kl = kk - grp * ps.w_kp;
         const T* s = src + grp * group_elems + kl * k_step;
@@ -88,7 +92,8 @@ __device__ __forceinline__ void pack_weight_part(const T* __restrict__ src, T* _
         for (int j = thread; j < row; j += 256) {
             const int tap = j / ps.w_cp, ch = j - tap * ps.w_cp;
             const int t = ps.w_flip ? ps.rs - 1 - tap : tap;
-            d[j] = k_ok && ch < ps.w_c && tap < ps.rs ? igemm::prepare<T, kTf32>(s[ch * ch_step + t]) : zero<T>();
+            d[j] = k_ok && ch < ps.w_c && tap < ps.rs ? igemm::prepare<T, kTf32>(s[ch * ch_step + t * t_step])
+                                                      : zero<T>();
         }
     }
 }
@@ -219,9 +224,10 @@ pack_swap(const T* __restrict__ src, T* __restrict__ dst, const SwapShape ss) {
 // channels past the group's zero, rows past its filters and k past the phase's taps not written (the GEMM
 // drops those columns and zero-fills k past its reduction). Block (32, 8) transposes a 32 x 32 tile of
 // (channel k, filter c) of one group at one kernel tap through shared memory; grid (c tiles · groups, k tiles
-// over cp, taps). Offsets are 32-bit but the packed row's (Python twin).
+// over cp, taps). krsc: the layer's weight is channels-last, (k, r·s, c). Offsets are 32-bit but the packed
+// row's (Python twin).
 struct PhaseWeights {
-    int groups, kg, cg, kp, cp, r, s, stride_h, stride_w, pad_h, pad_w, unused;
+    int groups, kg, cg, kp, cp, r, s, stride_h, stride_w, pad_h, pad_w, krsc;
     long long w_row, rows;
 };
 static_assert(sizeof(PhaseWeights) == 64 && alignof(PhaseWeights) == 8,  // 12 ints, then 2 long longs
@@ -245,7 +251,8 @@ pack_dgrad_phases(const T* __restrict__ w, T* __restrict__ dst, const PhaseWeigh
 #pragma unroll
     for (int i = ty; i < 32; i += 8) {  // tile[k][c] = w[k0 + i, c0 + tx, t], zero past the group
         const int k = k0 + i, c = c0 + tx;
-        tile[i][tx] = k < pw.kg && c < pw.cg ? igemm::prepare<T, kTf32>(src[(k * pw.cg + c) * rs + t]) : zero<T>();
+        const int from = pw.krsc ? (k * rs + t) * pw.cg + c : (k * pw.cg + c) * rs + t;
+        tile[i][tx] = k < pw.kg && c < pw.cg ? igemm::prepare<T, kTf32>(src[from]) : zero<T>();
     }
     __syncthreads();
     const long long row0 = static_cast<long long>((ph * pw.stride_w + pq) * pw.groups + g) * pw.kp;

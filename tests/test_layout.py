@@ -173,27 +173,38 @@ def _kernels(fn) -> list:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_channels_last_layers_in_place_launch_no_copies(dtype):
-    """A channels-last 3x3 forward whose channels fill 16-byte vectors (its weight KCRS: a channels-last weight
-    is copied to KCRS), and a 1x1 layer's forward and backward (without a bias: the bias gradient reads an NCHW
-    copy of grad_output), run cuconv's launches alone: no copy kernel of torch's before or after them."""
+    """A small network moved to channels_last (its weights too), as a user would: a 3x3 layer with a bias, a
+    strided 3x3 one (dgrad by phases), a grouped one, a depthwise 5x5 with a bias, a strided depthwise, a 1x1 and
+    a strided 1x1. Its forward and its backward (every input and parameter gradient) run cuconv's launches alone:
+    no copy kernel of torch's between them; each gradient in its parameter's format (the weights' channels-last,
+    as torch's, so that autograd keeps them without a copy)."""
     import cuconv.nn
 
-    conv3 = cuconv.nn.Conv2d(32, 64, 3, padding=1, bias=False).to("cuda", dtype)
-    conv1 = cuconv.nn.Conv2d(64, 48, 1, bias=False).to("cuda", dtype).to(memory_format=CL)
-    x = torch.randn(4, 32, 14, 14, device="cuda", dtype=dtype).contiguous(memory_format=CL)
+    net = torch.nn.Sequential(
+        cuconv.nn.Conv2d(32, 64, 3, padding=1), cuconv.nn.Conv2d(64, 64, 3, stride=2, padding=1, bias=False),
+        cuconv.nn.Conv2d(64, 64, 3, padding=1, groups=4, bias=False), cuconv.nn.Conv2d(64, 64, 5, padding=2, groups=64),
+        cuconv.nn.Conv2d(64, 64, 3, stride=2, padding=1, groups=64, bias=False), cuconv.nn.Conv2d(64, 48, 1),
+        cuconv.nn.Conv2d(48, 32, 1, stride=2, bias=False)).to("cuda", dtype).to(memory_format=CL)
+    x = torch.randn(4, 32, 28, 28, device="cuda", dtype=dtype).contiguous(memory_format=CL)
     with torch.no_grad():
-        names = _kernels(lambda: conv3(x))
+        names = _kernels(lambda: net(x))
     assert names and not [n for n in names if "at::native" in n], names
-    y = conv3(x).detach().requires_grad_()
-    dz = torch.randn(4, 48, 14, 14, device="cuda", dtype=dtype).contiguous(memory_format=CL)
+    xg = x.detach().requires_grad_()
+    params = [xg] + list(net.parameters())
+    grads = []
 
     def step():
-        z = conv1(y)
+        z = net(xg)
         assert z.is_contiguous(memory_format=CL)
-        torch.autograd.grad(z, (y, conv1.weight), dz)
+        grads[:] = torch.autograd.grad(z, params, torch.ones_like(z))
 
     names = _kernels(step)
-    assert names and not [n for n in names if "copy" in n.lower() or "nchwToNhwc" in n], names
+    copies = [n for n in names if "copy" in n.lower() or "nchwToNhwc" in n or "nhwcToNchw" in n
+              or "elementwise" in n and "Fill" not in n]
+    assert names and not copies, copies
+    for p, g in zip(params, grads):  # (autograd's layout contract: the strides of dimensions of extent > 1)
+        assert all(n == 1 or a == b for n, a, b in zip(p.shape, p.stride(), g.stride())), (p.shape, p.stride(),
+                                                                                            g.stride())
 
 
 @pytest.mark.gpu

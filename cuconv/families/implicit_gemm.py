@@ -413,7 +413,7 @@ def _kernel(name: str, grid: tuple, block: tuple, scalars: tuple, smem: int = 0)
 
 # The kernels' structs, passed by value: one argument instead of 9 or 17 (host time per launch).
 PACK_SHAPE_DTYPE = numpy.dtype([(f, numpy.int32) for f in ("c", "cp", "hw", "units", "in_blocks", "k_valid", "rs",
-                                                             "w_c", "w_cp", "w_kp", "w_flip")]
+                                                             "w_c", "w_cp", "w_kp", "w_flip", "w_krsc")]
                                + [(f, numpy.int64) for f in ("w_row", "w_total", "src_sample", "src_channel",
                                                              "dst_sample", "src_pixel")], align=True)
 _GEOMETRY_FIELDS = ("h", "w", "cp", "k", "p", "q", "r", "s", "stride_h", "stride_w", "pad_h", "pad_w", "dil_h",
@@ -423,7 +423,7 @@ GEOMETRY_DTYPE = numpy.dtype([(f, numpy.int32) for f in _GEOMETRY_FIELDS]
                              + [(f, numpy.int32) for f in ("split_tiles", "pix", "kp", "grp_a", "w_rows", "out_row",
                                                            "out_col", "unused")], align=True)
 PHASE_WEIGHTS_DTYPE = numpy.dtype([(f, numpy.int32) for f in ("groups", "kg", "cg", "kp", "cp", "r", "s", "stride_h",
-                                                                "stride_w", "pad_h", "pad_w", "unused")]
+                                                                "stride_w", "pad_h", "pad_w", "krsc")]
                                   + [(f, numpy.int64) for f in ("w_row", "rows")], align=True)
 
 # pack_nhwc_narrow up to this many bytes per packed pixel: as fast as pack_nhwc or faster on every benchmark
@@ -433,29 +433,30 @@ _WEIGHT_BLOCKS = 1024     # at most this many blocks of 256 threads pack the wei
 
 
 def _pack_kernel(spec: ConvSpec, dtype, cp: int, samples: int, weight: "Plan" = None,
-                 flip: bool = False, nhwc: bool = False) -> "_loader.PreparedLaunch":
+                 flip: bool = False, nhwc: bool = False, krsc: bool = False) -> "_loader.PreparedLaunch":
     """One launch packing ``samples`` samples (C, H, W) -> (H, W, cp), channels zero-padded (``cp`` the pixel
     stride: all groups' channels), and with a ``weight`` plan also the weight, KCRS -> (groups, kp, w_row)
     zero-padded with k index (r·S + s)·cp + c; float32 rounded to TF32 on the way; with ``flip`` the weight
     given is the layer's whose dgrad ``spec`` is the forward of (``dgrad_forward.forward_weight`` of it is
-    packed); ``nhwc``: the samples are channels-last in memory, (H, W, C). Pointers: x, packed x, w, packed w
-    (ignored without a weight)."""
+    packed); ``nhwc``: the samples are channels-last in memory, (H, W, C); ``krsc``: so is the weight (the
+    layer's). Pointers: x, packed x, w, packed w (ignored without a weight)."""
     hw = spec.h * spec.w
     if nhwc:
         return _pack_launch(dtype, spec.c, cp, hw, samples, spec.c * hw, 1, hw * cp, weight, spec.k_per_group,
-                            spec.r * spec.s, spec.c_per_group, flip, src_pixel=spec.c)
+                            spec.r * spec.s, spec.c_per_group, flip, src_pixel=spec.c, krsc=krsc)
     return _pack_launch(dtype, spec.c, cp, hw, samples, spec.c * hw, hw, hw * cp, weight, spec.k_per_group,
-                        spec.r * spec.s, spec.c_per_group, flip)
+                        spec.r * spec.s, spec.c_per_group, flip, krsc=krsc)
 
 
 def _pack_launch(dtype, c: int, cp: int, hw: int, samples: int, src_sample: int, src_channel: int, dst_sample: int,
                  weight: "Plan" = None, k_valid: int = 0, rs: int = 0, w_c: int = 0,
-                 flip: bool = False, src_pixel: int = 1) -> "_loader.PreparedLaunch":
+                 flip: bool = False, src_pixel: int = 1, krsc: bool = False) -> "_loader.PreparedLaunch":
     """The packing launch: ``samples`` samples of ``c`` channels of ``hw`` pixels, ``src_sample`` and
     ``src_channel`` elements apart (pixels ``src_pixel`` apart: 1 for NCHW, C for channels-last), to (hw, cp)
     each, ``dst_sample`` elements apart, and with a ``weight`` plan the KCRS weight of ``k_valid`` filters per
     group, ``w_c`` channels and ``rs`` taps too (``flip``: read transposed and flipped from a dgrad's layer
-    weight, see ``_pack_kernel``). Pixels of up to 256 bytes, and channels-last inputs, take one thread per
+    weight, see ``_pack_kernel``; ``krsc``: the weight channels-last). Pixels of up to 256 bytes, and
+    channels-last inputs, take one thread per
     16-byte output vector (``pack_nhwc_narrow``: 2-10x faster than pack_nhwc below 64 bytes, where its
     32-channel tiles idle, and up to 20% at 128-256; on a channels-last input its loads are contiguous), wider
     NCHW ones 32 x 64 transposes in shared memory; the weight takes extra blocks of the same launch, one per
@@ -469,7 +470,7 @@ def _pack_launch(dtype, c: int, cp: int, hw: int, samples: int, src_sample: int,
     w_blocks = min(_WEIGHT_BLOCKS, w_total // w_row if w_row else 0)  # a block per row
 
     def shape(units: int, in_blocks: int = 0):
-        return numpy.array((c, cp, hw, units, in_blocks, k_valid, rs, w_c, w_cp, w_kp, flip, w_row, w_total,
+        return numpy.array((c, cp, hw, units, in_blocks, k_valid, rs, w_c, w_cp, w_kp, flip, krsc, w_row, w_total,
                             src_sample, src_channel, dst_sample, src_pixel), dtype=PACK_SHAPE_DTYPE)[()]
 
     if cp * dtype.itemsize <= _NARROW_PIXEL_BYTES or src_pixel != 1:
@@ -556,14 +557,15 @@ def splits_for(m: int, filters: int, tile, k_tiles: int, sm_count: int, smem_per
 
 @functools.lru_cache(maxsize=1024)
 def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int, sm_count: int, smem_per_sm: int,
-              splits: int = None, flip: bool = False, nhwc: bool = False):
+              splits: int = None, flip: bool = False, nhwc: bool = False, krsc: bool = False):
     """(plan, workspace bytes, partial-sum bytes, chunks) of a forward; each chunk (x byte offset, out byte
     offset, packing, GEMM, sum of the splits or None), the first chunk's packing with the weight's. The
     workspace holds the packed weight (kp · w_row elements: whole 128-byte rows), then one chunk's packed input,
     then where the GEMM is split over k (``splits_for``, or ``splits``) the fp32 partial sums. An NchwTile
     packs nothing and is not split: no workspace, packing None. ``flip``: the weight given is a dgrad's layer
     weight, packed transposed and flipped (``_pack_kernel``). ``nhwc``: x and out channels-last in memory (a
-    sample's offset is the same; the pack reads pixels, the GEMM and the sum of the splits write them). Memoized
+    sample's offset is the same; the pack reads pixels, the GEMM and the sum of the splits write them); ``krsc``:
+    the weight channels-last (the pack reads it so; an NchwTile, reading KCRS, takes none). Memoized
     per problem, tile, device, workspace limit and SMs: a layer called again spends no host time planning."""
     pl = plan(spec, dtype, tile, workspace_limit)
     itemsize = numpy.dtype(dtype).itemsize
@@ -577,7 +579,8 @@ def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int, sm
     chunks = []
     for n0 in range(0, spec.n, pl.samples):
         nb = min(pl.samples, spec.n - n0)
-        pack = None if pl.tile.nchw else _pack_kernel(spec, dtype, pl.pix, nb, pl if n0 == 0 else None, flip, nhwc)
+        pack = None if pl.tile.nchw else _pack_kernel(spec, dtype, pl.pix, nb, pl if n0 == 0 else None, flip, nhwc,
+                                                      krsc)
         # (a filter's outputs: planes of P·Q in NCHW, every K-th element in channels-last)
         sums = None if splits == 1 else _sum_kernel(dtype, nb * spec.k * spec.p * spec.q, splits,
                                                      1 if nhwc else spec.p * spec.q, spec.k, sm_count)
@@ -693,9 +696,10 @@ def _swap_launch(dtype, a: int, b: int, c: int, ap: int, dst_c: int) -> "_loader
 
 @functools.lru_cache(maxsize=1024)
 def _wgrad_launches(spec: ConvSpec, dtype, tile, splits: int, device: int, sm_count: int,
-                    nhwc: bool = False) -> WgradLaunches:
+                    nhwc: bool = False, krsc: bool = False) -> WgradLaunches:
     """Memoized per problem, tile, splits, device and SMs (a layer called again plans nothing). ``nhwc``: x and
-    dy channels-last in memory (``pack_swap`` packs them)."""
+    dy channels-last in memory (``pack_swap`` packs them); ``krsc``: dW written channels-last, (K, R, S, C/groups)
+    in memory (the GEMM's images, x's channels, then 1 apart; its R x S pixels S·C/groups and C/groups)."""
     t = transposed_spec(spec)
     pl, x_bytes, dy_bytes, partial_bytes = _wgrad_sizes(spec, dtype, tile, splits)
     hw, pq, rs = spec.h * spec.w, spec.p * spec.q, spec.r * spec.s
@@ -709,8 +713,12 @@ def _wgrad_launches(spec: ConvSpec, dtype, tile, splits: int, device: int, sm_co
     split_tiles = -(-pl.k_tiles // splits)
     splits = -(-pl.k_tiles // split_tiles)  # (no empty range)
     cg, kg = spec.c_per_group, spec.k_per_group
-    gemm = _gemm_launch(t, dtype, pl, cg * rs, kg, spec.groups, cg * hw * pl.cp, kg, (rs, cg * rs), splits,
-                        split_tiles)
+    if krsc:
+        gemm = _gemm_launch(t, dtype, pl, cg * rs, kg, spec.groups, cg * hw * pl.cp, kg, (1, cg * rs), splits,
+                            split_tiles, (spec.s * cg, cg))
+    else:
+        gemm = _gemm_launch(t, dtype, pl, cg * rs, kg, spec.groups, cg * hw * pl.cp, kg, (rs, cg * rs), splits,
+                            split_tiles)
     sums = None if splits == 1 else _sum_kernel(dtype, spec.k * cg * rs, splits, 1, 1, sm_count)
     return WgradLaunches(pack_x, pack_dy, gemm, sums, x_bytes, dy_bytes, partial_bytes)
 
@@ -739,9 +747,9 @@ def _wgrad_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits")
 
 
 def _wgrad_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, splits: int = None,
-                   nhwc: bool = False) -> "_plan.Plan":
-    """wgrad's plan: pack x and dy (two launches; ``nhwc``: from channels-last ones), the GEMM, and where split
-    the sum of its partial sums."""
+                   nhwc: bool = False, krsc: bool = False) -> "_plan.Plan":
+    """wgrad's plan: pack x and dy (two launches; ``nhwc``: from channels-last ones), the GEMM (``krsc``: into a
+    channels-last dW), and where split the sum of its partial sums (in dW's layout)."""
     b = _plan.Builder("wgrad", env)
     tile = tile or wgrad_tile(spec, dtype, env.wgmma)
     if tile.nchw:
@@ -749,7 +757,7 @@ def _wgrad_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, splits: i
     if tile.wgmma and not env.wgmma:
         raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
     splits = splits or wgrad_splits(spec, dtype, tile, env.sm_count, env.smem_per_sm, env.workspace_limit)
-    ls = _wgrad_launches(spec, dtype, tile, splits, env.device, env.sm_count, nhwc)
+    ls = _wgrad_launches(spec, dtype, tile, splits, env.device, env.sm_count, nhwc, krsc)
     packed_x, packed_dy = b.take(ls.x_bytes), b.take(ls.dy_bytes)
     weightless = () if nhwc else (_plan.NULL, _plan.NULL)  # (pack_nhwc's weight pointers; pack_swap has none)
     b.launch(ls.pack_x, b.ref("x"), packed_x, *weightless)
@@ -845,10 +853,12 @@ def _phase_plan(spec: ConvSpec, dtype, tile) -> tuple:
 
 
 @functools.lru_cache(maxsize=1024)
-def _phase_launches(spec: ConvSpec, dtype, tile, device: int, nhwc: bool = False) -> PhaseLaunches:
+def _phase_launches(spec: ConvSpec, dtype, tile, device: int, nhwc: bool = False,
+                    krsc: bool = False) -> PhaseLaunches:
     """Memoized per problem, tile and device (a layer called again plans nothing). ``nhwc``: dy and dx
     channels-last in memory; dy read in place where its pixels are the packed ones (``pack_dy`` None: a group's
-    filters fill whole vectors, in the half types), else packed from channels-last pixels."""
+    filters fill whole vectors, in the half types), else packed from channels-last pixels; ``krsc``: the weight
+    channels-last."""
     cp, kp, w_row, phases = _phase_plan(spec, dtype, tile)
     itemsize, g, pq, hw = numpy.dtype(dtype).itemsize, spec.groups, spec.p * spec.q, spec.h * spec.w
     pix = g * cp
@@ -860,7 +870,7 @@ def _phase_launches(spec: ConvSpec, dtype, tile, device: int, nhwc: bool = False
         pack_dy = _pack_launch(dtype, spec.k, pix, pq, spec.n, spec.k * pq, 1, pq * pix, src_pixel=spec.k)
     rows = spec.stride[0] * spec.stride[1] * g * kp  # every phase's rows, in the kernel's order (ph, pw)
     shape = numpy.array((g, spec.k_per_group, spec.c_per_group, kp, cp, spec.r, spec.s, *spec.stride, spec.pad[0],
-                         spec.pad[2], 0, w_row, rows), dtype=PHASE_WEIGHTS_DTYPE)[()]
+                         spec.pad[2], krsc, w_row, rows), dtype=PHASE_WEIGHTS_DTYPE)[()]
     ctype = _dtypes.ctype_of(dtype)
     name = f"pack_dgrad_phases<{ctype},{_tf32(ctype)}>"
     pack_w = _loader.PreparedLaunch(_fn(name), name, (-(-spec.c_per_group // 32) * g, -(-cp // 32), spec.r * spec.s),
@@ -918,9 +928,10 @@ def _phases_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"
     return None
 
 
-def _phases_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, nhwc: bool = False) -> "_plan.Plan":
+def _phases_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, nhwc: bool = False,
+                    krsc: bool = False) -> "_plan.Plan":
     """A phased dgrad's plan: pack dy (``nhwc``: from channels-last pixels, or not at all where they are the
-    packed ones), pack the phases' weights, a GEMM per phase."""
+    packed ones), pack the phases' weights (``krsc``: from a channels-last one), a GEMM per phase."""
     b = _plan.Builder("dgrad", env)
     if spec.n * spec.c * spec.h * spec.w == 0:
         return b.plan(STEM)
@@ -929,7 +940,7 @@ def _phases_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, nhwc: bo
     tile = tile or phase_tile(spec, dtype, env.wgmma)
     if tile.wgmma and not env.wgmma:
         raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
-    ls = _phase_launches(spec, numpy.dtype(dtype), tile, env.device, nhwc)
+    ls = _phase_launches(spec, numpy.dtype(dtype), tile, env.device, nhwc, krsc)
     packed_dy = b.take(ls.dy_bytes) if ls.pack_dy is not None else b.ref("dy")
     packed_w = b.take(ls.w_bytes)
     if spec.k:
@@ -943,7 +954,7 @@ def _phases_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, nhwc: bo
 
 
 def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
-            tile: Tile = None, splits: int = None, layout: str = "nchw") -> "_plan.Plan":
+            tile: Tile = None, splits: int = None, layout: str = "nchw", weights: str = "kcrs") -> "_plan.Plan":
     """The plan of ``pass_`` (see ``cuconv._plan``): per chunk, the packing launch and the GEMM (an NchwTile:
     the GEMM alone, reading x and w as they are); dgrad as the forward convolution of dy
     (``dgrad_forward.forward_spec``), its packing launch reading the weight transposed and flipped (an
@@ -953,14 +964,19 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     workspace holds the packed weight, then one chunk's packed input. ``tile`` forces one of ``TILES`` (tests).
     float32 computes TF32. ``layout="nhwc"``: the activations channels-last in memory (``reason_unsupported_nhwc``):
     the forward and the stride-1 dgrad in place where ``nhwc_in_place`` holds, else packed from channels-last
-    pixels; the phases and wgrad's packs read channels-last pixels."""
+    pixels; the phases and wgrad's packs read channels-last pixels. ``weights="krsc"`` (with channels-last
+    activations): the weight, and wgrad's dW, channels-last too ((K, R, S, C/groups) in memory)."""
     nhwc = layout == "nhwc"
+    if weights not in ("kcrs", "krsc") or (weights == "krsc" and not nhwc):
+        raise ValueError(f"implicit_gemm: weights {weights!r} with {layout!r} activations; channels-last weights "
+                         "('krsc') go with channels-last activations ('nhwc')")
+    krsc = weights == "krsc"
     if pass_ == "wgrad":
-        return _wgrad_prepare(spec, numpy.dtype(dtype), env, tile, splits, nhwc)
+        return _wgrad_prepare(spec, numpy.dtype(dtype), env, tile, splits, nhwc, krsc)
     if nhwc:
         if pass_ == "dgrad" and dgrad_forward.forward_spec(spec) is None:
-            return _phases_prepare(spec, dtype, env, tile, nhwc=True)
-        return _nhwc_forward_plan(pass_, spec, numpy.dtype(dtype), env, tile, bias)
+            return _phases_prepare(spec, dtype, env, tile, nhwc=True, krsc=krsc)
+        return _nhwc_forward_plan(pass_, spec, numpy.dtype(dtype), env, tile, bias, krsc)
     if tile is not None and tile.wgmma and not env.wgmma:
         raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
     if pass_ == "dgrad":
@@ -976,17 +992,17 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
 
 
 def _forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, splits: int, operands: tuple,
-                  nhwc: bool = False) -> "_plan.Plan":
+                  nhwc: bool = False, krsc: bool = False) -> "_plan.Plan":
     """The forward ``spec``'s launches as ``pass_``'s plan, its input, weight, bias (None: none) and output the
-    plan's ``operands`` (``nhwc``: the input and output channels-last in memory); a dgrad's (the forward of dy)
-    packs the layer's weight flipped."""
+    plan's ``operands`` (``nhwc``: the input and output channels-last in memory; ``krsc``: the weight); a dgrad's
+    (the forward of dy) packs the layer's weight flipped."""
     b = _plan.Builder(pass_, env)
     if spec.n * spec.k * spec.p * spec.q == 0:
         return b.plan(STEM)
     x, w, bias, out = operands
     bias_ref = _plan.NULL if bias is None else b.ref(bias)
     pl, packed, partial_bytes, chunks = _launches(spec, dtype, tile, env.device, env.workspace_limit, env.sm_count,
-                                                  env.smem_per_sm, splits, pass_ == "dgrad", nhwc)
+                                                  env.smem_per_sm, splits, pass_ == "dgrad", nhwc, krsc)
     if not packed:  # an NchwTile: the GEMM reads x and w as they are
         for x_offset, out_offset, _, gemm, _ in chunks:
             b.launch(gemm, b.ref(x, x_offset), b.ref(w), bias_ref, b.ref(out, out_offset))
@@ -1052,7 +1068,8 @@ def nhwc_in_place(spec: ConvSpec, dtype) -> bool:
     return itemsize == 2 and spec.c_per_group == _padded_channels(spec, itemsize)
 
 
-def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, bias: bool) -> "_plan.Plan":
+def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, bias: bool,
+                       krsc: bool = False) -> "_plan.Plan":
     """A forward or stride-1 dgrad on channels-last activations (the forward of dy into dx, the pack reading the
     layer's weight transposed and flipped). Where ``nhwc_in_place`` holds: one GEMM over every pixel of the batch,
     reading its input in place and storing NHWC rows (the epilogue's output strides: an image P·Q·K elements, a
@@ -1070,15 +1087,15 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
     operands = ("x", "w", "bias" if bias and pass_ == "fprop" else None, "out") if pass_ == "fprop" else \
         ("dy", "w", None, "dx")
     if not nhwc_in_place(fspec, dtype):
-        return _forward_plan(pass_, fspec, dtype, env, tile, None, operands, nhwc=True)
+        return _forward_plan(pass_, fspec, dtype, env, tile, None, operands, nhwc=True, krsc=krsc)
     pl = plan(fspec, dtype, tile, env.workspace_limit)
     m = fspec.n * fspec.p * fspec.q
     if m * fspec.k >= _INT_MAX or fspec.n * fspec.h * fspec.w * fspec.c >= _INT_MAX:
         raise NotImplementedError("cuconv: implicit_gemm's channels-last GEMM indexes its input and output in 32 bits")
     x, _, bias_operand, out = operands
     packed_w = b.take(pl.weight_bytes(dtype.itemsize))
-    b.launch(_pack_kernel(fspec, dtype, pl.pix, 0, pl, flip=pass_ == "dgrad"), _plan.NULL, _plan.NULL, b.ref("w"),
-             packed_w)
+    b.launch(_pack_kernel(fspec, dtype, pl.pix, 0, pl, flip=pass_ == "dgrad", krsc=krsc), _plan.NULL, _plan.NULL,
+             b.ref("w"), packed_w)
     gemm = _gemm_launch(fspec, dtype, pl, m, fspec.k_per_group, pl.groups, pl.cp, pl.kp,
                         (fspec.p * fspec.q * fspec.k, 1), 1, pl.k_tiles, out_pixel=(fspec.q * fspec.k, fspec.k))
     b.launch(gemm, b.ref(x), packed_w, _plan.NULL if bias_operand is None else b.ref(bias_operand), b.ref(out))

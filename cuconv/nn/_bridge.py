@@ -136,11 +136,12 @@ class Layer:
 
     __slots__ = ("spec", "dtype", "np_dtype", "device", "index", "precision", "algo", "bias", "x_shape", "w_shape",
                  "out_shape", "benchmark", "workspace_limit", "_aligned", "_unaligned", "_bias_grad", "_lock", "fprop",
-                 "_bytes", "channels_last", "nhwc", "x_format", "_out_strides", "_dx_strides", "_bias_grad_nhwc")
+                 "_bytes", "channels_last", "nhwc", "x_format", "_out_strides", "_dx_strides", "_bias_grad_nhwc",
+                 "krsc", "w_format", "_dw_strides")
 
     def __init__(self, spec: ConvSpec, dtype: torch.dtype, device: torch.device, precision: str, algo: str,
                  bias: bool, x_shape: tuple, benchmark: bool = False, workspace_limit: int = None,
-                 channels_last: bool = False):
+                 channels_last: bool = False, w_channels_last: bool = False):
         self.spec, self.dtype, self.device, self.precision, self.algo, self.bias = (spec, dtype, device, precision,
                                                                                     algo, bias)
         self.np_dtype = _NUMPY_DTYPES[dtype]
@@ -167,6 +168,15 @@ class Layer:
                                                          spec, self.np_dtype, precision, pass_, self.workspace_limit)
         # the memory format the forward takes x in (None: contiguous, the path without keyword arguments)
         self.x_format = torch.channels_last if self.nhwc["fprop"] else None
+        # a channels-last weight (not also contiguous: 1x1 and depthwise ones are) read where it is by the passes
+        # whose channels-last plans take it (``registry.takes_krsc``), wgrad's dW written so, as torch's: where
+        # the forward and the dgrad both do, the layer takes w channels-last (``w_format``), else contiguous
+        self.krsc = {pass_: bool(self.channels_last and w_channels_last and self.nhwc[pass_]
+                                 and _registry.takes_krsc(self.nhwc[pass_])) for pass_ in _registry.PASSES}
+        if not (self.krsc["fprop"] and self.krsc["dgrad"]):
+            self.krsc["fprop"] = self.krsc["dgrad"] = False
+        self.w_format = torch.channels_last if self.krsc["fprop"] else None
+        self._dw_strides = _layout.nhwc_strides(spec.weight_shape)
         self._out_strides = _layout.nhwc_strides(spec.output_shape)
         self._dx_strides = _layout.nhwc_strides(spec.input_shape)
         if self.index >= 0:  # the forward's algorithm is resolved now: a forced one that cannot serve raises here
@@ -181,7 +191,8 @@ class Layer:
     def _prepare(self, pass_: str, name: str, aligned: bool) -> "_plan.Plan":
         env = _plan.env(self.index, self.workspace_limit, aligned)
         return _registry.prepare(name, pass_, self.spec, self.np_dtype, self.precision, env,
-                                 self.bias and pass_ == "fprop", "nhwc" if self.nhwc[pass_] else "nchw")
+                                 self.bias and pass_ == "fprop", "nhwc" if self.nhwc[pass_] else "nchw",
+                                 "krsc" if self.krsc[pass_] else "kcrs")
 
     def plan(self, pass_: str, ptrs: tuple) -> "_plan.Plan":
         """The plan of ``pass_`` for these operand pointers (aligned or not), made the first time."""
@@ -368,7 +379,8 @@ class Layer:
                 if dy_nhwc is None:
                     dy_nhwc = _nhwc_operand(dy)
                 x = _nhwc_operand(x)
-                dw = dy.new_empty(self.w_shape)
+                dw = dy.new_empty_strided(self.w_shape, self._dw_strides) if self.krsc["wgrad"] else \
+                    dy.new_empty(self.w_shape)
                 self._run_pass("wgrad", (x.data_ptr(), dy_nhwc.data_ptr(), dw.data_ptr()), eager)
             else:
                 if dy_nchw is None:

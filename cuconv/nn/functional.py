@@ -114,7 +114,8 @@ def _layer(x, w, b, spec: ConvSpec, algo: str, precision: str) -> "_bridge.Layer
         with torch.cuda.device(device.index):
             return _layer(x, w, b, spec, algo, precision)
     return _bridge.Layer(spec, x.dtype, device, precision, algo, b is not None, tuple(x.shape), config.benchmark,
-                         channels_last=_layout.result_channels_last(x, w, device.type == "cuda"))
+                         channels_last=_layout.result_channels_last(x, w, device.type == "cuda"),
+                         w_channels_last=w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous())
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -237,7 +238,10 @@ def _run_layer(layer, x, w, b):
             x = x.contiguous(memory_format=layer.x_format)
     elif not x.is_contiguous() and not layer.channels_last:  # (a channels-last layer's forward copies x itself)
         x = x.contiguous()
-    if not w.is_contiguous():
+    if layer.w_format is not None:  # (a channels-last weight the layer's plans read where it is)
+        if not w.is_contiguous(memory_format=layer.w_format):
+            w = w.contiguous(memory_format=layer.w_format)
+    elif not w.is_contiguous():
         w = w.contiguous()
     if b is not None and not b.is_contiguous():
         b = b.contiguous()

@@ -288,12 +288,22 @@ def _nhwc(a):
     return cupy.ascontiguousarray(a.transpose(0, 2, 3, 1))
 
 
+def _weight(w, dtype, weights: str):
+    """The weight on the GPU in ``weights``' layout: KCRS, or channels-last ((K, R, S, C/groups) in memory)."""
+    import cupy
+
+    wg = cupy.asarray(w.astype(dtype))
+    return _nhwc(wg) if weights == "krsc" else wg
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("weights", ["kcrs", "krsc"])
 @pytest.mark.parametrize("case,dtype_name", _nhwc_cases())
-def test_forward_on_channels_last_tensors(case, dtype_name):
+def test_forward_on_channels_last_tensors(case, dtype_name, weights):
     """x and out channels-last in memory: in place where a group's channels fill 16-byte vectors in the half
     types (the weight's pack, one GEMM reading x where it is), else packed from channels-last pixels; NHWC rows
-    stored; on integers, bit for bit the CPU path's result, into a NaN-poisoned out."""
+    stored; the weight KCRS or channels-last; on integers, bit for bit the CPU path's result, into a NaN-poisoned
+    out."""
     import cupy
 
     from cuconv import _plan
@@ -306,17 +316,18 @@ def test_forward_on_channels_last_tensors(case, dtype_name):
     want = cuconv.conv2d(x4.astype(dtype), w.astype(dtype), None if b is None else b.astype(dtype), **case.kwargs)
     xg = _nhwc(cupy.asarray(x4.astype(dtype)))
     out = cupy.full((spec.n, spec.p, spec.q, spec.k), numpy.nan, dtype=dtype)
-    wg, bg = cupy.asarray(w.astype(dtype)), None if b is None else cupy.asarray(b.astype(dtype))
+    wg, bg = _weight(w, dtype, weights), None if b is None else cupy.asarray(b.astype(dtype))
     plan = implicit_gemm.prepare("fprop", spec, dtype, "tf32", _plan.current_env(xg, wg, bg, out), b is not None,
-                                 layout="nhwc")
+                                 layout="nhwc", weights=weights)
     _plan.run_arrays(plan, xg, wg, bg, out)
     numpy.testing.assert_array_equal(cupy.asnumpy(out.transpose(0, 3, 1, 2)).astype(numpy.float64),
                                      want.astype(numpy.float64))
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("weights", ["kcrs", "krsc"])
 @pytest.mark.parametrize("case,dtype_name", _nhwc_cases("dgrad"))
-def test_dgrad_on_channels_last_tensors(case, dtype_name):
+def test_dgrad_on_channels_last_tensors(case, dtype_name, weights):
     """dy and dx channels-last in memory: at stride 1 the forward GEMM of dy (the layer's weight packed transposed
     and flipped), at a stride a GEMM per phase, dy read in place or packed from channels-last pixels, dx's NHWC
     rows (every stride-th pixel for a phase) stored; on integers, bit for bit the CPU path's result, into a
@@ -334,19 +345,22 @@ def test_dgrad_on_channels_last_tensors(case, dtype_name):
     want = cuconv.conv2d_input(x4.shape, w.astype(dtype), dy, **case.kwargs)
     dyg = _nhwc(cupy.asarray(dy))
     dx = cupy.full((spec.n, spec.h, spec.w, spec.c), numpy.nan, dtype=dtype)
-    wg = cupy.asarray(w.astype(dtype))
-    plan = implicit_gemm.prepare("dgrad", spec, dtype, "tf32", _plan.current_env(dyg, wg, dx), layout="nhwc")
+    wg = _weight(w, dtype, weights)
+    plan = implicit_gemm.prepare("dgrad", spec, dtype, "tf32", _plan.current_env(dyg, wg, dx), layout="nhwc",
+                                 weights=weights)
     _plan.run_arrays(plan, dyg, wg, dx)
     numpy.testing.assert_array_equal(cupy.asnumpy(dx.transpose(0, 3, 1, 2)).astype(numpy.float64),
                                      want.astype(numpy.float64))
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("weights", ["kcrs", "krsc"])
 @pytest.mark.parametrize("splits", [None, 3])
 @pytest.mark.parametrize("case,dtype_name", _nhwc_cases("wgrad"))
-def test_wgrad_on_channels_last_tensors(case, dtype_name, splits):
+def test_wgrad_on_channels_last_tensors(case, dtype_name, splits, weights):
     """x and dy channels-last in memory: both packed with samples and channels swapped (``pack_swap``), the GEMM,
-    whole or split over k; on integers, bit for bit the CPU path's dW, into a NaN-poisoned one."""
+    whole or split over k, into dW KCRS or channels-last; on integers, bit for bit the CPU path's dW, into a
+    NaN-poisoned one."""
     import cupy
 
     from cuconv import _plan
@@ -359,8 +373,10 @@ def test_wgrad_on_channels_last_tensors(case, dtype_name, splits):
     dy = numpy.random.default_rng(45).integers(-3, 4, spec.output_shape).astype(dtype)
     want = cuconv.conv2d_weight(x4.astype(dtype), w.shape, dy, **case.kwargs)
     xg, dyg = _nhwc(cupy.asarray(x4.astype(dtype))), _nhwc(cupy.asarray(dy))
-    dw = cupy.full(w.shape, numpy.nan, dtype=dtype)
+    krsc = weights == "krsc"
+    dw = cupy.full((w.shape[0],) + w.shape[2:] + (w.shape[1],) if krsc else w.shape, numpy.nan, dtype=dtype)
     plan = implicit_gemm.prepare("wgrad", spec, dtype, "tf32", _plan.current_env(xg, dyg, dw), splits=splits,
-                                 layout="nhwc")
+                                 layout="nhwc", weights=weights)
     _plan.run_arrays(plan, xg, dyg, dw)
-    numpy.testing.assert_array_equal(cupy.asnumpy(dw).astype(numpy.float64), want.astype(numpy.float64))
+    got = cupy.asnumpy(dw.transpose(0, 3, 1, 2) if krsc else dw)
+    numpy.testing.assert_array_equal(got.astype(numpy.float64), want.astype(numpy.float64))
