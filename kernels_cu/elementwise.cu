@@ -2,7 +2,8 @@
 // library between its launches (its workspace is raw memory, and a CUDA graph captures these like any other
 // launch).
 //
-// Kernel   fill<T>(dst, n, value)      dst[i] = value (a double, converted once)
+// Kernel   fill<T>(dst, n, value)      dst[i] = value (a double, converted once), in 16-byte stores where dst is
+//                                      on a 16-byte boundary
 // Kernel   cast<S, D>(src, dst, n)     dst[i] = src[i] converted, rounded once (fp32 sums to half types)
 // Kernel   sum_partials<A, T>(partials, acc, dst, n, parts)
 //                                      dst[i] = (acc ? acc[i] : 0) + Σ_j partials[j·n + i], summed in A in the
@@ -21,11 +22,21 @@ using cuconv::i64;
 
 template <typename T>
 __global__ void fill(T* __restrict__ dst, i64 n, double value) {
+    constexpr int V = 16 / static_cast<int>(sizeof(T));
     const T v = cuconv::from_acc<T>(static_cast<typename cuconv::Acc<T>::type>(value));
-    for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-         i += static_cast<i64>(gridDim.x) * blockDim.x) {
-        dst[i] = v;
+    const i64 first = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x, step = static_cast<i64>(gridDim.x) *
+                                                                                        blockDim.x;
+    i64 head = 0;
+    if (reinterpret_cast<unsigned long long>(dst) % 16 == 0) {  // (a 16-byte store a thread: the copy bandwidth)
+        alignas(16) T e[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) e[j] = v;
+        const uint4 word = *reinterpret_cast<const uint4*>(e);
+        const i64 vectors = n / V;
+        for (i64 i = first; i < vectors; i += step) reinterpret_cast<uint4*>(dst)[i] = word;
+        head = vectors * V;
     }
+    for (i64 i = head + first; i < n; i += step) dst[i] = v;
 }
 
 template <typename S, typename D>
