@@ -177,12 +177,14 @@ pack_nhwc_narrow(const T* __restrict__ src, T* __restrict__ dst, const T* __rest
 // (j = b·c_count + c) through shared memory: a warp loads 32 adjacent elements of one sample and stores 32
 // adjacent samples of one (c, b), whatever the channels (a stem's 3 fill the tile as well as 256), 8 loads in
 // flight a thread. Grid (tile columns, capped: blocks walk them; sample tiles over ap). A run is below 2^31
-// elements (the packed x is: Python twin): 32-bit j.
+// elements (the packed x is: Python twin): 32-bit j, and b = j / c_count as (j · c_magic) >> c_shift (the
+// Python twin's magic number: exact for j < 2^31; a division per store made the pack issue-bound).
 struct SwapShape {
     int a, b, c, ap;
-    long long src_a, l, dst_c;
+    long long src_a, l, dst_c, c_magic;
+    int c_shift, unused;
 };
-static_assert(sizeof(SwapShape) == 40 && alignof(SwapShape) == 8,
+static_assert(sizeof(SwapShape) == 56 && alignof(SwapShape) == 8,
               "SWAP_SHAPE_DTYPE in cuconv/families/implicit_gemm.py has this layout");
 
 template <typename T, bool kTf32>
@@ -192,24 +194,32 @@ pack_swap(const T* __restrict__ src, T* __restrict__ dst, const SwapShape ss) {
     __shared__ T tile[kHalves][32][33];
     const int a0 = blockIdx.y * 32, tx = threadIdx.x, ty = threadIdx.y;
     const int l = static_cast<int>(ss.l), tiles = (l + 32 * kHalves - 1) / (32 * kHalves);
+    const unsigned long long magic = static_cast<unsigned long long>(ss.c_magic);
+    const T* rows[4];  // this thread's sample rows a0 + ty + 8·ii (null past the samples: zeros)
+#pragma unroll
+    for (int ii = 0; ii < 4; ++ii) rows[ii] = a0 + ty + 8 * ii < ss.a ? src + (a0 + ty + 8 * ii) * ss.src_a : nullptr;
+    T* const column = dst + a0 + tx;  // (this thread's sample in every (c, b) run of dst)
+    const bool a_ok = a0 + tx < ss.ap;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         const int j0 = t * 32 * kHalves;
 #pragma unroll
         for (int half = 0; half < kHalves; ++half)
 #pragma unroll
-            for (int i = ty; i < 32; i += 8) {  // tile[half][a][j] = src (a0 + i, j0 + 32·half + tx)
-                const int a = a0 + i, j = j0 + half * 32 + tx;
-                tile[half][i][tx] = a < ss.a && j < l ? igemm::prepare<T, kTf32>(src[a * ss.src_a + j]) : zero<T>();
+            for (int ii = 0; ii < 4; ++ii) {  // tile[half][a][j] = src (a0 + ty + 8·ii, j0 + 32·half + tx)
+                const int j = j0 + half * 32 + tx;
+                tile[half][ty + 8 * ii][tx] =
+                    rows[ii] != nullptr && j < l ? igemm::prepare<T, kTf32>(rows[ii][j]) : zero<T>();
             }
         __syncthreads();
 #pragma unroll
         for (int half = 0; half < kHalves; ++half)
 #pragma unroll
-            for (int i = ty; i < 32; i += 8) {  // dst (c, b, a0 + tx) of j = j0 + 32·half + i (one per warp)
-                const int j = j0 + half * 32 + i, a = a0 + tx;
-                if (j < l && a < ss.ap) {
-                    const int b = j / ss.c, c = j - b * ss.c;
-                    dst[c * ss.dst_c + static_cast<long long>(b) * ss.ap + a] = tile[half][tx][i];
+            for (int ii = 0; ii < 4; ++ii) {  // dst (c, b, a0 + tx) of j = j0 + 32·half + ty + 8·ii (one per warp)
+                const int j = j0 + half * 32 + ty + 8 * ii;
+                if (j < l && a_ok) {
+                    const int b = static_cast<int>((static_cast<unsigned long long>(j) * magic) >> ss.c_shift);
+                    const int c = j - b * ss.c;
+                    column[c * ss.dst_c + static_cast<long long>(b) * ss.ap] = tile[half][tx][ty + 8 * ii];
                 }
             }
         __syncthreads();

@@ -399,3 +399,19 @@ def test_channels_last_passes_read_in_place_or_pack_channels_last_pixels():
     tiny = _plan.Limits(227 << 10, True, 1024)
     assert "workspace_limit" in implicit_gemm.reason_unsupported_nhwc(spec, f16, "fprop", "tf32", tiny)
     assert implicit_gemm.reason_unsupported_nhwc(dgrad_forward.forward_spec(spec), f16, "fprop", "tf32", tiny) is None
+
+
+def test_pack_swap_divides_by_its_magic_number():
+    """pack_swap finds a run element's pixel as (j · m) >> p (``division_magic``): j // C for every j below 2^31,
+    at the edges of each quotient, for channel counts from 1 to large ones and powers of two."""
+    from cuconv.families import implicit_gemm
+
+    rng = numpy.random.default_rng(0)
+    for d in list(range(1, 600)) + [2**k for k in range(31)] + [2**k + 1 for k in range(30)] + \
+            list(rng.integers(1, 2**24, 300)):
+        m, p = implicit_gemm.division_magic(int(d))
+        assert m < 2**33
+        js = numpy.concatenate([[0, 1, d - 1, d, d + 1, 2**31 - 1, 2**31 - 2], rng.integers(0, 2**31, 64)])
+        for j in js:
+            if 0 <= j < 2**31:
+                assert (int(j) * m) >> p == int(j) // int(d), (d, j)

@@ -680,7 +680,15 @@ def _wgrad_sizes(spec: ConvSpec, dtype, tile, splits: int):
 
 
 SWAP_SHAPE_DTYPE = numpy.dtype([(f, numpy.int32) for f in ("a", "b", "c", "ap")]
-                                + [(f, numpy.int64) for f in ("src_a", "l", "dst_c")], align=True)
+                                + [(f, numpy.int64) for f in ("src_a", "l", "dst_c", "c_magic")]
+                                + [(f, numpy.int32) for f in ("c_shift", "unused")], align=True)
+
+
+def division_magic(d: int) -> tuple:
+    """(m, p) with n // d == (n · m) >> p for every 0 <= n < 2^31 (d >= 1): p = 31 + ceil(log2 d), m = ceil(2^p /
+    d), whose error m·d - 2^p < d keeps n·m / 2^p below the next integer; m < 2^33, so the product fits 64 bits."""
+    p = 31 + (d - 1).bit_length()
+    return -(-(1 << p) // d), p
 _SWAP_MAX_COLUMN_BLOCKS = 4096  # pack_swap's blocks along a sample's run: more tiles are walked
 
 
@@ -689,7 +697,7 @@ def _swap_launch(dtype, a: int, b: int, c: int, ap: int, dst_c: int) -> "_loader
     zero-padded to ``ap``, each c ``dst_c`` elements after the previous (pointers: source, packed)."""
     ctype = _dtypes.ctype_of(dtype)
     name = f"pack_swap<{ctype},{_tf32(ctype)}>"
-    shape = numpy.array((a, b, c, ap, b * c, b * c, dst_c), dtype=SWAP_SHAPE_DTYPE)[()]
+    shape = numpy.array((a, b, c, ap, b * c, b * c, dst_c, *division_magic(c), 0), dtype=SWAP_SHAPE_DTYPE)[()]
     columns = min(max(1, -(-b * c // 64)), _SWAP_MAX_COLUMN_BLOCKS)
     return _loader.PreparedLaunch(_fn(name), name, (columns, -(-ap // 32), 1), (32, 8, 1), 2, (shape,))
 
