@@ -10,9 +10,10 @@ import numbers
 
 import numpy
 
-from . import _backend, _plan, autotune, registry as _registry
+from . import _backend, _layout, _plan, autotune, registry as _registry
 from ._errors import ConvValueError
-from .conv import _array_kind, _check_same_device, _check_dtypes, _resolve_precision
+from .conv import _array_kind, _check_same_device, _check_dtypes, _nhwc_operand, _resolve_precision, empty_nhwc, \
+    nhwc_view
 from .spec import ConvSpec
 
 __all__ = ["conv2d_input", "conv2d_weight", "dgrad_spec", "wgrad_spec"]
@@ -51,7 +52,8 @@ def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=
 
     Returns
     -------
-    array ``input_size`` of the arrays' library and dtype.
+    array ``input_size`` of the arrays' library and dtype: channels-last (NHWC in memory) where ``grad_output``
+    or ``weight`` is (a batched call; float64 on the GPU stays NCHW, as torch's), else C-contiguous.
 
     Raises
     ------
@@ -81,11 +83,12 @@ def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=
     _check_grad_output(grad_output, spec, False)
     precision = _resolve_precision(precision)
     result_shape = input_size[1:] if unbatched else input_size
+    channels_last = not unbatched and _layout.result_channels_last(grad_output, weight, kind == "cupy")
     if kind == "cupy":
         _check_same_device(grad_output, "grad_output", weight=weight)
         with grad_output.device:
-            return dgrad_spec(weight, grad_output, spec, algo, precision).reshape(result_shape)
-    return dgrad_spec(weight, grad_output, spec, algo, precision).reshape(result_shape)
+            return dgrad_spec(weight, grad_output, spec, algo, precision, channels_last).reshape(result_shape)
+    return dgrad_spec(weight, grad_output, spec, algo, precision, channels_last).reshape(result_shape)
 
 
 def conv2d_weight(x, weight_size, grad_output, stride=1, padding=0, dilation=1, groups=1, *,
@@ -103,7 +106,9 @@ def conv2d_weight(x, weight_size, grad_output, stride=1, padding=0, dilation=1, 
 
     Returns
     -------
-    array ``weight_size`` of the arrays' library and dtype; the batch is summed in a fixed order.
+    array ``weight_size`` of the arrays' library and dtype; the batch is summed in a fixed order. Channels-last
+    ((K, R, S, C/groups) in memory) where ``x`` is (a batched call; float64 on the GPU stays KCRS, as torch's),
+    else C-contiguous.
 
     Raises
     ------
@@ -125,6 +130,7 @@ def conv2d_weight(x, weight_size, grad_output, stride=1, padding=0, dilation=1, 
         raise ConvValueError(f"Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of "
                              f"size: {list(x.shape)}")
     _check_dtypes(x, grad_output, None, second="grad_output")
+    channels_last = x.ndim == 4 and _layout.result_channels_last(x, x, kind == "cupy")
     if x.ndim == 3:
         x = x[None]
         grad_output = grad_output[None] if grad_output.ndim == 3 else grad_output
@@ -134,24 +140,57 @@ def conv2d_weight(x, weight_size, grad_output, stride=1, padding=0, dilation=1, 
     if kind == "cupy":
         _check_same_device(x, grad_output=grad_output)
         with x.device:
-            return wgrad_spec(x, grad_output, spec, algo, precision)
-    return wgrad_spec(x, grad_output, spec, algo, precision)
+            return wgrad_spec(x, grad_output, spec, algo, precision, channels_last)
+    return wgrad_spec(x, grad_output, spec, algo, precision, channels_last)
 
 
-def dgrad_spec(weight, grad_output, spec: ConvSpec, algo: str, precision: str):
-    """dgrad for validated 4-D arrays of one library whose geometry is ``spec``; returns a new array."""
-    return _run_pass("dgrad", spec.input_shape, grad_output, weight, spec, algo, precision)
+def dgrad_spec(weight, grad_output, spec: ConvSpec, algo: str, precision: str, channels_last: bool = False):
+    """dgrad for validated 4-D arrays of one library whose geometry is ``spec``; returns a new array
+    (channels-last with ``channels_last``)."""
+    return _run_pass("dgrad", spec.input_shape, grad_output, weight, spec, algo, precision, channels_last)
 
 
-def wgrad_spec(x, grad_output, spec: ConvSpec, algo: str, precision: str):
-    """wgrad for validated 4-D arrays of one library whose geometry is ``spec``; returns a new array."""
-    return _run_pass("wgrad", spec.weight_shape, x, grad_output, spec, algo, precision)
+def wgrad_spec(x, grad_output, spec: ConvSpec, algo: str, precision: str, channels_last: bool = False):
+    """wgrad for validated 4-D arrays of one library whose geometry is ``spec``; returns a new array
+    (channels-last with ``channels_last``)."""
+    return _run_pass("wgrad", spec.weight_shape, x, grad_output, spec, algo, precision, channels_last)
 
 
-def _run_pass(pass_: str, result_shape, first, second, spec: ConvSpec, algo: str, precision: str):
-    """Run ``pass_`` (operands ``(first, second, result)``, ``_plan.OPERANDS``) into a new array."""
+def _run_pass(pass_: str, result_shape, first, second, spec: ConvSpec, algo: str, precision: str,
+              channels_last: bool = False):
+    """Run ``pass_`` (operands ``(first, second, result)``, ``_plan.OPERANDS``) into a new array, channels-last
+    with ``channels_last``: on the GPU in place where an algorithm serves the pass on channels-last activations
+    (``registry.select_nhwc``; wgrad's dW written channels-last by those that can, ``registry.takes_krsc``), else
+    computed on C-contiguous copies and returned as a channels-last copy."""
     on_gpu = _backend.is_cupy_array(first)
     xp = _backend.cupy_or_none() if on_gpu else numpy
+    dtype = first.dtype
+    nhwc = _registry.select_nhwc(algo, spec, dtype, precision, pass_) if channels_last and on_gpu else None
+    if nhwc is not None:
+        return _run_nhwc(xp, pass_, nhwc, result_shape, first, second, spec, precision)
+    result = _run_nchw(xp, on_gpu, pass_, result_shape, first, second, spec, algo, precision)
+    return nhwc_view(xp, result) if channels_last else result
+
+
+def _run_nhwc(xp, pass_: str, name: str, result_shape, first, second, spec: ConvSpec, precision: str):
+    """``pass_`` by ``name`` on channels-last activations in place (dgrad: dy, dx; wgrad: x, dy), the weight KCRS,
+    dW channels-last where ``name`` writes it so."""
+    dtype = first.dtype
+    krsc = pass_ == "wgrad" and _registry.takes_krsc(name)
+    if pass_ == "dgrad":
+        first, second = _nhwc_operand(xp, first), xp.ascontiguousarray(second)
+        result = empty_nhwc(xp, result_shape, dtype)
+    else:
+        first, second = _nhwc_operand(xp, first), _nhwc_operand(xp, second)
+        result = empty_nhwc(xp, result_shape, dtype) if krsc else xp.empty(result_shape, dtype=dtype)
+    env = _plan.current_env(first, second, result)
+    _plan.run_arrays(_registry.prepare(name, pass_, spec, dtype, precision, env, False, "nhwc",
+                                       "krsc" if krsc else "kcrs"), first, second, result)
+    return result if pass_ == "dgrad" or krsc else nhwc_view(xp, result)
+
+
+def _run_nchw(xp, on_gpu: bool, pass_: str, result_shape, first, second, spec: ConvSpec, algo: str, precision: str):
+    """``pass_`` on C-contiguous operands (copies where they are not) into a new C-contiguous array."""
     dtype = first.dtype
     name = _registry.resolve(algo, spec, dtype, precision, on_gpu, pass_)
     result = xp.empty(result_shape, dtype=dtype)

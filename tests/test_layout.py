@@ -279,3 +279,58 @@ def test_misaligned_channels_last_operands_are_copied_to_a_16_byte_boundary(dtyp
         ga, = torch.autograd.grad(ya, xa, dy.clone(memory_format=CL))
         torch.testing.assert_close(gx, ga, rtol=0, atol=0)
         torch.cuda.synchronize()
+
+
+def _gradient_arrays(xp, dtype, rng):
+    """x, w, dy for a 3x3 stride-2 layer of 16 channels, each as a C-contiguous array and a channels-last view."""
+    x = rng.integers(-3, 4, (2, 16, 9, 8)).astype(dtype)
+    w = rng.integers(-3, 4, (24, 16, 3, 3)).astype(dtype)
+    dy = rng.integers(-3, 4, (2, 24, 5, 4)).astype(dtype)
+
+    def cl(a):
+        return xp.ascontiguousarray(xp.asarray(a).transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+
+    return [(xp.asarray(a), cl(a)) for a in (x, w, dy)]
+
+
+@pytest.mark.parametrize("formats", [("nchw", "nchw"), ("cl", "nchw"), ("nchw", "cl"), ("cl", "cl")], ids="-".join)
+def test_numpy_gradients_follow_the_channels_last_operands(formats):
+    """conv2d_input on NumPy arrays: channels-last where grad_output or the weight is; conv2d_weight: where x is;
+    the values of the C-contiguous calls exactly (integers)."""
+    import cuconv
+
+    rng = numpy.random.default_rng(8)
+    (x, x_cl), (w, w_cl), (dy, dy_cl) = _gradient_arrays(numpy, numpy.float64, rng)
+    act, wf = formats
+    dx = cuconv.conv2d_input(x.shape, w_cl if wf == "cl" else w, dy_cl if act == "cl" else dy, stride=2, padding=1)
+    assert is_channels_last(dx) == (formats != ("nchw", "nchw"))
+    numpy.testing.assert_array_equal(dx, cuconv.conv2d_input(x.shape, w, dy, stride=2, padding=1))
+    dw = cuconv.conv2d_weight(x_cl if act == "cl" else x, w.shape, dy_cl if wf == "cl" else dy, stride=2, padding=1)
+    assert is_channels_last(dw) == (act == "cl")
+    numpy.testing.assert_array_equal(dw, cuconv.conv2d_weight(x, w.shape, dy, stride=2, padding=1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16", "float32", "float64"])
+def test_cupy_gradients_on_channels_last_arrays(dtype_name):
+    """conv2d_input and conv2d_weight on channels-last CuPy arrays (dgrad by phases, wgrad into a channels-last
+    dW where implicit_gemm runs it): channels-last results (float64 stays C-contiguous, as torch's), the values of
+    the C-contiguous calls exactly (integers; float32 at TF32 is exact on them too)."""
+    import cupy
+
+    import cuconv
+    from cuconv import _dtypes
+
+    dtype = _dtypes.by_name(dtype_name)
+    rng = numpy.random.default_rng(9)
+    (x, x_cl), (w, w_cl), (dy, dy_cl) = _gradient_arrays(cupy, dtype, rng)
+    cl = dtype_name != "float64"
+    kwargs = dict(stride=2, padding=1, precision="tf32" if dtype_name == "float32" else None)
+    for w_given in (w, w_cl):
+        dx = cuconv.conv2d_input(x.shape, w_given, dy_cl, **kwargs)
+        assert is_channels_last(dx) == cl
+        numpy.testing.assert_array_equal(cupy.asnumpy(dx), cupy.asnumpy(cuconv.conv2d_input(x.shape, w, dy, **kwargs)))
+    for dy_given in (dy, dy_cl):
+        dw = cuconv.conv2d_weight(x_cl, w.shape, dy_given, **kwargs)
+        assert is_channels_last(dw) == cl
+        numpy.testing.assert_array_equal(cupy.asnumpy(dw), cupy.asnumpy(cuconv.conv2d_weight(x, w.shape, dy, **kwargs)))

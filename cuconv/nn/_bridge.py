@@ -104,9 +104,24 @@ def _nhwc_operand(t: torch.Tensor) -> torch.Tensor:
 
 
 def bias_grad(dy: torch.Tensor) -> torch.Tensor:
-    """Σ of a contiguous grad_output ``(N, K, P, Q)`` (or ``(K, P, Q)``) over all but K: ``bias.cu``'s
-    ``bias_grad`` on CUDA tensors (fp32 sums for the half types, a fixed order), NumPy on the CPU."""
+    """Σ of grad_output ``(N, K, P, Q)`` (or ``(K, P, Q)``) over all but K: ``bias.cu``'s ``bias_grad`` on CUDA
+    tensors (fp32 sums for the half types, a fixed order), read in place where dy is contiguous or dense
+    channels-last (``bias.NhwcGrad``), else from a contiguous copy; NumPy on the CPU."""
     n, k, p, q = (1,) + tuple(dy.shape) if dy.dim() == 3 else tuple(dy.shape)
+    if dy.is_cuda and dy.dim() == 4 and not dy.is_contiguous() and dy.is_contiguous(memory_format=torch.channels_last):
+        index = dy.get_device()
+        key = ("nhwc", n, k, p * q, dy.dtype, index)
+        launch = _bias_launches.get(key)
+        if launch is None:
+            with torch.cuda.device(index):
+                launch = _bias_launches[key] = grad_launch_nhwc(ConvSpec(n, 0, p, q, k, 1, 1), _NUMPY_DTYPES[dy.dtype])
+        db = dy.new_zeros((k,)) if launch is None else dy.new_empty((k,))
+        if launch is not None:
+            partials = torch.empty((launch.partial_bytes,), dtype=torch.uint8, device=dy.device)
+            launch(raw_stream(index), dy.data_ptr(), db.data_ptr(), partials.data_ptr())
+        return db
+    if not dy.is_contiguous():
+        dy = dy.contiguous()
     if not dy.is_cuda:
         a = as_array(dy).reshape(n, k, p, q)
         acc = numpy.float32 if a.dtype.itemsize == 2 else a.dtype

@@ -275,20 +275,48 @@ except AttributeError:  # pragma: no cover - a torch built without CUDA
 # Traced (torch.compile): custom ops on the same layers. Geometry arrives normalised: stride/dilation pairs,
 # four-sided padding.
 # ----------------------------------------------------------------------------------------------------------
-def _traced_layer(x, w, has_bias, stride, padding, dilation, groups, algo, precision, x_shape=None):
+def _traced_layer(x, w, has_bias, stride, padding, dilation, groups, algo, precision, x_shape=None,
+                  channels_last: bool = False, w_channels_last: bool = False):
     x_shape = tuple(x.shape) if x_shape is None else tuple(x_shape)
     w_shape = tuple(w) if isinstance(w, (list, tuple)) else tuple(w.shape)
     dtype = x.dtype if isinstance(x, _Tensor) else w.dtype
     key = ("traced", x_shape, dtype, str(x.device), w_shape, has_bias, tuple(stride), tuple(padding), tuple(dilation),
-           groups, algo, precision, config.workspace_limit, config.benchmark)
+           groups, algo, precision, config.workspace_limit, config.benchmark, channels_last, w_channels_last)
     layer = _layers.get(key)
     if layer is None:
         n, c, h, wd = x_shape
         k, _, r, s = w_shape
         spec = ConvSpec(n, c, h, wd, k, r, s, tuple(stride), tuple(padding), tuple(dilation), groups)
-        layer = _bridge.Layer(spec, dtype, x.device, precision, algo, has_bias, x_shape, config.benchmark)
+        layer = _bridge.Layer(spec, dtype, x.device, precision, algo, has_bias, x_shape, config.benchmark,
+                              channels_last=channels_last, w_channels_last=w_channels_last)
         _remember(key, layer)
     return layer
+
+
+# The custom ops follow torch's memory formats (``_layout.result_channels_last``): a channels-last result where the
+# input or the weight is (conv2d), where grad_output or the weight is (conv2d_input); conv2d_weight's dW is
+# contiguous (its op sees the weight's size, not its strides). Their fake implementations give the same strides.
+def _op_channels_last(activation, weight) -> bool:
+    return activation.dim() == 4 and _layout.result_channels_last(activation, weight, activation.device.type == "cuda")
+
+
+def _only_channels_last(w) -> bool:
+    """A weight channels-last and not also contiguous (1x1 and depthwise weights can be both)."""
+    return w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous()
+
+
+def _layer_weight(layer, w):
+    """``w`` in the memory format the layer's plans read it in."""
+    if layer.w_format is not None:
+        return w if w.is_contiguous(memory_format=layer.w_format) else w.contiguous(memory_format=layer.w_format)
+    return w.contiguous()
+
+
+def _like_result(t, shape, channels_last: bool):
+    """A new tensor of ``shape`` like ``t``: dense channels-last where ``channels_last``, else contiguous."""
+    if channels_last:
+        return t.new_empty_strided(shape, _layout.nhwc_strides(shape))
+    return t.new_empty(shape)
 
 
 def _remember(key, layer) -> None:
@@ -301,40 +329,47 @@ def _remember(key, layer) -> None:
 def _conv2d_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: List[int],
                padding: List[int], dilation: List[int], groups: int, algo: str,
                precision: str) -> torch.Tensor:
-    x, weight = x.contiguous(), weight.contiguous()
+    cl = _op_channels_last(x, weight)
+    if not cl:
+        x = x.contiguous()
     bias = None if bias is None else bias.contiguous()
-    layer = _traced_layer(x, weight, bias is not None, stride, padding, dilation, groups, algo, precision)
-    return layer.forward(x, weight, bias)
+    layer = _traced_layer(x, weight, bias is not None, stride, padding, dilation, groups, algo, precision,
+                          channels_last=cl, w_channels_last=cl and _only_channels_last(weight))
+    return layer.forward(x, _layer_weight(layer, weight), bias)
 
 
 @_conv2d_op.register_fake
 def _(x, weight, bias, stride, padding, dilation, groups, algo, precision):
     p = output_size(x.shape[2], weight.shape[2], stride[0], padding[0], padding[1], dilation[0])
     q = output_size(x.shape[3], weight.shape[3], stride[1], padding[2], padding[3], dilation[1])
-    return x.new_empty((x.shape[0], weight.shape[0], p, q))
+    return _like_result(x, (x.shape[0], weight.shape[0], p, q), _op_channels_last(x, weight))
 
 
 @torch.library.custom_op("cuconv::conv2d_input", mutates_args=())
 def _conv2d_input_op(input_size: List[int], weight: torch.Tensor, grad_output: torch.Tensor,
                      stride: List[int], padding: List[int], dilation: List[int], groups: int, algo: str,
                      precision: str) -> torch.Tensor:
-    weight, grad_output = weight.contiguous(), grad_output.contiguous()
+    cl = len(input_size) == 4 and _op_channels_last(grad_output, weight)
+    if not cl:
+        grad_output = grad_output.contiguous()
     layer = _traced_layer(grad_output, weight, False, stride, padding, dilation, groups, algo, precision,
-                          x_shape=input_size)
-    return layer.dgrad(grad_output, weight)
+                          x_shape=input_size, channels_last=cl, w_channels_last=cl and _only_channels_last(weight))
+    return layer.dgrad(grad_output, _layer_weight(layer, weight))
 
 
 @_conv2d_input_op.register_fake
 def _(input_size, weight, grad_output, stride, padding, dilation, groups, algo, precision):
-    return grad_output.new_empty(input_size)
+    return _like_result(grad_output, input_size, len(input_size) == 4 and _op_channels_last(grad_output, weight))
 
 
 @torch.library.custom_op("cuconv::conv2d_weight", mutates_args=())
 def _conv2d_weight_op(x: torch.Tensor, weight_size: List[int], grad_output: torch.Tensor,
                       stride: List[int], padding: List[int], dilation: List[int], groups: int, algo: str,
                       precision: str) -> torch.Tensor:
-    x, grad_output = x.contiguous(), grad_output.contiguous()
-    layer = _traced_layer(x, weight_size, False, stride, padding, dilation, groups, algo, precision)
+    cl = _op_channels_last(x, x)  # (dW contiguous either way: the op sees no weight strides)
+    if not cl:
+        x, grad_output = x.contiguous(), grad_output.contiguous()
+    layer = _traced_layer(x, weight_size, False, stride, padding, dilation, groups, algo, precision, channels_last=cl)
     return layer.wgrad(x, grad_output)
 
 
@@ -346,7 +381,7 @@ def _(x, weight_size, grad_output, stride, padding, dilation, groups, algo, prec
 @torch.library.custom_op("cuconv::conv2d_bias_grad", mutates_args=())
 def _bias_grad_op(grad_output: torch.Tensor) -> torch.Tensor:
     """Σ over (N, P, Q) of grad_output, accumulated in fp32 for half precisions."""
-    return _bridge.bias_grad(grad_output.contiguous())
+    return _bridge.bias_grad(grad_output)
 
 
 @_bias_grad_op.register_fake
@@ -367,8 +402,7 @@ def _backward_geometry(geometry, pass_: str):
 
 
 def _backward_formula(ctx, grad_output):
-    x, weight = ctx.saved_tensors
-    grad_output = grad_output.contiguous()
+    x, weight = ctx.saved_tensors  # (grad_output in any memory format: each op takes it as its layer reads it)
     dx = dw = db = None
     if ctx.needs_input_grad[0]:
         dx = torch.ops.cuconv.conv2d_input(list(x.shape), weight, grad_output,
