@@ -66,7 +66,7 @@ from cuconv import _dtypes  # noqa: E402
 CL = torch.channels_last
 # (x shape, w shape, conv kwargs): an in-place forward in the half types (3x3, channels in 16-byte vectors), 1x1
 # layers (every pass in place), a strided 1x1, few channels, depthwise, batch 1, C = 1 and 1x1 planes (the
-# ambiguous strides torch resolves towards NCHW)
+# ambiguous strides torch resolves towards NCHW), a strided grouped 3x3 (phases of two groups)
 LAYOUT_CASES = [
     ((2, 16, 9, 7), (24, 16, 3, 3), dict(padding=1)),
     ((3, 24, 5, 6), (40, 24, 1, 1), {}),
@@ -76,6 +76,7 @@ LAYOUT_CASES = [
     ((1, 16, 6, 5), (8, 16, 3, 3), dict(padding=(1, 0))),
     ((2, 1, 6, 6), (4, 1, 3, 3), {}),
     ((4, 24, 1, 1), (16, 24, 1, 1), {}),
+    ((2, 32, 9, 9), (32, 16, 3, 3), dict(stride=2, padding=1, groups=2)),
 ]
 FORMATS = [("nchw", "nchw"), ("cl", "nchw"), ("nchw", "cl"), ("cl", "cl"), ("strided", "nchw")]
 

@@ -202,8 +202,8 @@ def _nhwc_weight(spec: ConvSpec, dtype, flip: bool) -> "_loader.PreparedLaunch":
 
 # depthwise_nhwc_wgrad: about this many blocks (of 256 threads) per SM over the device, each row lane of a block
 # at least _NHWC_WGRAD_MIN_ROWS dy rows
-_NHWC_WGRAD_BLOCKS_PER_SM = 4
-_NHWC_WGRAD_MIN_ROWS = 4
+_NHWC_WGRAD_BLOCKS_PER_SM = 8
+_NHWC_WGRAD_MIN_ROWS = 2
 
 
 @functools.lru_cache(maxsize=1024)
