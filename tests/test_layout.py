@@ -335,3 +335,47 @@ def test_cupy_gradients_on_channels_last_arrays(dtype_name):
         dw = cuconv.conv2d_weight(x_cl, w.shape, dy_given, **kwargs)
         assert is_channels_last(dw) == cl
         numpy.testing.assert_array_equal(cupy.asnumpy(dw), cupy.asnumpy(cuconv.conv2d_weight(x, w.shape, dy, **kwargs)))
+
+
+@pytest.mark.parametrize("x_shape,w_shape", [((2, 8, 5, 5), (1, 8, 3, 3)), ((2, 8, 3, 3), (4, 8, 3, 3)),
+                                             ((1, 8, 5, 6), (4, 8, 3, 3)), ((2, 1, 5, 5), (4, 1, 3, 3))],
+                         ids=["one_filter", "one_pixel_out", "batch1", "one_channel"])
+def test_custom_ops_fake_strides_are_the_real_ones(x_shape, w_shape):
+    """torch.compile's view of the custom ops (their fake implementations) and what they return agree on every
+    stride, extent-1 dimensions included, for channels-last operands computed on NCHW copies (the CPU path)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import cuconv.nn.functional  # noqa: F401  (registers the ops)
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(x_shape, generator=gen, dtype=torch.float64).contiguous(memory_format=CL)
+    w = torch.randn(w_shape, generator=gen, dtype=torch.float64).contiguous(memory_format=CL)
+    geometry = ([1, 1], [0, 0, 0, 0], [1, 1], 1, "auto", "ieee")
+    y = torch.ops.cuconv.conv2d(x, w, None, *geometry)
+    dx = torch.ops.cuconv.conv2d_input(list(x.shape), w, y, *geometry)
+    with FakeTensorMode() as mode:
+        fy = torch.ops.cuconv.conv2d(mode.from_tensor(x), mode.from_tensor(w), None, *geometry)
+        fdx = torch.ops.cuconv.conv2d_input(list(x.shape), mode.from_tensor(w), mode.from_tensor(y), *geometry)
+    assert (fy.shape, fy.stride()) == (y.shape, y.stride())
+    assert (fdx.shape, fdx.stride()) == (dx.shape, dx.stride())
+    theirs = torch.nn.functional.conv2d(x, w)  # (the format torch gives: channels-last but where C = 1 makes it NCHW)
+    assert y.is_contiguous(memory_format=CL) == theirs.is_contiguous(memory_format=CL)
+    assert y.is_contiguous() == theirs.is_contiguous()
+
+
+@pytest.mark.gpu
+def test_warmup_of_a_channels_last_model_plans_its_weights_in_place():
+    """cuconv.nn.warmup on a channels-last model makes the layers its calls would: the channels-last weight read
+    where it is (no copy a call) and its gradient channels-last."""
+    import cuconv.nn
+    from cuconv.nn import functional
+
+    net = cuconv.nn.Conv2d(32, 64, 3, padding=1, bias=False).to("cuda", torch.float16).to(memory_format=CL)
+    x = torch.randn(4, 32, 14, 14, device="cuda", dtype=torch.float16).contiguous(memory_format=CL)
+    functional._layers.clear()
+    assert cuconv.nn.warmup(net, x) == 1
+    layer, = functional._layers.values()
+    assert layer.w_format is CL and layer.krsc["wgrad"]
+    net(x).float().sum().backward()
+    assert net.weight.grad.stride() == net.weight.stride()
+    assert len(functional._layers) == 1  # (the call found the warmed-up layer)

@@ -984,7 +984,7 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     if nhwc:
         if pass_ == "dgrad" and dgrad_forward.forward_spec(spec) is None:
             return _phases_prepare(spec, dtype, env, tile, nhwc=True, krsc=krsc)
-        return _nhwc_forward_plan(pass_, spec, numpy.dtype(dtype), env, tile, bias, krsc)
+        return _nhwc_forward_plan(pass_, spec, numpy.dtype(dtype), env, tile, bias, krsc, splits)
     if tile is not None and tile.wgmma and not env.wgmma:
         raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
     if pass_ == "dgrad":
@@ -1077,12 +1077,13 @@ def nhwc_in_place(spec: ConvSpec, dtype) -> bool:
 
 
 def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, bias: bool,
-                       krsc: bool = False) -> "_plan.Plan":
+                       krsc: bool = False, splits: int = None) -> "_plan.Plan":
     """A forward or stride-1 dgrad on channels-last activations (the forward of dy into dx, the pack reading the
     layer's weight transposed and flipped). Where ``nhwc_in_place`` holds: one GEMM over every pixel of the batch,
     reading its input in place and storing NHWC rows (the epilogue's output strides: an image P·Q·K elements, a
-    row Q·K, a pixel K, a filter 1), after the weight's packing launch alone (no samples). Elsewhere the NCHW
-    plan's chunks, the pack reading channels-last pixels and the GEMM storing them."""
+    row Q·K, a pixel K, a filter 1), after the weight's packing launch alone (no samples; ``splits`` does not apply).
+    Elsewhere the NCHW plan's chunks, the pack reading channels-last pixels and the GEMM storing them, split over
+    ``splits`` k ranges (default ``splits_for``)."""
     fspec = _nhwc_forward_spec(spec, pass_)
     b = _plan.Builder(pass_, env)
     if spec.n * spec.k * spec.p * spec.q == 0 or fspec.n * fspec.k * fspec.p * fspec.q == 0:
@@ -1095,7 +1096,7 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
     operands = ("x", "w", "bias" if bias and pass_ == "fprop" else None, "out") if pass_ == "fprop" else \
         ("dy", "w", None, "dx")
     if not nhwc_in_place(fspec, dtype):
-        return _forward_plan(pass_, fspec, dtype, env, tile, None, operands, nhwc=True, krsc=krsc)
+        return _forward_plan(pass_, fspec, dtype, env, tile, splits, operands, nhwc=True, krsc=krsc)
     pl = plan(fspec, dtype, tile, env.workspace_limit)
     m = fspec.n * fspec.p * fspec.q
     if m * fspec.k >= _INT_MAX or fspec.n * fspec.h * fspec.w * fspec.c >= _INT_MAX:

@@ -103,6 +103,19 @@ def _nhwc_operand(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.channels_last)
 
 
+def _channels_last_result(t: torch.Tensor, strides: tuple) -> torch.Tensor:
+    """``t`` (a result computed NCHW) with the dense channels-last ``strides`` the layer promises (its fake
+    implementation under ``torch.compile`` too): a view where ``t`` already lies so (strides of extent-1
+    dimensions aside), else a copy."""
+    if t.stride() == strides:
+        return t
+    if t.is_contiguous(memory_format=torch.channels_last):
+        return t.as_strided(t.shape, strides)
+    out = t.new_empty_strided(t.shape, strides)
+    out.copy_(t)
+    return out
+
+
 def bias_grad(dy: torch.Tensor) -> torch.Tensor:
     """Σ of grad_output ``(N, K, P, Q)`` (or ``(K, P, Q)``) over all but K: ``bias.cu``'s ``bias_grad`` on CUDA
     tensors (fp32 sums for the half types, a fixed order), read in place where dy is contiguous or dense
@@ -235,6 +248,8 @@ class Layer:
             self.plan(pass_, (0, 0, 0))
         if self.bias and passes and self._bias_grad is None:
             self._bias_grad = grad_launch(self.spec, self.np_dtype)
+        if self.bias and passes and self.channels_last and self._bias_grad_nhwc is None:
+            self._bias_grad_nhwc = grad_launch_nhwc(self.spec, self.np_dtype)  # (dy read in place, where it is)
 
     def _tuned(self, pass_: str, heuristic: str, ptrs: tuple, aligned: bool) -> str:
         """``cuconv.config.benchmark``: the autotuner's pick, timing the candidates on these operands on torch's
@@ -305,7 +320,7 @@ class Layer:
                 self._forward_cpu(x, w, b, out)
             else:
                 self._run_forward(x, w, b, out, eager)
-            return out.contiguous(memory_format=torch.channels_last)
+            return _channels_last_result(out, self._out_strides)
         x = _nhwc_operand(x)
         out = x.new_empty_strided(self.out_shape, self._out_strides)
         self._run_forward(x, w, b, out, eager)
@@ -378,7 +393,7 @@ class Layer:
         if self.index < 0:
             dy_nchw = dy.contiguous()
             dx, dw, db = self._backward_nchw(dy_nchw, x, w, need_x, need_w, need_b, eager)
-            return (None if dx is None else dx.contiguous(memory_format=torch.channels_last)), dw, db
+            return (None if dx is None else _channels_last_result(dx, self._dx_strides)), dw, db
         dy_nhwc = None
         if need_x:
             if self.nhwc["dgrad"]:
@@ -388,7 +403,7 @@ class Layer:
             else:
                 dy_nchw = dy.contiguous()
                 dx = self._backward_nchw(dy_nchw, None, w, True, False, False, eager)[0]
-                dx = dx.contiguous(memory_format=torch.channels_last)
+                dx = _channels_last_result(dx, self._dx_strides)
         if need_w:
             if self.nhwc["wgrad"]:
                 if dy_nhwc is None:

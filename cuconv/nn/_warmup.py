@@ -128,17 +128,18 @@ def warmup(model: torch.nn.Module, *inputs, backward: Optional[bool] = None, thr
         job = jobs.get(key)
         passes = (() if no_dgrad else ("dgrad",)) + ("wgrad",) if backward else ()
         jobs[key] = (spec, dtype, precision, algo, b is not None, tuple(x.shape),
-                     _layout.result_channels_last(x, w, True), tuple(sorted(set(passes) | set(job[-1] if job else ()))))
+                     _layout.result_channels_last(x, w, True), functional._only_channels_last(w),
+                     tuple(sorted(set(passes) | set(job[-1] if job else ()))))
     if not jobs:
         return 0
     workers = threads or min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                              else os.cpu_count() or 1)
 
     def make(key, job):
-        spec, dtype, precision, algo, bias, x_shape, channels_last, passes = job
+        spec, dtype, precision, algo, bias, x_shape, channels_last, w_channels_last, passes = job
         with torch.cuda.device(device.index):
             layer = _bridge.Layer(spec, dtype, device, precision, algo, bias, x_shape, benchmark, workspace_limit,
-                                  channels_last)
+                                  channels_last, w_channels_last)
             if not benchmark:  # (config.benchmark: the backward passes are tuned at their first real call)
                 layer.prepare(passes)
         return key, layer

@@ -115,7 +115,7 @@ def _layer(x, w, b, spec: ConvSpec, algo: str, precision: str) -> "_bridge.Layer
             return _layer(x, w, b, spec, algo, precision)
     return _bridge.Layer(spec, x.dtype, device, precision, algo, b is not None, tuple(x.shape), config.benchmark,
                          channels_last=_layout.result_channels_last(x, w, device.type == "cuda"),
-                         w_channels_last=w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous())
+                         w_channels_last=_only_channels_last(w))
 
 
 # ----------------------------------------------------------------------------------------------------------

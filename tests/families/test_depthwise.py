@@ -364,6 +364,9 @@ _NHWC_CASES = [
     pytest.param((1, 16, 12, 13), (7, 7), dict(padding=3, stride=2), id="7x7_s2"),
     pytest.param((2, 16, 11, 12), (3, 3), dict(padding=(0, 1), stride=(2, 3), dilation=(2, 1)), id="3x3_s2x3_dil"),
     pytest.param((3, 16, 9, 9), (5, 5), dict(padding=4), id="5x5_pad_wider_than_kernel"),
+    pytest.param((2, 16, 8, 9), (2, 4), dict(padding=(1, 2), stride=(2, 1)), id="2x4_runtime_width_s2"),
+    pytest.param((1, 16, 7, 12), (3, 1), dict(padding=(1, 0)), id="3x1_runtime_width"),
+    pytest.param((2, 16, 6, 11), (1, 8), dict(padding=(0, 3)), id="1x8_widest_wgrad"),
 ]
 
 

@@ -325,6 +325,36 @@ def test_forward_on_channels_last_tensors(case, dtype_name, weights):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case,dtype_name", [p for p in _nhwc_cases() if p.values[1] == "float32"])
+def test_packed_channels_last_forward_split_and_chunked(case, dtype_name):
+    """The channels-last forward through packs (float32 at TF32 packs every case), split over 3 k ranges (fp32
+    partial sums summed with the bias per pixel's filters) and, under a workspace limit of one sample, chunked over
+    the batch: bit for bit the CPU path on integers, into a NaN-poisoned out."""
+    import cupy
+
+    from cuconv import _plan
+    from cuconv.families import implicit_gemm
+
+    x, w, b = make_inputs(case, seed=46, integer=True)
+    dtype = _dtypes.by_name(dtype_name)
+    x4 = x if x.ndim == 4 else x[None]
+    spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
+    want = cuconv.conv2d(x4.astype(dtype), w.astype(dtype), None if b is None else b.astype(dtype), **case.kwargs)
+    xg = _nhwc(cupy.asarray(x4.astype(dtype)))
+    wg, bg = cupy.asarray(w.astype(dtype)), None if b is None else cupy.asarray(b.astype(dtype))
+    tile = implicit_gemm.choose_tile(spec, dtype, nchw=False)
+    pl = implicit_gemm.plan(spec, dtype, tile, 1 << 30)
+    one_sample = pl.sample_bytes(spec, dtype.itemsize) + pl.weight_bytes(dtype.itemsize)
+    for splits, limit in ((3, None), (None, one_sample)):
+        out = cupy.full((spec.n, spec.p, spec.q, spec.k), numpy.nan, dtype=dtype)
+        env = _plan.current_env(xg, wg, bg, out, workspace_limit=limit)
+        plan = implicit_gemm.prepare("fprop", spec, dtype, "tf32", env, b is not None, splits=splits, layout="nhwc")
+        _plan.run_arrays(plan, xg, wg, bg, out)
+        numpy.testing.assert_array_equal(cupy.asnumpy(out.transpose(0, 3, 1, 2)).astype(numpy.float64),
+                                         want.astype(numpy.float64))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("weights", ["kcrs", "krsc"])
 @pytest.mark.parametrize("case,dtype_name", _nhwc_cases("dgrad"))
 def test_dgrad_on_channels_last_tensors(case, dtype_name, weights):
