@@ -1019,6 +1019,91 @@ depthwise_nhwc_fwd(const T* __restrict__ x, const T* __restrict__ wt, const T* _
     }
 }
 
+// depthwise_nhwc_fwd_q<T, KR, QT, kUnit, Index>(x, wt, bias, out, ConvGeometry, total)
+//     depthwise_nhwc_fwd for a KR x KR kernel with QT adjacent output pixels of a row a thread (V channels each):
+//     a tap's weight vector is loaded and converted to Acc<T> once for the QT pixels; with kUnit (stride and
+//     dilation 1 along the row) a kernel row's KR + QT - 1 input vectors are loaded and converted once and shared
+//     by every tap that overlaps them (the one-pixel kernel converts 2·KR vectors per kernel row for KR
+//     pixel-taps' FMAs). Work items: (n, p, tile of QT pixels along q, vector of channels), channels fastest;
+//     pixels past Q are computed from in-bounds loads and not stored.
+template <typename T, int KR, int QT, bool kUnit, typename Index>
+__global__ void __launch_bounds__(256)
+depthwise_nhwc_fwd_q(const T* __restrict__ x, const T* __restrict__ wt, const T* __restrict__ bias,
+                     T* __restrict__ out, const cuconv::ConvGeometry g, long long total) {
+    using Acc = typename cuconv::Acc<T>::type;
+    constexpr int V = 16 / static_cast<int>(sizeof(T)), kWindow = kUnit ? KR + QT - 1 : 1;
+    const Index vectors = static_cast<Index>(g.c / V), q_count = static_cast<Index>(g.q);
+    const Index q_tiles = (q_count + QT - 1) / QT, p_count = static_cast<Index>(g.p);
+    const Index h = static_cast<Index>(g.h), w = static_cast<Index>(g.w), c = static_cast<Index>(g.c);
+    const Index sw = static_cast<Index>(g.stride_w), dw = static_cast<Index>(g.dil_w);
+    for (Index i = static_cast<Index>(blockIdx.x) * 256 + static_cast<Index>(threadIdx.x);
+         i < static_cast<Index>(total); i += static_cast<Index>(gridDim.x) * 256) {
+        const Index v = i % vectors, item = i / vectors;
+        const Index qt = item % q_tiles, rest = item / q_tiles, op = rest % p_count, n = rest / p_count;
+        const Index c0 = v * V, oq0 = qt * QT;
+        Acc acc[QT][V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+            const Acc b = bias != nullptr ? cuconv::to_acc(bias[c0 + e]) : Acc(0);
+#pragma unroll
+            for (int q = 0; q < QT; ++q) acc[q][e] = b;
+        }
+        const Index h0 = op * static_cast<Index>(g.stride_h) - static_cast<Index>(g.pad_top);
+        const Index w0 = oq0 * sw - static_cast<Index>(g.pad_left);
+        const T* __restrict__ xn = x + static_cast<i64>(n) * h * w * c + c0;
+#pragma unroll
+        for (int r = 0; r < KR; ++r) {
+            const Index ih = h0 + r * static_cast<Index>(g.dil_h);
+            if (ih < 0 || ih >= h) continue;
+            const T* __restrict__ xr = xn + static_cast<i64>(ih) * w * c;
+            Acc xw[kWindow][V];  // (kUnit) input columns w0 .. w0 + KR + QT - 2, zero outside the row
+            if constexpr (kUnit) {
+#pragma unroll
+                for (int j = 0; j < kWindow; ++j) {
+                    const Index iw = w0 + j;
+                    if (iw >= 0 && iw < w) {
+                        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr + static_cast<i64>(iw) * c));
+#pragma unroll
+                        for (int e = 0; e < V; ++e) xw[j][e] = elem_of<T>(xv, e);
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < V; ++e) xw[j][e] = Acc(0);
+                    }
+                }
+            }
+#pragma unroll
+            for (int s = 0; s < KR; ++s) {
+                const uint4 wv = __ldg(reinterpret_cast<const uint4*>(wt + static_cast<i64>(r * KR + s) * c + c0));
+                Acc wf[V];
+#pragma unroll
+                for (int e = 0; e < V; ++e) wf[e] = elem_of<T>(wv, e);
+#pragma unroll
+                for (int q = 0; q < QT; ++q) {
+                    if constexpr (kUnit) {
+#pragma unroll
+                        for (int e = 0; e < V; ++e) acc[q][e] = fma(xw[q + s][e], wf[e], acc[q][e]);
+                    } else {
+                        const Index iw = w0 + q * sw + s * dw;
+                        if (iw < 0 || iw >= w) continue;
+                        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr + static_cast<i64>(iw) * c));
+#pragma unroll
+                        for (int e = 0; e < V; ++e) acc[q][e] = fma(elem_of<T>(xv, e), wf[e], acc[q][e]);
+                    }
+                }
+            }
+        }
+        T* __restrict__ o = out + (static_cast<i64>(n * p_count + op) * q_count + oq0) * c + c0;
+#pragma unroll
+        for (int q = 0; q < QT; ++q) {
+            if (oq0 + q >= q_count) break;
+            RowsOut<T, 16> ov;
+#pragma unroll
+            for (int e = 0; e < V; ++e) ov.v[e] = cuconv::from_acc<T>(acc[q][e]);
+            *reinterpret_cast<RowsOut<T, 16>*>(o + static_cast<i64>(q) * c) = ov;
+        }
+    }
+}
+
 // depthwise_nhwc_dgrad<T, Index>(dy, wt, dx, ConvGeometry, total)
 //     multiplier 1, any stride and dilation: a thread per (dx pixel, V adjacent channels), flat over the batch
 //     with the channels fastest; per tap whose output position (h + pad - r·dil) / stride is whole and inside

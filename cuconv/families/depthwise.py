@@ -49,6 +49,11 @@ _ROWS_KERNELS = _PLANE_KERNELS
 _THREADS = _loader.THREADS  # its kernels' block: the residency arithmetic below reads it
 # depthwise_nhwc_fwd's square kernels with unrolled tap loops (0: R x S read at run time)
 _NHWC_KERNELS = (3, 5, 7, 0)
+# depthwise_nhwc_fwd_q: output pixels a thread per square kernel (its registers: a row's KR + QT - 1 input
+# vectors and QT accumulator vectors). Not yet chosen by ``auto`` (``_NHWC_FWD_Q``): it awaits its measurement
+# against depthwise_nhwc_fwd (docs/perf-notes.md); prepare(..., kernel="nhwc_q") runs it.
+_NHWC_Q_PIXELS = {3: 4, 5: 4, 7: 2}
+_NHWC_FWD_Q = False
 _SMEM_LIMIT = _loader.SMEM_DEFAULT  # wgrad's per-thread accumulators stay within the default
 _MAX_GRID_Y = 65535
 
@@ -74,6 +79,8 @@ NAME_EXPRESSIONS = tuple(
     + [f"depthwise_nhwc_weight<{t}>" for t in _dtypes.ALL_CTYPE_NAMES]
     + [f"depthwise_nhwc_fwd<{t},{r},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for r in _NHWC_KERNELS
        for i in ("int", "long long")]
+    + [f"depthwise_nhwc_fwd_q<{t},{r},{qt},{u},{i}>" for t in _dtypes.ALL_CTYPE_NAMES
+       for r, qt in _NHWC_Q_PIXELS.items() for u in ("true", "false") for i in ("int", "long long")]
     + [f"depthwise_nhwc_dgrad<{t},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for i in ("int", "long long")]
     + [f"depthwise_nhwc_wgrad<{t},{r}>" for t in _dtypes.ALL_CTYPE_NAMES for r in _NHWC_KERNELS]
     + [f"depthwise_nhwc_wgrad_reduce<{t}>" for t in _dtypes.ALL_CTYPE_NAMES])
@@ -178,17 +185,25 @@ def _nhwc_index(spec: ConvSpec, dtype) -> str:
     return "int" if max(counts) < 2**31 - 2**28 else "long long"
 
 
-def _nhwc_launches(spec: ConvSpec, dtype, flip: bool):
-    """(weight bytes, the weight's (R·S, C) launch, the forward launch) of ``depthwise_nhwc_fwd`` on ``spec``;
-    ``flip``: the weight transposed with its taps reversed (dgrad of the layer whose dgrad ``spec`` is the
-    forward of)."""
+def _nhwc_launches(spec: ConvSpec, dtype, flip: bool, tiled: bool = False):
+    """(weight bytes, the weight's (R·S, C) launch, the forward launch) of ``depthwise_nhwc_fwd`` on ``spec``
+    (``tiled``: ``depthwise_nhwc_fwd_q``, where the kernel is square and of ``_NHWC_Q_PIXELS``); ``flip``: the
+    weight transposed with its taps reversed (dgrad of the layer whose dgrad ``spec`` is the forward of)."""
     ctype = _dtypes.ctype_of(dtype)
     weight = _nhwc_weight(spec, dtype, flip)
-    total = spec.n * spec.p * spec.q * spec.c // (16 // numpy.dtype(dtype).itemsize)
-    kr = spec.r if spec.r == spec.s and spec.r in _NHWC_KERNELS else 0
-    forward = _loader.prepare(STEM, NAME_EXPRESSIONS, f"depthwise_nhwc_fwd<{ctype},{kr},{_nhwc_index(spec, dtype)}>",
-                              (_loader.blocks(total, 1 << 20), 1, 1), (_THREADS, 1, 1), 4,
-                              (_loader.conv_geometry(spec), numpy.int64(total)))
+    vec = 16 // numpy.dtype(dtype).itemsize
+    index = _nhwc_index(spec, dtype)
+    if tiled and spec.r == spec.s and spec.r in _NHWC_Q_PIXELS:
+        qt = _NHWC_Q_PIXELS[spec.r]
+        total = spec.n * spec.p * -(-spec.q // qt) * spec.c // vec
+        unit = str(spec.stride[1] == 1 and spec.dilation[1] == 1).lower()
+        name = f"depthwise_nhwc_fwd_q<{ctype},{spec.r},{qt},{unit},{index}>"
+    else:
+        total = spec.n * spec.p * spec.q * spec.c // vec
+        kr = spec.r if spec.r == spec.s and spec.r in _NHWC_KERNELS else 0
+        name = f"depthwise_nhwc_fwd<{ctype},{kr},{index}>"
+    forward = _loader.prepare(STEM, NAME_EXPRESSIONS, name, (_loader.blocks(total, 1 << 20), 1, 1), (_THREADS, 1, 1),
+                              4, (_loader.conv_geometry(spec), numpy.int64(total)))
     return spec.r * spec.s * spec.c * numpy.dtype(dtype).itemsize, weight, forward
 
 
@@ -231,11 +246,15 @@ def _nhwc_wgrad_launches(spec: ConvSpec, dtype, sm_count: int):
     return slices * taps * spec.c * acc, partial, reduce
 
 
-def _nhwc_prepare(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", bias: bool) -> "_plan.Plan":
+def _nhwc_prepare(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", bias: bool,
+                  kernel: str = None) -> "_plan.Plan":
     """A pass on channels-last activations: the weight as (R·S, C) into the workspace, then
     ``depthwise_nhwc_fwd`` over the forward (x into out) or, for dgrad at stride 1, over the forward of dy with
     the kernel flipped (into dx); a strided dgrad gathers (``depthwise_nhwc_dgrad``); wgrad sums slices of dy's
-    rows into partial sums, then adds them in order (``depthwise_nhwc_wgrad``)."""
+    rows into partial sums, then adds them in order (``depthwise_nhwc_wgrad``). ``kernel="nhwc_q"`` forces
+    ``depthwise_nhwc_fwd_q`` for the forward and the stride-1 dgrad where it applies (``_NHWC_Q_PIXELS``)."""
+    if kernel not in (None, "nhwc", "nhwc_q"):
+        raise ValueError(f"depthwise: kernel {kernel!r} on channels-last tensors; expected 'nhwc' or 'nhwc_q'")
     reason = reason_unsupported_nhwc(spec, dtype, pass_)
     if reason is not None:
         raise NotImplementedError(f"cuconv: depthwise cannot run this {pass_} on channels-last tensors: {reason}")
@@ -261,7 +280,8 @@ def _nhwc_prepare(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", bias: boo
                                  (_loader.conv_geometry(spec), numpy.int64(total)))
         b.launch(gather, b.ref("dy"), wt, b.ref("dx"))
         return b.plan(STEM)
-    weight_bytes, weight, forward = _nhwc_launches(fspec, dtype, pass_ == "dgrad")
+    tiled = _NHWC_FWD_Q if kernel is None else kernel == "nhwc_q"
+    weight_bytes, weight, forward = _nhwc_launches(fspec, dtype, pass_ == "dgrad", tiled)
     wt = b.take(weight_bytes)
     b.launch(weight, b.ref("w"), wt)
     if pass_ == "fprop":
@@ -476,7 +496,7 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     pass (``reason_unsupported_nhwc``, ``_nhwc_prepare``)."""
     dtype = numpy.dtype(dtype)
     if layout == "nhwc":
-        return _nhwc_prepare(pass_, spec, dtype, env, bias)
+        return _nhwc_prepare(pass_, spec, dtype, env, bias, kernel)
     b = _plan.Builder(pass_, env)
     if pass_ == "fprop":
         launch = _forward_prepared(spec, dtype, env.aligned, env.aligned, env.smem_limit, env.device, kernel)

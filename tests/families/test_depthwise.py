@@ -397,12 +397,14 @@ def _nhwc(a):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fwd_kernel", ["nhwc", "nhwc_q"])
 @pytest.mark.parametrize("dtype_name", EXACT_DTYPES)
 @pytest.mark.parametrize("x_shape,kernel,kwargs", _NHWC_CASES)
-def test_nhwc_passes_equal_cpu_exactly_on_integers(x_shape, kernel, kwargs, dtype_name):
+def test_nhwc_passes_equal_cpu_exactly_on_integers(x_shape, kernel, kwargs, dtype_name, fwd_kernel):
     """x, out, dy and dx channels-last in memory: the forward (with a bias), the dgrad (at stride 1 the forward of
     dy with the weight transposed and flipped, else the gather) and wgrad (slices of dy's rows, then their ordered
-    sum) bit for bit the CPU path's on integers, into NaN-poisoned outputs."""
+    sum) bit for bit the CPU path's on integers, into NaN-poisoned outputs; the forward and stride-1 dgrad through
+    each forward kernel (``nhwc_q``: several output pixels a thread, for square 3x3, 5x5 and 7x7 kernels)."""
     import cupy
 
     from cuconv import _plan
@@ -418,7 +420,8 @@ def test_nhwc_passes_equal_cpu_exactly_on_integers(x_shape, kernel, kwargs, dtyp
     want = cuconv.conv2d(x, w, b, groups=c, **kwargs)
     xg, wg, bg = _nhwc(x), cupy.asarray(w), cupy.asarray(b)
     out = cupy.full((spec.n, spec.p, spec.q, spec.k), numpy.nan, dtype=dtype)
-    plan = depthwise.prepare("fprop", spec, dtype, "ieee", _plan.current_env(xg, wg, bg, out), True, layout="nhwc")
+    plan = depthwise.prepare("fprop", spec, dtype, "ieee", _plan.current_env(xg, wg, bg, out), True, kernel=fwd_kernel,
+                             layout="nhwc")
     _plan.run_arrays(plan, xg, wg, bg, out)
     numpy.testing.assert_array_equal(cupy.asnumpy(out.transpose(0, 3, 1, 2)).astype(numpy.float64),
                                      want.astype(numpy.float64))
@@ -426,7 +429,8 @@ def test_nhwc_passes_equal_cpu_exactly_on_integers(x_shape, kernel, kwargs, dtyp
     want = cuconv.conv2d_input(x.shape, w, dy, groups=c, **kwargs)
     dyg = _nhwc(dy)
     dx = cupy.full((spec.n, spec.h, spec.w, spec.c), numpy.nan, dtype=dtype)
-    plan = depthwise.prepare("dgrad", spec, dtype, "ieee", _plan.current_env(dyg, wg, dx), layout="nhwc")
+    plan = depthwise.prepare("dgrad", spec, dtype, "ieee", _plan.current_env(dyg, wg, dx), kernel=fwd_kernel,
+                             layout="nhwc")
     _plan.run_arrays(plan, dyg, wg, dx)
     numpy.testing.assert_array_equal(cupy.asnumpy(dx.transpose(0, 3, 1, 2)).astype(numpy.float64),
                                      want.astype(numpy.float64))
