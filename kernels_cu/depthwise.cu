@@ -954,6 +954,16 @@ __global__ void depthwise_wgrad_reduce(const typename cuconv::Acc<T>::type* __re
     }
 }
 
+// V = 16 / sizeof(T) accumulators rounded to T once and stored as one 16-byte vector at p (the channels-last
+// kernels' output: V adjacent channels of a pixel).
+template <typename T, typename Acc>
+__device__ __forceinline__ void store_vector(T* __restrict__ p, const Acc* acc) {
+    RowsOut<T, 16> o;
+#pragma unroll
+    for (int e = 0; e < 16 / static_cast<int>(sizeof(T)); ++e) o.v[e] = cuconv::from_acc<T>(acc[e]);
+    *reinterpret_cast<RowsOut<T, 16>*>(p) = o;
+}
+
 // ---- channels-last (NHWC) activations -------------------------------------------------------------------------
 // depthwise_nhwc_weight<T>(w, wt, C, taps, flip)
 //     the weight (C, 1, R, S) as (R·S, C), so that a tap's weights of V adjacent channels are one 16-byte
@@ -1012,10 +1022,7 @@ depthwise_nhwc_fwd(const T* __restrict__ x, const T* __restrict__ wt, const T* _
                 for (int e = 0; e < V; ++e) acc[e] = fma(elem_of<T>(xv, e), elem_of<T>(wv, e), acc[e]);
             }
         }
-        RowsOut<T, 16> o;
-#pragma unroll
-        for (int e = 0; e < V; ++e) o.v[e] = cuconv::from_acc<T>(acc[e]);
-        *reinterpret_cast<RowsOut<T, 16>*>(out + static_cast<i64>(pix) * c + c0) = o;
+        store_vector<T>(out + static_cast<i64>(pix) * c + c0, acc);
     }
 }
 
@@ -1096,10 +1103,7 @@ depthwise_nhwc_fwd_q(const T* __restrict__ x, const T* __restrict__ wt, const T*
 #pragma unroll
         for (int q = 0; q < QT; ++q) {
             if (oq0 + q >= q_count) break;
-            RowsOut<T, 16> ov;
-#pragma unroll
-            for (int e = 0; e < V; ++e) ov.v[e] = cuconv::from_acc<T>(acc[q][e]);
-            *reinterpret_cast<RowsOut<T, 16>*>(o + static_cast<i64>(q) * c) = ov;
+            store_vector<T>(o + static_cast<i64>(q) * c, acc[q]);
         }
     }
 }
@@ -1136,16 +1140,14 @@ depthwise_nhwc_dgrad(const T* __restrict__ dy, const T* __restrict__ wt, T* __re
             for (int s = 0; s < s_count; ++s) {
                 const Index pw = iw + static_cast<Index>(g.pad_left) - s * static_cast<Index>(g.dil_w);
                 if (pw < 0 || pw % sw != 0 || pw / sw >= q_count) continue;
-                const uint4 dv = __ldg(reinterpret_cast<const uint4*>(dyn + (static_cast<i64>(op) * q_count + pw / sw) * c));
+                const T* __restrict__ dyp = dyn + (static_cast<i64>(op) * q_count + pw / sw) * c;
+                const uint4 dv = __ldg(reinterpret_cast<const uint4*>(dyp));
                 const uint4 wv = __ldg(reinterpret_cast<const uint4*>(wt + static_cast<i64>(r * s_count + s) * c + c0));
 #pragma unroll
                 for (int e = 0; e < V; ++e) acc[e] = fma(elem_of<T>(dv, e), elem_of<T>(wv, e), acc[e]);
             }
         }
-        RowsOut<T, 16> o;
-#pragma unroll
-        for (int e = 0; e < V; ++e) o.v[e] = cuconv::from_acc<T>(acc[e]);
-        *reinterpret_cast<RowsOut<T, 16>*>(dx + static_cast<i64>(pix) * c + c0) = o;
+        store_vector<T>(dx + static_cast<i64>(pix) * c + c0, acc);
     }
 }
 
@@ -1161,8 +1163,9 @@ constexpr int kDwNhwcMaxS = 8;
 
 template <typename T, int KS>
 __global__ void __launch_bounds__(256)
-depthwise_nhwc_wgrad(const T* __restrict__ x, const T* __restrict__ dy, typename cuconv::Acc<T>::type* __restrict__ partial,
-                     const cuconv::ConvGeometry g, long long rows_per_slice) {
+depthwise_nhwc_wgrad(const T* __restrict__ x, const T* __restrict__ dy,
+                     typename cuconv::Acc<T>::type* __restrict__ partial, const cuconv::ConvGeometry g,
+                     long long rows_per_slice) {
     using Acc = typename cuconv::Acc<T>::type;
     constexpr int V = 16 / static_cast<int>(sizeof(T));
     constexpr int S_MAX = KS > 0 ? KS : kDwNhwcMaxS;
