@@ -386,8 +386,9 @@ class Layer:
 
     def _backward_channels_last(self, dy, x, w, need_x: bool, need_w: bool, need_b: bool, eager: bool) -> tuple:
         """``backward`` of a channels-last layer: each pass in place on channels-last dy and x where an algorithm
-        serves it (``nhwc``), else on contiguous copies; dx channels-last either way, dw as the kernels write it
-        (KCRS), db from dy's NCHW copy where a pass made one, else summed over channels-last pixels."""
+        serves it (``nhwc``), else on contiguous copies; dx channels-last either way, dw channels-last where the
+        wgrad plan writes it so (``krsc``), else KCRS; db from dy's NCHW copy where a pass made one, else summed over
+        channels-last pixels."""
         dy_nchw = None
         dx = dw = db = None
         if self.index < 0:
