@@ -116,6 +116,16 @@ def _channels_last_result(t: torch.Tensor, strides: tuple) -> torch.Tensor:
     return out
 
 
+def _nhwc_bias_grad(launch, dy: torch.Tensor, k: int, stream: int, workspace) -> torch.Tensor:
+    """db of a dense channels-last dy through ``launch`` (a ``bias.NhwcGrad``, or None where dy has no pixel: zeros),
+    its partial sums in ``workspace(nbytes)``, on ``stream``."""
+    if launch is None:
+        return dy.new_zeros((k,))
+    db = dy.new_empty((k,))
+    launch(stream, dy.data_ptr(), db.data_ptr(), workspace(launch.partial_bytes).data_ptr())
+    return db
+
+
 def bias_grad(dy: torch.Tensor) -> torch.Tensor:
     """Σ of grad_output ``(N, K, P, Q)`` (or ``(K, P, Q)``) over all but K: ``bias.cu``'s ``bias_grad`` on CUDA
     tensors (fp32 sums for the half types, a fixed order), read in place where dy is contiguous or dense
@@ -128,11 +138,8 @@ def bias_grad(dy: torch.Tensor) -> torch.Tensor:
         if launch is None:
             with torch.cuda.device(index):
                 launch = _bias_launches[key] = grad_launch_nhwc(ConvSpec(n, 0, p, q, k, 1, 1), _NUMPY_DTYPES[dy.dtype])
-        db = dy.new_zeros((k,)) if launch is None else dy.new_empty((k,))
-        if launch is not None:
-            partials = torch.empty((launch.partial_bytes,), dtype=torch.uint8, device=dy.device)
-            launch(raw_stream(index), dy.data_ptr(), db.data_ptr(), partials.data_ptr())
-        return db
+        return _nhwc_bias_grad(launch, dy, k, raw_stream(index),
+                               lambda nbytes: torch.empty((nbytes,), dtype=torch.uint8, device=dy.device))
     if not dy.is_contiguous():
         dy = dy.contiguous()
     if not dy.is_cuda:
@@ -432,14 +439,8 @@ class Layer:
         launch = self._bias_grad_nhwc
         if launch is None:
             launch = self._bias_grad_nhwc = grad_launch_nhwc(self.spec, self.np_dtype)
-        db = dy.new_empty((self.spec.k,))
-        if launch is not None:
-            stream = _current_raw_stream(self.index)
-            partials = self._workspace(launch.partial_bytes, stream, eager)
-            launch(stream, dy.data_ptr(), db.data_ptr(), partials.data_ptr())
-        elif self.spec.k:
-            db.zero_()  # (no pixel: a sum over nothing)
-        return db
+        stream = _current_raw_stream(self.index)
+        return _nhwc_bias_grad(launch, dy, self.spec.k, stream, lambda nbytes: self._workspace(nbytes, stream, eager))
 
     def _run_pass(self, pass_: str, ptrs: tuple, eager: bool) -> None:
         aligned = _plan.is_aligned(*ptrs)

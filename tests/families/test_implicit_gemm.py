@@ -288,6 +288,17 @@ def _nhwc(a):
     return cupy.ascontiguousarray(a.transpose(0, 2, 3, 1))
 
 
+def _nhwc_backward_operands(case, dtype_name: str, seed: int):
+    """(dtype, x as a batch, w, dy of ``dtype``, spec) of small integers for a channels-last backward test; dy from
+    ``seed + 1``."""
+    x, w, _ = make_inputs(case, seed=seed, integer=True)
+    dtype = _dtypes.by_name(dtype_name)
+    x4 = x if x.ndim == 4 else x[None]
+    spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
+    dy = numpy.random.default_rng(seed + 1).integers(-3, 4, spec.output_shape).astype(dtype)
+    return dtype, x4, w, dy, spec
+
+
 def _weight(w, dtype, weights: str):
     """The weight on the GPU in ``weights``' layout: KCRS, or channels-last ((K, R, S, C/groups) in memory)."""
     import cupy
@@ -367,11 +378,7 @@ def test_dgrad_on_channels_last_tensors(case, dtype_name, weights):
     from cuconv import _plan
     from cuconv.families import implicit_gemm
 
-    x, w, _ = make_inputs(case, seed=42, integer=True)
-    dtype = _dtypes.by_name(dtype_name)
-    x4 = x if x.ndim == 4 else x[None]
-    spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
-    dy = numpy.random.default_rng(43).integers(-3, 4, spec.output_shape).astype(dtype)
+    dtype, x4, w, dy, spec = _nhwc_backward_operands(case, dtype_name, 42)
     want = cuconv.conv2d_input(x4.shape, w.astype(dtype), dy, **case.kwargs)
     dyg = _nhwc(cupy.asarray(dy))
     dx = cupy.full((spec.n, spec.h, spec.w, spec.c), numpy.nan, dtype=dtype)
@@ -396,11 +403,7 @@ def test_wgrad_on_channels_last_tensors(case, dtype_name, splits, weights):
     from cuconv import _plan
     from cuconv.families import implicit_gemm
 
-    x, w, _ = make_inputs(case, seed=44, integer=True)
-    dtype = _dtypes.by_name(dtype_name)
-    x4 = x if x.ndim == 4 else x[None]
-    spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
-    dy = numpy.random.default_rng(45).integers(-3, 4, spec.output_shape).astype(dtype)
+    dtype, x4, w, dy, spec = _nhwc_backward_operands(case, dtype_name, 44)
     want = cuconv.conv2d_weight(x4.astype(dtype), w.shape, dy, **case.kwargs)
     xg, dyg = _nhwc(cupy.asarray(x4.astype(dtype))), _nhwc(cupy.asarray(dy))
     krsc = weights == "krsc"
