@@ -1151,30 +1151,90 @@ depthwise_nhwc_dgrad(const T* __restrict__ dy, const T* __restrict__ wt, T* __re
     }
 }
 
-// depthwise_nhwc_wgrad<T, KS>(x, dy, partial, ConvGeometry, rows_per_slice)
-//     multiplier 1, kernels of up to kMaxS columns (KS > 0: exactly KS, unrolled; 0: g.s at run time): block
-//     (32, 8) of grid (ceil(C/V · R / 32), slices); thread x takes item (V adjacent channels, kernel row r), y a
-//     row lane: over the dy rows (n, p) y, y + 8, ... of its slice, for every output column q, one 16-byte load
-//     of dy and one of x per kernel column s (the next q's reuse them through L1), S·V FMAs into S·V
-//     accumulators. The 8 row lanes are then added through shared memory in a fixed order (4 + 4, 2 + 2, 1 + 1)
-//     and lane 0 writes the block's partial sums partial[slice][r·S + s][c] in Acc<T>;
-//     depthwise_nhwc_wgrad_reduce adds the slices in order into dw (C, 1, R, S).
+// depthwise_nhwc_wgrad<T, KS, SW>(x, dy, partial, ConvGeometry, rows_per_slice, vpb, lanes)
+//     multiplier 1, kernels of up to kDwNhwcMaxS columns. Grid (ceil(C/V / vpb), slices) of 256-thread blocks,
+//     V = 8 / sizeof(T) adjacent channels a thread (8-byte vectors: a kernel row's S·V sums and a chunk's
+//     inputs fit in registers with two blocks per SM). Thread t of a block takes vector vl = t % vpb of the
+//     block's vpb, kernel row r = t / vpb % R and row lane t / (vpb·R) of `lanes`: over the dy rows first + lane,
+//     first + lane + lanes, ... of its slice it sums S·V products dy[n, p, q, c] · x[n, ih(p, r), iw(q, s), c].
+//     The block's threads cover a band of consecutive dy rows and every kernel row of their channels together,
+//     so that each x row comes from L2 about once per slice and its R uses hit L1.
+//     KS > 0 and SW = 1 or 2 (dilation 1 along w): a row is walked in chunks of U output columns (wgrad_chunk);
+//     a chunk's NQ <= U dy vectors and the (NQ - 1)·SW + KS input columns they read are loaded first (all in
+//     flight together), each converted once, and column j of the chunk feeds tap s of output u where
+//     j = u·SW + s: compile-time pairs, NQ compile-time too (the row's last chunk is dispatched on its count),
+//     so no product of an output past Q is formed and a chunk inside the row checks no bounds. KS = 0, SW = 0:
+//     S, stride and dilation at run time, per output one dy load and S input loads. Input columns outside the
+//     row are zeros.
+//     The lanes' sums are added through shared memory in lane order, and the block writes its partial sums
+//     partial[slice][r·S + s][c] in Acc<T>; depthwise_nhwc_wgrad_reduce adds the slices in order into
+//     dw (C, 1, R, S): deterministic, no atomics.
 constexpr int kDwNhwcMaxS = 8;
 
-template <typename T, int KS>
-__global__ void __launch_bounds__(256)
+// One chunk of depthwise_nhwc_wgrad's input-window path: NQ outputs from dyc (a vector every cc elements) and
+// the (NQ - 1)·SW + KS input columns from xc (column iw0 of the row; with kCheck, columns outside [0, w_count)
+// read as zeros).
+template <typename T, int KS, int SW, int NQ, bool kCheck>
+__device__ __forceinline__ void wgrad_chunk(typename cuconv::Acc<T>::type (&acc)[KS][8 / sizeof(T)],
+                                            const T* __restrict__ dyc, const T* __restrict__ xc, int cc, int iw0,
+                                            int w_count) {
+    using Acc = typename cuconv::Acc<T>::type;
+    constexpr int V = 8 / static_cast<int>(sizeof(T)), SPAN = (NQ - 1) * SW + KS;
+    uint2 dv[NQ], xv[SPAN];
+#pragma unroll
+    for (int u = 0; u < NQ; ++u) dv[u] = __ldg(reinterpret_cast<const uint2*>(dyc + u * cc));
+#pragma unroll
+    for (int j = 0; j < SPAN; ++j) {
+        const bool inside = !kCheck || (iw0 + j >= 0 && iw0 + j < w_count);
+        xv[j] = inside ? __ldg(reinterpret_cast<const uint2*>(xc + j * cc)) : make_uint2(0u, 0u);
+    }
+    Acc df[NQ][V];
+#pragma unroll
+    for (int u = 0; u < NQ; ++u)
+#pragma unroll
+        for (int e = 0; e < V; ++e) df[u][e] = elem_of<T>(dv[u], e);
+#pragma unroll
+    for (int j = 0; j < SPAN; ++j) {
+        Acc xf[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) xf[e] = elem_of<T>(xv[j], e);
+#pragma unroll
+        for (int s = 0; s < KS; ++s) {
+            if (j < s || (j - s) % SW != 0 || (j - s) / SW >= NQ) continue;  // (compile time)
+#pragma unroll
+            for (int e = 0; e < V; ++e) acc[s][e] = fma(xf[e], df[(j - s) / SW][e], acc[s][e]);
+        }
+    }
+}
+
+// The row's last chunk, of q_left < U outputs: wgrad_chunk with NQ = q_left.
+template <typename T, int KS, int SW, int NQ>
+__device__ __forceinline__ void wgrad_tail(typename cuconv::Acc<T>::type (&acc)[KS][8 / sizeof(T)],
+                                           const T* __restrict__ dyc, const T* __restrict__ xc, int cc, int iw0,
+                                           int w_count, int q_left) {
+    if constexpr (NQ > 0) {
+        if (q_left == NQ) wgrad_chunk<T, KS, SW, NQ, true>(acc, dyc, xc, cc, iw0, w_count);
+        else wgrad_tail<T, KS, SW, NQ - 1>(acc, dyc, xc, cc, iw0, w_count, q_left);
+    }
+}
+
+template <typename T, int KS, int SW>
+__global__ void __launch_bounds__(256, 2)
 depthwise_nhwc_wgrad(const T* __restrict__ x, const T* __restrict__ dy,
                      typename cuconv::Acc<T>::type* __restrict__ partial, const cuconv::ConvGeometry g,
-                     long long rows_per_slice) {
+                     long long rows_per_slice, int vpb, int lanes) {
     using Acc = typename cuconv::Acc<T>::type;
-    constexpr int V = 16 / static_cast<int>(sizeof(T));
+    constexpr int V = 8 / static_cast<int>(sizeof(T));
     constexpr int S_MAX = KS > 0 ? KS : kDwNhwcMaxS;
-    __shared__ Acc lanes[4][32][S_MAX * V + 1];
-    const int s_count = KS > 0 ? KS : static_cast<int>(g.s);
-    const long long vectors = g.c / V, items = vectors * g.r;
-    const long long item = static_cast<long long>(blockIdx.x) * 32 + threadIdx.x;
-    const bool live = item < items;
-    const long long v = live ? item % vectors : 0, r = live ? item / vectors : 0;
+    constexpr bool kWindow = KS > 0 && SW > 0;
+    constexpr int U = SW == 1 ? 8 : 4;                           // output columns a chunk
+    constexpr int SPAN = kWindow ? (U - 1) * SW + KS : 1;        // input columns a chunk reads
+    __shared__ Acc sums[256 * S_MAX * V];
+    const int s_count = KS > 0 ? KS : static_cast<int>(g.s), r_count = static_cast<int>(g.r);
+    const int per_lane = vpb * r_count, tid = threadIdx.x;
+    const int lane = tid / per_lane, r = tid % per_lane / vpb, vl = tid % vpb;
+    const long long vectors = g.c / V, v = static_cast<long long>(blockIdx.x) * vpb + vl;
+    const bool live = lane < lanes && v < vectors;
     const long long c0 = v * V;
     Acc acc[S_MAX][V];
 #pragma unroll
@@ -1188,65 +1248,77 @@ depthwise_nhwc_wgrad(const T* __restrict__ x, const T* __restrict__ dy,
     const int cc = static_cast<int>(g.c), q_count = static_cast<int>(g.q), w_count = static_cast<int>(g.w);
     const int sw = static_cast<int>(g.stride_w), pw = static_cast<int>(g.pad_left), dw = static_cast<int>(g.dil_w);
     if (live) {
-        for (long long row = first + threadIdx.y; row < last; row += 8) {
+        for (long long row = first + lane; row < last; row += lanes) {
             const long long n = row / g.p, op = row - n * g.p;
             const long long ih = op * g.stride_h - g.pad_top + r * g.dil_h;
             if (ih < 0 || ih >= g.h) continue;
             const T* __restrict__ dyr = dy + row * g.q * g.c + c0;
             const T* __restrict__ xr = x + (n * g.h + ih) * g.w * g.c + c0;
-            for (int oq = 0; oq < q_count; ++oq) {
-                const uint4 dv = __ldg(reinterpret_cast<const uint4*>(dyr + oq * cc));
-                const int iw0 = oq * sw - pw;
+            if constexpr (kWindow) {
+                for (int q0 = 0; q0 < q_count; q0 += U) {
+                    const int iw0 = q0 * SW - pw;
+                    const T* __restrict__ dyc = dyr + q0 * cc;
+                    const T* __restrict__ xc = xr + iw0 * cc;
+                    if (q0 + U > q_count)
+                        wgrad_tail<T, KS, SW, U - 1>(acc, dyc, xc, cc, iw0, w_count, q_count - q0);
+                    else if (iw0 >= 0 && iw0 + SPAN <= w_count)
+                        wgrad_chunk<T, KS, SW, U, false>(acc, dyc, xc, cc, iw0, w_count);
+                    else
+                        wgrad_chunk<T, KS, SW, U, true>(acc, dyc, xc, cc, iw0, w_count);
+                }
+            } else {
+                for (int oq = 0; oq < q_count; ++oq) {
+                    const uint2 dv = __ldg(reinterpret_cast<const uint2*>(dyr + oq * cc));
+                    const int iw0 = oq * sw - pw;
 #pragma unroll
-                for (int s = 0; s < S_MAX; ++s) {
-                    const int iw = iw0 + s * dw;
-                    if (s >= s_count || iw < 0 || iw >= w_count) continue;
-                    const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr + iw * cc));
+                    for (int s = 0; s < S_MAX; ++s) {
+                        const int iw = iw0 + s * dw;
+                        if (s >= s_count || iw < 0 || iw >= w_count) continue;
+                        const uint2 xv = __ldg(reinterpret_cast<const uint2*>(xr + iw * cc));
 #pragma unroll
-                    for (int e = 0; e < V; ++e) acc[s][e] = fma(elem_of<T>(xv, e), elem_of<T>(dv, e), acc[s][e]);
+                        for (int e = 0; e < V; ++e) acc[s][e] = fma(elem_of<T>(xv, e), elem_of<T>(dv, e), acc[s][e]);
+                    }
                 }
             }
         }
     }
-    for (int half = 4; half > 0; half /= 2) {  // lanes [half, 2·half) handed to lanes [0, half), in order
-        if (threadIdx.y >= half && threadIdx.y < 2 * half)
-#pragma unroll
-            for (int s = 0; s < S_MAX; ++s)
-#pragma unroll
-                for (int e = 0; e < V; ++e) lanes[threadIdx.y - half][threadIdx.x][s * V + e] = acc[s][e];
-        __syncthreads();
-        if (threadIdx.y < half)
-#pragma unroll
-            for (int s = 0; s < S_MAX; ++s)
-#pragma unroll
-                for (int e = 0; e < V; ++e) acc[s][e] += lanes[threadIdx.y][threadIdx.x][s * V + e];
-        __syncthreads();
-    }
-    if (threadIdx.y == 0 && live) {
-        Acc* __restrict__ out = partial + (static_cast<long long>(blockIdx.y) * g.r * g.s + r * g.s) * g.c + c0;
+    // sums[lane][r][s][vl][e]: the lanes' sums of one (r, s, channel) lanes·per_lane·S_MAX·V apart
+    const int stride = per_lane * S_MAX * V;
+    if (lane < lanes)
 #pragma unroll
         for (int s = 0; s < S_MAX; ++s)
-            if (s < s_count)
 #pragma unroll
-                for (int e = 0; e < V; ++e) out[s * g.c + e] = acc[s][e];
+            for (int e = 0; e < V; ++e) sums[lane * stride + ((r * S_MAX + s) * vpb + vl) * V + e] = acc[s][e];
+    __syncthreads();
+    for (int i = tid; i < stride; i += 256) {
+        const int e = i % V, vi = i / V % vpb, rs = i / (V * vpb), s = rs % S_MAX, ri = rs / S_MAX;
+        const long long ch = (static_cast<long long>(blockIdx.x) * vpb + vi) * V + e;
+        if (s >= s_count || ch >= g.c) continue;
+        Acc sum = sums[i];
+        for (int l = 1; l < lanes; ++l) sum += sums[l * stride + i];  // in lane order
+        partial[(static_cast<long long>(blockIdx.y) * r_count * s_count + ri * s_count + s) * g.c + ch] = sum;
     }
 }
 
 // depthwise_nhwc_wgrad_reduce<T>(partial, dw, slices, C, taps): dw[c·taps + t] = Σ over slices j of
-//     partial[j][t][c], a warp per weight element (8 per block): lane l adds slices l, l + 32, ..., then a fixed
-//     butterfly (deterministic).
+//     partial[j][t][c]. Block (32, 8) of grid (ceil(C / 32), taps): thread x a channel (a warp's reads of a
+//     slice are 32 consecutive sums), y a slice lane adding slices y, y + 8, ... in order; the 8 lanes' sums are
+//     then added in lane order (deterministic).
 template <typename T>
 __global__ void __launch_bounds__(256)
 depthwise_nhwc_wgrad_reduce(const typename cuconv::Acc<T>::type* __restrict__ partial, T* __restrict__ dw,
                             long long slices, long long c, long long taps) {
     using Acc = typename cuconv::Acc<T>::type;
-    const long long i = static_cast<long long>(blockIdx.x) * 8 + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    if (i >= c * taps) return;  // whole warps
-    const long long ch = i / taps, t = i - ch * taps;
+    __shared__ Acc lanes[8][32];
+    const long long ch = static_cast<long long>(blockIdx.x) * 32 + threadIdx.x, t = blockIdx.y;
     Acc sum = 0;
-    for (long long j = lane; j < slices; j += 32) sum += partial[(j * taps + t) * c + ch];
+    if (ch < c)
+        for (long long j = threadIdx.y; j < slices; j += 8) sum += partial[(j * taps + t) * c + ch];
+    lanes[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && ch < c) {
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (lane == 0) dw[i] = cuconv::from_acc<T>(sum);
+        for (int l = 1; l < 8; ++l) sum += lanes[l][threadIdx.x];
+        dw[ch * taps + t] = cuconv::from_acc<T>(sum);
+    }
 }

@@ -50,10 +50,10 @@ _THREADS = _loader.THREADS  # its kernels' block: the residency arithmetic below
 # depthwise_nhwc_fwd's square kernels with unrolled tap loops (0: R x S read at run time)
 _NHWC_KERNELS = (3, 5, 7, 0)
 # depthwise_nhwc_fwd_q: output pixels a thread per square kernel (its registers: a row's KR + QT - 1 input
-# vectors and QT accumulator vectors). Not yet chosen by ``auto`` (``_NHWC_FWD_Q``): it awaits its measurement
-# against depthwise_nhwc_fwd (docs/perf-notes.md); prepare(..., kernel="nhwc_q") runs it.
+# vectors and QT accumulator vectors). ``auto`` takes it for 5x5 kernels at unit stride and dilation only
+# (_nhwc_fwd_tiled), where it measured faster than depthwise_nhwc_fwd; prepare(..., kernel="nhwc_q") forces it.
 _NHWC_Q_PIXELS = {3: 4, 5: 4, 7: 2}
-_NHWC_FWD_Q = False
+_NHWC_Q_AUTO = (5,)
 _SMEM_LIMIT = _loader.SMEM_DEFAULT  # wgrad's per-thread accumulators stay within the default
 _MAX_GRID_Y = 65535
 
@@ -82,7 +82,8 @@ NAME_EXPRESSIONS = tuple(
     + [f"depthwise_nhwc_fwd_q<{t},{r},{qt},{u},{i}>" for t in _dtypes.ALL_CTYPE_NAMES
        for r, qt in _NHWC_Q_PIXELS.items() for u in ("true", "false") for i in ("int", "long long")]
     + [f"depthwise_nhwc_dgrad<{t},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for i in ("int", "long long")]
-    + [f"depthwise_nhwc_wgrad<{t},{r}>" for t in _dtypes.ALL_CTYPE_NAMES for r in _NHWC_KERNELS]
+    + [f"depthwise_nhwc_wgrad<{t},{r},{sw}>" for t in _dtypes.ALL_CTYPE_NAMES
+       for r, sw in [(r, sw) for r in _NHWC_KERNELS[:-1] for sw in (1, 2)] + [(0, 0)]]
     + [f"depthwise_nhwc_wgrad_reduce<{t}>" for t in _dtypes.ALL_CTYPE_NAMES])
 
 
@@ -159,7 +160,7 @@ def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precisi
     """Why ``depthwise`` cannot run ``pass_`` on channels-last activations in place, or None: a multiplier of 1
     whose channels fill whole 16-byte vectors; the forward (``depthwise_nhwc_fwd``), the dgrad (at stride 1 the
     forward of dy with the kernel flipped, else a gather per dx pixel: ``depthwise_nhwc_dgrad``) and wgrad for
-    kernels of up to ``_NHWC_WGRAD_MAX_S`` columns (``depthwise_nhwc_wgrad``)."""
+    kernels of up to ``_NHWC_WGRAD_MAX_S`` columns and 256 rows (``depthwise_nhwc_wgrad``)."""
     if not _is_depthwise(spec):
         return "not a depthwise convolution"
     if spec.k != spec.c:
@@ -169,6 +170,9 @@ def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precisi
     if pass_ == "wgrad" and spec.s > _NHWC_WGRAD_MAX_S:
         return f"on channels-last tensors its wgrad keeps a kernel row's taps in registers: at most " \
                f"{_NHWC_WGRAD_MAX_S} columns"
+    if pass_ == "wgrad" and spec.r > _THREADS:
+        return f"on channels-last tensors its wgrad block holds every kernel row of its channels: at most " \
+               f"{_THREADS} rows"
     if pass_ != "fprop" and max(*spec.stride, *spec.dilation, *spec.pad, spec.w * spec.c, spec.q * spec.c) >= 2**31:
         return "its channels-last backward kernels hold strides, dilations, paddings and a row's offsets in 32 bits"
     return None
@@ -183,6 +187,12 @@ def _nhwc_index(spec: ConvSpec, dtype) -> str:
     vectors = spec.n * max(spec.p * spec.q, spec.h * spec.w) * spec.c // (16 // numpy.dtype(dtype).itemsize)
     counts = (vectors, spec.n * spec.h * spec.w * spec.c, spec.n * spec.p * spec.q * spec.c)
     return "int" if max(counts) < 2**31 - 2**28 else "long long"
+
+
+def _nhwc_fwd_tiled(spec: ConvSpec) -> bool:
+    """Whether ``auto`` runs ``depthwise_nhwc_fwd_q`` for this forward (or stride-1 dgrad's forward of dy)."""
+    return (spec.r == spec.s and spec.r in _NHWC_Q_AUTO and spec.stride == (1, 1)
+            and spec.dilation == (1, 1))
 
 
 def _nhwc_launches(spec: ConvSpec, dtype, flip: bool, tiled: bool = False):
@@ -215,32 +225,46 @@ def _nhwc_weight(spec: ConvSpec, dtype, flip: bool) -> "_loader.PreparedLaunch":
                            (numpy.int64(spec.c), numpy.int32(taps), numpy.int32(flip)))
 
 
-# depthwise_nhwc_wgrad: about this many blocks (of 256 threads) per SM over the device, each row lane of a block
-# at least _NHWC_WGRAD_MIN_ROWS dy rows
-_NHWC_WGRAD_BLOCKS_PER_SM = 8
+# depthwise_nhwc_wgrad: blocks of 256 threads, about this many resident per SM (its launch bounds), over the
+# device once; each of a block's row lanes takes at least _NHWC_WGRAD_MIN_ROWS dy rows, and a block at most
+# _NHWC_WGRAD_VECTORS channel vectors (so that every kernel row of them has lanes)
+_NHWC_WGRAD_BLOCKS_PER_SM = 2
 _NHWC_WGRAD_MIN_ROWS = 2
+_NHWC_WGRAD_VECTORS = 8
+_NHWC_WGRAD_VECTOR_BYTES = 8  # V = 8 / itemsize channels a thread (kernel's V)
+
+
+def _nhwc_wgrad_kernel(spec: ConvSpec) -> tuple:
+    """(KS, SW) of depthwise_nhwc_wgrad: the input-window kernel where the kernel's width is compiled and the
+    columns step 1 or 2 at dilation 1; (0, 0), everything at run time, elsewhere."""
+    if spec.s in _NHWC_KERNELS[:-1] and spec.stride[1] in (1, 2) and spec.dilation[1] == 1:
+        return spec.s, spec.stride[1]
+    return 0, 0
 
 
 @functools.lru_cache(maxsize=1024)
 def _nhwc_wgrad_launches(spec: ConvSpec, dtype, sm_count: int):
     """(partial bytes, the partial sums' launch (pointers x, dy, partial), the reduction (partial, dw)) of a
-    channels-last wgrad: slices of dy's rows (N·P of them) over the grid's y, so that the device holds about
-    ``_NHWC_WGRAD_BLOCKS_PER_SM`` blocks per SM."""
+    channels-last wgrad: blocks of ``vpb`` channel vectors times every kernel row times ``lanes`` row lanes,
+    slices of dy's N·P rows over the grid's y, so that the device holds its blocks in about one wave."""
     ctype = _dtypes.ctype_of(dtype)
-    vec = 16 // dtype.itemsize
-    items = spec.c // vec * spec.r
-    blocks_x = -(-items // 32)
+    vectors = spec.c * dtype.itemsize // _NHWC_WGRAD_VECTOR_BYTES
+    vpb = max(1, min(vectors, _NHWC_WGRAD_VECTORS, _THREADS // spec.r))
+    lanes = _THREADS // (vpb * spec.r)
+    blocks_x = -(-vectors // vpb)
     rows = spec.n * spec.p
-    slices = max(1, min(-(-_NHWC_WGRAD_BLOCKS_PER_SM * sm_count // blocks_x), -(-rows // (8 * _NHWC_WGRAD_MIN_ROWS)),
-                        65535))
+    slices = max(1, min(-(-_NHWC_WGRAD_BLOCKS_PER_SM * sm_count // blocks_x),
+                        -(-rows // (lanes * _NHWC_WGRAD_MIN_ROWS)), 65535))
     rows_per_slice = -(-rows // slices)
     slices = -(-rows // rows_per_slice)  # (no empty slice)
-    ks = spec.s if spec.s in _NHWC_KERNELS else 0
-    partial = _loader.prepare(STEM, NAME_EXPRESSIONS, f"depthwise_nhwc_wgrad<{ctype},{ks}>", (blocks_x, slices, 1),
-                              (32, 8, 1), 3, (_loader.conv_geometry(spec), numpy.int64(rows_per_slice)))
+    ks, sw = _nhwc_wgrad_kernel(spec)
+    partial = _loader.prepare(STEM, NAME_EXPRESSIONS, f"depthwise_nhwc_wgrad<{ctype},{ks},{sw}>",
+                              (blocks_x, slices, 1), (_THREADS, 1, 1), 3,
+                              (_loader.conv_geometry(spec), numpy.int64(rows_per_slice), numpy.int32(vpb),
+                               numpy.int32(lanes)))
     taps = spec.r * spec.s
     reduce = _loader.prepare(STEM, NAME_EXPRESSIONS, f"depthwise_nhwc_wgrad_reduce<{ctype}>",
-                             (-(-spec.c * taps // 8), 1, 1), (_THREADS, 1, 1), 2,
+                             (-(-spec.c // 32), taps, 1), (32, 8, 1), 2,
                              (numpy.int64(slices), numpy.int64(spec.c), numpy.int64(taps)))
     acc = 8 if dtype.itemsize == 8 else 4
     return slices * taps * spec.c * acc, partial, reduce
@@ -280,7 +304,7 @@ def _nhwc_prepare(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", bias: boo
                                  (_loader.conv_geometry(spec), numpy.int64(total)))
         b.launch(gather, b.ref("dy"), wt, b.ref("dx"))
         return b.plan(STEM)
-    tiled = _NHWC_FWD_Q if kernel is None else kernel == "nhwc_q"
+    tiled = _nhwc_fwd_tiled(fspec) if kernel is None else kernel == "nhwc_q"
     weight_bytes, weight, forward = _nhwc_launches(fspec, dtype, pass_ == "dgrad", tiled)
     wt = b.take(weight_bytes)
     b.launch(weight, b.ref("w"), wt)

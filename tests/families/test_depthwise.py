@@ -367,6 +367,8 @@ _NHWC_CASES = [
     pytest.param((2, 16, 8, 9), (2, 4), dict(padding=(1, 2), stride=(2, 1)), id="2x4_runtime_width_s2"),
     pytest.param((1, 16, 7, 12), (3, 1), dict(padding=(1, 0)), id="3x1_runtime_width"),
     pytest.param((2, 16, 6, 11), (1, 8), dict(padding=(0, 3)), id="1x8_widest_wgrad"),
+    pytest.param((4, 80, 17, 23), (5, 5), dict(padding=2), id="5x5_partial_channel_block_many_rows"),
+    pytest.param((3, 16, 9, 21), (3, 3), dict(padding=(1, 0), stride=2), id="3x3_s2_unread_last_column"),
 ]
 
 
