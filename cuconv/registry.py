@@ -186,9 +186,11 @@ def _select_nhwc(algo, spec, dtype, precision, pass_, smem_limit, wgmma, workspa
 
 def _preference_nhwc(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool):
     """Candidates on channels-last activations, best first: 1x1 stride-1 unpadded layers of one group as one GEMM
-    over every pixel (``im2col_gemm``: no swap, no per-sample batch, the bias in cuBLASLt's epilogue), then the
-    NCHW order (``_preference``) among the families that serve NHWC."""
-    if im2col_gemm.pointwise_nhwc(spec):
+    over every pixel (``im2col_gemm``: no swap, no per-sample batch, the bias in cuBLASLt's epilogue), and so every
+    pass of strided ones over the pixels they read (gathered into, or spread from, a column matrix: 1.1-4x
+    implicit_gemm's passes on the strided 1x1 layers of ResNet-50 and RegNet, whose wgrad swaps all of x and dy
+    first), then the NCHW order (``_preference``) among the families that serve NHWC."""
+    if im2col_gemm.pointwise_nhwc(spec) or im2col_gemm.strided_pointwise_nhwc(spec):
         yield "im2col_gemm"
     yield from _preference(spec, dtype, precision, pass_, wgmma)
 

@@ -18,6 +18,11 @@
 // Mapping: one thread per dx element of the rows [h0, h0 + h_rows) the chunk can touch, x fastest, so
 // reads of col are coalesced along q when stride_w == 1. No atomics: every dx element is written by
 // exactly one thread with a fixed summation order (r, then s), so results are deterministic.
+//
+// Kernel   col2im_pixels_nhwc<Unit, Index>(col, dx, ConvGeometry, units_per_pixel, total)
+//   the adjoint of im2col_pixels_nhwc (an unpadded 1x1 layer at a stride, channels-last): dx (N, H, W, C)
+//   pixel (n, h, w) = col row (n, h / stride_h, w / stride_w) where both divide exactly and land inside P x Q,
+//   zeros elsewhere, so that one pass writes every dx element. A thread a Unit of dx (see im2col.cu), flat.
 #include "common.cuh"
 
 using cuconv::i64;
@@ -71,5 +76,23 @@ col2im(const Tcol* __restrict__ col, T* __restrict__ dx, const cuconv::ConvGeome
         T* __restrict__ dst = dx + (nc * H + h) * W + w;
         if (ch.accumulate) sum += cuconv::to_acc(*dst);
         *dst = cuconv::from_acc<T>(sum);
+    }
+}
+
+template <typename Unit, typename Index>
+__global__ void __launch_bounds__(256)
+col2im_pixels_nhwc(const Unit* __restrict__ col, Unit* __restrict__ dx, const cuconv::ConvGeometry g,
+                   long long units_per_pixel, long long total) {
+    const Index per = static_cast<Index>(units_per_pixel), q_count = static_cast<Index>(g.q);
+    const Index p_count = static_cast<Index>(g.p), h_count = static_cast<Index>(g.h), w_count = static_cast<Index>(g.w);
+    const Index sh = static_cast<Index>(g.stride_h), sw = static_cast<Index>(g.stride_w);
+    for (Index i = static_cast<Index>(blockIdx.x) * 256 + static_cast<Index>(threadIdx.x);
+         i < static_cast<Index>(total); i += static_cast<Index>(gridDim.x) * 256) {
+        const Index u = i % per, pix = i / per;
+        const Index iw = pix % w_count, t = pix / w_count, ih = t % h_count, n = t / h_count;
+        const Index p = ih / sh, q = iw / sw;
+        Unit v{};  // (zero-initialised: the pixels no output reads)
+        if (p * sh == ih && q * sw == iw && p < p_count && q < q_count) v = col[((n * p_count + p) * q_count + q) * per + u];
+        dx[i] = v;
     }
 }

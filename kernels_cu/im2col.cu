@@ -21,6 +21,12 @@
 // otherwise each element resolves padding, stride and dilation itself (taps outside the image are 0).
 // Row and plane offsets are 64-bit (a chunk may pass 2^31 elements); positions inside one row are
 // 32-bit because the launcher keeps ld < 2^31 - 2^16 (cuBLAS's int dimensions need that anyway).
+//
+// Kernel   im2col_pixels_nhwc<Unit, Index>(x, col, ConvGeometry, units_per_pixel, total)
+//   the column matrix of an unpadded 1x1 layer at a stride on channels-last x (N, H, W, C): col (N·P·Q, C),
+//   row (n, p, q) = x[n, p·stride_h, q·stride_w, :], the pixels the layer reads and no others. Bytes are copied
+//   in Units (uint4 where a pixel's channels are whole 16-byte vectors and both pointers 16-byte aligned, down to
+//   2-byte words), a thread a unit, flat over col; Index int where every unit offset fits 31 bits.
 #include "common.cuh"
 
 using cuconv::i64;
@@ -81,5 +87,20 @@ im2col(const T* __restrict__ x, T* __restrict__ col, const cuconv::ConvGeometry 
             const int j0 = seg + (it * blockDim.x + threadIdx.x) * V;
             if (j0 < Li) *reinterpret_cast<cuconv::Vec16<T>*>(out + j0) = vec[it];
         }
+    }
+}
+
+template <typename Unit, typename Index>
+__global__ void __launch_bounds__(256)
+im2col_pixels_nhwc(const Unit* __restrict__ x, Unit* __restrict__ col, const cuconv::ConvGeometry g,
+                   long long units_per_pixel, long long total) {
+    const Index per = static_cast<Index>(units_per_pixel), q_count = static_cast<Index>(g.q);
+    const Index p_count = static_cast<Index>(g.p), h = static_cast<Index>(g.h), w = static_cast<Index>(g.w);
+    const Index sh = static_cast<Index>(g.stride_h), sw = static_cast<Index>(g.stride_w);
+    for (Index i = static_cast<Index>(blockIdx.x) * 256 + static_cast<Index>(threadIdx.x);
+         i < static_cast<Index>(total); i += static_cast<Index>(gridDim.x) * 256) {
+        const Index u = i % per, pix = i / per;
+        const Index q = pix % q_count, t = pix / q_count, p = t % p_count, n = t / p_count;
+        col[i] = x[((n * h + p * sh) * w + q * sw) * per + u];
     }
 }

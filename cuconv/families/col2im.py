@@ -10,9 +10,10 @@ import numpy
 
 from .. import _dtypes, _loader
 from ..spec import ConvSpec
+from . import im2col
 
-__all__ = ["col2im_launch", "col2im_gpu", "col2im_cpu", "touched_rows", "COL2IM_CHUNK_DTYPE", "NAME_EXPRESSIONS",
-           "STEM"]
+__all__ = ["col2im_launch", "col2im_gpu", "col2im_cpu", "touched_rows", "pixels_nhwc_launch", "COL2IM_CHUNK_DTYPE",
+           "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "col2im"
 _MAX_BLOCKS = 1 << 20
@@ -22,8 +23,10 @@ def _col_ctype(t: str) -> str:
     return "float" if t in ("__half", "__nv_bfloat16") else t
 
 
-NAME_EXPRESSIONS = tuple(f"col2im<{_col_ctype(t)},{t},{unit},{index}>" for t in _dtypes.ALL_CTYPE_NAMES
-                         for unit in ("true", "false") for index in ("int", "long long"))
+NAME_EXPRESSIONS = tuple([f"col2im<{_col_ctype(t)},{t},{unit},{index}>" for t in _dtypes.ALL_CTYPE_NAMES
+                          for unit in ("true", "false") for index in ("int", "long long")]
+                         + [f"col2im_pixels_nhwc<{u},{i}>" for u in im2col.PIXEL_UNITS.values()
+                            for i in ("int", "long long")])
 
 
 def touched_rows(spec: ConvSpec, p0: int, rows: int):
@@ -64,6 +67,17 @@ def col2im_launch(spec: ConvSpec, dtype, col_dtype, nb: int, p0: int, rows: int,
     chunk = numpy.array((total, p0, rows, pitch, h0, h_rows, int(accumulate), 0), dtype=COL2IM_CHUNK_DTYPE)[()]
     return _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_loader.THREADS, 1, 1), 2,
                            (_loader.conv_geometry(spec), chunk))
+
+
+def pixels_nhwc_launch(spec: ConvSpec, dtype, aligned: bool) -> "_loader.PreparedLaunch":
+    """A launch writing every element of channels-last dx (N, H, W, C) of an unpadded 1x1 layer at a stride from
+    its column matrix (N·P·Q, C) (``col2im_pixels_nhwc``: the pixels no output reads are zeros): pointers col and
+    dx; ``aligned``: both start on a 16-byte boundary."""
+    unit, per, index = im2col.pixel_units(spec, dtype, aligned)
+    total = spec.n * spec.h * spec.w * per
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, f"col2im_pixels_nhwc<{im2col.PIXEL_UNITS[unit]},{index}>",
+                           (_loader.blocks(total, _MAX_BLOCKS), 1, 1), (_loader.THREADS, 1, 1), 2,
+                           (_loader.conv_geometry(spec), numpy.int64(per), numpy.int64(total)))
 
 
 def col2im_gpu(col, spec: ConvSpec, p0: int, rows: int, dx, accumulate: bool) -> None:

@@ -40,7 +40,8 @@ from .im2col import row_pitch
 
 __all__ = ["ChunkPlan", "plan_chunks", "chunk_bytes", "wgrad_partial_samples", "pixel_folded", "batch_foldable",
            "batch_folded", "BATCH_FOLD_MAX_PIXELS", "prepare", "forward_gpu", "forward_cpu", "dgrad_gpu", "dgrad_cpu",
-           "wgrad_gpu", "wgrad_cpu", "cpu_matmul", "pointwise_nhwc", "reason_unsupported_nhwc"]
+           "wgrad_gpu", "wgrad_cpu", "cpu_matmul", "pointwise_nhwc", "strided_pointwise_nhwc",
+           "reason_unsupported_nhwc"]
 
 
 # Below this many column-buffer bytes a problem runs as one chunk: splitting it would cost more in
@@ -198,13 +199,14 @@ def wgrad_partial_samples(spec: ConvSpec, plan: ChunkPlan, acc_itemsize: int, co
 def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
             layout: str = "nchw") -> "_plan.Plan":
     """The plan of ``pass_`` (see ``cuconv._plan``); ``bias``: whether the forward adds one. ``layout="nhwc"``:
-    x, out, dy and dx channels-last in memory (weights KCRS either way), 1×1 layers only (``pointwise_nhwc``)."""
+    x, out, dy and dx channels-last in memory (weights KCRS either way), unpadded 1×1 layers of one group only
+    (``pointwise_nhwc``, ``strided_pointwise_nhwc``)."""
     b = _plan.Builder(pass_, env)
     dtype = numpy.dtype(dtype)
     if layout == "nhwc":
-        if not pointwise_nhwc(spec):
-            raise NotImplementedError("cuconv: im2col_gemm runs channels-last tensors for 1x1 layers of one group "
-                                      "at stride 1 without padding only")
+        if not (pointwise_nhwc(spec) or strided_pointwise_nhwc(spec)):
+            raise NotImplementedError("cuconv: im2col_gemm runs channels-last tensors for unpadded 1x1 layers of "
+                                      "one group only")
         _pointwise_nhwc_steps(b, pass_, spec, dtype, precision, bias)
         return b.plan("im2col_gemm")
     if pass_ == "fprop":
@@ -223,17 +225,36 @@ def pointwise_nhwc(spec: ConvSpec) -> bool:
             and spec.pad == (0, 0, 0, 0) and spec.groups == 1)
 
 
+def strided_pointwise_nhwc(spec: ConvSpec) -> bool:
+    """A 1×1 layer of one group at a stride above 1, no padding: on channels-last tensors every pass is one GEMM
+    over the N·P·Q pixels the layer reads, gathered into a column matrix (N·P·Q, C) first (forward, wgrad) or
+    scattered from one with the pixels it skips zeroed (dgrad)."""
+    return ((spec.r, spec.s) == (1, 1) and spec.stride != (1, 1) and spec.pad == (0, 0, 0, 0)
+            and spec.groups == 1)
+
+
 _GEMM_DIM_MAX = 2**31 - 1  # cuBLAS's int dimensions and leading dimensions
 
 
+def _strided_column_bytes(spec: ConvSpec, dtype) -> int:
+    """The workspace of a strided 1x1 layer's channels-last pass: its column matrix (N·P·Q, C)."""
+    return spec.n * spec.p * spec.q * spec.c * numpy.dtype(dtype).itemsize
+
+
 def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee", limits=None):
-    """Why im2col_gemm cannot run ``pass_`` on channels-last activations in place, or None: it does for 1x1
-    layers of one group at stride 1 without padding or dilation (``pointwise_nhwc``), whose every pass is one
-    GEMM over the N·H·W pixels (cuBLAS's 32-bit dimensions)."""
-    if not pointwise_nhwc(spec):
-        return "on channels-last tensors it runs 1x1 layers of one group at stride 1, unpadded, only"
+    """Why im2col_gemm cannot run ``pass_`` on channels-last activations in place, or None: it does for unpadded
+    1x1 layers of one group, whose every pass is one GEMM over the pixels (cuBLAS's 32-bit dimensions): at stride
+    1 (``pointwise_nhwc``) on the tensors as they are, at a larger stride (``strided_pointwise_nhwc``) through a
+    column matrix of the pixels read, in the workspace."""
+    strided = strided_pointwise_nhwc(spec)
+    if not (pointwise_nhwc(spec) or strided):
+        return "on channels-last tensors it runs unpadded 1x1 layers of one group only"
     if spec.n * spec.h * spec.w > _GEMM_DIM_MAX or max(spec.c, spec.k) > _GEMM_DIM_MAX:
         return "its channels-last GEMM has N·H·W rows, beyond cuBLAS's 32-bit dimensions"
+    if strided:
+        need, limit = _strided_column_bytes(spec, dtype), (limits or _plan.current_limits()).workspace_limit
+        if need > limit:
+            return f"its column matrix of the strided pixels needs {need} bytes of workspace (> {limit})"
     return None
 
 
@@ -242,10 +263,21 @@ def _pointwise_nhwc_steps(b, pass_: str, spec: ConvSpec, dtype, precision: str, 
     fprop outᵀ (K × pixels) = Wᵀ-op (K × C) · xᵀ (C × pixels), the bias in the epilogue;
     dgrad dxᵀ (C × pixels) = W (C × K, as stored) · dyᵀ (K × pixels);
     wgrad dWᵀ (C × K) = xᵀ (C × pixels) · dy-op (pixels × K): the reduction over every pixel in one GEMM, no
-    per-sample partial sums."""
-    pixels, c, k = spec.n * spec.h * spec.w, spec.c, spec.k
+    per-sample partial sums.
+    At a stride the pixels are the N·P·Q ones the layer reads: x's gathered into a column matrix in the workspace
+    (fprop, wgrad), dgrad's written there and then spread over dx with zeros between them."""
+    c, k = spec.c, spec.k
+    pixels = spec.n * spec.p * spec.q
+    x, dx = b.ref("x") if pass_ != "dgrad" else None, b.ref("dx") if pass_ == "dgrad" else None
+    if strided_pointwise_nhwc(spec):
+        col = b.take(_strided_column_bytes(spec, dtype))
+        if pass_ == "dgrad":
+            dx = col
+        else:
+            b.launch(_im2col.pixels_nhwc_launch(spec, dtype, b.base_aligned(x)), x, col)
+            x = col
     if pass_ == "fprop":
-        operands = (dtype, precision, k, pixels, c, b.ref("w"), c, 0, b.ref("x"), c, 0, b.ref("out"), k, 0, 1)
+        operands = (dtype, precision, k, pixels, c, b.ref("w"), c, 0, x, c, 0, b.ref("out"), k, 0, 1)
         if bias and b.gemm(*operands, 0.0, trans_a="T", bias=b.ref("bias")) is not None:
             return
         if bias:  # (no epilogue for this bias pointer or shape: out filled with it, each pixel a "plane" of K)
@@ -253,10 +285,11 @@ def _pointwise_nhwc_steps(b, pass_: str, spec: ConvSpec, dtype, precision: str, 
                      b.ref("bias"))
         b.gemm(*operands, 1.0 if bias else 0.0, trans_a="T")
     elif pass_ == "dgrad":
-        b.gemm(dtype, precision, c, pixels, k, b.ref("w"), c, 0, b.ref("dy"), k, 0, b.ref("dx"), c, 0, 1)
+        b.gemm(dtype, precision, c, pixels, k, b.ref("w"), c, 0, b.ref("dy"), k, 0, dx, c, 0, 1)
+        if dx != b.ref("dx"):
+            b.launch(_col2im.pixels_nhwc_launch(spec, dtype, b.base_aligned(b.ref("dx"))), dx, b.ref("dx"))
     else:
-        b.gemm(dtype, precision, c, k, pixels, b.ref("x"), c, 0, b.ref("dy"), k, 0, b.ref("dw"), c, 0, 1,
-               trans_b="T")
+        b.gemm(dtype, precision, c, k, pixels, x, c, 0, b.ref("dy"), k, 0, b.ref("dw"), c, 0, 1, trans_b="T")
 
 
 class _BatchedGemm:

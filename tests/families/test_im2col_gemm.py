@@ -341,13 +341,82 @@ def test_pointwise_nhwc_gemms_on_host_memory(x_shape, k, dtype, monkeypatch):
 
 
 def test_pointwise_nhwc_only_for_plain_1x1_layers():
+    """Channels-last plans of im2col_gemm: unpadded 1x1 layers of one group, at stride 1 on the tensors as they are,
+    at a larger stride through a column matrix of the pixels read; padded, grouped and k x k layers refused."""
     from cuconv import _plan
     from cuconv.families import im2col_gemm
 
     env = _plan.Env(0, GiB, 227 << 10, True, 132, 228 << 10, True)
-    for kwargs, w_shape in ((dict(stride=2), (4, 6, 1, 1)), (dict(padding=1), (4, 6, 1, 1)), (dict(groups=2), (4, 3, 1, 1)),
-                            ({}, (4, 6, 3, 3))):
+    strided = ConvSpec.from_args((2, 6, 8, 8), (4, 6, 1, 1), stride=2)
+    assert im2col_gemm.strided_pointwise_nhwc(strided) and not im2col_gemm.pointwise_nhwc(strided)
+    assert im2col_gemm.reason_unsupported_nhwc(strided, numpy.float32, "wgrad") is None
+    assert "workspace" in im2col_gemm.reason_unsupported_nhwc(strided, numpy.float32, "wgrad",
+                                                              limits=_plan.Limits(227 << 10, True, 100))
+    for kwargs, w_shape in ((dict(padding=1), (4, 6, 1, 1)), (dict(groups=2), (4, 3, 1, 1)), ({}, (4, 6, 3, 3)),
+                            (dict(stride=2, padding=1), (4, 6, 1, 1))):
         spec = ConvSpec.from_args((2, 6, 8, 8), w_shape, **kwargs)
-        assert not im2col_gemm.pointwise_nhwc(spec)
+        assert not im2col_gemm.pointwise_nhwc(spec) and not im2col_gemm.strided_pointwise_nhwc(spec)
         with pytest.raises(NotImplementedError, match="channels-last"):
             im2col_gemm.prepare("fprop", spec, numpy.float32, "ieee", env, layout="nhwc")
+
+
+# (x shape, filters, stride, element offset of the channels-last operands from their allocation)
+_STRIDED_POINTWISE = [
+    pytest.param((2, 16, 9, 9), 8, 2, 0, id="s2_odd_plane"),
+    pytest.param((3, 24, 8, 10), 16, (2, 3), 0, id="s2x3"),
+    pytest.param((1, 3, 7, 12), 5, 2, 0, id="three_channels_n1"),
+    pytest.param((2, 32, 6, 6), 8, 2, 1, id="s2_off_16_bytes"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["float64", "float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("x_shape,k,stride,offset", _STRIDED_POINTWISE)
+def test_strided_pointwise_nhwc_passes_equal_cpu_exactly_on_integers(x_shape, k, stride, offset, dtype_name):
+    """Strided 1x1 layers on channels-last arrays, every pass through im2col_gemm's column matrix of the pixels
+    read (the forward with a bias; dgrad spread over dx with zeros between the pixels, every element written):
+    bit for bit the CPU path's on integers, into NaN-poisoned outputs; operands off a 16-byte boundary copied in
+    elements."""
+    import cupy
+
+    import cuconv
+    from cuconv import _dtypes, _plan
+    from cuconv.families import im2col_gemm
+
+    dtype = _dtypes.by_name(dtype_name)
+    if dtype is None:
+        pytest.skip("bfloat16 needs ml_dtypes")
+    rng = numpy.random.default_rng(11)
+    n, c, h, w_ = x_shape
+    spec = ConvSpec.from_args(x_shape, (k, c, 1, 1), stride=stride)
+    assert im2col_gemm.strided_pointwise_nhwc(spec)
+    x = rng.integers(-3, 4, x_shape).astype(dtype)
+    w = rng.integers(-3, 4, spec.weight_shape).astype(dtype)
+    b = rng.integers(-3, 4, k).astype(dtype)
+    dy = rng.integers(-3, 4, spec.output_shape).astype(dtype)
+
+    def nhwc(a, poison=False):  # a channels-last device copy of a (NCHW) starting ``offset`` elements into its buffer
+        shape = (a.shape[0], a.shape[2], a.shape[3], a.shape[1])
+        flat = cupy.full(int(numpy.prod(shape)) + offset, numpy.nan, dtype=dtype)
+        view = flat[offset:].reshape(shape)
+        if not poison:
+            view[...] = cupy.asarray(numpy.ascontiguousarray(a.transpose(0, 2, 3, 1)))
+        return view
+
+    def nchw(a):
+        return cupy.asnumpy(a).transpose(0, 3, 1, 2).astype(numpy.float64)
+
+    xg, wg, bg, dyg = nhwc(x), cupy.asarray(w), cupy.asarray(b), nhwc(dy)
+    out = nhwc(numpy.empty(spec.output_shape, dtype), poison=True)
+    dx = nhwc(numpy.empty(x_shape, dtype), poison=True)
+    dw = cupy.full(w.shape, numpy.nan, dtype=dtype)
+    for pass_, arrays in (("fprop", (xg, wg, bg, out)), ("dgrad", (dyg, wg, dx)), ("wgrad", (xg, dyg, dw))):
+        env = _plan.current_env(*arrays)
+        assert env.aligned == (offset == 0)
+        plan = im2col_gemm.prepare(pass_, spec, dtype, "ieee", env, layout="nhwc",
+                                   **({"bias": True} if pass_ == "fprop" else {}))
+        _plan.run_arrays(plan, *arrays)
+    numpy.testing.assert_array_equal(nchw(out), cuconv.conv2d(x, w, b, stride=stride).astype(numpy.float64))
+    numpy.testing.assert_array_equal(nchw(dx), cuconv.conv2d_input(x_shape, w, dy, stride=stride).astype(numpy.float64))
+    numpy.testing.assert_array_equal(cupy.asnumpy(dw).astype(numpy.float64),
+                                     cuconv.conv2d_weight(x, w.shape, dy, stride=stride).astype(numpy.float64))
