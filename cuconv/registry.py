@@ -34,9 +34,10 @@ PASSES = ("fprop", "dgrad", "wgrad")
 LAYOUTS = ("nchw", "nhwc")
 # Memory layouts of the weight (and of wgrad's dW): "kcrs" (C-contiguous (K, C/groups, R, S)) and "krsc"
 # (channels-last: (K, R, S, C/groups) in memory), the second with channels-last activations, for the families of
-# _KRSC_FAMILIES (their packs read it; 1x1 and depthwise weights are the same memory either way).
+# _KRSC_FAMILIES (implicit_gemm's packs read it, im2col_gemm's wgrad orders its column matrix so; 1x1 and
+# depthwise weights are the same memory either way).
 WEIGHT_LAYOUTS = ("kcrs", "krsc")
-_KRSC_FAMILIES = ("implicit_gemm",)
+_KRSC_FAMILIES = ("implicit_gemm", "im2col_gemm")
 
 # Each family and the passes it implements, in order of preference for `auto` where nothing more specific
 # applies.
@@ -189,8 +190,11 @@ def _preference_nhwc(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: b
     over every pixel (``im2col_gemm``: no swap, no per-sample batch, the bias in cuBLASLt's epilogue), and so every
     pass of strided ones over the pixels they read (gathered into, or spread from, a column matrix: 1.1-4x
     implicit_gemm's passes on the strided 1x1 layers of ResNet-50 and RegNet, whose wgrad swaps all of x and dy
-    first), then the NCHW order (``_preference``) among the families that serve NHWC."""
-    if im2col_gemm.pointwise_nhwc(spec) or im2col_gemm.strided_pointwise_nhwc(spec):
+    first), and the wgrad of wider k x k layers of one group as one GEMM of dy by their column matrix
+    (``im2col_gemm.columns_wgrad_nhwc``), then the NCHW order (``_preference``) among the families that serve
+    NHWC."""
+    if (im2col_gemm.pointwise_nhwc(spec) or im2col_gemm.strided_pointwise_nhwc(spec)
+            or pass_ == "wgrad" and im2col_gemm.columns_wgrad_nhwc(spec, dtype)):
         yield "im2col_gemm"
     yield from _preference(spec, dtype, precision, pass_, wgmma)
 

@@ -22,11 +22,14 @@
 // Row and plane offsets are 64-bit (a chunk may pass 2^31 elements); positions inside one row are
 // 32-bit because the launcher keeps ld < 2^31 - 2^16 (cuBLAS's int dimensions need that anyway).
 //
-// Kernel   im2col_pixels_nhwc<Unit, Index>(x, col, ConvGeometry, units_per_pixel, total)
-//   the column matrix of an unpadded 1x1 layer at a stride on channels-last x (N, H, W, C): col (N·P·Q, C),
-//   row (n, p, q) = x[n, p·stride_h, q·stride_w, :], the pixels the layer reads and no others. Bytes are copied
-//   in Units (uint4 where a pixel's channels are whole 16-byte vectors and both pointers 16-byte aligned, down to
-//   2-byte words), a thread a unit, flat over col; Index int where every unit offset fits 31 bits.
+// Kernel   im2col_nhwc<Unit, Index, kChannelMajor>(x, col, ConvGeometry, units_per_pixel, total)
+//   the column matrix of a one-group layer on channels-last x (N, H, W, C): col (N·P·Q, R·S·C), row (n, p, q)
+//   holding for each tap (r, s) in turn the C channels of x[n, p·stride_h - pad_top + r·dil_h,
+//   q·stride_w - pad_left + s·dil_w, :] (zeros where that falls in the padding): the (r, s, c) order of a
+//   channels-last weight's rows; kChannelMajor: the (c, r, s) order of a KCRS weight's rows (a unit an
+//   element). Bytes are copied in Units (uint4 where a pixel's channels are whole 16-byte vectors and both
+//   pointers 16-byte aligned, down to 2-byte words), a thread a unit, flat over col; Index int where every unit
+//   offset fits 31 bits.
 #include "common.cuh"
 
 using cuconv::i64;
@@ -90,17 +93,29 @@ im2col(const T* __restrict__ x, T* __restrict__ col, const cuconv::ConvGeometry 
     }
 }
 
-template <typename Unit, typename Index>
+template <typename Unit, typename Index, bool kChannelMajor>
 __global__ void __launch_bounds__(256)
-im2col_pixels_nhwc(const Unit* __restrict__ x, Unit* __restrict__ col, const cuconv::ConvGeometry g,
-                   long long units_per_pixel, long long total) {
+im2col_nhwc(const Unit* __restrict__ x, Unit* __restrict__ col, const cuconv::ConvGeometry g, long long units_per_pixel,
+            long long total) {
     const Index per = static_cast<Index>(units_per_pixel), q_count = static_cast<Index>(g.q);
     const Index p_count = static_cast<Index>(g.p), h = static_cast<Index>(g.h), w = static_cast<Index>(g.w);
-    const Index sh = static_cast<Index>(g.stride_h), sw = static_cast<Index>(g.stride_w);
+    const Index s_count = static_cast<Index>(g.s), taps = static_cast<Index>(g.r) * s_count;
     for (Index i = static_cast<Index>(blockIdx.x) * 256 + static_cast<Index>(threadIdx.x);
          i < static_cast<Index>(total); i += static_cast<Index>(gridDim.x) * 256) {
-        const Index u = i % per, pix = i / per;
+        Index u, tap, pix;
+        if constexpr (kChannelMajor) {
+            const Index rest = i / taps;
+            tap = i - rest * taps, u = rest % per, pix = rest / per;
+        } else {
+            const Index rest = i / per;
+            u = i - rest * per, tap = rest % taps, pix = rest / taps;
+        }
         const Index q = pix % q_count, t = pix / q_count, p = t % p_count, n = t / p_count;
-        col[i] = x[((n * h + p * sh) * w + q * sw) * per + u];
+        const Index r = tap / s_count, s = tap - r * s_count;
+        const Index ih = p * static_cast<Index>(g.stride_h) - static_cast<Index>(g.pad_top) + r * static_cast<Index>(g.dil_h);
+        const Index iw = q * static_cast<Index>(g.stride_w) - static_cast<Index>(g.pad_left) + s * static_cast<Index>(g.dil_w);
+        Unit v{};  // (zero-initialised: the padding)
+        if (ih >= 0 && ih < h && iw >= 0 && iw < w) v = x[((n * h + ih) * w + iw) * per + u];
+        col[i] = v;
     }
 }

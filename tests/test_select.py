@@ -415,3 +415,23 @@ def test_pack_swap_divides_by_its_magic_number():
         for j in js:
             if 0 <= j < 2**31:
                 assert (int(j) * m) >> p == int(j) // int(d), (d, j)
+
+
+@pytest.mark.parametrize("x_shape,w_shape,kwargs,dtype,expected", [
+    ((32, 256, 14, 14), (256, 256, 3, 3), dict(padding=1), _BF16, "im2col_gemm"),
+    ((32, 128, 56, 56), (128, 128, 3, 3), dict(stride=2, padding=1), _BF16, "im2col_gemm"),
+    ((32, 128, 28, 28), (128, 128, 3, 3), dict(padding=1), _BF16, "implicit_gemm"),
+    ((32, 64, 56, 56), (64, 64, 3, 3), dict(padding=1), _BF16, "implicit_gemm"),
+    ((32, 256, 56, 56), (256, 256, 3, 3), dict(padding=1), _BF16, "implicit_gemm"),
+    ((32, 256, 14, 14), (256, 256, 3, 3), dict(padding=1), _F32, "implicit_gemm"),
+    ((32, 96, 56, 56), (192, 96, 2, 2), dict(stride=2), _F32, "im2col_gemm"),
+    ((32, 256, 14, 14), (256, 64, 3, 3), dict(padding=1, groups=4), _BF16, "implicit_gemm"),
+], ids=["256_14_bf16", "128_56_s2_bf16", "128_28_bf16", "64_filters", "column_matrix_too_large", "tf32",
+        "patches_tf32", "grouped"])
+def test_channels_last_wgrad_through_the_column_matrix(x_shape, w_shape, kwargs, dtype, expected):
+    """k x k wgrads on channels-last tensors: im2col_gemm's column matrix and one GEMM for layers of one group with
+    128 filters or more at a stride (256 at stride 1) in the half types, up to a column matrix of 256 MiB, and for
+    non-overlapping patches in any precision; implicit_gemm elsewhere."""
+    spec = cuconv.ConvSpec.from_args(x_shape, w_shape, **kwargs)
+    precision = "tf32" if dtype == _F32 else "ieee"
+    assert registry.select_nhwc("auto", spec, dtype, precision, "wgrad") == expected

@@ -17,7 +17,7 @@ import numpy
 from .. import _dtypes, _loader
 from ..spec import ConvSpec
 
-__all__ = ["im2col_launch", "im2col_gpu", "im2col_cpu", "row_pitch", "pixels_nhwc_launch", "pixel_units",
+__all__ = ["im2col_launch", "im2col_gpu", "im2col_cpu", "row_pitch", "im2col_nhwc_launch", "pixel_units",
            "PIXEL_UNITS", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "im2col"
@@ -26,10 +26,11 @@ _MAX_GRID_Y = 65535
 # In-row positions are 32-bit in the kernel; a segment may run 2^16 past the row end before the check.
 MAX_ROW_PITCH = 2**31 - 2**16
 
-# im2col_pixels_nhwc's (and col2im_pixels_nhwc's) copy units: C++ type by bytes
+# im2col_nhwc's (and col2im_pixels_nhwc's) copy units: C++ type by bytes
 PIXEL_UNITS = {16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short"}
 NAME_EXPRESSIONS = tuple([f"im2col<{t}>" for t in _dtypes.ALL_CTYPE_NAMES]
-                         + [f"im2col_pixels_nhwc<{u},{i}>" for u in PIXEL_UNITS.values() for i in ("int", "long long")])
+                         + [f"im2col_nhwc<{u},{i},{m}>" for u in PIXEL_UNITS.values() for i in ("int", "long long")
+                            for m in ("false", "true")])
 
 
 def row_pitch(length: int, itemsize: int) -> int:
@@ -60,27 +61,28 @@ def im2col_launch(spec: ConvSpec, dtype, nb: int, p0: int, rows: int,
     return _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_loader.THREADS, 1, 1), 2, scalars)
 
 
-def pixel_units(spec: ConvSpec, dtype, aligned: bool) -> tuple:
+def pixel_units(spec: ConvSpec, dtype, aligned: bool, channel_major: bool = False) -> tuple:
     """(bytes of a copy unit, units a pixel, index type) of the channels-last pixel copies of ``spec`` (C channels
     of ``dtype`` a pixel): the widest unit dividing a pixel's bytes, at most the element where the operands are not
-    known to be 16-byte aligned; 32-bit indices where every unit offset of the larger tensor fits with the grid
-    stride."""
+    known to be 16-byte aligned or ``channel_major`` (a unit a channel); 32-bit indices where every unit offset of
+    the tensors and of the column matrix (N·P·Q·R·S pixels) fits with the grid stride."""
     dtype = numpy.dtype(dtype)
     row = spec.c * dtype.itemsize
-    unit = next(u for u in PIXEL_UNITS if row % u == 0 and (aligned or u <= dtype.itemsize))
+    unit = next(u for u in PIXEL_UNITS if row % u == 0 and (aligned and not channel_major or u <= dtype.itemsize))
     per = row // unit
-    largest = spec.n * max(spec.h * spec.w, spec.p * spec.q) * per
+    largest = spec.n * max(spec.h * spec.w, spec.p * spec.q * spec.r * spec.s) * per
     return unit, per, "int" if largest < 2**31 - 2**28 else "long long"
 
 
-def pixels_nhwc_launch(spec: ConvSpec, dtype, aligned: bool) -> "_loader.PreparedLaunch":
-    """A launch gathering the column matrix (N·P·Q, C) of an unpadded 1x1 layer at a stride from channels-last x
-    (``im2col_pixels_nhwc``): pointers x and col; ``aligned``: both start on a 16-byte boundary."""
-    unit, per, index = pixel_units(spec, dtype, aligned)
-    total = spec.n * spec.p * spec.q * per
-    return _loader.prepare(STEM, NAME_EXPRESSIONS, f"im2col_pixels_nhwc<{PIXEL_UNITS[unit]},{index}>",
-                           (_loader.blocks(total, 1 << 20), 1, 1), (_loader.THREADS, 1, 1), 2,
-                           (_loader.conv_geometry(spec), numpy.int64(per), numpy.int64(total)))
+def im2col_nhwc_launch(spec: ConvSpec, dtype, aligned: bool, channel_major: bool = False) -> "_loader.PreparedLaunch":
+    """A launch gathering the column matrix (N·P·Q, R·S·C) of a one-group layer from channels-last x, a row in (r, s,
+    c) order, or with ``channel_major`` in (c, r, s) order (``im2col_nhwc``): pointers x and col; ``aligned``: both
+    start on a 16-byte boundary."""
+    unit, per, index = pixel_units(spec, dtype, aligned, channel_major)
+    total = spec.n * spec.p * spec.q * spec.r * spec.s * per
+    name = f"im2col_nhwc<{PIXEL_UNITS[unit]},{index},{str(channel_major).lower()}>"
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, (_loader.blocks(total, 1 << 20), 1, 1), (_loader.THREADS, 1, 1),
+                           2, (_loader.conv_geometry(spec), numpy.int64(per), numpy.int64(total)))
 
 
 def im2col_gpu(x, spec: ConvSpec, p0: int, rows: int, col, interleaved: bool = False):

@@ -40,7 +40,7 @@ from .im2col import row_pitch
 
 __all__ = ["ChunkPlan", "plan_chunks", "chunk_bytes", "wgrad_partial_samples", "pixel_folded", "batch_foldable",
            "batch_folded", "BATCH_FOLD_MAX_PIXELS", "prepare", "forward_gpu", "forward_cpu", "dgrad_gpu", "dgrad_cpu",
-           "wgrad_gpu", "wgrad_cpu", "cpu_matmul", "pointwise_nhwc", "strided_pointwise_nhwc",
+           "wgrad_gpu", "wgrad_cpu", "cpu_matmul", "pointwise_nhwc", "strided_pointwise_nhwc", "columns_wgrad_nhwc",
            "reason_unsupported_nhwc"]
 
 
@@ -197,17 +197,17 @@ def wgrad_partial_samples(spec: ConvSpec, plan: ChunkPlan, acc_itemsize: int, co
 # GPU plans (``_plan``): every pass as prepared launches and cuBLAS GEMMs on raw pointers
 # ----------------------------------------------------------------------------------------------------------
 def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
-            layout: str = "nchw") -> "_plan.Plan":
+            layout: str = "nchw", weights: str = "kcrs") -> "_plan.Plan":
     """The plan of ``pass_`` (see ``cuconv._plan``); ``bias``: whether the forward adds one. ``layout="nhwc"``:
-    x, out, dy and dx channels-last in memory (weights KCRS either way), unpadded 1×1 layers of one group only
-    (``pointwise_nhwc``, ``strided_pointwise_nhwc``)."""
+    x, out, dy and dx channels-last in memory, layers of one group (``reason_unsupported_nhwc``), the weight and
+    wgrad's dW KCRS or, with ``weights="krsc"``, channels-last too."""
     b = _plan.Builder(pass_, env)
     dtype = numpy.dtype(dtype)
     if layout == "nhwc":
-        if not (pointwise_nhwc(spec) or strided_pointwise_nhwc(spec)):
-            raise NotImplementedError("cuconv: im2col_gemm runs channels-last tensors for unpadded 1x1 layers of "
-                                      "one group only")
-        _pointwise_nhwc_steps(b, pass_, spec, dtype, precision, bias)
+        reason = _nhwc_shape_reason(spec, pass_)
+        if reason is not None:
+            raise NotImplementedError(f"cuconv: im2col_gemm cannot run this {pass_}: {reason}")
+        _nhwc_steps(b, pass_, spec, dtype, precision, bias, weights == "krsc")
         return b.plan("im2col_gemm")
     if pass_ == "fprop":
         _forward_steps(b, spec, dtype, precision, bias)
@@ -234,50 +234,81 @@ def strided_pointwise_nhwc(spec: ConvSpec) -> bool:
 
 
 _GEMM_DIM_MAX = 2**31 - 1  # cuBLAS's int dimensions and leading dimensions
+# k x k wgrads on channels-last tensors through the column matrix: the GEMM's work per byte of the column matrix
+# is K multiply-adds, and implicit_gemm's wgrad swaps all of x and dy first and reduces a strided layer's pixels
+# poorly. Measured (H200, bfloat16, ResNet-18/50, ConvNeXt, VGG-11 layers; docs/perf-notes.md): 1.2-2.9x where the
+# layer has 128 filters or more at a stride, or 256 or more at stride 1, with a column matrix of up to 256 MiB;
+# 0.6-0.9x below those filters or beyond that size. In float32 (TF32 GEMMs over twice the bytes) 0.55-1.2x, but
+# for non-overlapping patches (a kernel no larger than its stride: the column matrix holds no more than x), which
+# gain 1.1-1.6x in float32 too.
+COLUMNS_WGRAD_MIN_FILTERS = (128, 256)  # at a stride, at stride 1
+COLUMNS_WGRAD_MAX_BYTES = 256 << 20
 
 
-def _strided_column_bytes(spec: ConvSpec, dtype) -> int:
-    """The workspace of a strided 1x1 layer's channels-last pass: its column matrix (N·P·Q, C)."""
-    return spec.n * spec.p * spec.q * spec.c * numpy.dtype(dtype).itemsize
+def columns_wgrad_nhwc(spec: ConvSpec, dtype) -> bool:
+    """A k x k (or padded, or dilated 1x1) layer of one group whose channels-last wgrad ``auto`` runs as one GEMM
+    of dy by the column matrix (``COLUMNS_WGRAD_*``)."""
+    if spec.groups != 1 or pointwise_nhwc(spec) or strided_pointwise_nhwc(spec):
+        return False
+    if spec.k < COLUMNS_WGRAD_MIN_FILTERS[0]:
+        return False
+    if spec.r <= spec.stride[0] and spec.s <= spec.stride[1] and spec.dilation == (1, 1):
+        return True
+    return (numpy.dtype(dtype).itemsize == 2 and spec.k >= COLUMNS_WGRAD_MIN_FILTERS[spec.stride == (1, 1)]
+            and _column_bytes(spec, dtype) <= COLUMNS_WGRAD_MAX_BYTES)
 
 
-def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee", limits=None):
-    """Why im2col_gemm cannot run ``pass_`` on channels-last activations in place, or None: it does for unpadded
-    1x1 layers of one group, whose every pass is one GEMM over the pixels (cuBLAS's 32-bit dimensions): at stride
-    1 (``pointwise_nhwc``) on the tensors as they are, at a larger stride (``strided_pointwise_nhwc``) through a
-    column matrix of the pixels read, in the workspace."""
-    strided = strided_pointwise_nhwc(spec)
-    if not (pointwise_nhwc(spec) or strided):
-        return "on channels-last tensors it runs unpadded 1x1 layers of one group only"
-    if spec.n * spec.h * spec.w > _GEMM_DIM_MAX or max(spec.c, spec.k) > _GEMM_DIM_MAX:
+def _column_bytes(spec: ConvSpec, dtype) -> int:
+    """The workspace of a channels-last pass through a column matrix: (N·P·Q, R·S·C) elements."""
+    return spec.n * spec.p * spec.q * spec.r * spec.s * spec.c * numpy.dtype(dtype).itemsize
+
+
+def _nhwc_shape_reason(spec: ConvSpec, pass_: str):
+    if spec.groups != 1:
+        return "on channels-last tensors it runs layers of one group only"
+    if not (pointwise_nhwc(spec) or strided_pointwise_nhwc(spec)) and pass_ != "wgrad":
+        return "on channels-last tensors it runs unpadded 1x1 layers, and the wgrad of others, only"
+    if max(spec.n * spec.h * spec.w, spec.n * spec.p * spec.q, spec.r * spec.s * spec.c, spec.k) > _GEMM_DIM_MAX:
         return "its channels-last GEMM has N·H·W rows, beyond cuBLAS's 32-bit dimensions"
-    if strided:
-        need, limit = _strided_column_bytes(spec, dtype), (limits or _plan.current_limits()).workspace_limit
-        if need > limit:
-            return f"its column matrix of the strided pixels needs {need} bytes of workspace (> {limit})"
     return None
 
 
-def _pointwise_nhwc_steps(b, pass_: str, spec: ConvSpec, dtype, precision: str, bias: bool) -> None:
-    """One GEMM per pass on channels-last tensors, as cuBLAS's column-major products (pixels = N·H·W):
+def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee", limits=None):
+    """Why im2col_gemm cannot run ``pass_`` on channels-last activations in place, or None. Layers of one group,
+    each pass one GEMM over pixels (cuBLAS's 32-bit dimensions): unpadded 1x1 layers at stride 1
+    (``pointwise_nhwc``) every pass on the tensors as they are, at a larger stride (``strided_pointwise_nhwc``)
+    every pass through a column matrix of the pixels read; any other layer's wgrad through its column matrix
+    (N·P·Q, R·S·C). The column matrix lives in the workspace."""
+    reason = _nhwc_shape_reason(spec, pass_)
+    if reason is None and not pointwise_nhwc(spec):
+        need, limit = _column_bytes(spec, dtype), (limits or _plan.current_limits()).workspace_limit
+        if need > limit:
+            return f"its column matrix needs {need} bytes of workspace (> {limit})"
+    return reason
+
+
+def _nhwc_steps(b, pass_: str, spec: ConvSpec, dtype, precision: str, bias: bool, krsc: bool) -> None:
+    """One GEMM per pass on channels-last tensors, as cuBLAS's column-major products over the pixels:
     fprop outᵀ (K × pixels) = Wᵀ-op (K × C) · xᵀ (C × pixels), the bias in the epilogue;
     dgrad dxᵀ (C × pixels) = W (C × K, as stored) · dyᵀ (K × pixels);
-    wgrad dWᵀ (C × K) = xᵀ (C × pixels) · dy-op (pixels × K): the reduction over every pixel in one GEMM, no
-    per-sample partial sums.
-    At a stride the pixels are the N·P·Q ones the layer reads: x's gathered into a column matrix in the workspace
-    (fprop, wgrad), dgrad's written there and then spread over dx with zeros between them."""
-    c, k = spec.c, spec.k
-    pixels = spec.n * spec.p * spec.q
+    wgrad dWᵀ (R·S·C × K) = colᵀ (R·S·C × pixels) · dy-op (pixels × K): the reduction over every pixel in one
+    GEMM, no per-sample partial sums.
+    A 1x1 layer at stride 1 reads x and writes dx as they are (pixels = N·H·W). Elsewhere the pixels are the
+    N·P·Q outputs' and x comes through the column matrix in the workspace (``im2col_nhwc``: a row's taps in (r, s,
+    c) order for a channels-last dW, (c, r, s) for a KCRS one); a strided 1x1 dgrad writes there and then spreads
+    it over dx with zeros between its pixels (``col2im_pixels_nhwc``)."""
+    k, pixels, row = spec.k, spec.n * spec.p * spec.q, spec.c
     x, dx = b.ref("x") if pass_ != "dgrad" else None, b.ref("dx") if pass_ == "dgrad" else None
-    if strided_pointwise_nhwc(spec):
-        col = b.take(_strided_column_bytes(spec, dtype))
+    if not pointwise_nhwc(spec):
+        col = b.take(_column_bytes(spec, dtype))
         if pass_ == "dgrad":
             dx = col
         else:
-            b.launch(_im2col.pixels_nhwc_launch(spec, dtype, b.base_aligned(x)), x, col)
-            x = col
+            channel_major = spec.r * spec.s > 1 and not krsc
+            b.launch(_im2col.im2col_nhwc_launch(spec, dtype, b.base_aligned(x), channel_major), x, col)
+            x, row = col, spec.r * spec.s * spec.c
     if pass_ == "fprop":
-        operands = (dtype, precision, k, pixels, c, b.ref("w"), c, 0, x, c, 0, b.ref("out"), k, 0, 1)
+        operands = (dtype, precision, k, pixels, row, b.ref("w"), row, 0, x, row, 0, b.ref("out"), k, 0, 1)
         if bias and b.gemm(*operands, 0.0, trans_a="T", bias=b.ref("bias")) is not None:
             return
         if bias:  # (no epilogue for this bias pointer or shape: out filled with it, each pixel a "plane" of K)
@@ -285,11 +316,11 @@ def _pointwise_nhwc_steps(b, pass_: str, spec: ConvSpec, dtype, precision: str, 
                      b.ref("bias"))
         b.gemm(*operands, 1.0 if bias else 0.0, trans_a="T")
     elif pass_ == "dgrad":
-        b.gemm(dtype, precision, c, pixels, k, b.ref("w"), c, 0, b.ref("dy"), k, 0, dx, c, 0, 1)
+        b.gemm(dtype, precision, row, pixels, k, b.ref("w"), row, 0, b.ref("dy"), k, 0, dx, row, 0, 1)
         if dx != b.ref("dx"):
             b.launch(_col2im.pixels_nhwc_launch(spec, dtype, b.base_aligned(b.ref("dx"))), dx, b.ref("dx"))
     else:
-        b.gemm(dtype, precision, c, k, pixels, x, c, 0, b.ref("dy"), k, 0, b.ref("dw"), c, 0, 1, trans_b="T")
+        b.gemm(dtype, precision, row, k, pixels, x, row, 0, b.ref("dy"), k, 0, b.ref("dw"), row, 0, 1, trans_b="T")
 
 
 class _BatchedGemm:

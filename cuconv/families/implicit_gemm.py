@@ -1076,12 +1076,22 @@ def nhwc_in_place(spec: ConvSpec, dtype) -> bool:
     return itemsize == 2 and spec.c_per_group == _padded_channels(spec, itemsize)
 
 
+def _packed_as_krsc(spec: ConvSpec, dtype, pl: Plan) -> bool:
+    """Whether the packed weight of ``pl`` is, element for element, the channels-last weight (K, R, S, C/groups)
+    itself: a half type (float32 is rounded to TF32 when packed), a group's channels in whole 16-byte vectors
+    (no channel padding), its rows whole k tiles (no row padding) and its filters whole tiles of filters (no
+    padded rows). Then the forward reads the layer's weight where it is."""
+    return (numpy.dtype(dtype).itemsize == 2 and pl.cp == spec.c_per_group and pl.kp == spec.k_per_group
+            and pl.w_row == spec.r * spec.s * spec.c_per_group)
+
+
 def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, bias: bool,
                        krsc: bool = False, splits: int = None) -> "_plan.Plan":
     """A forward or stride-1 dgrad on channels-last activations (the forward of dy into dx, the pack reading the
     layer's weight transposed and flipped). Where ``nhwc_in_place`` holds: one GEMM over every pixel of the batch,
     reading its input in place and storing NHWC rows (the epilogue's output strides: an image P·Q·K elements, a
-    row Q·K, a pixel K, a filter 1), after the weight's packing launch alone (no samples; ``splits`` does not apply).
+    row Q·K, a pixel K, a filter 1), after the weight's packing launch alone (no samples; ``splits`` does not apply),
+    or with none where a channels-last weight is its own pack (``_packed_as_krsc``).
     Elsewhere the NCHW plan's chunks, the pack reading channels-last pixels and the GEMM storing them, split over
     ``splits`` k ranges (default ``splits_for``)."""
     fspec = _nhwc_forward_spec(spec, pass_)
@@ -1102,9 +1112,12 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
     if m * fspec.k >= _INT_MAX or fspec.n * fspec.h * fspec.w * fspec.c >= _INT_MAX:
         raise NotImplementedError("cuconv: implicit_gemm's channels-last GEMM indexes its input and output in 32 bits")
     x, _, bias_operand, out = operands
-    packed_w = b.take(pl.weight_bytes(dtype.itemsize))
-    b.launch(_pack_kernel(fspec, dtype, pl.pix, 0, pl, flip=pass_ == "dgrad", krsc=krsc), _plan.NULL, _plan.NULL,
-             b.ref("w"), packed_w)
+    if pass_ == "fprop" and krsc and _packed_as_krsc(fspec, dtype, pl) and b.base_aligned(b.ref("w")):
+        packed_w = b.ref("w")  # (the channels-last weight is its own pack: no launch)
+    else:
+        packed_w = b.take(pl.weight_bytes(dtype.itemsize))
+        b.launch(_pack_kernel(fspec, dtype, pl.pix, 0, pl, flip=pass_ == "dgrad", krsc=krsc), _plan.NULL, _plan.NULL,
+                 b.ref("w"), packed_w)
     gemm = _gemm_launch(fspec, dtype, pl, m, fspec.k_per_group, pl.groups, pl.cp, pl.kp,
                         (fspec.p * fspec.q * fspec.k, 1), 1, pl.k_tiles, out_pixel=(fspec.q * fspec.k, fspec.k))
     b.launch(gemm, b.ref(x), packed_w, _plan.NULL if bias_operand is None else b.ref(bias_operand), b.ref(out))

@@ -420,3 +420,44 @@ def test_strided_pointwise_nhwc_passes_equal_cpu_exactly_on_integers(x_shape, k,
     numpy.testing.assert_array_equal(nchw(dx), cuconv.conv2d_input(x_shape, w, dy, stride=stride).astype(numpy.float64))
     numpy.testing.assert_array_equal(cupy.asnumpy(dw).astype(numpy.float64),
                                      cuconv.conv2d_weight(x, w.shape, dy, stride=stride).astype(numpy.float64))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weights", ["kcrs", "krsc"])
+@pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", [
+    ((2, 16, 9, 7), (24, 16, 3, 3), dict(padding=1)),
+    ((3, 8, 10, 11), (16, 8, 3, 3), dict(stride=2, padding=1)),
+    ((2, 24, 8, 8), (8, 24, 2, 2), dict(stride=2)),
+    ((1, 5, 12, 9), (6, 5, 5, 3), dict(padding=(2, 1), dilation=(1, 2))),
+    ((2, 16, 6, 6), (8, 16, 1, 1), dict(padding=1)),
+], ids=["3x3", "3x3_s2", "2x2_s2_patches", "5x3_dilated_c5", "1x1_padded"])
+def test_columns_wgrad_nhwc_equals_cpu_exactly_on_integers(x_shape, w_shape, kwargs, dtype_name, weights):
+    """The wgrad of layers of one group on channels-last x and dy as one GEMM of dy by the column matrix
+    (N·P·Q, R·S·C) gathered into the workspace, dW channels-last (a row's taps in (r, s, c) order) or KCRS ((c, r,
+    s) order): bit for bit the CPU path's on integers, into a NaN-poisoned dW."""
+    import cupy
+
+    import cuconv
+    from cuconv import _dtypes, _plan, registry
+    from cuconv.families import im2col_gemm
+
+    dtype = _dtypes.by_name(dtype_name)
+    if dtype is None:
+        pytest.skip("bfloat16 needs ml_dtypes")
+    rng = numpy.random.default_rng(13)
+    spec = ConvSpec.from_args(x_shape, w_shape, **kwargs)
+    assert im2col_gemm.reason_unsupported_nhwc(spec, dtype, "wgrad") is None
+    assert im2col_gemm.reason_unsupported_nhwc(spec, dtype, "fprop") is not None
+    x = rng.integers(-3, 4, x_shape).astype(dtype)
+    dy = rng.integers(-3, 4, spec.output_shape).astype(dtype)
+    xg = cupy.ascontiguousarray(cupy.asarray(x).transpose(0, 2, 3, 1))
+    dyg = cupy.ascontiguousarray(cupy.asarray(dy).transpose(0, 2, 3, 1))
+    krsc = weights == "krsc"
+    k, c, r, s = w_shape
+    dw = cupy.full((k, r, s, c) if krsc else w_shape, numpy.nan, dtype=dtype)
+    plan = registry.prepare("im2col_gemm", "wgrad", spec, dtype, "tf32", _plan.current_env(xg, dyg, dw),
+                            layout="nhwc", weights=weights)
+    _plan.run_arrays(plan, xg, dyg, dw)
+    got = cupy.asnumpy(dw.transpose(0, 3, 1, 2) if krsc else dw).astype(numpy.float64)
+    numpy.testing.assert_array_equal(got, cuconv.conv2d_weight(x, w_shape, dy, **kwargs).astype(numpy.float64))

@@ -336,6 +336,38 @@ def test_forward_on_channels_last_tensors(case, dtype_name, weights):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", [
+    ((2, 64, 9, 7), (64, 64, 3, 3), dict(padding=1)),
+    ((3, 128, 5, 6), (128, 64, 1, 1), dict(groups=2)),
+    ((1, 64, 8, 8), (128, 64, 3, 3), dict(stride=2, padding=1)),
+], ids=["3x3", "1x1_two_groups", "3x3_s2_n1"])
+def test_channels_last_weight_read_in_place_by_the_forward(x_shape, w_shape, kwargs, dtype_name):
+    """A channels-last weight whose every row is whole k tiles and whose filters fill whole tiles is the packed
+    weight itself: the in-place forward is one GEMM launch, no pack, reading it where it is (bit for bit the CPU
+    path on integers, into a NaN-poisoned out)."""
+    import cupy
+
+    from cuconv import _plan
+    from cuconv.families import implicit_gemm
+
+    dtype = _dtypes.by_name(dtype_name)
+    rng = numpy.random.default_rng(47)
+    x = rng.integers(-3, 4, x_shape).astype(dtype)
+    w = rng.integers(-3, 4, w_shape).astype(dtype)
+    b = rng.integers(-3, 4, w_shape[0]).astype(dtype)
+    spec = cuconv.ConvSpec.from_args(x_shape, w_shape, **kwargs)
+    xg, wg, bg = _nhwc(cupy.asarray(x)), _nhwc(cupy.asarray(w)), cupy.asarray(b)
+    out = cupy.full((spec.n, spec.p, spec.q, spec.k), numpy.nan, dtype=dtype)
+    plan = implicit_gemm.prepare("fprop", spec, dtype, "ieee", _plan.current_env(xg, wg, bg, out), True,
+                                 layout="nhwc", weights="krsc")
+    assert len(plan.steps) == 1 and plan.workspace == 0
+    _plan.run_arrays(plan, xg, wg, bg, out)
+    numpy.testing.assert_array_equal(cupy.asnumpy(out.transpose(0, 3, 1, 2)).astype(numpy.float64),
+                                     cuconv.conv2d(x, w, b, **kwargs).astype(numpy.float64))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("case,dtype_name", [p for p in _nhwc_cases() if p.values[1] == "float32"])
 def test_packed_channels_last_forward_split_and_chunked(case, dtype_name):
     """The channels-last forward through packs (float32 at TF32 packs every case), split over 3 k ranges (fp32
