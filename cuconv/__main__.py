@@ -1,13 +1,14 @@
-"""``python -m cuconv {bench,info,warmup}``."""
+"""``python -m cuconv {bench,info,profile,warmup}``."""
 
 import sys
 
 
 def _usage(status: int = 2) -> int:
-    print("usage: python -m cuconv {bench,info,warmup} [options]\n"
-          "  bench   time cuconv against cuDNN on the docs/problems.md shapes (--help for options)\n"
-          "  info    versions, device, compute capability, kernel cache location\n"
-          "  warmup  compile ahead of time what converted torchvision models need (--help for options)",
+    print("usage: python -m cuconv {bench,info,profile,warmup} [options]\n"
+          "  bench    time cuconv against cuDNN on the docs/problems.md shapes (--help for options)\n"
+          "  info     versions, device, compute capability, kernel cache location\n"
+          "  profile  each side's kernels, layer by layer, of torchvision models (--help for options)\n"
+          "  warmup   compile ahead of time what converted torchvision models need (--help for options)",
           file=sys.stderr if status else sys.stdout)
     return status
 
@@ -27,6 +28,10 @@ def main(argv=None) -> int:
         from .tools.bench_models import warmup_main
 
         return warmup_main(rest)
+    if command == "profile":
+        from .tools.profile import main as profile_main
+
+        return profile_main(rest)
     if command == "info":
         from .tools.info import main as info_main
 

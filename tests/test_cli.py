@@ -54,7 +54,7 @@ def test_bench_unknown_problem_is_usage_error():
 def test_usage(args):
     proc = run_cli(*args)
     assert proc.returncode == 2
-    assert "usage: python -m cuconv {bench,info,warmup}" in proc.stderr
+    assert "usage: python -m cuconv {bench,info,profile,warmup}" in proc.stderr
     assert proc.stdout == ""
 
 
@@ -72,3 +72,19 @@ def test_warmup_bad_arguments_are_usage_errors(args, message):
     proc = run_cli("warmup", *args)
     assert proc.returncode == 2
     assert "usage: python -m cuconv warmup" in proc.stderr and message in proc.stderr
+
+
+@without_gpu
+def test_profile_without_gpu_says_so():
+    proc = run_cli("profile", "--models", "resnet18")
+    assert proc.returncode == 0, proc.stderr
+    assert "No CUDA GPU visible" in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [(("--models", "resnet18", "--mode", "fp8"), "invalid choice: 'fp8'"),
+                                           (("--models", "resnet18", "--iters", "0"), "--iters must be positive"),
+                                           ((), "the following arguments are required: --models")])
+def test_profile_bad_arguments_are_usage_errors(args, message):
+    proc = run_cli("profile", *args)
+    assert proc.returncode == 2
+    assert "usage: python -m cuconv profile" in proc.stderr and message in proc.stderr

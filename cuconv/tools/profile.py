@@ -1,0 +1,135 @@
+"""``python -m cuconv profile --models NAME[,NAME...]``: where each side's GPU time goes, kernel by kernel.
+
+For every distinct ``Conv2d`` of the models (as ``bench --models`` finds them), both sides run the layer's forward
+and backward (``--forward-only``: the forward) a few times under the torch profiler, in one process, same inputs,
+torch with ``cudnn.benchmark = True``, the same precision (``--mode``) and memory format (``--channels-last``).
+Each side's kernels are summed per name and per call. Printed: each model's kernel time summed over its layers
+weighted by occurrence (torch / cuconv: above 1, cuconv is faster), then the layers that lose the most time
+(deficit × occurrences) with each side's costliest kernels. Kernel sums leave out the gaps between launches that
+``bench --models``' graph replays include; they say which kernels to work on, the benchmark says how fast a model is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+
+from . import bench_models
+
+__all__ = ["main", "profile_layer"]
+
+
+def _kernel_times(fn, iters: int) -> dict:
+    """{kernel name: µs per call} of ``fn`` run ``iters`` times under the torch profiler (after three warm-up
+    calls)."""
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    times = collections.Counter()
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            times[event.name] += event.time_range.elapsed_us() / iters
+    return dict(times)
+
+
+def profile_layer(geometry: dict, shape: tuple, first: bool, mode: "bench_models._Mode", channels_last: bool,
+                  forward_only: bool = False, iters: int = 5) -> dict:
+    """{"torch": {kernel: µs}, "cuconv": {kernel: µs}} of one layer's forward (+ backward) per call."""
+    import torch
+
+    theirs, ours = bench_models._layer_pair(geometry, channels_last)
+    x = torch.randn(shape, device="cuda").to(mode.input_dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_(not first)
+    with torch.no_grad(), mode.autocast():
+        dy = torch.randn_like(theirs(x), dtype=mode.input_dtype)
+    sides = {}
+    for side, module in (("torch", theirs), ("cuconv", ours)):
+        inputs = [t for t in (x, module.weight, module.bias) if t is not None and t.requires_grad]
+
+        def step(module=module, inputs=inputs):
+            if forward_only:
+                with torch.no_grad(), mode.autocast(cache=False):
+                    return module(x)
+            with mode.autocast(cache=False):
+                y = module(x)
+            return torch.autograd.grad(y, inputs, dy)
+
+        sides[side] = _kernel_times(step, iters)
+    return sides
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m cuconv profile", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", required=True, metavar="NAMES",
+                    help="torchvision classification models (weights=None), comma-separated")
+    ap.add_argument("--mode", choices=bench_models.MODES, default="bf16",
+                    help="precision of both sides (default bf16 autocast)")
+    ap.add_argument("--channels-last", action="store_true", help="both sides in torch.channels_last")
+    ap.add_argument("--forward-only", action="store_true", help="the forward alone (default: forward + backward)")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--image", type=int, default=224)
+    ap.add_argument("--iters", type=int, default=5, help="profiled calls per layer and side")
+    ap.add_argument("--top", type=int, default=30, help="layers listed (the most time lost first)")
+    ap.add_argument("--json", metavar="PATH", help="also write every layer's kernel times to this JSON file")
+    args = ap.parse_args(argv)
+    for option in ("batch", "image", "iters", "top"):
+        if getattr(args, option) < 1:
+            ap.error(f"--{option} must be positive")
+    try:
+        import torch
+    except ImportError:
+        print("python -m cuconv profile needs torch (and torchvision)", file=sys.stderr)
+        return 1
+    if not torch.cuda.is_available():
+        print("No CUDA GPU visible: nothing to profile")
+        return 0
+    torch.backends.cudnn.benchmark = True
+    mode = bench_models._Mode(args.mode)
+    rows = []
+    with mode:
+        for name in args.models.split(","):
+            model = bench_models._build(name).cuda()
+            if args.channels_last:
+                model = model.to(memory_format=torch.channels_last)
+            layers = bench_models.distinct_layers(model, args.batch, args.image, args.channels_last)
+            del model
+            for geometry, shape, count, first in layers:
+                sides = profile_layer(geometry, shape, first, mode, args.channels_last, args.forward_only, args.iters)
+                rows.append(dict(model=name, geometry=geometry, shape=list(shape), count=count, kernels=sides,
+                                 torch_us=sum(sides["torch"].values()), cuconv_us=sum(sides["cuconv"].values())))
+            torch.cuda.empty_cache()
+    totals = collections.defaultdict(lambda: [0.0, 0.0])
+    for row in rows:
+        totals[row["model"]][0] += row["torch_us"] * row["count"]
+        totals[row["model"]][1] += row["cuconv_us"] * row["count"]
+    what = "forward" if args.forward_only else "forward+backward"
+    print(f"kernel time of the layers' {what}, µs summed over the layers by occurrence ({args.mode}"
+          f"{', channels_last' if args.channels_last else ''}): torch, cuconv, torch / cuconv")
+    for name, (t, c) in totals.items():
+        print(f"  {name:22s} {t:9.0f} {c:9.0f} {t / c:6.2f}")
+    t, c = (sum(v[i] for v in totals.values()) for i in (0, 1))
+    print(f"  {'all':22s} {t:9.0f} {c:9.0f} {t / c:6.2f}")
+    print("\nlayers by time lost (cuconv - torch) x occurrences, each side's costliest kernels (µs per call)")
+    for row in sorted(rows, key=lambda r: -(r["cuconv_us"] - r["torch_us"]) * r["count"])[:args.top]:
+        g = row["geometry"]
+        print(f"\n{row['model']} x{row['count']} {tuple(row['shape'])} {g['in_channels']}->{g['out_channels']} "
+              f"k{tuple(g['kernel_size'])} s{tuple(g['stride'])} g{g['groups']}{' bias' if g['bias'] else ''}: "
+              f"torch {row['torch_us']:.1f}, cuconv {row['cuconv_us']:.1f} µs")
+        for side in ("torch", "cuconv"):
+            top = sorted(row["kernels"][side].items(), key=lambda kv: -kv[1])[:5]
+            print(f"  {side:6s} " + " | ".join(f"{us:6.1f} {name[:60]}" for name, us in top))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(mode=args.mode, channels_last=args.channels_last, forward_only=args.forward_only,
+                           layers=rows), f, indent=1)
+    return 0
