@@ -20,7 +20,7 @@
 // exactly one thread with a fixed summation order (r, then s), so results are deterministic.
 //
 // Kernel   col2im_pixels_nhwc<Unit, Index>(col, dx, ConvGeometry, units_per_pixel, total)
-//   the adjoint of im2col_pixels_nhwc (an unpadded 1x1 layer at a stride, channels-last): dx (N, H, W, C)
+//   the adjoint of im2col_nhwc for an unpadded 1x1 layer at a stride (channels-last): dx (N, H, W, C)
 //   pixel (n, h, w) = col row (n, h / stride_h, w / stride_w) where both divide exactly and land inside P x Q,
 //   zeros elsewhere, so that one pass writes every dx element. A thread a Unit of dx (see im2col.cu), flat.
 #include "common.cuh"
@@ -92,7 +92,8 @@ col2im_pixels_nhwc(const Unit* __restrict__ col, Unit* __restrict__ dx, const cu
         const Index iw = pix % w_count, t = pix / w_count, ih = t % h_count, n = t / h_count;
         const Index p = ih / sh, q = iw / sw;
         Unit v{};  // (zero-initialised: the pixels no output reads)
-        if (p * sh == ih && q * sw == iw && p < p_count && q < q_count) v = col[((n * p_count + p) * q_count + q) * per + u];
+        if (p * sh == ih && q * sw == iw && p < p_count && q < q_count)
+            v = col[((n * p_count + p) * q_count + q) * per + u];
         dx[i] = v;
     }
 }

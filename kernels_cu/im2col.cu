@@ -100,6 +100,9 @@ im2col_nhwc(const Unit* __restrict__ x, Unit* __restrict__ col, const cuconv::Co
     const Index per = static_cast<Index>(units_per_pixel), q_count = static_cast<Index>(g.q);
     const Index p_count = static_cast<Index>(g.p), h = static_cast<Index>(g.h), w = static_cast<Index>(g.w);
     const Index s_count = static_cast<Index>(g.s), taps = static_cast<Index>(g.r) * s_count;
+    const Index sh = static_cast<Index>(g.stride_h), sw = static_cast<Index>(g.stride_w);
+    const Index pt = static_cast<Index>(g.pad_top), pl = static_cast<Index>(g.pad_left);
+    const Index dh = static_cast<Index>(g.dil_h), dw = static_cast<Index>(g.dil_w);
     for (Index i = static_cast<Index>(blockIdx.x) * 256 + static_cast<Index>(threadIdx.x);
          i < static_cast<Index>(total); i += static_cast<Index>(gridDim.x) * 256) {
         Index u, tap, pix;
@@ -112,8 +115,7 @@ im2col_nhwc(const Unit* __restrict__ x, Unit* __restrict__ col, const cuconv::Co
         }
         const Index q = pix % q_count, t = pix / q_count, p = t % p_count, n = t / p_count;
         const Index r = tap / s_count, s = tap - r * s_count;
-        const Index ih = p * static_cast<Index>(g.stride_h) - static_cast<Index>(g.pad_top) + r * static_cast<Index>(g.dil_h);
-        const Index iw = q * static_cast<Index>(g.stride_w) - static_cast<Index>(g.pad_left) + s * static_cast<Index>(g.dil_w);
+        const Index ih = p * sh - pt + r * dh, iw = q * sw - pl + s * dw;
         Unit v{};  // (zero-initialised: the padding)
         if (ih >= 0 && ih < h && iw >= 0 && iw < w) v = x[((n * h + ih) * w + iw) * per + u];
         col[i] = v;

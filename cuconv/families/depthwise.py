@@ -49,6 +49,8 @@ _ROWS_KERNELS = _PLANE_KERNELS
 _THREADS = _loader.THREADS  # its kernels' block: the residency arithmetic below reads it
 # depthwise_nhwc_fwd's square kernels with unrolled tap loops (0: R x S read at run time)
 _NHWC_KERNELS = (3, 5, 7, 0)
+# depthwise_nhwc_wgrad's kernel widths with an input-window path (at column stride 1 or 2; others at run time)
+_NHWC_WGRAD_WIDTHS = (3, 5, 7)
 # depthwise_nhwc_fwd_q: output pixels a thread per square kernel (its registers: a row's KR + QT - 1 input
 # vectors and QT accumulator vectors). ``auto`` takes it for 5x5 kernels at unit stride and dilation only
 # (_nhwc_fwd_tiled), where it measured faster than depthwise_nhwc_fwd; prepare(..., kernel="nhwc_q") forces it.
@@ -83,7 +85,7 @@ NAME_EXPRESSIONS = tuple(
        for r, qt in _NHWC_Q_PIXELS.items() for u in ("true", "false") for i in ("int", "long long")]
     + [f"depthwise_nhwc_dgrad<{t},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for i in ("int", "long long")]
     + [f"depthwise_nhwc_wgrad<{t},{r},{sw}>" for t in _dtypes.ALL_CTYPE_NAMES
-       for r, sw in [(r, sw) for r in _NHWC_KERNELS[:-1] for sw in (1, 2)] + [(0, 0)]]
+       for r, sw in [(r, sw) for r in _NHWC_WGRAD_WIDTHS for sw in (1, 2)] + [(0, 0)]]
     + [f"depthwise_nhwc_wgrad_reduce<{t}>" for t in _dtypes.ALL_CTYPE_NAMES])
 
 
@@ -237,7 +239,7 @@ _NHWC_WGRAD_VECTOR_BYTES = 8  # V = 8 / itemsize channels a thread (kernel's V)
 def _nhwc_wgrad_kernel(spec: ConvSpec) -> tuple:
     """(KS, SW) of depthwise_nhwc_wgrad: the input-window kernel where the kernel's width is compiled and the
     columns step 1 or 2 at dilation 1; (0, 0), everything at run time, elsewhere."""
-    if spec.s in _NHWC_KERNELS[:-1] and spec.stride[1] in (1, 2) and spec.dilation[1] == 1:
+    if spec.s in _NHWC_WGRAD_WIDTHS and spec.stride[1] in (1, 2) and spec.dilation[1] == 1:
         return spec.s, spec.stride[1]
     return 0, 0
 

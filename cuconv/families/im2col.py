@@ -75,14 +75,15 @@ def pixel_units(spec: ConvSpec, dtype, aligned: bool, channel_major: bool = Fals
 
 
 def im2col_nhwc_launch(spec: ConvSpec, dtype, aligned: bool, channel_major: bool = False) -> "_loader.PreparedLaunch":
-    """A launch gathering the column matrix (N·P·Q, R·S·C) of a one-group layer from channels-last x, a row in (r, s,
-    c) order, or with ``channel_major`` in (c, r, s) order (``im2col_nhwc``): pointers x and col; ``aligned``: both
-    start on a 16-byte boundary."""
+    """A launch gathering the column matrix (N·P·Q, R·S·C) of a one-group layer from channels-last x, a row in
+    (r, s, c) order, or with ``channel_major`` in (c, r, s) order (``im2col_nhwc``): pointers x and col;
+    ``aligned``: both start on a 16-byte boundary."""
     unit, per, index = pixel_units(spec, dtype, aligned, channel_major)
     total = spec.n * spec.p * spec.q * spec.r * spec.s * per
     name = f"im2col_nhwc<{PIXEL_UNITS[unit]},{index},{str(channel_major).lower()}>"
-    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, (_loader.blocks(total, 1 << 20), 1, 1), (_loader.THREADS, 1, 1),
-                           2, (_loader.conv_geometry(spec), numpy.int64(per), numpy.int64(total)))
+    grid, block = (_loader.blocks(total, 1 << 20), 1, 1), (_loader.THREADS, 1, 1)
+    return _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, block, 2,
+                           (_loader.conv_geometry(spec), numpy.int64(per), numpy.int64(total)))
 
 
 def im2col_gpu(x, spec: ConvSpec, p0: int, rows: int, col, interleaved: bool = False):

@@ -291,8 +291,8 @@ def _nhwc_steps(b, pass_: str, spec: ConvSpec, dtype, precision: str, bias: bool
     """One GEMM per pass on channels-last tensors, as cuBLAS's column-major products over the pixels:
     fprop outᵀ (K × pixels) = Wᵀ-op (K × C) · xᵀ (C × pixels), the bias in the epilogue;
     dgrad dxᵀ (C × pixels) = W (C × K, as stored) · dyᵀ (K × pixels);
-    wgrad dWᵀ (R·S·C × K) = colᵀ (R·S·C × pixels) · dy-op (pixels × K): the reduction over every pixel in one
-    GEMM, no per-sample partial sums.
+    wgrad dWᵀ (R·S·C × K) = colᵀ (R·S·C × pixels) · dy-op (pixels × K): the reduction over every pixel in
+    one GEMM, no per-sample partial sums.
     A 1x1 layer at stride 1 reads x and writes dx as they are (pixels = N·H·W). Elsewhere the pixels are the
     N·P·Q outputs' and x comes through the column matrix in the workspace (``im2col_nhwc``: a row's taps in (r, s,
     c) order for a channels-last dW, (c, r, s) for a KCRS one); a strided 1x1 dgrad writes there and then spreads

@@ -30,7 +30,7 @@ import statistics
 import sys
 import time
 
-__all__ = ["main", "add_arguments", "MODES"]
+__all__ = ["main", "add_arguments", "layer_operands", "MODES"]
 
 MODES = ("tf32", "bf16", "fp16")
 _AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}
@@ -273,9 +273,9 @@ def _chosen(geometry: dict, shape: tuple, mode: _Mode) -> dict:
     return {p: cuconv.select_algorithm(spec, dtype, precision, True, p) for p in ("fprop", "dgrad", "wgrad")}
 
 
-def measure_layer(geometry: dict, shape: tuple, first: bool, mode: _Mode, reps: int, channels_last: bool) -> dict:
-    """One layer in one mode, both sides: eager, GPU-alone and host times of the forward and of forward +
-    backward; the forward's relative difference between the sides."""
+def layer_operands(geometry: dict, shape: tuple, first: bool, mode: _Mode, channels_last: bool) -> tuple:
+    """(torch's layer, cuconv's twin, x, dy) of one layer in one mode: random x of ``shape`` in the mode's input
+    dtype (needing a gradient unless the layer is the model's first) and a random gradient of the output."""
     import torch
 
     theirs, ours = _layer_pair(geometry, channels_last)
@@ -286,6 +286,15 @@ def measure_layer(geometry: dict, shape: tuple, first: bool, mode: _Mode, reps: 
     x.requires_grad_(not first)
     with torch.no_grad(), mode.autocast():
         dy = torch.randn_like(theirs(x), dtype=mode.input_dtype if mode.name in _AUTOCAST else torch.float32)
+    return theirs, ours, x, dy
+
+
+def measure_layer(geometry: dict, shape: tuple, first: bool, mode: _Mode, reps: int, channels_last: bool) -> dict:
+    """One layer in one mode, both sides: eager, GPU-alone and host times of the forward and of forward +
+    backward; the forward's relative difference between the sides."""
+    import torch
+
+    theirs, ours, x, dy = layer_operands(geometry, shape, first, mode, channels_last)
     row = dict(count=None, shape=list(shape), **{k: (list(v) if isinstance(v, tuple) else v)
                                                    for k, v in geometry.items()})
     row["algos"] = _chosen(geometry, shape, mode)

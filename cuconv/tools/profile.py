@@ -45,13 +45,7 @@ def profile_layer(geometry: dict, shape: tuple, first: bool, mode: "bench_models
     """{"torch": {kernel: µs}, "cuconv": {kernel: µs}} of one layer's forward (+ backward) per call."""
     import torch
 
-    theirs, ours = bench_models._layer_pair(geometry, channels_last)
-    x = torch.randn(shape, device="cuda").to(mode.input_dtype)
-    if channels_last:
-        x = x.contiguous(memory_format=torch.channels_last)
-    x.requires_grad_(not first)
-    with torch.no_grad(), mode.autocast():
-        dy = torch.randn_like(theirs(x), dtype=mode.input_dtype)
+    theirs, ours, x, dy = bench_models.layer_operands(geometry, shape, first, mode, channels_last)
     sides = {}
     for side, module in (("torch", theirs), ("cuconv", ours)):
         inputs = [t for t in (x, module.weight, module.bias) if t is not None and t.requires_grad]
