@@ -752,24 +752,6 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 // cp.async writes through the generic proxy, wgmma reads through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// mbarriers (shared memory, CTA scope; try_wait is sm_90): init with the arrivals a phase needs, arrive, and
-// wait until the phase of the given parity has completed.
-#ifdef CUCONV_IGEMM_WGMMA
-__device__ __forceinline__ void mbarrier_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive(unsigned bar) {
-    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
-}
-#endif
-
 // Pin the accumulators at this point of the program: the compiler sees only the wgmma's asm statement
 // write them, not the asynchronous completion that wgmma_wait marks.
 __device__ __forceinline__ void fence_acc(float (&d)[64]) {
@@ -824,22 +806,13 @@ namespace igemm {
 // vectors (nhwc_vectors). Accumulator i of a thread: filter row
 // (lane / 4) + 8·((i / 2) % 2) of its warp's 16, pixel column 2·(lane % 4) + (i % 2) + 8·(i / 4) of the
 // wgmma's 128; pairs of columns go as one 8-byte store.
-// NAMED: the block has threads besides these (implicit_gemm_wgmma_ws's producer warpgroup, the last one), so
-// they meet at named barrier 1 of their own count instead of __syncthreads.
-template <int kThreads, bool NAMED> __device__ __forceinline__ void epilogue_sync() {
-    if constexpr (NAMED)
-        asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
-    else
-        __syncthreads();
-}
-
-template <typename T, int BF, int BP, int WG_P, int NW, bool NAMED = false>
+template <typename T, int BF, int BP, int WG_P, int NW>
 __device__ __forceinline__ void wgmma_epilogue(float (&acc)[NW][64], unsigned char* stage, const Geometry& g,
                                                const T* __restrict__ bias, T* __restrict__ y, int m0, int n0) {
     constexpr int kThreads = BF / 64 * WG_P * 128;
     constexpr int kWgPixels = BP / WG_P;
     cp_async_wait<0>();
-    epilogue_sync<kThreads, NAMED>();
+    __syncthreads();
     float* c_smem = reinterpret_cast<float*>(stage);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32, wg = tid / 128;
     const int wg_f = wg % (BF / 64), wg_p = wg / (BF / 64);
@@ -856,7 +829,7 @@ __device__ __forceinline__ void wgmma_epilogue(float (&acc)[NW][64], unsigned ch
                 c_smem[col * kFPitch + row + 8] = acc[n][4 * j + 2];
                 c_smem[(col + 1) * kFPitch + row + 8] = acc[n][4 * j + 3];
             }
-        epilogue_sync<kThreads, NAMED>();
+        __syncthreads();
         store_tile_nhwc<T, BP, BF, kThreads / 32>(c_smem, g, bias, y, m0, n0, tid);
         return;
     }
@@ -870,7 +843,7 @@ __device__ __forceinline__ void wgmma_epilogue(float (&acc)[NW][64], unsigned ch
             *reinterpret_cast<float2*>(&c_smem[(row + 8) * kCPitch + col]) =
                 make_float2(acc[n][4 * j + 2], acc[n][4 * j + 3]);
         }
-    epilogue_sync<kThreads, NAMED>();
+    __syncthreads();
     store_tile<T, BP, BF, kThreads / 32>(c_smem, g, bias, y, m0, n0, warp, lane);
 }
 
@@ -950,125 +923,6 @@ implicit_gemm_wgmma(CUCONV_IGEMM_PARAMS) {
     for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
 
     wgmma_epilogue<T, BF, BP, WG_P>(acc, smem + (base - smem_addr(smem)), g, bias, y, m0, n0);
-#else
-    __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
-#endif
-}
-
-
-// ---------------------------------------------------------------------------------------------------
-// The wgmma GEMM with its loads in a warpgroup of their own (sm_90a): implicit_gemm_wgmma's tiles, loader,
-// swizzle and epilogue, but the last warpgroup of the block only loads and the others only multiply, each
-// side waiting on the other through mbarriers in shared memory instead of one __syncthreads a k tile. In
-// implicit_gemm_wgmma every thread issues a tile's cp.asyncs between its wgmmas and the whole block meets at
-// a barrier each k tile, so a block can hold only about two tiles of loads in flight and larger tiles (fewer
-// bytes through L2 per multiply-add: (1/BF + 1/BP) per output) ran slower than two small blocks an SM.
-//
-// Slot s of STAGES has two barriers: full[s] (the producer's 128 threads arrive once a tile's copies into it
-// have landed) and empty[s] (every consumer thread arrives once its wgmmas reading it are retired). The
-// producer keeps LAG = STAGES - 2 tiles of copies in flight beyond the one it issues: at k tile kt it waits
-// for its own copies of tile kt - LAG (cp.async.wait_group), fences them for the async proxy (the copies
-// wrote through the generic proxy, wgmma reads through the async one; the fence belongs to the thread that
-// wrote) and arrives on that tile's full barrier. Consumers keep one tile of wgmmas in flight (wait_group 1)
-// and release a slot one tile late; the producer refills slot s for tile kt once tile kt - STAGES is
-// released. No deadlock: the release of tile kt - STAGES needs tile kt - STAGES + 1 full, which the producer
-// announced at its tile kt - 1. Phases: tile kt is phase kt / STAGES of its slot (parity (kt / STAGES) & 1).
-//
-// Block: BF / 64 × WG_P consumer warpgroups (64 filters × BP / WG_P pixels each, as implicit_gemm_wgmma),
-// then the producer warpgroup. Shared memory: STAGES slots of (BF + BP) 128-byte rows (the epilogue's
-// staging reuses them once every tile is consumed), then 2 · STAGES 8-byte barriers (WgmmaWsTile.smem_bytes).
-// MINB blocks an SM at least: the register budget (an m64n128 wgmma needs ~90 registers a thread, so two
-// blocks an SM fit where a block has 256 threads, not 384).
-template <typename T, int BF, int BP, int WG_P, int STAGES, int MINB>
-__global__ void __launch_bounds__((BF / 64 * WG_P + 1) * 128, MINB)
-implicit_gemm_wgmma_ws(CUCONV_IGEMM_PARAMS) {
-#ifdef CUCONV_IGEMM_WGMMA
-    using namespace igemm;
-    constexpr int kConsumers = BF / 64 * WG_P * 128;
-    constexpr int kRowBytes = 128;
-    constexpr int kWgPixels = BP / WG_P;
-    constexpr int NW = kWgPixels / 128;
-    constexpr int kStageBytes = (BF + BP) * kRowBytes;
-    constexpr int kStagingBytes = 4 * ((BF * (BP + 4) > BP * (BF + 4)) ? BF * (BP + 4) : BP * (BF + 4));
-    constexpr int kSlotsBytes = STAGES * kStageBytes > kStagingBytes ? STAGES * kStageBytes : kStagingBytes;
-    constexpr int LAG = STAGES - 2;
-    static_assert(BF % 64 == 0 && kWgPixels % 128 == 0 && STAGES >= 3, "tile shape");
-
-    extern __shared__ __align__(1024) unsigned char smem[];
-    const unsigned base = (smem_addr(smem) + 1023u) & ~1023u;  // the swizzle needs 1024-byte alignment
-    const unsigned full = base + kSlotsBytes, empty = full + 8 * STAGES;
-
-    const int tid = threadIdx.x;
-    const int m0 = blockIdx.x * BP;
-    const int n0 = blockIdx.y * BF;
-    const int kt0 = blockIdx.z * g.split_tiles;
-    const int k_tiles = min(g.split_tiles, g.k_tiles - kt0);
-    if (tid == 0) {
-#pragma unroll
-        for (int s = 0; s < STAGES; ++s) {
-            mbarrier_init(full + 8 * s, 128);
-            mbarrier_init(empty + 8 * s, kConsumers);
-        }
-    }
-    __syncthreads();
-
-    if (tid >= kConsumers) {  // the producer warpgroup
-        const int ptid = tid - kConsumers;
-        const int vec = ptid % 8, row0 = ptid / 8;  // 16 rows a pass: a row's swizzle is row0's
-        const unsigned swizzled = row0 * kRowBytes + ((vec ^ (row0 & 7)) << 4);
-        TileLoader<T, BP, BF, 16, kRowBytes / sizeof(T)> loader(g, wp, m0, n0, row0, vec, kt0);
-        for (int kt = 0; kt < k_tiles; ++kt) {
-            const int s = kt % STAGES;
-            if (kt >= STAGES) mbarrier_wait(empty + 8 * s, ((kt / STAGES) - 1) & 1);
-            const unsigned slot = base + s * kStageBytes;
-            loader.load(g, x, slot + BF * kRowBytes + swizzled, slot + swizzled, kRowBytes);
-            cp_async_commit();
-            if (kt >= LAG) {
-                cp_async_wait<LAG>();
-                fence_proxy_async();
-                mbarrier_arrive(full + 8 * ((kt - LAG) % STAGES));
-            }
-        }
-        cp_async_wait<0>();
-        fence_proxy_async();
-        for (int kt = max(0, k_tiles - LAG); kt < k_tiles; ++kt) mbarrier_arrive(full + 8 * (kt % STAGES));
-        return;
-    }
-
-    const int wg = tid / 128;
-    const int wg_f = wg % (BF / 64), wg_p = wg / (BF / 64);
-    const unsigned a_off = wg_f * 64 * kRowBytes;                // this warpgroup's filters
-    const unsigned b_off = (BF + wg_p * kWgPixels) * kRowBytes;  // and pixels
-
-    float acc[NW][64];
-#pragma unroll
-    for (int n = 0; n < NW; ++n)
-#pragma unroll
-        for (int i = 0; i < 64; ++i) acc[n][i] = 0.f;
-
-    for (int kt = 0; kt < k_tiles; ++kt) {
-        const int s = kt % STAGES;
-        mbarrier_wait(full + 8 * s, (kt / STAGES) & 1);
-        const unsigned slot = base + s * kStageBytes;
-        const unsigned long long da = wgmma_desc(slot + a_off);
-        const unsigned long long db = wgmma_desc(slot + b_off);
-        wgmma_fence();
-#pragma unroll
-        for (int step = 0; step < 4; ++step)
-#pragma unroll
-            for (int n = 0; n < NW; ++n)  // +2 per 32-byte k step; +1024 (64 in 16-byte units) per 8 rows
-                Wgmma<T>::run(acc[n], da + 2 * step, db + 2 * step + n * 128 * 8);
-        wgmma_commit();
-        wgmma_wait<1>();  // tile kt - 1's wgmmas are retired: its slot goes back to the producer
-        if (kt > 0) mbarrier_arrive(empty + 8 * ((kt - 1) % STAGES));
-    }
-    wgmma_wait<0>();
-#pragma unroll
-    for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
-
-    // Every tile was full before a consumer read it, so the producer's copies have all landed: once the
-    // consumers meet (the epilogue's first barrier), the slots are free for the staging.
-    wgmma_epilogue<T, BF, BP, WG_P, NW, true>(acc, smem + (base - smem_addr(smem)), g, bias, y, m0, n0);
 #else
     __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
 #endif

@@ -41,7 +41,7 @@ from .._config import config
 from ..spec import ConvSpec
 
 __all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "reason_unsupported_nhwc", "nhwc_in_place",
-           "Tile", "WgmmaTile", "WgmmaWsTile", "NchwTile", "TILES",
+           "Tile", "WgmmaTile", "NchwTile", "TILES",
            "transposed_spec", "phase_specs", "phase_tile", "wgrad_tile", "wgrad_splits", "splits_for",
            "resident_blocks", "wgmma_available", "choose_tile", "prefers_nchw", "nchw_fits", "narrow_group_tile",
            "Plan", "plan", "pack_operands", "prepare", "NAME_EXPRESSIONS", "STEM"]
@@ -130,37 +130,6 @@ class WgmmaTile:
 
 
 @dataclasses.dataclass(frozen=True)
-class WgmmaWsTile:
-    """One ``implicit_gemm_wgmma_ws`` instance (sm_90a): ``WgmmaTile``'s block of ``bn`` filters × ``bm``
-    pixels on ``bn / 64 × wg_p`` warpgroups that only multiply, plus a warpgroup that only loads, the two
-    sides meeting at mbarriers over ``stages`` slots instead of a block-wide barrier a k tile."""
-
-    bn: int
-    bm: int
-    wg_p: int
-    stages: int
-    min_blocks: int = 1  # blocks an SM at least (the register budget: a wgmma of 128 pixels needs ~90 a thread)
-    retire = False
-    kbytes = 128
-    wgmma = True
-    nchw = False
-
-    @property
-    def threads(self) -> int:
-        return 128 * ((self.bn // 64) * self.wg_p + 1)
-
-    @property
-    def smem_bytes(self) -> int:
-        """The slots or the epilogue's staging, if larger, 1024 bytes to align them, and two 8-byte barriers a
-        slot."""
-        return (max(self.stages * (self.bm + self.bn) * self.kbytes, _staging_bytes(self.bm, self.bn)) + 1024
-                + 16 * self.stages)
-
-    def kernel_name(self, ctype: str) -> str:
-        return f"implicit_gemm_wgmma_ws<{ctype},{self.bn},{self.bm},{self.wg_p},{self.stages},{self.min_blocks}>"
-
-
-@dataclasses.dataclass(frozen=True)
 class NchwTile:
     """One ``implicit_gemm_wgmma_nchw`` instance (sm_90a): ``bn`` filters × 128 output pixels with ``bn / 64``
     warpgroups, gathering both operands itself from the NCHW input and KCRS weight (no packing launch, no
@@ -210,16 +179,6 @@ TILES = {
     "wg64x128s3": WgmmaTile(64, 128, 1, 3),        # 73 KB: three
     "wg128x128r": WgmmaTile(128, 128, 1, 3, True),  # 97 KB: two, loads two tiles ahead
     "wg128x256": WgmmaTile(128, 256, 1, 4),        # 193 KB: one
-    "ws128x256": WgmmaWsTile(128, 256, 1, 4),      # 193 KB: one; a producer warpgroup beside two of wgmmas
-    "ws128x128": WgmmaWsTile(128, 128, 1, 4),      # 129 KB: one
-    "ws64x128": WgmmaWsTile(64, 128, 1, 4, 2),     # 97 KB: two
-    "ws256x128": WgmmaWsTile(256, 128, 1, 4),      # 193 KB: one; four warpgroups of wgmmas
-    "ws64x256": WgmmaWsTile(64, 256, 2, 4),        # 161 KB: one; two warpgroups along the pixels
-    "ws64x128s8": WgmmaWsTile(64, 128, 1, 8),      # 193 KB: one
-    "wg64x128s6": WgmmaTile(64, 128, 1, 6),        # 145 KB: one, four tiles of loads ahead
-    "wg64x128s8": WgmmaTile(64, 128, 1, 8),        # 193 KB: one, six ahead
-    "wg64x128s8r": WgmmaTile(64, 128, 1, 8, True),  # 193 KB: one, seven ahead
-    "wg128x128s6r": WgmmaTile(128, 128, 1, 6, True),  # 193 KB: one, five ahead
     "nchw64": NchwTile(64, 3),                     # 49 KB + table: three blocks per SM
     "nchw128": NchwTile(128, 2),                   # 69 KB + table: two
 }
