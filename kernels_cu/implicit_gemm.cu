@@ -752,6 +752,56 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 // cp.async writes through the generic proxy, wgmma reads through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// A tensor map (cuTensorMapEncode*, cuconv/_tma.py): 128 opaque bytes, passed as a __grid_constant__ kernel
+// parameter so that the TMA reads it where the launch put it.
+struct alignas(64) TensorMap {
+    unsigned long long bits[16];
+};
+
+// mbarriers (shared memory, CTA scope; try_wait is sm_90): init with the arrivals a phase needs, arrive, and
+// wait until the phase of the given parity has completed.
+#ifdef CUCONV_IGEMM_WGMMA
+__device__ __forceinline__ void mbarrier_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbarrier_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(unsigned bar) {
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+
+// The tensor memory accelerator (TMA, TensorMap below): bulk copies of a tensor map's boxes into shared memory
+// that complete on an mbarrier, which the issuing thread first tells how many bytes to expect.
+__device__ __forceinline__ void mbarrier_expect_bytes(unsigned bar, unsigned bytes) {
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n"
+                 ::"r"(bar), "r"(bytes) : "memory");
+}
+// A column of an NHWC tensor's im2col matrix: the box's pixels (pixelsPerColumn of the map) from window origin
+// (w, h) of image n on, walking the map's bounding box of origins (W fastest, then H, then N; past the last image
+// and outside the image: zeros), each pixel's channels c.. (channelsPerPixel of the map) at tap offset (ow, oh).
+__device__ __forceinline__ void tma_im2col_4d(unsigned dst, const TensorMap& map, int c, int w, int h, int n,
+                                              unsigned short ow, unsigned short oh, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6], {%7, %8};\n"
+                 ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c), "r"(w), "r"(h), "r"(n),
+                   "r"(bar), "h"(ow), "h"(oh) : "memory");
+}
+// A box of a 2-D tensor from column x, row y (rows past the tensor: zeros).
+__device__ __forceinline__ void tma_tile_2d(unsigned dst, const TensorMap& map, int x, int y, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(x), "r"(y), "r"(bar) : "memory");
+}
+#endif
+
 // Pin the accumulators at this point of the program: the compiler sees only the wgmma's asm statement
 // write them, not the asynchronous completion that wgmma_wait marks.
 __device__ __forceinline__ void fence_acc(float (&d)[64]) {
@@ -795,6 +845,21 @@ template <> struct Wgmma<__nv_bfloat16> {
     }
 };
 
+// One 128-byte k tile of a warpgroup's wgmmas, committed as one group: its 64 filter rows from shared address
+// `a`, its NW × 128 pixel rows from `b` (both swizzled 1024-byte atoms of 8 rows); the caller waits for the group.
+template <typename T, int NW>
+__device__ __forceinline__ void wgmma_k_tile(float (&acc)[NW][64], unsigned a, unsigned b) {
+    const unsigned long long da = wgmma_desc(a);
+    const unsigned long long db = wgmma_desc(b);
+    wgmma_fence();
+#pragma unroll
+    for (int step = 0; step < 4; ++step)
+#pragma unroll
+        for (int n = 0; n < NW; ++n)  // +2 per 32-byte k step; +1024 (64 in 16-byte units) per 8 rows
+            Wgmma<T>::run(acc[n], da + 2 * step, db + 2 * step + n * 128 * 8);
+    wgmma_commit();
+}
+
 }  // namespace igemm
 }  // namespace cuconv
 
@@ -806,13 +871,22 @@ namespace igemm {
 // vectors (nhwc_vectors). Accumulator i of a thread: filter row
 // (lane / 4) + 8·((i / 2) % 2) of its warp's 16, pixel column 2·(lane % 4) + (i % 2) + 8·(i / 4) of the
 // wgmma's 128; pairs of columns go as one 8-byte store.
-template <typename T, int BF, int BP, int WG_P, int NW>
+// NAMED: the block has threads besides these (implicit_gemm_wgmma_tma's producer warp, the last one), so they
+// meet at named barrier 1 of their own count instead of __syncthreads.
+template <int kThreads, bool NAMED> __device__ __forceinline__ void epilogue_sync() {
+    if constexpr (NAMED)
+        asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
+    else
+        __syncthreads();
+}
+
+template <typename T, int BF, int BP, int WG_P, int NW, bool NAMED = false>
 __device__ __forceinline__ void wgmma_epilogue(float (&acc)[NW][64], unsigned char* stage, const Geometry& g,
                                                const T* __restrict__ bias, T* __restrict__ y, int m0, int n0) {
     constexpr int kThreads = BF / 64 * WG_P * 128;
     constexpr int kWgPixels = BP / WG_P;
     cp_async_wait<0>();
-    __syncthreads();
+    epilogue_sync<kThreads, NAMED>();
     float* c_smem = reinterpret_cast<float*>(stage);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32, wg = tid / 128;
     const int wg_f = wg % (BF / 64), wg_p = wg / (BF / 64);
@@ -829,7 +903,7 @@ __device__ __forceinline__ void wgmma_epilogue(float (&acc)[NW][64], unsigned ch
                 c_smem[col * kFPitch + row + 8] = acc[n][4 * j + 2];
                 c_smem[(col + 1) * kFPitch + row + 8] = acc[n][4 * j + 3];
             }
-        __syncthreads();
+        epilogue_sync<kThreads, NAMED>();
         store_tile_nhwc<T, BP, BF, kThreads / 32>(c_smem, g, bias, y, m0, n0, tid);
         return;
     }
@@ -843,7 +917,7 @@ __device__ __forceinline__ void wgmma_epilogue(float (&acc)[NW][64], unsigned ch
             *reinterpret_cast<float2*>(&c_smem[(row + 8) * kCPitch + col]) =
                 make_float2(acc[n][4 * j + 2], acc[n][4 * j + 3]);
         }
-    __syncthreads();
+    epilogue_sync<kThreads, NAMED>();
     store_tile<T, BP, BF, kThreads / 32>(c_smem, g, bias, y, m0, n0, warp, lane);
 }
 
@@ -907,15 +981,7 @@ implicit_gemm_wgmma(CUCONV_IGEMM_PARAMS) {
         cp_async_commit();
 
         const unsigned slot = base + (kt % STAGES) * kStageBytes;
-        const unsigned long long da = wgmma_desc(slot + a_off);
-        const unsigned long long db = wgmma_desc(slot + b_off);
-        wgmma_fence();
-#pragma unroll
-        for (int step = 0; step < 4; ++step)
-#pragma unroll
-            for (int n = 0; n < NW; ++n)  // +2 per 32-byte k step; +1024 (64 in 16-byte units) per 8 rows
-                Wgmma<T>::run(acc[n], da + 2 * step, db + 2 * step + n * 128 * 8);
-        wgmma_commit();
+        wgmma_k_tile<T>(acc, slot + a_off, slot + b_off);
         wgmma_wait<RETIRE ? 0 : 1>();
     }
     wgmma_wait<0>();
@@ -923,6 +989,111 @@ implicit_gemm_wgmma(CUCONV_IGEMM_PARAMS) {
     for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
 
     wgmma_epilogue<T, BF, BP, WG_P>(acc, smem + (base - smem_addr(smem)), g, bias, y, m0, n0);
+#else
+    __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
+#endif
+}
+
+
+// ---------------------------------------------------------------------------------------------------
+// The wgmma GEMM fed by the tensor memory accelerator (sm_90a): no thread computes an address or issues a copy
+// per row. implicit_gemm_wgmma's threads each issue a k tile's cp.asyncs (16 bytes a row, through L1), and ncu
+// read the L1/TEX unit as the busiest (64-78% on the dense layers and the large problems, the tensor pipe at
+// 28-51%). Here one thread issues a k tile as two bulk copies: the input's im2col column of BP pixels at one
+// tap and 64 channels (a tensor map in im2col mode over the NHWC input: the window origins of the block's
+// output pixels, wrapping across rows and images, zeros outside the image and past the batch; the tap as the
+// copy's offsets) and the weight's BF rows × 64 k (a tiled map over the (rows, w_row) weight, rows past it
+// zero), both written with the 128-byte swizzle that wgmma's descriptors read. A k tile is one tap and 64
+// channels (the Python twin takes this kernel where a group's padded channels cp are a multiple of 64, in the
+// 16-bit types), so k tile kk is tap kk / (cp / 64), channels 64 · (kk % (cp / 64)), weight columns 64 · kk.
+//
+// Block: BF / 64 consumer warpgroups (64 filters × BP pixels each, m64n128 wgmmas as implicit_gemm_wgmma), then
+// one producer warp whose first lane issues the copies. Slot s of STAGES has a full barrier (the producer's
+// one arrival with the slot's byte count; the copies complete it) and an empty one (every consumer thread
+// arrives once its wgmmas reading the slot are retired, one tile late: one tile of wgmmas stays in flight).
+// The producer refills slot s for tile kt once tile kt - STAGES is released. Tile kt is phase kt / STAGES of
+// its slot. Shared memory (WgmmaTmaTile.smem_bytes): the slots (the epilogue's staging reuses them once every
+// tile is consumed), then 2 · STAGES 8-byte barriers. At least MINB blocks an SM (the register budget).
+template <typename T, int BF, int BP, int STAGES, int MINB>
+__global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
+implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::TensorMap x_map,
+                        const __grid_constant__ igemm::TensorMap w_map) {
+#ifdef CUCONV_IGEMM_WGMMA
+    using namespace igemm;
+    constexpr int kConsumers = BF / 64 * 128;
+    constexpr int kRowBytes = 128;
+    constexpr int TK = kRowBytes / sizeof(T);  // k per tile: one tap's 64 channels
+    constexpr int NW = BP / 128;
+    constexpr int kStageBytes = (BF + BP) * kRowBytes;
+    constexpr int kStagingBytes = 4 * ((BF * (BP + 4) > BP * (BF + 4)) ? BF * (BP + 4) : BP * (BF + 4));
+    constexpr int kSlotsBytes = STAGES * kStageBytes > kStagingBytes ? STAGES * kStageBytes : kStagingBytes;
+    static_assert(BF % 64 == 0 && BP % 128 == 0 && BP <= 256 && BF <= 256 && STAGES >= 2 && sizeof(T) == 2,
+                  "tile shape");
+
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const unsigned base = (smem_addr(smem) + 1023u) & ~1023u;  // the swizzle needs 1024-byte alignment
+    const unsigned full = base + kSlotsBytes, empty = full + 8 * STAGES;
+
+    const int tid = threadIdx.x;
+    const int m0 = blockIdx.x * BP;
+    const int n0 = blockIdx.y * BF;
+    const int kt0 = blockIdx.z * g.split_tiles;
+    const int k_tiles = min(g.split_tiles, g.k_tiles - kt0);
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbarrier_init(full + 8 * s, 1);
+            mbarrier_init(empty + 8 * s, kConsumers);
+        }
+        mbarrier_init_fence();  // the copy engine sees the barriers initialised
+    }
+    __syncthreads();
+
+    if (tid >= kConsumers) {  // the producer warp: its first lane issues every copy
+        if (tid != kConsumers) return;
+        const int pq = g.p * g.q;
+        const int img = m0 / pq, rem = m0 - img * pq, op = rem / g.q, oq = rem - op * g.q;
+        const int w0 = oq * g.stride_w - g.pad_w, h0 = op * g.stride_h - g.pad_h;
+        const int cblocks = g.cp / TK;
+        for (int kt = 0; kt < k_tiles; ++kt) {
+            const int s = kt % STAGES;
+            if (kt >= STAGES) mbarrier_wait(empty + 8 * s, ((kt / STAGES) - 1) & 1);
+            const unsigned slot = base + s * kStageBytes, bar = full + 8 * s;
+            const int kk = kt0 + kt, tap = kk / cblocks, cb = kk - tap * cblocks;
+            const int r = tap / g.s, sc = tap - r * g.s;
+            mbarrier_expect_bytes(bar, kStageBytes);
+            tma_tile_2d(slot, w_map, kk * TK, n0, bar);
+            tma_im2col_4d(slot + BF * kRowBytes, x_map, cb * TK, w0, h0, img,
+                          static_cast<unsigned short>(sc * g.dil_w), static_cast<unsigned short>(r * g.dil_h), bar);
+        }
+        return;
+    }
+
+    const int wg = tid / 128;
+    const unsigned a_off = wg * 64 * kRowBytes;  // this warpgroup's filters
+    const unsigned b_off = BF * kRowBytes;       // the block's pixels
+
+    float acc[NW][64];
+#pragma unroll
+    for (int n = 0; n < NW; ++n)
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[n][i] = 0.f;
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+        const int s = kt % STAGES;
+        mbarrier_wait(full + 8 * s, (kt / STAGES) & 1);
+        const unsigned slot = base + s * kStageBytes;
+        wgmma_k_tile<T>(acc, slot + a_off, slot + b_off);
+        wgmma_wait<1>();  // tile kt - 1's wgmmas are retired: its slot goes back to the producer
+        if (kt > 0) mbarrier_arrive(empty + 8 * ((kt - 1) % STAGES));
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
+
+    // Every slot was full before a consumer read it, so every copy has landed: once the consumers meet (the
+    // epilogue's first barrier), the slots are free for the staging.
+    wgmma_epilogue<T, BF, BP, 1, NW, true>(acc, smem + (base - smem_addr(smem)), g, bias, y, m0, n0);
 #else
     __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
 #endif
@@ -1098,12 +1269,7 @@ implicit_gemm_wgmma_nchw(CUCONV_IGEMM_PARAMS) {
         fence_proxy_async();  // the generic-proxy stores of tile kt, before the wgmmas (async proxy) read them
         __syncthreads();      // tile kt is in its slot; every warpgroup retired tile kt - 1, whose slot is next
         const unsigned slot = base + (kt & 1) * kSlotBytes;
-        const unsigned long long da = wgmma_desc(slot + a_off);
-        const unsigned long long db = wgmma_desc(slot + b_off);
-        wgmma_fence();
-#pragma unroll
-        for (int step = 0; step < 4; ++step) Wgmma<T>::run(acc[0], da + 2 * step, db + 2 * step);
-        wgmma_commit();
+        wgmma_k_tile<T>(acc, slot + a_off, slot + b_off);
         if (kt + 1 < g.k_tiles) {
             store_regs((kt + 1) & 1);
             if (kt + 2 < g.k_tiles) load_regs(kt + 2);

@@ -435,3 +435,36 @@ def test_channels_last_wgrad_through_the_column_matrix(x_shape, w_shape, kwargs,
     spec = cuconv.ConvSpec.from_args(x_shape, w_shape, **kwargs)
     precision = "tf32" if dtype == _F32 else "ieee"
     assert registry.select_nhwc("auto", spec, dtype, precision, "wgrad") == expected
+
+
+@pytest.mark.parametrize("x_shape,w_shape,kwargs,dtype_name,reason", [
+    ((2, 64, 9, 9), (64, 64, 3, 3), dict(padding=1), "float32", "16-bit"),
+    ((2, 128, 9, 9), (64, 64, 3, 3), dict(padding=1, groups=2), "float16", "one group"),
+    ((2, 32, 9, 9), (64, 32, 3, 3), dict(padding=1), "bfloat16", "64 channels"),
+    ((1, 64, 300, 9), (64, 64, 3, 3), dict(padding=(130, 1)), "float16", "corners"),
+])
+def test_tma_reason_names_what_the_tma_tiles_do_not_serve(x_shape, w_shape, kwargs, dtype_name, reason):
+    """``tma_reason`` refuses what the TMA tiles cannot run, with the reason (no GPU needed)."""
+    from cuconv.families import implicit_gemm
+
+    dtype = _dtypes.by_name(dtype_name)
+    spec = cuconv.ConvSpec.from_args(x_shape, w_shape, **kwargs)
+    pl = implicit_gemm.plan(spec, dtype, implicit_gemm.TMA_TILES["tma64x128"], 1 << 30)
+    assert reason in implicit_gemm.tma_reason(spec, dtype, pl)
+    ok = cuconv.ConvSpec.from_args((2, 64, 9, 9), (64, 64, 3, 3), padding=1)
+    assert implicit_gemm.tma_reason(ok, _dtypes.by_name("float16"),
+                                    implicit_gemm.plan(ok, _dtypes.by_name("float16"),
+                                                       implicit_gemm.TMA_TILES["tma64x128"], 1 << 30)) is None
+
+
+def test_tma_tiles_refuse_wgrad():
+    """The TMA tiles run forward GEMMs only: a wgrad plan asked for one says so (no GPU needed)."""
+    from cuconv import _plan
+    from cuconv.families import implicit_gemm
+
+    spec = cuconv.ConvSpec.from_args((2, 64, 9, 9), (64, 64, 3, 3), padding=1)
+    env = _plan.Env(device=0, workspace_limit=1 << 30, smem_limit=227 << 10, wgmma=True, sm_count=132,
+                    smem_per_sm=228 << 10)
+    with pytest.raises(ValueError, match="not wgrad's"):
+        implicit_gemm.prepare("wgrad", spec, _dtypes.by_name("float16"), "ieee", env,
+                              tile=implicit_gemm.TMA_TILES["tma64x128"])

@@ -35,13 +35,13 @@ import functools
 
 import numpy
 
-from .. import _dtypes, _loader, _plan
+from .. import _dtypes, _loader, _plan, _tma
 from . import dgrad_forward, elementwise
 from .._config import config
 from ..spec import ConvSpec
 
 __all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "reason_unsupported_nhwc", "nhwc_in_place",
-           "Tile", "WgmmaTile", "NchwTile", "TILES",
+           "Tile", "WgmmaTile", "WgmmaTmaTile", "NchwTile", "TILES", "TMA_TILES", "tma_reason",
            "transposed_spec", "phase_specs", "phase_tile", "wgrad_tile", "wgrad_splits", "splits_for",
            "resident_blocks", "wgmma_available", "choose_tile", "prefers_nchw", "nchw_fits", "narrow_group_tile",
            "Plan", "plan", "pack_operands", "prepare", "NAME_EXPRESSIONS", "STEM"]
@@ -130,6 +130,40 @@ class WgmmaTile:
 
 
 @dataclasses.dataclass(frozen=True)
+class WgmmaTmaTile:
+    """One ``implicit_gemm_wgmma_tma`` instance (sm_90a): ``bn`` filters × ``bm`` output pixels on ``bn / 64``
+    warpgroups of wgmmas and a producer warp that issues each k tile as two TMA copies (the input's im2col column,
+    the weight's rows) into a ``stages``-deep ring of slots; at least ``min_blocks`` blocks an SM. Serves the
+    16-bit types where a group's padded channels are whole 64-channel k tiles and the input is one group
+    (``tma_reason``); ``TMA_TILES``, not chosen by ``choose_tile``."""
+
+    bn: int
+    bm: int
+    stages: int
+    min_blocks: int = 1
+    wg_p = 1
+    retire = False
+    kbytes = 128
+    wgmma = True
+    nchw = False
+    tma = True
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.bn // 64) + 32
+
+    @property
+    def smem_bytes(self) -> int:
+        """The slots or the epilogue's staging, if larger, 1024 bytes to align them, and two 8-byte barriers a
+        slot."""
+        return (max(self.stages * (self.bm + self.bn) * self.kbytes, _staging_bytes(self.bm, self.bn)) + 1024
+                + 16 * self.stages)
+
+    def kernel_name(self, ctype: str) -> str:
+        return f"implicit_gemm_wgmma_tma<{ctype},{self.bn},{self.bm},{self.stages},{self.min_blocks}>"
+
+
+@dataclasses.dataclass(frozen=True)
 class NchwTile:
     """One ``implicit_gemm_wgmma_nchw`` instance (sm_90a): ``bn`` filters × 128 output pixels with ``bn / 64``
     warpgroups, gathering both operands itself from the NCHW input and KCRS weight (no packing launch, no
@@ -183,8 +217,17 @@ TILES = {
     "nchw128": NchwTile(128, 2),                   # 69 KB + table: two
 }
 
+# The TMA-fed kernel's instances (tests and benchmarks name them; auto does not choose them yet).
+TMA_TILES = {
+    "tma64x128": WgmmaTmaTile(64, 128, 4, 2),      # 97 KB: two blocks an SM
+    "tma128x128": WgmmaTmaTile(128, 128, 3, 2),    # 97 KB: two
+    "tma128x256": WgmmaTmaTile(128, 256, 4),       # 193 KB: one
+    "tma64x256": WgmmaTmaTile(64, 256, 4),         # 161 KB: one
+}
+
 NAME_EXPRESSIONS = tuple(
     [t.kernel_name(c) for c in _TENSOR_CORE_TYPES for t in TILES.values()]
+    + [t.kernel_name(c) for c in ("__half", "__nv_bfloat16") for t in TMA_TILES.values()]
     + [f"{k}<{c},{_tf32(c)}>" for k in ("pack_nhwc", "pack_nhwc_narrow", "pack_dgrad_phases", "pack_swap")
        for c in _TENSOR_CORE_TYPES]
     + [f"sum_splits<{c}>" for c in _TENSOR_CORE_TYPES])
@@ -497,13 +540,44 @@ def _gemm_kernel(spec: ConvSpec, dtype, pl: Plan, samples: int, splits: int = 1,
                         (spec.q * spec.k, spec.k) if nhwc else None)
 
 
+def tma_reason(spec: ConvSpec, dtype, pl: Plan):
+    """Why ``implicit_gemm_wgmma_tma`` cannot run ``pl`` on ``spec`` (None: it can): a k tile is one tap's 64
+    channels of one group's 16-bit input, and the im2col map's limits (``_tma``) hold."""
+    if numpy.dtype(dtype).itemsize != 2:
+        return "its TMA tiles move 16-bit elements"
+    if pl.groups != 1:
+        return "its TMA tiles read one group"
+    if pl.cp % 64:
+        return "its TMA tiles take whole taps of 64 channels a k tile"
+    lower, upper = _tma_corners(spec)
+    lo, hi = _tma.CORNER_RANGE
+    if not all(lo <= v <= hi for v in lower + upper):
+        return f"its im2col map's bounding box corners {lower}, {upper} are outside [{lo}, {hi}]"
+    if max(spec.stride) > _tma.MAX_STRIDE:
+        return f"its im2col map walks strides up to {_tma.MAX_STRIDE}"
+    if max((spec.r - 1) * spec.dilation[0], (spec.s - 1) * spec.dilation[1]) >= _tma.MAX_OFFSET:
+        return "its copies' tap offsets are 16-bit"
+    return None
+
+
+def _tma_corners(spec: ConvSpec) -> tuple:
+    """The im2col map's bounding box of window origins, (h, w) from the image's top-left pixel and from its
+    bottom-right one: from -padding to the last output pixel's origin, so that a column wraps to the next row
+    after Q origins and to the next image after P rows."""
+    lower = (-spec.pad[0], -spec.pad[2])
+    upper = ((spec.p - 1) * spec.stride[0] - spec.pad[0] - (spec.h - 1),
+             (spec.q - 1) * spec.stride[1] - spec.pad[2] - (spec.w - 1))
+    return lower, upper
+
+
 def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: int, grp_a: int, w_rows: int,
                  out_strides: tuple, splits: int, split_tiles: int, out_pixel: tuple = None
                  ) -> "_loader.PreparedLaunch":
     """The GEMM kernel of ``pl`` on ``spec``'s geometry: ``m`` rows and ``filters`` filters in each of ``groups``
     groups, a group's packed input ``grp_a`` elements and its packed weight ``w_rows`` rows after the previous
     one's, images and filters of the output ``out_strides`` elements apart, its rows and columns
-    ``out_pixel`` (default dense: Q and 1; ``Geometry``)."""
+    ``out_pixel`` (default dense: Q and 1; ``Geometry``). A TMA tile's launch encodes its maps of the input and
+    the weight from the pointers it is given (``_tma.TmaLaunch``)."""
     t = pl.tile
     split_stride = 0 if splits == 1 else m * filters * groups
     out_row, out_col = out_pixel or (spec.q, 1)
@@ -512,8 +586,18 @@ def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: 
                             pl.k_tiles, pl.w_row, *out_strides, split_stride, split_tiles, pl.pix, pl.kp, grp_a,
                             w_rows, out_row, out_col, 0), dtype=GEOMETRY_DTYPE)[()]
     smem = t.smem_bytes + (t.table_bytes(pl.k_tiles, numpy.dtype(dtype).itemsize) if t.nchw else 0)
-    return _kernel(t.kernel_name(_dtypes.ctype_of(dtype)), (-(-m // t.bm), groups * pl.kp // t.bn, splits),
-                   (t.threads, 1, 1), (geometry,), smem=smem)
+    grid = (-(-m // t.bm), groups * pl.kp // t.bn, splits)
+    if not getattr(t, "tma", False):
+        return _kernel(t.kernel_name(_dtypes.ctype_of(dtype)), grid, (t.threads, 1, 1), (geometry,), smem=smem)
+    reason = tma_reason(spec, dtype, pl)
+    if reason is not None:
+        raise ValueError(f"implicit_gemm: tile {t} cannot run {spec}: {reason}")
+    lower, upper = _tma_corners(spec)
+    tk = t.kbytes // 2
+    maps = ((0, _tma.im2col_map(m // (spec.p * spec.q), spec.h, spec.w, pl.pix, lower, upper, spec.stride, tk, t.bm)),
+            (1, _tma.tiled_map(pl.w_row, groups * w_rows, tk, t.bn)))
+    name = t.kernel_name(_dtypes.ctype_of(dtype))
+    return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), 4, (geometry,), maps, smem=smem)
 
 
 SPLIT_SUM_DTYPE = numpy.dtype([("n", numpy.int64), ("splits", numpy.int32), ("pq", numpy.int32), ("k", numpy.int32),
@@ -762,6 +846,8 @@ def _wgrad_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, splits: i
     tile = tile or wgrad_tile(spec, dtype, env.wgmma)
     if tile.nchw:
         raise ValueError(f"implicit_gemm: wgrad reads packed operands; {tile} gathers NCHW ones")
+    if getattr(tile, "tma", False):
+        raise ValueError(f"implicit_gemm: tile {tile} runs the forward GEMMs (fprop and dgrad), not wgrad's")
     if tile.wgmma and not env.wgmma:
         raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
     splits = splits or wgrad_splits(spec, dtype, tile, env.sm_count, env.smem_per_sm, env.workspace_limit)

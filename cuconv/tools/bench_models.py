@@ -259,10 +259,12 @@ def _layer_pair(geometry: dict, channels_last: bool):
     return theirs, ours
 
 
-def _chosen(geometry: dict, shape: tuple, mode: _Mode) -> dict:
-    """The algorithm ``auto`` runs for each pass of this layer in this mode (config.benchmark off)."""
+def _chosen(geometry: dict, shape: tuple, mode: _Mode, channels_last: bool = False) -> dict:
+    """The algorithm ``auto`` runs for each pass of this layer in this mode (config.benchmark off); with
+    channels-last activations the one that serves them in place (``registry.select_nhwc``), or, where none
+    does, the NCHW choice marked " (copies)"."""
     import cuconv
-    from cuconv import _dtypes
+    from cuconv import _dtypes, registry
     from cuconv.spec import ConvSpec
 
     k = geometry["kernel_size"]
@@ -270,7 +272,12 @@ def _chosen(geometry: dict, shape: tuple, mode: _Mode) -> dict:
                               geometry["stride"], geometry["padding"], geometry["dilation"], geometry["groups"])
     dtype = _dtypes.by_name({"tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}[mode.name])
     precision = "tf32" if mode.name == "tf32" else "ieee"
-    return {p: cuconv.select_algorithm(spec, dtype, precision, True, p) for p in ("fprop", "dgrad", "wgrad")}
+    chosen = {}
+    for p in ("fprop", "dgrad", "wgrad"):
+        nhwc = registry.select_nhwc("auto", spec, dtype, precision, p) if channels_last else None
+        chosen[p] = nhwc or cuconv.select_algorithm(spec, dtype, precision, True, p) + (" (copies)" if channels_last
+                                                                                        else "")
+    return chosen
 
 
 def layer_operands(geometry: dict, shape: tuple, first: bool, mode: _Mode, channels_last: bool) -> tuple:
@@ -297,7 +304,7 @@ def measure_layer(geometry: dict, shape: tuple, first: bool, mode: _Mode, reps: 
     theirs, ours, x, dy = layer_operands(geometry, shape, first, mode, channels_last)
     row = dict(count=None, shape=list(shape), **{k: (list(v) if isinstance(v, tuple) else v)
                                                    for k, v in geometry.items()})
-    row["algos"] = _chosen(geometry, shape, mode)
+    row["algos"] = _chosen(geometry, shape, mode, channels_last)
     calls, fwds, fwd_bwds = [], [], []
     for side, module in (("torch", theirs), ("cuconv", ours)):
         inputs = [t for t in (x, module.weight, module.bias) if t is not None and t.requires_grad]

@@ -445,3 +445,72 @@ def test_wgrad_on_channels_last_tensors(case, dtype_name, splits, weights):
     _plan.run_arrays(plan, xg, dyg, dw)
     got = cupy.asnumpy(dw.transpose(0, 3, 1, 2) if krsc else dw)
     numpy.testing.assert_array_equal(got.astype(numpy.float64), want.astype(numpy.float64))
+
+
+# The TMA-fed tiles (implicit_gemm_wgmma_tma): geometries whose padded channels are whole 64-channel k tiles,
+# across partial pixel and filter tiles, padding, strides, dilation, 1x1 and patchify kernels, a batch of one and
+# several channel blocks a tap.
+_TMA_GEOMETRIES = [
+    pytest.param((2, 64, 9, 7), (64, 64, 3, 3), dict(padding=1), id="3x3_m126"),
+    pytest.param((3, 128, 12, 13), (96, 128, 3, 3), dict(stride=2, padding=1), id="3x3_s2_k96"),
+    pytest.param((2, 64, 12, 13), (128, 64, 5, 9), dict(padding=(3, 2), dilation=(2, 1)), id="5x9_d2x1_p3x2"),
+    pytest.param((1, 64, 20, 20), (192, 64, 1, 1), {}, id="1x1_n1_k192"),
+    pytest.param((2, 192, 14, 14), (256, 192, 3, 3), dict(padding=1), id="3x3_c192"),
+    pytest.param((4, 64, 16, 16), (128, 64, 2, 2), dict(stride=2), id="2x2_s2"),
+    pytest.param((2, 64, 7, 30), (64, 64, 3, 5), dict(stride=(1, 2), padding=(0, 2)), id="3x5_s1x2_p0x2"),
+]
+
+
+def _tma_operands(x_shape, w_shape, kwargs, dtype_name, seed):
+    from cuconv.families import implicit_gemm
+
+    if not implicit_gemm.wgmma_available():
+        pytest.skip("the TMA tiles run wgmma and TMA copies, which need compute capability 9.0")
+    dtype = _dtypes.by_name(dtype_name)
+    rng = numpy.random.default_rng(seed)
+    x = rng.integers(-3, 4, x_shape).astype(dtype)
+    w = rng.integers(-3, 4, w_shape).astype(dtype)
+    b = rng.integers(-3, 4, w_shape[0]).astype(dtype)
+    return dtype, x, w, b, cuconv.ConvSpec.from_args(x_shape, w_shape, **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", ["tma64x128", "tma128x128", "tma128x256", "tma64x256"])
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", _TMA_GEOMETRIES)
+def test_tma_tiles_equal_cpu_exactly_on_integers(x_shape, w_shape, kwargs, dtype_name, tile):
+    """Every TMA tile, forward: from NCHW arrays through the pack (whole and split over 3 k ranges), and from
+    channels-last ones read in place with a channels-last weight read in place; then the dgrad on channels-last
+    tensors where dy's channels are whole 64s (at stride 1 the forward of dy by the flipped weight's pack, at a
+    stride one GEMM per phase): on integers, bit for bit the CPU path, into NaN-poisoned outputs."""
+    import cupy
+
+    from cuconv import _plan
+    from cuconv.families import implicit_gemm
+
+    dtype, x, w, b, spec = _tma_operands(x_shape, w_shape, kwargs, dtype_name, 53)
+    t = implicit_gemm.TMA_TILES[tile]
+    want = cuconv.conv2d(x, w, b, **kwargs).astype(numpy.float64)
+    for splits in (None, 3):
+        out = cupy.full(spec.output_shape, numpy.nan, dtype=dtype)
+        implicit_gemm.forward_gpu(cupy.asarray(x), cupy.asarray(w), cupy.asarray(b), spec, out, "ieee", tile=t,
+                                  splits=splits)
+        numpy.testing.assert_array_equal(cupy.asnumpy(out).astype(numpy.float64), want)
+    xg, wg, bg = _nhwc(cupy.asarray(x)), _nhwc(cupy.asarray(w)), cupy.asarray(b)
+    out = cupy.full((spec.n, spec.p, spec.q, spec.k), numpy.nan, dtype=dtype)
+    plan = implicit_gemm.prepare("fprop", spec, dtype, "ieee", _plan.current_env(xg, wg, bg, out), True,
+                                 tile=t, layout="nhwc", weights="krsc")
+    for _ in range(2):  # (the second launch keeps the maps the first encoded)
+        _plan.run_arrays(plan, xg, wg, bg, out)
+        numpy.testing.assert_array_equal(cupy.asnumpy(out.transpose(0, 3, 1, 2)).astype(numpy.float64), want)
+        out.fill(numpy.nan)
+    if spec.k % 64 == 0:
+        dy = numpy.random.default_rng(54).integers(-3, 4, spec.output_shape).astype(dtype)
+        want_dx = cuconv.conv2d_input(x.shape, w, dy, **kwargs).astype(numpy.float64)
+        dyg = _nhwc(cupy.asarray(dy))
+        dx = cupy.full((spec.n, spec.h, spec.w, spec.c), numpy.nan, dtype=dtype)
+        plan = implicit_gemm.prepare("dgrad", spec, dtype, "ieee", _plan.current_env(dyg, wg, dx), tile=t,
+                                     layout="nhwc", weights="krsc")
+        _plan.run_arrays(plan, dyg, wg, dx)
+        numpy.testing.assert_array_equal(cupy.asnumpy(dx.transpose(0, 3, 1, 2)).astype(numpy.float64), want_dx)
+

@@ -1,0 +1,130 @@
+"""Tensor maps for the tensor memory accelerator (compute capability 9.0) and a prepared launch that encodes its
+kernel's maps from the pointers it is given.
+
+A tensor map (``CUtensorMap``, 128 opaque bytes) describes a global tensor and the box a bulk copy moves; a
+kernel takes it by value as a ``__grid_constant__`` parameter. It holds the tensor's address, so a launch on other
+operands needs maps of its own: ``TmaLaunch`` encodes them when its pointers change (a host call of the driver,
+no device work) and keeps them while they do not (a layer called again on the same buffers, a CUDA graph's
+capture). CuPy exposes no tensor-map encoding: the driver's ``cuTensorMapEncodeIm2col`` and
+``cuTensorMapEncodeTiled`` are called through ctypes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+
+import numpy
+
+from . import _loader
+
+__all__ = ["im2col_map", "tiled_map", "TmaLaunch", "MAP_BYTES"]
+
+MAP_BYTES = 128
+_MAP_ALIGN = 64
+# CUtensorMapDataType: a bulk copy moves bits, so the 16-bit storage types share UINT16 (whose out-of-bounds
+# fill is zero, as float16's and bfloat16's would be)
+_UINT16 = 1
+_INTERLEAVE_NONE = 0
+_SWIZZLE_128B = 3
+_L2_PROMOTION_128B = 2
+_OOB_FILL_ZEROS = 0
+# im2col maps of rank 4 take bounding-box corners in [-2^7, 2^7) (the driver's limits), copies' tap offsets in
+# 16 bits, traversal strides up to 8
+CORNER_RANGE = (-128, 127)
+MAX_OFFSET = 1 << 16
+MAX_STRIDE = 8
+MAX_BOX = 256
+
+
+@functools.lru_cache(maxsize=1)
+def _driver():
+    lib = ctypes.CDLL("libcuda.so.1")
+    u32, u64, i32 = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int
+    im2col = lib.cuTensorMapEncodeIm2col
+    im2col.restype = i32
+    im2col.argtypes = [ctypes.c_void_p, i32, u32, ctypes.c_void_p, ctypes.POINTER(u64), ctypes.POINTER(u64),
+                       ctypes.POINTER(i32), ctypes.POINTER(i32), u32, u32, ctypes.POINTER(u32), i32, i32, i32, i32]
+    tiled = lib.cuTensorMapEncodeTiled
+    tiled.restype = i32
+    tiled.argtypes = [ctypes.c_void_p, i32, u32, ctypes.c_void_p, ctypes.POINTER(u64), ctypes.POINTER(u64),
+                      ctypes.POINTER(u32), ctypes.POINTER(u32), i32, i32, i32, i32]
+    return im2col, tiled
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise _loader.KernelLaunchError(f"cuconv: {what} failed (CUresult {status})")
+
+
+def im2col_map(n: int, h: int, w: int, pitch: int, lower: tuple, upper: tuple, stride: tuple, channels: int,
+               pixels: int):
+    """The encoder of an im2col map over an NHWC tensor of 16-bit elements (``n`` images of ``h`` × ``w``
+    pixels, ``pitch`` elements a pixel): a copy moves ``pixels`` window origins' ``channels`` channels (one
+    128-byte swizzled row each), the origins walking the bounding box from ``lower`` (h, w) to (h - 1, w - 1) +
+    ``upper`` at ``stride`` (h, w). Returns ``encode(dst_address, tensor_address)``."""
+    dims = (ctypes.c_uint64 * 4)(pitch, w, h, n)
+    strides = (ctypes.c_uint64 * 3)(2 * pitch, 2 * pitch * w, 2 * pitch * w * h)
+    low = (ctypes.c_int * 2)(lower[1], lower[0])
+    high = (ctypes.c_int * 2)(upper[1], upper[0])
+    steps = (ctypes.c_uint32 * 4)(1, stride[1], stride[0], 1)
+
+    def encode(dst: int, address: int) -> None:
+        _check(_driver()[0](dst, _UINT16, 4, address, dims, strides, low, high, channels, pixels, steps,
+                            _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_128B, _OOB_FILL_ZEROS),
+               f"cuTensorMapEncodeIm2col(n={n}, h={h}, w={w}, pitch={pitch}, lower={lower}, upper={upper}, "
+               f"stride={stride}, channels={channels}, pixels={pixels})")
+    return encode
+
+
+def tiled_map(cols: int, rows: int, box_cols: int, box_rows: int):
+    """The encoder of a tiled map over a row-major matrix of 16-bit elements (``rows`` × ``cols``): a copy moves
+    ``box_rows`` rows of ``box_cols`` columns (128 bytes a row, swizzled). Returns ``encode(dst, address)``."""
+    dims = (ctypes.c_uint64 * 2)(cols, rows)
+    strides = (ctypes.c_uint64 * 1)(2 * cols)
+    box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
+    steps = (ctypes.c_uint32 * 2)(1, 1)
+
+    def encode(dst: int, address: int) -> None:
+        _check(_driver()[1](dst, _UINT16, 2, address, dims, strides, box, steps, _INTERLEAVE_NONE, _SWIZZLE_128B,
+                            _L2_PROMOTION_128B, _OOB_FILL_ZEROS),
+               f"cuTensorMapEncodeTiled(cols={cols}, rows={rows}, box={box_cols}x{box_rows})")
+    return encode
+
+
+_PLACEHOLDER = numpy.zeros((), dtype=numpy.dtype((numpy.void, MAP_BYTES)))
+# a 16-byte aligned address the encoders accept when a launch is prepared (the maps are checked then, before any
+# kernel runs, and encoded again for the real pointers)
+_TRIAL_ADDRESS = 1 << 20
+
+
+class TmaLaunch(_loader.PreparedLaunch):
+    """A ``PreparedLaunch`` whose kernel takes, after its pointers and ``scalars``, one tensor map per entry of
+    ``maps``: ``(pointer index, encode)``, the map of the tensor at that pointer. A launch encodes the maps again
+    where its pointers differ from the last launch's, under the launch's lock (the parameter buffer is shared)."""
+
+    __slots__ = ("_maps", "_map_storage", "_map_addresses", "_mapped")
+
+    def __init__(self, fn, name: str, grid: tuple, block: tuple, n_pointers: int, scalars: tuple, maps: tuple,
+                 smem: int = 0):
+        super().__init__(fn, name, grid, block, n_pointers, tuple(scalars) + (_PLACEHOLDER,) * len(maps), smem)
+        self._lock = threading.RLock()  # (launch encodes and then enqueues through the base class's launch)
+        self._maps = tuple(maps)
+        self._map_storage = numpy.zeros(len(maps) * MAP_BYTES + _MAP_ALIGN, dtype=numpy.uint8)
+        first = -self._map_storage.ctypes.data % _MAP_ALIGN + self._map_storage.ctypes.data
+        self._map_addresses = tuple(first + MAP_BYTES * i for i in range(len(maps)))
+        params = self._keep[-1]  # the kernel's parameter addresses: the maps are the last ones
+        params[len(params) - len(maps):] = self._map_addresses
+        for (_, encode), dst in zip(self._maps, self._map_addresses):
+            encode(dst, _TRIAL_ADDRESS)
+        self._mapped = None
+
+    def launch(self, stream: int, pointers, _after_set_device: bool = False) -> None:
+        with self._lock:
+            mapped = tuple(pointers[i] for i, _ in self._maps)
+            if mapped != self._mapped:
+                for (_, encode), dst, address in zip(self._maps, self._map_addresses, mapped):
+                    encode(dst, address)
+                self._mapped = mapped
+            super().launch(stream, pointers, _after_set_device)
