@@ -845,6 +845,12 @@ template <> struct Wgmma<__nv_bfloat16> {
     }
 };
 
+// Bytes of the epilogue's fp32 staging of a BF x BP tile: [BF][BP + 4], or [BP][BF + 4] for channels-last vectors
+// (nhwc_vectors), whichever is larger (the Python twin's _staging_bytes).
+template <int BF, int BP> __host__ __device__ constexpr int staging_bytes() {
+    return 4 * (BF * (BP + 4) > BP * (BF + 4) ? BF * (BP + 4) : BP * (BF + 4));
+}
+
 // One 128-byte k tile of a warpgroup's wgmmas, committed as one group: its 64 filter rows from shared address
 // `a`, its NW × 128 pixel rows from `b` (both swizzled 1024-byte atoms of 8 rows); the caller waits for the group.
 template <typename T, int NW>
@@ -1025,7 +1031,7 @@ implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::Tens
     constexpr int TK = kRowBytes / sizeof(T);  // k per tile: one tap's 64 channels
     constexpr int NW = BP / 128;
     constexpr int kStageBytes = (BF + BP) * kRowBytes;
-    constexpr int kStagingBytes = 4 * ((BF * (BP + 4) > BP * (BF + 4)) ? BF * (BP + 4) : BP * (BF + 4));
+    constexpr int kStagingBytes = staging_bytes<BF, BP>();
     constexpr int kSlotsBytes = STAGES * kStageBytes > kStagingBytes ? STAGES * kStageBytes : kStagingBytes;
     static_assert(BF % 64 == 0 && BP % 128 == 0 && BP <= 256 && BF <= 256 && STAGES >= 2 && sizeof(T) == 2,
                   "tile shape");
@@ -1134,8 +1140,7 @@ implicit_gemm_wgmma_nchw(CUCONV_IGEMM_PARAMS) {
     constexpr int VPT = EPT / V;               // its 16-byte vectors
     constexpr int BPT = BF * 8 / kThreads;     // weight vectors per thread and tile
     constexpr int kSlotBytes = (BF + BP) * kRowBytes;
-    // the epilogue's staging: [BF][BP + 4], or [BP][BF + 4] for channels-last vectors (nhwc_vectors)
-    constexpr int kStagingBytes = (BF * (BP + 4) > BP * (BF + 4) ? BF * (BP + 4) : BP * (BF + 4)) * 4;
+    constexpr int kStagingBytes = staging_bytes<BF, BP>();
     constexpr int kTableOffset = 2 * kSlotBytes > kStagingBytes ? 2 * kSlotBytes : kStagingBytes;
     static_assert(BP == 128 && kThreads % BP == 0 && VPT >= 1 && BPT >= 1 && (BF * 8) % kThreads == 0,
                   "tile shape");

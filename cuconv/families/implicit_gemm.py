@@ -79,6 +79,7 @@ class Tile:
     kbytes: int = 128  # k bytes per shared-memory row and per k tile
     wgmma = False      # an mma.sync instance (sm_80+)
     nchw = False       # reads the packed input (the packing launch runs first)
+    tma = False        # loads its tiles through TMA copies (WgmmaTmaTile)
 
     @property
     def pitch(self) -> int:
@@ -113,6 +114,7 @@ class WgmmaTile:
     kbytes = 128
     wgmma = True
     nchw = False
+    tma = False
 
     @property
     def threads(self) -> int:
@@ -178,6 +180,7 @@ class NchwTile:
     kbytes = 128
     wgmma = True
     nchw = True
+    tma = False
 
     @property
     def threads(self) -> int:
@@ -587,7 +590,7 @@ def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: 
                             w_rows, out_row, out_col, 0), dtype=GEOMETRY_DTYPE)[()]
     smem = t.smem_bytes + (t.table_bytes(pl.k_tiles, numpy.dtype(dtype).itemsize) if t.nchw else 0)
     grid = (-(-m // t.bm), groups * pl.kp // t.bn, splits)
-    if not getattr(t, "tma", False):
+    if not t.tma:
         return _kernel(t.kernel_name(_dtypes.ctype_of(dtype)), grid, (t.threads, 1, 1), (geometry,), smem=smem)
     reason = tma_reason(spec, dtype, pl)
     if reason is not None:
@@ -846,7 +849,7 @@ def _wgrad_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, splits: i
     tile = tile or wgrad_tile(spec, dtype, env.wgmma)
     if tile.nchw:
         raise ValueError(f"implicit_gemm: wgrad reads packed operands; {tile} gathers NCHW ones")
-    if getattr(tile, "tma", False):
+    if tile.tma:
         raise ValueError(f"implicit_gemm: tile {tile} runs the forward GEMMs (fprop and dgrad), not wgrad's")
     if tile.wgmma and not env.wgmma:
         raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")

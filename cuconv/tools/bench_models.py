@@ -275,8 +275,8 @@ def _chosen(geometry: dict, shape: tuple, mode: _Mode, channels_last: bool = Fal
     chosen = {}
     for p in ("fprop", "dgrad", "wgrad"):
         nhwc = registry.select_nhwc("auto", spec, dtype, precision, p) if channels_last else None
-        chosen[p] = nhwc or cuconv.select_algorithm(spec, dtype, precision, True, p) + (" (copies)" if channels_last
-                                                                                        else "")
+        copies = " (copies)" if channels_last else ""
+        chosen[p] = nhwc or cuconv.select_algorithm(spec, dtype, precision, True, p) + copies
     return chosen
 
 
