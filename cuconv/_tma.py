@@ -27,7 +27,8 @@ _MAP_ALIGN = 64
 # fill is zero, as float16's and bfloat16's would be)
 _UINT16 = 1
 _INTERLEAVE_NONE = 0
-_SWIZZLE_128B = 3
+# CUtensorMapSwizzle by a box row's bytes: the swizzle of that width (wgmma's descriptors read the same)
+_SWIZZLE = {32: 1, 64: 2, 128: 3}
 _L2_PROMOTION_128B = 2
 _OOB_FILL_ZEROS = 0
 # im2col maps of rank 4 take bounding-box corners in [-2^7, 2^7) (the driver's limits), copies' tap offsets in
@@ -61,18 +62,19 @@ def _check(status: int, what: str) -> None:
 def im2col_map(n: int, h: int, w: int, pitch: int, lower: tuple, upper: tuple, stride: tuple, channels: int,
                pixels: int):
     """The encoder of an im2col map over an NHWC tensor of 16-bit elements (``n`` images of ``h`` × ``w``
-    pixels, ``pitch`` elements a pixel): a copy moves ``pixels`` window origins' ``channels`` channels (one
-    128-byte swizzled row each), the origins walking the bounding box from ``lower`` (h, w) to (h - 1, w - 1) +
-    ``upper`` at ``stride`` (h, w). Returns ``encode(dst_address, tensor_address)``."""
+    pixels, ``pitch`` elements a pixel): a copy moves ``pixels`` window origins' ``channels`` channels (16, 32 or
+    64: one swizzled row of 32, 64 or 128 bytes each), the origins walking the bounding box from ``lower`` (h, w)
+    to (h - 1, w - 1) + ``upper`` at ``stride`` (h, w). Returns ``encode(dst_address, tensor_address)``."""
     dims = (ctypes.c_uint64 * 4)(pitch, w, h, n)
     strides = (ctypes.c_uint64 * 3)(2 * pitch, 2 * pitch * w, 2 * pitch * w * h)
     low = (ctypes.c_int * 2)(lower[1], lower[0])
     high = (ctypes.c_int * 2)(upper[1], upper[0])
     steps = (ctypes.c_uint32 * 4)(1, stride[1], stride[0], 1)
+    swizzle = _SWIZZLE[2 * channels]
 
     def encode(dst: int, address: int) -> None:
         _check(_driver()[0](dst, _UINT16, 4, address, dims, strides, low, high, channels, pixels, steps,
-                            _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_128B, _OOB_FILL_ZEROS),
+                            _INTERLEAVE_NONE, swizzle, _L2_PROMOTION_128B, _OOB_FILL_ZEROS),
                f"cuTensorMapEncodeIm2col(n={n}, h={h}, w={w}, pitch={pitch}, lower={lower}, upper={upper}, "
                f"stride={stride}, channels={channels}, pixels={pixels})")
     return encode
@@ -80,14 +82,16 @@ def im2col_map(n: int, h: int, w: int, pitch: int, lower: tuple, upper: tuple, s
 
 def tiled_map(cols: int, rows: int, box_cols: int, box_rows: int):
     """The encoder of a tiled map over a row-major matrix of 16-bit elements (``rows`` × ``cols``): a copy moves
-    ``box_rows`` rows of ``box_cols`` columns (128 bytes a row, swizzled). Returns ``encode(dst, address)``."""
+    ``box_rows`` rows of ``box_cols`` columns (16, 32 or 64: 32, 64 or 128 bytes a row, swizzled). Returns
+    ``encode(dst, address)``."""
     dims = (ctypes.c_uint64 * 2)(cols, rows)
     strides = (ctypes.c_uint64 * 1)(2 * cols)
     box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
     steps = (ctypes.c_uint32 * 2)(1, 1)
+    swizzle = _SWIZZLE[2 * box_cols]
 
     def encode(dst: int, address: int) -> None:
-        _check(_driver()[1](dst, _UINT16, 2, address, dims, strides, box, steps, _INTERLEAVE_NONE, _SWIZZLE_128B,
+        _check(_driver()[1](dst, _UINT16, 2, address, dims, strides, box, steps, _INTERLEAVE_NONE, swizzle,
                             _L2_PROMOTION_128B, _OOB_FILL_ZEROS),
                f"cuTensorMapEncodeTiled(cols={cols}, rows={rows}, box={box_cols}x{box_rows})")
     return encode

@@ -737,11 +737,14 @@ namespace igemm {
 #define CUCONV_IGEMM_WGMMA 1
 #endif
 
-// Descriptor of a K-major tile with the 128-byte swizzle at shared address `addr` (1024-byte aligned rows
-// of 8): start address, leading byte offset unused (1), stride byte offset 1024 (one 8-row atom), all in
-// 16-byte units; layout type 1 = 128-byte swizzle.
-__device__ __forceinline__ unsigned long long wgmma_desc(unsigned addr) {
-    return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+// Descriptor of a K-major tile of KB-byte rows (128, 64 or 32) stored with the KB-byte swizzle at shared address
+// `addr` (atoms of 8 rows, 8·KB bytes, aligned to their size): start address, leading byte offset unused (1),
+// stride byte offset 8·KB (one atom), all in 16-byte units; layout type 1, 2, 3 = 128-, 64-, 32-byte swizzle.
+template <int KB = 128> __device__ __forceinline__ unsigned long long wgmma_desc(unsigned addr) {
+    static_assert(KB == 128 || KB == 64 || KB == 32, "a swizzle wgmma reads");
+    constexpr unsigned long long kLayout = KB == 128 ? 1 : KB == 64 ? 2 : 3;
+    return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) | (1ull << 16) |
+           (static_cast<unsigned long long>(KB / 2) << 32) | (kLayout << 62);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -851,18 +854,19 @@ template <int BF, int BP> __host__ __device__ constexpr int staging_bytes() {
     return 4 * (BF * (BP + 4) > BP * (BF + 4) ? BF * (BP + 4) : BP * (BF + 4));
 }
 
-// One 128-byte k tile of a warpgroup's wgmmas, committed as one group: its 64 filter rows from shared address
-// `a`, its NW × 128 pixel rows from `b` (both swizzled 1024-byte atoms of 8 rows); the caller waits for the group.
-template <typename T, int NW>
+// One KB-byte k tile of a warpgroup's wgmmas (KB / 32 k steps), committed as one group: its 64 filter rows from
+// shared address `a`, its NW × 128 pixel rows from `b` (both KB-byte rows in swizzled atoms of 8); the caller
+// waits for the group.
+template <typename T, int NW, int KB = 128>
 __device__ __forceinline__ void wgmma_k_tile(float (&acc)[NW][64], unsigned a, unsigned b) {
-    const unsigned long long da = wgmma_desc(a);
-    const unsigned long long db = wgmma_desc(b);
+    const unsigned long long da = wgmma_desc<KB>(a);
+    const unsigned long long db = wgmma_desc<KB>(b);
     wgmma_fence();
 #pragma unroll
-    for (int step = 0; step < 4; ++step)
+    for (int step = 0; step < KB / 32; ++step)
 #pragma unroll
-        for (int n = 0; n < NW; ++n)  // +2 per 32-byte k step; +1024 (64 in 16-byte units) per 8 rows
-            Wgmma<T>::run(acc[n], da + 2 * step, db + 2 * step + n * 128 * 8);
+        for (int n = 0; n < NW; ++n)  // +2 per 32-byte k step, in 16-byte units; 128 rows of KB bytes per wgmma
+            Wgmma<T>::run(acc[n], da + 2 * step, db + 2 * step + n * 128 * (KB / 16));
     wgmma_commit();
 }
 
@@ -1009,9 +1013,11 @@ implicit_gemm_wgmma(CUCONV_IGEMM_PARAMS) {
 // tap and 64 channels (a tensor map in im2col mode over the NHWC input: the window origins of the block's
 // output pixels, wrapping across rows and images, zeros outside the image and past the batch; the tap as the
 // copy's offsets) and the weight's BF rows × 64 k (a tiled map over the (rows, w_row) weight, rows past it
-// zero), both written with the 128-byte swizzle that wgmma's descriptors read. A k tile is one tap and 64
-// channels (the Python twin takes this kernel where a group's padded channels cp are a multiple of 64, in the
-// 16-bit types), so k tile kk is tap kk / (cp / 64), channels 64 · (kk % (cp / 64)), weight columns 64 · kk.
+// zero), both written with the KB-byte swizzle that wgmma's descriptors read. A k tile is one tap and TK = KB / 2
+// channels (128-byte tiles of 64 channels; 64- and 32-byte ones of 32 and 16 for narrow layers, whose taps would
+// otherwise fill a 64-channel tile in part or straddle two: the Python twin takes this kernel where a group's
+// padded channels cp are a multiple of TK, in the 16-bit types), so k tile kk is tap kk / (cp / TK), channels
+// TK · (kk % (cp / TK)), weight columns TK · kk.
 //
 // Block: BF / 64 consumer warpgroups (64 filters × BP pixels each, m64n128 wgmmas as implicit_gemm_wgmma), then
 // one producer warp whose first lane issues the copies. Slot s of STAGES has a full barrier (the producer's
@@ -1020,24 +1026,24 @@ implicit_gemm_wgmma(CUCONV_IGEMM_PARAMS) {
 // The producer refills slot s for tile kt once tile kt - STAGES is released. Tile kt is phase kt / STAGES of
 // its slot. Shared memory (WgmmaTmaTile.smem_bytes): the slots (the epilogue's staging reuses them once every
 // tile is consumed), then 2 · STAGES 8-byte barriers. At least MINB blocks an SM (the register budget).
-template <typename T, int BF, int BP, int STAGES, int MINB>
+template <typename T, int BF, int BP, int STAGES, int MINB, int KB>
 __global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
 implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::TensorMap x_map,
                         const __grid_constant__ igemm::TensorMap w_map) {
 #ifdef CUCONV_IGEMM_WGMMA
     using namespace igemm;
     constexpr int kConsumers = BF / 64 * 128;
-    constexpr int kRowBytes = 128;
-    constexpr int TK = kRowBytes / sizeof(T);  // k per tile: one tap's 64 channels
+    constexpr int kRowBytes = KB;
+    constexpr int TK = kRowBytes / sizeof(T);  // k per tile: TK channels of one tap
     constexpr int NW = BP / 128;
     constexpr int kStageBytes = (BF + BP) * kRowBytes;
     constexpr int kStagingBytes = staging_bytes<BF, BP>();
     constexpr int kSlotsBytes = STAGES * kStageBytes > kStagingBytes ? STAGES * kStageBytes : kStagingBytes;
-    static_assert(BF % 64 == 0 && BP % 128 == 0 && BP <= 256 && BF <= 256 && STAGES >= 2 && sizeof(T) == 2,
-                  "tile shape");
+    static_assert(BF % 64 == 0 && BP % 128 == 0 && BP <= 256 && BF <= 256 && STAGES >= 2 && sizeof(T) == 2 &&
+                  (KB == 128 || KB == 64 || KB == 32), "tile shape");
 
     extern __shared__ __align__(1024) unsigned char smem[];
-    const unsigned base = (smem_addr(smem) + 1023u) & ~1023u;  // the swizzle needs 1024-byte alignment
+    const unsigned base = (smem_addr(smem) + 1023u) & ~1023u;  // the swizzles' atoms: up to 1024-byte alignment
     const unsigned full = base + kSlotsBytes, empty = full + 8 * STAGES;
 
     const int tid = threadIdx.x;
@@ -1061,16 +1067,20 @@ implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::Tens
         const int img = m0 / pq, rem = m0 - img * pq, op = rem / g.q, oq = rem - op * g.q;
         const int w0 = oq * g.stride_w - g.pad_w, h0 = op * g.stride_h - g.pad_h;
         const int cblocks = g.cp / TK;
+        // k tile kt0's channel block, kernel column and row; then each tile steps them (no division a tile)
+        int cb = kt0 % cblocks, sc = kt0 / cblocks % g.s, r = kt0 / cblocks / g.s;
         for (int kt = 0; kt < k_tiles; ++kt) {
             const int s = kt % STAGES;
             if (kt >= STAGES) mbarrier_wait(empty + 8 * s, ((kt / STAGES) - 1) & 1);
             const unsigned slot = base + s * kStageBytes, bar = full + 8 * s;
-            const int kk = kt0 + kt, tap = kk / cblocks, cb = kk - tap * cblocks;
-            const int r = tap / g.s, sc = tap - r * g.s;
             mbarrier_expect_bytes(bar, kStageBytes);
-            tma_tile_2d(slot, w_map, kk * TK, n0, bar);
+            tma_tile_2d(slot, w_map, (kt0 + kt) * TK, n0, bar);
             tma_im2col_4d(slot + BF * kRowBytes, x_map, cb * TK, w0, h0, img,
                           static_cast<unsigned short>(sc * g.dil_w), static_cast<unsigned short>(r * g.dil_h), bar);
+            if (++cb == cblocks) {
+                cb = 0;
+                if (++sc == g.s) sc = 0, ++r;
+            }
         }
         return;
     }
@@ -1089,7 +1099,7 @@ implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::Tens
         const int s = kt % STAGES;
         mbarrier_wait(full + 8 * s, (kt / STAGES) & 1);
         const unsigned slot = base + s * kStageBytes;
-        wgmma_k_tile<T>(acc, slot + a_off, slot + b_off);
+        wgmma_k_tile<T, NW, KB>(acc, slot + a_off, slot + b_off);
         wgmma_wait<1>();  // tile kt - 1's wgmmas are retired: its slot goes back to the producer
         if (kt > 0) mbarrier_arrive(empty + 8 * ((kt - 1) % STAGES));
     }

@@ -155,12 +155,13 @@ def test_wgrad_tile_is_wide_for_long_columns_and_reductions(x_shape, k, kernel, 
     ((4, 256, 50, 76), 256, "wg128x256"), ((32, 256, 14, 14), 256, "wg64x128"), ((32, 512, 7, 7), 512, "wg64x128"),
 ], ids=["512_14", "1024_7", "256_14_b64", "fpn_50x76", "256_14", "512_7"])
 def test_long_gemms_on_few_pixels_take_128x256_blocks(x_shape, k, expected):
-    """Below 16384 output pixels a 3x3 forward of more than 64 filters takes 64 x 128 blocks, but 128 x 256 ones
-    where the GEMM has 5·10^9 multiply-adds or more (dgrad at stride 1 follows: the forward of dy)."""
+    """Of the cp.async tiles (float32, or no TMA tile): below 16384 output pixels a 3x3 forward of more than 64
+    filters takes 64 x 128 blocks, but 128 x 256 ones where the GEMM has 5·10^9 multiply-adds or more (dgrad at
+    stride 1 follows: the forward of dy)."""
     from cuconv.families import implicit_gemm
 
     spec = cuconv.ConvSpec.from_args(x_shape, (k, x_shape[1], 3, 3), padding=1)
-    assert implicit_gemm.choose_tile(spec, _BF16, wgmma=True, nchw=False) is implicit_gemm.TILES[expected]
+    assert implicit_gemm.choose_tile(spec, _BF16, wgmma=True, nchw=False, tma=False) is implicit_gemm.TILES[expected]
 
 
 def test_splits_never_spill_past_one_wave_of_resident_blocks():
@@ -240,14 +241,14 @@ _WIDE_1X1 = cuconv.ConvSpec.from_args((2, 64, 9, 9), (256, 64, 1, 1))
     ("stem_7x7_s2", _F32, False, None, "128x64_k64"),
     ("resnet_1x1_256", _F32, False, None, "128x64_k64"),
     # wgmma: float32 with long reductions keeps more slots (and 256 pixels above 64 filters); short
-    # reductions and 16-bit types take smaller blocks, more of them per SM
+    # reductions take smaller blocks, more of them per SM; the 16-bit types take TMA tiles (tma_tile)
     ("square_5x9", _F32, True, None, "wg64x128"),
-    ("square_5x9", _F16, True, None, "wg64x128s3"),
+    ("square_5x9", _F16, True, None, "tma64x256_k64"),
     ("stem_7x7_s2", _F32, True, None, "wg64x128s3"),
     ("rect_5x7", _F32, True, None, "wg128x256"),
-    ("rect_5x7", _F16, True, None, "wg128x128r"),
+    ("rect_5x7", _F16, True, None, "tma128x256"),
     ("square_3x3_1024", _F32, True, None, "wg128x128r"),
-    ("resnet_3x3_64", _F16, True, None, "wg64x128s3"),
+    ("resnet_3x3_64", _F16, True, None, "tma64x128"),
     ("resnet_3x3_64", _F32, True, False, "wg64x128"),
     # NchwTiles (no packing launch) where the pack weighs most: 1x1 layers, and float32 up to K·R·S = 576
     ("resnet_1x1_256", _F16, True, None, "nchw64"),
@@ -261,7 +262,8 @@ def test_implicit_gemm_tile_choice(problem, dtype, wgmma, nchw, expected):
     from cuconv.families import implicit_gemm
 
     spec = _WIDE_1X1 if problem == "wide_1x1" else _P[problem]
-    assert implicit_gemm.choose_tile(spec, dtype, wgmma=wgmma, nchw=nchw) is implicit_gemm.TILES[expected]
+    tiles = {**implicit_gemm.TILES, **implicit_gemm.TMA_TILES}
+    assert implicit_gemm.choose_tile(spec, dtype, wgmma=wgmma, nchw=nchw) is tiles[expected]
 
 
 def test_implicit_gemm_tiles_fit_and_fall_back():
@@ -455,6 +457,48 @@ def test_tma_reason_names_what_the_tma_tiles_do_not_serve(x_shape, w_shape, kwar
     assert implicit_gemm.tma_reason(ok, _dtypes.by_name("float16"),
                                     implicit_gemm.plan(ok, _dtypes.by_name("float16"),
                                                        implicit_gemm.TMA_TILES["tma64x128"], 1 << 30)) is None
+
+
+@pytest.mark.parametrize("x_shape,w_shape,kwargs,dtype_name,expected", [
+    ((32, 64, 56, 56), (64, 64, 3, 3), dict(padding=1), "bfloat16", "tma64x128"),
+    ((32, 128, 28, 28), (128, 128, 3, 3), dict(padding=1), "bfloat16", "tma128x128"),  # short reduction
+    ((32, 256, 14, 14), (256, 256, 3, 3), dict(padding=1), "float16", "tma128x128"),   # 98 blocks
+    ((32, 512, 7, 7), (512, 512, 3, 3), dict(padding=1), "float16", "tma64x128"),      # 52 would idle SMs
+    ((32, 512, 14, 14), (512, 512, 3, 3), dict(padding=1), "bfloat16", "tma128x256"),  # long reduction
+    ((128, 256, 14, 14), (256, 256, 3, 3), dict(padding=1), "bfloat16", "tma128x128"),  # 1.5 waves of 128x256
+    ((32, 96, 56, 56), (192, 96, 2, 2), dict(stride=2), "bfloat16", "tma64x128_k64"),  # 192 filters
+    ((32, 96, 56, 56), (96, 96, 3, 3), dict(padding=1), "bfloat16", "tma128x128_k64"),
+    ((8, 32, 512, 512), (64, 32, 5, 9), {}, "float16", "tma64x256_k64"),               # square_5x9
+    ((16, 16, 1024, 1024), (128, 16, 3, 3), {}, "float16", "tma128x128_k32"),          # square_3x3_1024
+    ((32, 64, 56, 56), (64, 64, 3, 3), dict(padding=1), "float32", None),
+    ((32, 64, 56, 56), (64, 32, 3, 3), dict(padding=1, groups=2), "float16", None),
+    ((32, 24, 56, 56), (64, 24, 3, 3), dict(padding=1), "float16", None),              # 48-byte pixels
+], ids=["64", "128_short", "256_14", "512_7_few", "512_long", "256_14_b128", "192f_k64", "96_k64", "square_5x9",
+        "square_3x3_1024", "fp32", "groups", "c24"])
+def test_tma_tile_choice(x_shape, w_shape, kwargs, dtype_name, expected):
+    """auto's TMA tile on a wgmma device (no GPU needed): the widest that fills the SMs (``tma_tile``), k tiles as
+    wide as the channels allow; none for float32, groups, or channels that are not whole 16s; ``choose_tile``
+    takes it where the packed path runs."""
+    from cuconv.families import implicit_gemm
+
+    spec = cuconv.ConvSpec.from_args(x_shape, w_shape, **kwargs)
+    dtype = _dtypes.by_name(dtype_name)
+    tile = implicit_gemm.tma_tile(spec, dtype)
+    assert tile is (None if expected is None else implicit_gemm.TMA_TILES[expected])
+    if tile is not None:
+        assert implicit_gemm.choose_tile(spec, dtype, wgmma=True, nchw=False) is tile
+        assert implicit_gemm.choose_tile(spec, dtype, wgmma=False) is not tile
+
+
+def test_phased_dgrad_takes_a_tma_tile_every_phase_serves():
+    """A strided dgrad's phases share the TMA tile of the phase of most taps; where a phase's geometry refuses it
+    (its im2col corners out of range) they share a cp.async tile (no GPU needed)."""
+    from cuconv.families import implicit_gemm
+
+    spec = cuconv.ConvSpec.from_args((32, 96, 56, 56), (192, 96, 3, 3), stride=2, padding=1)
+    assert implicit_gemm.phase_tile(spec, _BF16, True) is implicit_gemm.TMA_TILES["tma128x128"]
+    wide = cuconv.ConvSpec.from_args((2, 64, 20, 20), (64, 64, 3, 3), stride=2, padding=260)
+    assert not implicit_gemm.phase_tile(wide, _BF16, True).tma
 
 
 def test_tma_tiles_refuse_wgrad():

@@ -135,17 +135,18 @@ class WgmmaTile:
 class WgmmaTmaTile:
     """One ``implicit_gemm_wgmma_tma`` instance (sm_90a): ``bn`` filters × ``bm`` output pixels on ``bn / 64``
     warpgroups of wgmmas and a producer warp that issues each k tile as two TMA copies (the input's im2col column,
-    the weight's rows) into a ``stages``-deep ring of slots; at least ``min_blocks`` blocks an SM. Serves the
-    16-bit types where a group's padded channels are whole 64-channel k tiles and the input is one group
-    (``tma_reason``); ``TMA_TILES``, not chosen by ``choose_tile``."""
+    the weight's rows) into a ``stages``-deep ring of slots; at least ``min_blocks`` blocks an SM. A k tile is
+    ``kbytes`` of one tap's channels (128: 64 channels; 64 and 32 for layers of 32 and 16). Serves the 16-bit
+    types where a group's padded channels are whole k tiles and the input is one group (``tma_reason``);
+    ``tma_tile`` picks one."""
 
     bn: int
     bm: int
     stages: int
     min_blocks: int = 1
+    kbytes: int = 128
     wg_p = 1
     retire = False
-    kbytes = 128
     wgmma = True
     nchw = False
     tma = True
@@ -162,7 +163,8 @@ class WgmmaTmaTile:
                 + 16 * self.stages)
 
     def kernel_name(self, ctype: str) -> str:
-        return f"implicit_gemm_wgmma_tma<{ctype},{self.bn},{self.bm},{self.stages},{self.min_blocks}>"
+        return (f"implicit_gemm_wgmma_tma<{ctype},{self.bn},{self.bm},{self.stages},{self.min_blocks},"
+                f"{self.kbytes}>")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,12 +222,20 @@ TILES = {
     "nchw128": NchwTile(128, 2),                   # 69 KB + table: two
 }
 
-# The TMA-fed kernel's instances (tests and benchmarks name them; auto does not choose them yet).
+# The TMA-fed kernel's instances, which auto takes for the 16-bit types (tma_tile): 128-byte k tiles (64 channels
+# a tap), then 64- and 32-byte ones for narrower layers, where 64 x 256 blocks take two an SM.
 TMA_TILES = {
     "tma64x128": WgmmaTmaTile(64, 128, 4, 2),      # 97 KB: two blocks an SM
     "tma128x128": WgmmaTmaTile(128, 128, 3, 2),    # 97 KB: two
     "tma128x256": WgmmaTmaTile(128, 256, 4),       # 193 KB: one
-    "tma64x256": WgmmaTmaTile(64, 256, 4),         # 161 KB: one
+    "tma64x128_k64": WgmmaTmaTile(64, 128, 6, 3, 64),     # 73 KB: three
+    "tma64x256_k64": WgmmaTmaTile(64, 256, 4, 2, 64),     # 81 KB: two
+    "tma128x128_k64": WgmmaTmaTile(128, 128, 6, 2, 64),   # 97 KB: two
+    "tma128x256_k64": WgmmaTmaTile(128, 256, 8, 1, 64),   # 193 KB: one
+    "tma64x128_k32": WgmmaTmaTile(64, 128, 8, 3, 32),     # 49 KB: four
+    "tma64x256_k32": WgmmaTmaTile(64, 256, 8, 2, 32),     # 81 KB: two
+    "tma128x128_k32": WgmmaTmaTile(128, 128, 8, 2, 32),   # 69 KB: three
+    "tma128x256_k32": WgmmaTmaTile(128, 256, 8, 1, 32),   # 133 KB (the staging): one
 }
 
 NAME_EXPRESSIONS = tuple(
@@ -292,12 +302,13 @@ def narrow_group_tile(spec: ConvSpec):
     return TILES["128x16" if spec.k_per_group <= 16 else "128x32"]
 
 
-def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None, nchw: bool = None):
+def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None, nchw: bool = None, tma: bool = True):
     """``wgmma`` defaults to whether the current device has it (compute capability 9.0), ``nchw`` to
     ``prefers_nchw`` but for long reductions over few blocks (``_NCHW_MAX_SHORT_K_TILES``). Several
     groups of up to 32 filters take ``narrow_group_tile`` on any device. Else, on a wgmma device: an NchwTile
     where it is preferred and fits (64 filters per block up to 64 filters or on one row of pixel blocks, else
-    128); otherwise 64 filters per block where K/groups <= 64, with four slots for float32 reductions of 16 k
+    128); otherwise, where ``tma`` allows, the TMA tile ``tma_tile`` picks (the 16-bit types, one group, channels
+    in whole 16s); otherwise 64 filters per block where K/groups <= 64, with four slots for float32 reductions of 16 k
     tiles or more and three (three blocks per SM) otherwise; above 64 filters, 64 x 128 blocks below
     ``_WIDE_TILE_MIN_M`` output pixels (128 x 256 ones where the GEMM has ``_LONG_TILE_MIN_MACS``
     multiply-adds or more), else 128 x 256 blocks for float32 reductions of 32 k tiles or more and 128 x 128 ones
@@ -320,6 +331,9 @@ def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None, nchw: bool = None):
             nchw = prefers_nchw(spec, dtype) and not (k_tiles > _NCHW_MAX_SHORT_K_TILES and 4 * k_tiles > 3 * blocks)
         if nchw and nchw_fits(spec, dtype):
             return nchw_tile
+        tma = tma_tile(spec, dtype) if tma else None
+        if tma is not None:
+            return tma
         k_tiles = _packed_k_tiles(spec, itemsize, WgmmaTile.kbytes)
         long_fp32 = itemsize == 4 and k_tiles >= (16 if spec.k_per_group <= 64 else 32)
         if spec.k_per_group <= 64:
@@ -376,6 +390,47 @@ def nchw_fits(spec: ConvSpec, dtype) -> bool:
     tile_k = WgmmaTile.kbytes // numpy.dtype(dtype).itemsize
     return (spec.groups == 1 and -(-spec.crs_per_group // tile_k) * tile_k <= _NCHW_MAX_K
             and spec.r * spec.s <= _NCHW_MAX_TAPS)
+
+
+# The TMA tiles auto takes (docs/perf-notes.md, "auto takes the TMA tiles"), on the devices with wgmma (H100/H200:
+# 132 SMs of 228 KB): the first of a list with blocks for at least _TMA_FILL of the SMs (a 128 x 128 block alone
+# on an SM outruns two of 64 x 128: 98 blocks of it beat 196 by 15% on ResNet-50's 256@14², 52 lose to 104 by
+# 18% on 512@7²). Over 64 filters: 128 x 256 blocks (one an SM) for reductions of _TMA_LONG_REDUCTION bytes or
+# more, but not for a wave and a half of them (their second wave half empty: 128 x 128 ones 7-12% faster); then
+# 128 x 128 (two an SM: 10% faster than 128 x 256 on short reductions, whose epilogue one block an SM leaves
+# bare), then 64 x 128. Up to 64 filters, or where 128-filter blocks would compute more of them than 64-filter
+# ones (192: a third more; 96 takes 128, which computes no more than two of 64 and wins by 30%), 64 x 128
+# blocks, or 64 x 256 ones with narrow k tiles where they run _TMA_MANY_WAVES waves or more (the large problems).
+_TMA_FILL = 0.55
+_TMA_SMS, _TMA_SMEM_PER_SM = 132, 228 << 10
+_TMA_LONG_REDUCTION = 4096
+_TMA_MANY_WAVES = 8
+
+
+def tma_tile(spec: ConvSpec, dtype):
+    """The TMA tile for ``spec`` in ``dtype`` (see above), or None where none serves it (``tma_reason``): k tiles
+    of 128 bytes where a group's channels are whole 64s, else of 64 or 32 bytes (whole 32s, 16s)."""
+    itemsize = numpy.dtype(dtype).itemsize
+    cp = _padded_channels(spec, itemsize)
+    kbytes = next((kb for kb in (128, 64, 32) if cp * itemsize % kb == 0), None)
+    if itemsize != 2 or spec.groups != 1 or kbytes is None:
+        return None
+    if spec.k <= 64 or -(-spec.k // 128) * 128 > -(-spec.k // 64) * 64:
+        names = ["64x128"] if kbytes == 128 else ["64x256", "64x128"]
+    else:
+        long = spec.r * spec.s * cp * itemsize >= _TMA_LONG_REDUCTION
+        names = (["128x256"] if long else []) + ["128x128", "64x128"]
+    m = spec.n * spec.p * spec.q
+    for name in names:
+        t = TMA_TILES[f"tma{name}" + ("" if kbytes == 128 else f"_k{kbytes}")]
+        blocks = -(-m // t.bm) * -(-spec.k // t.bn)
+        if name == "128x256" and _TMA_SMS < blocks < 2 * _TMA_SMS or name == "64x256" and blocks < _TMA_MANY_WAVES * (
+                _TMA_SMS * resident_blocks(t, _TMA_SMEM_PER_SM)):
+            continue
+        if blocks >= _TMA_FILL * _TMA_SMS:
+            break
+    pl = Plan(t, cp, _packed_k_tiles(spec, itemsize, kbytes), 0, 0, spec.n)
+    return t if tma_reason(spec, dtype, pl) is None else None
 
 
 def plan(spec: ConvSpec, dtype, tile: Tile = None, workspace_limit: int = None) -> Plan:
@@ -544,14 +599,14 @@ def _gemm_kernel(spec: ConvSpec, dtype, pl: Plan, samples: int, splits: int = 1,
 
 
 def tma_reason(spec: ConvSpec, dtype, pl: Plan):
-    """Why ``implicit_gemm_wgmma_tma`` cannot run ``pl`` on ``spec`` (None: it can): a k tile is one tap's 64
-    channels of one group's 16-bit input, and the im2col map's limits (``_tma``) hold."""
+    """Why ``implicit_gemm_wgmma_tma`` cannot run ``pl`` on ``spec`` (None: it can): a k tile is ``kbytes`` of one
+    tap's channels of one group's 16-bit input, and the im2col map's limits (``_tma``) hold."""
     if numpy.dtype(dtype).itemsize != 2:
         return "its TMA tiles move 16-bit elements"
     if pl.groups != 1:
         return "its TMA tiles read one group"
-    if pl.cp % 64:
-        return "its TMA tiles take whole taps of 64 channels a k tile"
+    if pl.cp % (pl.tile.kbytes // 2):
+        return f"its TMA tile takes whole taps of {pl.tile.kbytes // 2} channels a k tile"
     lower, upper = _tma_corners(spec)
     lo, hi = _tma.CORNER_RANGE
     if not all(lo <= v <= hi for v in lower + upper):
@@ -927,10 +982,16 @@ _PHASE_WIDE_TILE_MIN_ROWS = 16384
 
 
 def phase_tile(spec: ConvSpec, dtype, wgmma: bool):
-    """The tile of every phase of a phased dgrad: where ``choose_tile`` of the phase of most taps would take a
-    wgmma tile of 128 filters, the 64 x 128 one unless a phase has ``_PHASE_WIDE_TILE_MIN_ROWS`` rows."""
+    """The tile of every phase of a phased dgrad: ``choose_tile``'s for the phase of most taps where that is a TMA
+    tile every phase's geometry takes (``tma_reason``); else, where it would take a wgmma tile of 128 filters, the
+    64 x 128 one unless a phase has ``_PHASE_WIDE_TILE_MIN_ROWS`` rows."""
     phases = phase_specs(spec)
     tile = choose_tile(max(phases, key=lambda ph: ph[1])[2], dtype, wgmma, nchw=False)
+    if tile.tma:
+        cp, kp, w_row, _ = _phase_plan(spec, dtype, tile)
+        if all(tma_reason(fs, dtype, Plan(tile, cp, 1, w_row, kp, spec.n)) is None for _, taps, fs in phases if taps):
+            return tile
+        tile = choose_tile(max(phases, key=lambda ph: ph[1])[2], dtype, wgmma, nchw=False, tma=False)
     if tile.wgmma and tile.bn > 64:
         rows = max(fs.n * fs.p * fs.q for _, _, fs in phases)
         return TILES["wg128x128r" if rows >= _PHASE_WIDE_TILE_MIN_ROWS else "wg64x128"]

@@ -447,9 +447,9 @@ def test_wgrad_on_channels_last_tensors(case, dtype_name, splits, weights):
     numpy.testing.assert_array_equal(got.astype(numpy.float64), want.astype(numpy.float64))
 
 
-# The TMA-fed tiles (implicit_gemm_wgmma_tma): geometries whose padded channels are whole 64-channel k tiles,
-# across partial pixel and filter tiles, padding, strides, dilation, 1x1 and patchify kernels, a batch of one and
-# several channel blocks a tap.
+# The TMA-fed tiles (implicit_gemm_wgmma_tma): geometries whose padded channels are whole k tiles of some tile
+# (64, 32 or 16 channels), across partial pixel and filter tiles, padding, strides, dilation, 1x1 and patchify
+# kernels, a batch of one and several channel blocks a tap.
 _TMA_GEOMETRIES = [
     pytest.param((2, 64, 9, 7), (64, 64, 3, 3), dict(padding=1), id="3x3_m126"),
     pytest.param((3, 128, 12, 13), (96, 128, 3, 3), dict(stride=2, padding=1), id="3x3_s2_k96"),
@@ -458,6 +458,10 @@ _TMA_GEOMETRIES = [
     pytest.param((2, 192, 14, 14), (256, 192, 3, 3), dict(padding=1), id="3x3_c192"),
     pytest.param((4, 64, 16, 16), (128, 64, 2, 2), dict(stride=2), id="2x2_s2"),
     pytest.param((2, 64, 7, 30), (64, 64, 3, 5), dict(stride=(1, 2), padding=(0, 2)), id="3x5_s1x2_p0x2"),
+    # narrow channels: one tap's 32 or 16 a k tile (64- and 32-byte tiles)
+    pytest.param((2, 32, 13, 30), (64, 32, 5, 9), dict(padding=(2, 4), dilation=(2, 3)), id="c32_5x9_dil"),
+    pytest.param((3, 16, 17, 9), (128, 16, 3, 3), {}, id="c16_3x3_k128"),
+    pytest.param((2, 48, 9, 10), (32, 48, 3, 3), dict(stride=2, padding=1), id="c48_3x3_s2_k32"),
 ]
 
 
@@ -474,14 +478,21 @@ def _tma_operands(x_shape, w_shape, kwargs, dtype_name, seed):
     return dtype, x, w, b, cuconv.ConvSpec.from_args(x_shape, w_shape, **kwargs)
 
 
+def _tma_cases():
+    """Every TMA tile on every geometry whose channels are whole k tiles of it."""
+    from cuconv.families import implicit_gemm
+
+    return [pytest.param(*g.values, name, id=f"{g.id}-{name}") for g in _TMA_GEOMETRIES
+            for name, t in implicit_gemm.TMA_TILES.items() if g.values[0][1] % (t.kbytes // 2) == 0]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", ["tma64x128", "tma128x128", "tma128x256", "tma64x256"])
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
-@pytest.mark.parametrize("x_shape,w_shape,kwargs", _TMA_GEOMETRIES)
+@pytest.mark.parametrize("x_shape,w_shape,kwargs,tile", _tma_cases())
 def test_tma_tiles_equal_cpu_exactly_on_integers(x_shape, w_shape, kwargs, dtype_name, tile):
     """Every TMA tile, forward: from NCHW arrays through the pack (whole and split over 3 k ranges), and from
     channels-last ones read in place with a channels-last weight read in place; then the dgrad on channels-last
-    tensors where dy's channels are whole 64s (at stride 1 the forward of dy by the flipped weight's pack, at a
+    tensors where dy's channels are whole k tiles (at stride 1 the forward of dy by the flipped weight's pack, at a
     stride one GEMM per phase): on integers, bit for bit the CPU path, into NaN-poisoned outputs."""
     import cupy
 
@@ -504,7 +515,7 @@ def test_tma_tiles_equal_cpu_exactly_on_integers(x_shape, w_shape, kwargs, dtype
         _plan.run_arrays(plan, xg, wg, bg, out)
         numpy.testing.assert_array_equal(cupy.asnumpy(out.transpose(0, 3, 1, 2)).astype(numpy.float64), want)
         out.fill(numpy.nan)
-    if spec.k % 64 == 0:
+    if spec.k % (t.kbytes // 2) == 0:
         dy = numpy.random.default_rng(54).integers(-3, 4, spec.output_shape).astype(dtype)
         want_dx = cuconv.conv2d_input(x.shape, w, dy, **kwargs).astype(numpy.float64)
         dyg = _nhwc(cupy.asarray(dy))
