@@ -19,7 +19,7 @@ import numpy
 
 from . import _loader
 
-__all__ = ["im2col_map", "tiled_map", "TmaLaunch", "MAP_BYTES"]
+__all__ = ["im2col_map", "tiled_map", "TmaLaunch", "EncodeError", "MAP_BYTES"]
 
 MAP_BYTES = 128
 _MAP_ALIGN = 64
@@ -54,9 +54,17 @@ def _driver():
     return im2col, tiled
 
 
+class EncodeError(_loader.KernelLaunchError):
+    """A tensor map the driver would not encode; ``status`` is its CUresult."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
 def _check(status: int, what: str) -> None:
     if status != 0:
-        raise _loader.KernelLaunchError(f"cuconv: {what} failed (CUresult {status})")
+        raise EncodeError(f"cuconv: {what} failed (CUresult {status})", status)
 
 
 def im2col_map(n: int, h: int, w: int, pitch: int, lower: tuple, upper: tuple, stride: tuple, channels: int,
@@ -120,15 +128,26 @@ class TmaLaunch(_loader.PreparedLaunch):
         self._map_addresses = tuple(first + MAP_BYTES * i for i in range(len(maps)))
         params = self._keep[-1]  # the kernel's parameter addresses: the maps are the last ones
         params[len(params) - len(maps):] = self._map_addresses
-        for (_, encode), dst in zip(self._maps, self._map_addresses):
-            encode(dst, _TRIAL_ADDRESS)
+        self._encode((_TRIAL_ADDRESS,) * len(maps))
         self._mapped = None
+
+    def _encode(self, addresses: tuple) -> None:
+        """The maps of the tensors at ``addresses``. The driver encodes them in the calling thread's current
+        context: a thread that has none (a warmup's worker thread; see ``PreparedLaunch.launch``) has the
+        device's primary context made current (the runtime's cudaSetDevice), and its maps encoded again."""
+        for (_, encode), dst, address in zip(self._maps, self._map_addresses, addresses):
+            try:
+                encode(dst, address)
+            except EncodeError as exc:
+                if exc.status != _loader._CUDA_ERROR_INVALID_CONTEXT:
+                    raise
+                self._runtime.setDevice(self.device)
+                encode(dst, address)
 
     def launch(self, stream: int, pointers, _after_set_device: bool = False) -> None:
         with self._lock:
             mapped = tuple(pointers[i] for i, _ in self._maps)
             if mapped != self._mapped:
-                for (_, encode), dst, address in zip(self._maps, self._map_addresses, mapped):
-                    encode(dst, address)
+                self._encode(mapped)
                 self._mapped = mapped
             super().launch(stream, pointers, _after_set_device)

@@ -525,3 +525,40 @@ def test_tma_tiles_equal_cpu_exactly_on_integers(x_shape, w_shape, kwargs, dtype
         _plan.run_arrays(plan, dyg, wg, dx)
         numpy.testing.assert_array_equal(cupy.asnumpy(dx.transpose(0, 3, 1, 2)).astype(numpy.float64), want_dx)
 
+
+@pytest.mark.gpu
+def test_tma_plan_prepared_and_run_on_a_thread_without_a_context():
+    """A thread that has made no CUDA call has no current context, in which the driver encodes no tensor map
+    (``cuconv.nn.warmup`` prepares plans on such threads): a TMA plan prepared and run there makes the device's
+    primary context current and computes what the CPU path does."""
+    import threading
+
+    import cupy
+
+    from cuconv import _plan
+    from cuconv.families import implicit_gemm
+
+    # (a geometry of its own: a prepared launch is memoized per problem, and this one must be made in the thread)
+    dtype, x, w, b, spec = _tma_operands((3, 64, 11, 7), (64, 64, 3, 3), dict(padding=1), "bfloat16", 55)
+    want = cuconv.conv2d(x, w, b, padding=1).astype(numpy.float64)
+    xg, wg, bg = _nhwc(cupy.asarray(x)), _nhwc(cupy.asarray(w)), cupy.asarray(b)
+    out = cupy.full((spec.n, spec.p, spec.q, spec.k), numpy.nan, dtype=dtype)
+    env = _plan.current_env(xg, wg, bg, out)
+    cupy.cuda.Device().synchronize()
+    failures = []
+
+    def run():
+        try:
+            plan = implicit_gemm.prepare("fprop", spec, dtype, "ieee", env, True, layout="nhwc", weights="krsc")
+            assert any(isinstance(getattr(s, "kernel", None), implicit_gemm._tma.TmaLaunch) for s in plan.steps)
+            _plan.run_arrays(plan, xg, wg, bg, out)
+            cupy.cuda.Device().synchronize()
+        except Exception as exc:  # (re-raised in the test's thread)
+            failures.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert not failures, failures
+    numpy.testing.assert_array_equal(cupy.asnumpy(out.transpose(0, 3, 1, 2)).astype(numpy.float64), want)
+
