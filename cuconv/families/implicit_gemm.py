@@ -331,9 +331,9 @@ def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None, nchw: bool = None, tm
             nchw = prefers_nchw(spec, dtype) and not (k_tiles > _NCHW_MAX_SHORT_K_TILES and 4 * k_tiles > 3 * blocks)
         if nchw and nchw_fits(spec, dtype):
             return nchw_tile
-        tma = tma_tile(spec, dtype) if tma else None
-        if tma is not None:
-            return tma
+        tma_choice = tma_tile(spec, dtype) if tma else None
+        if tma_choice is not None:
+            return tma_choice
         k_tiles = _packed_k_tiles(spec, itemsize, WgmmaTile.kbytes)
         long_fp32 = itemsize == 4 and k_tiles >= (16 if spec.k_per_group <= 64 else 32)
         if spec.k_per_group <= 64:
@@ -424,8 +424,9 @@ def tma_tile(spec: ConvSpec, dtype):
     for name in names:
         t = TMA_TILES[f"tma{name}" + ("" if kbytes == 128 else f"_k{kbytes}")]
         blocks = -(-m // t.bm) * -(-spec.k // t.bn)
-        if name == "128x256" and _TMA_SMS < blocks < 2 * _TMA_SMS or name == "64x256" and blocks < _TMA_MANY_WAVES * (
-                _TMA_SMS * resident_blocks(t, _TMA_SMEM_PER_SM)):
+        wave_and_a_half = name == "128x256" and _TMA_SMS < blocks < 2 * _TMA_SMS
+        few_waves = name == "64x256" and blocks < _TMA_MANY_WAVES * _TMA_SMS * resident_blocks(t, _TMA_SMEM_PER_SM)
+        if wave_and_a_half or few_waves:
             continue
         if blocks >= _TMA_FILL * _TMA_SMS:
             break
@@ -986,12 +987,13 @@ def phase_tile(spec: ConvSpec, dtype, wgmma: bool):
     tile every phase's geometry takes (``tma_reason``); else, where it would take a wgmma tile of 128 filters, the
     64 x 128 one unless a phase has ``_PHASE_WIDE_TILE_MIN_ROWS`` rows."""
     phases = phase_specs(spec)
-    tile = choose_tile(max(phases, key=lambda ph: ph[1])[2], dtype, wgmma, nchw=False)
+    widest = max(phases, key=lambda ph: ph[1])[2]
+    tile = choose_tile(widest, dtype, wgmma, nchw=False)
     if tile.tma:
         cp, kp, w_row, _ = _phase_plan(spec, dtype, tile)
         if all(tma_reason(fs, dtype, Plan(tile, cp, 1, w_row, kp, spec.n)) is None for _, taps, fs in phases if taps):
             return tile
-        tile = choose_tile(max(phases, key=lambda ph: ph[1])[2], dtype, wgmma, nchw=False, tma=False)
+        tile = choose_tile(widest, dtype, wgmma, nchw=False, tma=False)
     if tile.wgmma and tile.bn > 64:
         rows = max(fs.n * fs.p * fs.q for _, _, fs in phases)
         return TILES["wg128x128r" if rows >= _PHASE_WIDE_TILE_MIN_ROWS else "wg64x128"]
