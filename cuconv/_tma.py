@@ -36,7 +36,6 @@ _OOB_FILL_ZEROS = 0
 CORNER_RANGE = (-128, 127)
 MAX_OFFSET = 1 << 16
 MAX_STRIDE = 8
-MAX_BOX = 256
 
 
 @functools.lru_cache(maxsize=1)

@@ -1010,9 +1010,9 @@ implicit_gemm_wgmma(CUCONV_IGEMM_PARAMS) {
 // per row. implicit_gemm_wgmma's threads each issue a k tile's cp.asyncs (16 bytes a row, through L1), and ncu
 // read the L1/TEX unit as the busiest (64-78% on the dense layers and the large problems, the tensor pipe at
 // 28-51%). Here one thread issues a k tile as two bulk copies: the input's im2col column of BP pixels at one
-// tap and 64 channels (a tensor map in im2col mode over the NHWC input: the window origins of the block's
+// tap and TK channels (a tensor map in im2col mode over the NHWC input: the window origins of the block's
 // output pixels, wrapping across rows and images, zeros outside the image and past the batch; the tap as the
-// copy's offsets) and the weight's BF rows × 64 k (a tiled map over the (rows, w_row) weight, rows past it
+// copy's offsets) and the weight's BF rows × TK k (a tiled map over the (rows, w_row) weight, rows past it
 // zero), both written with the KB-byte swizzle that wgmma's descriptors read. A k tile is one tap and TK = KB / 2
 // channels (128-byte tiles of 64 channels; 64- and 32-byte ones of 32 and 16 for narrow layers, whose taps would
 // otherwise fill a 64-channel tile in part or straddle two: the Python twin takes this kernel where a group's

@@ -411,9 +411,11 @@ def tma_tile(spec: ConvSpec, dtype):
     """The TMA tile for ``spec`` in ``dtype`` (see above), or None where none serves it (``tma_reason``): k tiles
     of 128 bytes where a group's channels are whole 64s, else of 64 or 32 bytes (whole 32s, 16s)."""
     itemsize = numpy.dtype(dtype).itemsize
+    if itemsize != 2 or spec.groups != 1:
+        return None
     cp = _padded_channels(spec, itemsize)
     kbytes = next((kb for kb in (128, 64, 32) if cp * itemsize % kb == 0), None)
-    if itemsize != 2 or spec.groups != 1 or kbytes is None:
+    if kbytes is None:
         return None
     if spec.k <= 64 or -(-spec.k // 128) * 128 > -(-spec.k // 64) * 64:
         names = ["64x128"] if kbytes == 128 else ["64x256", "64x128"]
