@@ -1,14 +1,18 @@
 // grouped_mma: the forward of grouped convolutions with 16 channels and 16 filters a group (RegNet's group width)
-// on tensor cores (mma.sync), NCHW in and NCHW out in one launch: no packing, no workspace. Such a group reduces
+// on tensor cores (mma.sync), NCHW in and NCHW out, or channels-last in and out, in one launch: no packing, no
+// workspace. Such a group reduces
 // over 16·R·S products per output, too few to fill a GEMM tile: what costs is moving the input and the output,
 // which here each cross DRAM once, and waiting for the staging's loads (hence four blocks an SM).
 //
-// Kernel   grouped_mma<T, kDgrad>(x, w, bias, out, ConvGeometry, GroupedMmaTiling)
+// Kernel   grouped_mma<T, kDgrad, kNhwc>(x, w, bias, out, ConvGeometry, GroupedMmaTiling)
 //   T       storage type: __half and __nv_bfloat16 (m16n8k16), float computed as TF32 (m16n8k8, operands
 //           rounded with cvt.rna as they are staged); fp32 accumulation, bias added in fp32, one rounding.
 //   kDgrad  the geometry is the forward convolution of dy whose output is dx (stride 1: dgrad_forward.py) and
 //           w is the layer's own weight (K, C/groups, R, S), read transposed per group and flipped: no
 //           launch writes the flipped weight.
+//   kNhwc   x (N, H, W, C) and out (N, P, Q, K), dense, on 16-byte boundaries: a staged position's four groups'
+//           channels are 128 (float: 256) contiguous bytes, read as 16-byte vectors of four words, and a lane
+//           stores its two adjacent filters of a pixel as one word (float: 8 bytes).
 //
 // Layouts: x (N, C, H, W), w (K, C/groups, R, S), out (N, K, P, Q), bias (K,) or a null pointer; contiguous.
 //
@@ -52,6 +56,22 @@ template <> struct Words<float> { static constexpr int per = 1, steps = 2; };
 
 template <typename T> __device__ __forceinline__ T staged(T v) { return v; }
 template <> __device__ __forceinline__ float staged<float>(float v) { return cuconv::round_tf32(v); }
+// A 32-bit word of a channels-last vector as staged: two 16-bit channels as they are, a float rounded to TF32.
+template <typename T> __device__ __forceinline__ unsigned staged_word(unsigned w) {
+    return sizeof(T) == 2 ? w : __float_as_uint(cuconv::round_tf32(__uint_as_float(w)));
+}
+
+// Two adjacent filters of one output pixel (channels-last), rounded once: one 4-byte store (float: 8 bytes).
+template <typename T> __device__ __forceinline__ void store_pair(T* __restrict__ o, float a, float b) {
+    if constexpr (sizeof(T) == 2) {
+        unsigned w = 0;
+        cuconv::put_bits(w, 0, cuconv::from_acc<T>(a));
+        cuconv::put_bits(w, 1, cuconv::from_acc<T>(b));
+        *reinterpret_cast<unsigned*>(o) = w;
+    } else {
+        *reinterpret_cast<float2*>(o) = make_float2(a, b);
+    }
+}
 
 // The 32-bit word of channels c and c + 1 (16-bit types; float: channel c) of weight tap `tap` for filter f of
 // group g, as the MMA's B operand takes it: B[k = channel][n = filter]. From global memory, where every block of
@@ -72,7 +92,7 @@ __device__ __forceinline__ unsigned weight_word(const T* __restrict__ w, int g, 
 
 }  // namespace
 
-template <typename T, bool kDgrad>
+template <typename T, bool kDgrad, bool kNhwc>
 __global__ void __launch_bounds__(kGroupsPerBlock * 32, kMinBlocks)
 grouped_mma(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ out,
             const cuconv::ConvGeometry geo, const GroupedMmaTiling t) {
@@ -120,10 +140,12 @@ grouped_mma(const T* __restrict__ x, const T* __restrict__ w, const T* __restric
 
     // Stage the band. A thread takes a word position (row, column) of the band and fills it in every word plane:
     // its indices and bounds are worked out once for all 32 (64) planes, and kStageLoads planes' loads are in
-    // flight before any is stored.
-    static_assert(kPlanes % kStageLoads == 0, "a block's word planes come in whole batches of loads");
-    const T* __restrict__ x_n = x + (static_cast<i64>(n) * C + static_cast<i64>(g0) * kWidth) * H * W;
-    const i64 channel_src = static_cast<i64>(H) * W;  // source elements between two channels
+    // flight before any is stored. Channels-last, a position's planes are consecutive words of the pixel: 16-byte
+    // vectors of four planes.
+    static_assert(kPlanes % kStageLoads == 0 && kStageLoads % 4 == 0, "a block's word planes come in whole batches");
+    const T* __restrict__ x_n = kNhwc ? x + static_cast<i64>(n) * H * W * C + static_cast<i64>(g0) * kWidth
+                                      : x + (static_cast<i64>(n) * C + static_cast<i64>(g0) * kWidth) * H * W;
+    const i64 channel_src = static_cast<i64>(H) * W;  // (NCHW) source elements between two channels
     const i64 plane_src = kPer * channel_src;            // and between two word planes
     const int n_planes = groups_here * kPlanes, plane_words = t.halo_rows * t.halo_cols;
     for (int rc = threadIdx.x; rc < plane_words; rc += blockDim.x) {
@@ -132,6 +154,24 @@ grouped_mma(const T* __restrict__ x, const T* __restrict__ w, const T* __restric
         const bool ok = ih >= 0 && ih < H && iw >= 0 && iw < W;
         const int phase = hc % sw;
         unsigned* dst = s_x + hr * row_stride + phase * t.phase_cols + (hc - phase) / sw;
+        if constexpr (kNhwc) {
+            const uint4* __restrict__ src =
+                reinterpret_cast<const uint4*>(x_n + (ok ? (static_cast<i64>(ih) * W + iw) * C : 0));
+            for (int wp0 = 0; wp0 < n_planes; wp0 += kStageLoads) {
+                uint4 v[kStageLoads / 4];
+#pragma unroll
+                for (int j = 0; j < kStageLoads / 4; ++j) v[j] = ok ? __ldg(src + wp0 / 4 + j) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int j = 0; j < kStageLoads / 4; ++j) {
+                    unsigned* d = dst + (wp0 + 4 * j) * t.plane;
+                    d[0] = staged_word<T>(v[j].x);
+                    d[t.plane] = staged_word<T>(v[j].y);
+                    d[2 * t.plane] = staged_word<T>(v[j].z);
+                    d[3 * t.plane] = staged_word<T>(v[j].w);
+                }
+            }
+            continue;
+        }
         const T* __restrict__ src = x_n + (ok ? static_cast<i64>(ih) * W + iw : 0);
         for (int wp0 = 0; wp0 < n_planes; wp0 += kStageLoads) {
             unsigned word[kStageLoads];
@@ -185,6 +225,19 @@ grouped_mma(const T* __restrict__ x, const T* __restrict__ w, const T* __restric
                     cuconv::Mma<T>::run(acc[1], a, b[tap][j][1]);
                 }
             }
+        }
+        if constexpr (kNhwc) {  // (accumulators 0, 1: pixel m_lo, filters 2tq and 2tq + 1; 2, 3: m_hi)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int m = i == 0 ? m_lo : m_hi;
+                if (m > last) continue;
+                const int pl = m / Q, q = m - pl * Q;
+                T* __restrict__ o = out_n + (static_cast<i64>(p0 + pl) * Q + q) * K + k0 + 2 * tq;
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    store_pair<T>(o + 8 * h, acc[h][2 * i] + bias_v[h][0], acc[h][2 * i + 1] + bias_v[h][1]);
+            }
+            continue;
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {

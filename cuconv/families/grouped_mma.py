@@ -1,7 +1,7 @@
 """Algorithm ``grouped_mma``: Python twin of ``kernels_cu/grouped_mma.cu``, the forward of grouped layers of 16
-channels and 16 filters a group on tensor cores (float16, bfloat16, float32 as TF32), NCHW in and out in one
-launch; its dgrad at stride 1 is the same kernel on ``dy`` reading the weight transposed and flipped
-(``dgrad_forward.forward_spec``), also one launch.
+channels and 16 filters a group on tensor cores (float16, bfloat16, float32 as TF32), NCHW in and out, or
+channels-last in and out (``layout="nhwc"``), in one launch; its dgrad at stride 1 is the same kernel on ``dy``
+reading the weight transposed and flipped (``dgrad_forward.forward_spec``), also one launch.
 
 A block stages a band of output rows' input rows for four groups in shared memory and a warp a group
 runs m16n8 MMAs over its 16-pixel tiles, the group's weight held in registers (``kernels_cu/grouped_mma.cu``).
@@ -15,15 +15,16 @@ from .. import _dtypes, _loader, _plan
 from ..spec import ConvSpec
 from . import dgrad_forward
 
-__all__ = ["prepare", "reason_unsupported", "tiling", "blocks", "GROUPED_MMA_TILING_DTYPE", "NAME_EXPRESSIONS",
-           "STEM", "WIDTH"]
+__all__ = ["prepare", "reason_unsupported", "reason_unsupported_nhwc", "tiling", "blocks", "GROUPED_MMA_TILING_DTYPE",
+           "NAME_EXPRESSIONS", "STEM", "WIDTH"]
 
 STEM = "grouped_mma"
 WIDTH = 16             # channels and filters a group (kWidth)
 GROUPS_PER_BLOCK = 4   # kGroupsPerBlock
 MAX_TAPS = 9           # kMaxTaps: the weight's B fragments are registers
 _TYPES = ("__half", "__nv_bfloat16", "float")
-NAME_EXPRESSIONS = tuple(f"grouped_mma<{t},{str(d).lower()}>" for t in _TYPES for d in (False, True))
+NAME_EXPRESSIONS = tuple(f"grouped_mma<{t},{str(d).lower()},{str(nhwc).lower()}>" for t in _TYPES for d in (False, True)
+                         for nhwc in (False, True))
 GROUPED_MMA_TILING_DTYPE = numpy.dtype([(f, numpy.int32) for f in (
     "rows", "halo_rows", "halo_cols", "phase_cols", "plane", "m_tiles")])
 # Output pixels a block aims at (its bands are whole output rows) and the shared memory it keeps below where
@@ -106,19 +107,29 @@ def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: s
     return None
 
 
-def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False) -> "_plan.Plan":
+def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee", limits=None):
+    """Why ``grouped_mma`` cannot run ``pass_`` on channels-last activations, or None: the cases it serves on NCHW
+    ones (``reason_unsupported``), whose pixels of 16-channel groups are whole 16-byte vectors."""
+    return None
+
+
+def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
+            layout: str = "nchw") -> "_plan.Plan":
     """The plan of ``pass_`` (see ``cuconv._plan``): one launch, the forward's or (dgrad) the forward of dy's with
-    the weight read transposed and flipped."""
+    the weight read transposed and flipped; ``layout="nhwc"``: the activations channels-last in memory (the weight
+    KCRS)."""
     reason = reason_unsupported(spec, dtype, pass_, precision, env)
     if reason is not None:
         raise ValueError(f"grouped_mma cannot run this {pass_}: {reason}")
+    if layout not in ("nchw", "nhwc"):
+        raise ValueError(f"grouped_mma: unknown layout {layout!r}")
     b = _plan.Builder(pass_, env)
     fspec = _forward(spec, pass_)
     if fspec.n * fspec.k * fspec.p * fspec.q:
         values, threads, smem = tiling(fspec, dtype, env.smem_limit)
         grid = (-(-fspec.p // values[0]), -(-fspec.groups // GROUPS_PER_BLOCK), fspec.n)
         dgrad = pass_ == "dgrad"
-        name = f"grouped_mma<{_dtypes.ctype_of(dtype)},{str(dgrad).lower()}>"
+        name = f"grouped_mma<{_dtypes.ctype_of(dtype)},{str(dgrad).lower()},{str(layout == 'nhwc').lower()}>"
         launch = _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (threads, 1, 1), 4,
                                  (_loader.conv_geometry(fspec),
                                   numpy.array(values, dtype=GROUPED_MMA_TILING_DTYPE)[()]), smem)

@@ -9,7 +9,7 @@ import pytest
 import cuconv
 from cases import (_p, assert_forward_equals_cpu_on_integers, case_spec, make_inputs, reference, reference_grads, rel_err, to_gpu,
                    tolerance)
-from cuconv import _plan
+from cuconv import _dtypes, _plan
 from cuconv.families import grouped_mma
 from cuconv.spec import ConvSpec
 
@@ -31,6 +31,7 @@ MMA_CASES = [
     _p("g2_dil2x2_same", (1, 32, 30, 31), (32, 16, 3, 3), groups=2, dilation=2, padding="same"),
 ]
 MODES = [("float16", "ieee"), ("bfloat16", "ieee"), ("float32", "tf32")]
+_BF16 = numpy.dtype(_dtypes.bfloat16) if _dtypes.bfloat16 is not None else numpy.dtype(numpy.float16)  # (ml_dtypes absent)
 
 
 def _tiling(param, dtype=numpy.float16):
@@ -100,8 +101,22 @@ def test_serves_both_passes_at_stride_one():
             assert grouped_mma.reason_unsupported(spec, dtype, pass_, precision) is None
 
 
-def _plan_run(pass_, spec, precision, arrays):
-    _plan.run_on_arrays(grouped_mma.prepare, pass_, spec, precision, *arrays)
+def _plan_run(pass_, spec, precision, arrays, **options):
+    _plan.run_on_arrays(grouped_mma.prepare, pass_, spec, precision, *arrays, **options)
+
+
+def test_channels_last_auto_takes_it_where_it_takes_it_on_nchw():
+    """On channels-last activations ``auto`` runs it in place wherever it would on NCHW ones (RegNet's 16-channel
+    groups in the half types: the forward and the stride-1 dgrad; the strided dgrad stays implicit_gemm's)."""
+    from cuconv import registry
+
+    spec = ConvSpec.from_args((32, 320, 14, 14), (320, 16, 3, 3), groups=20, padding=1)
+    strided = ConvSpec.from_args((32, 64, 112, 112), (64, 16, 3, 3), groups=4, stride=2, padding=1)
+    for dtype in (numpy.float16, _BF16):
+        for s, pass_ in ((spec, "fprop"), (spec, "dgrad"), (strided, "fprop")):
+            assert registry.select_algorithm(s, dtype, "ieee", True, pass_) == "grouped_mma"
+            assert registry.select_nhwc("auto", s, dtype, "ieee", pass_) == "grouped_mma"
+        assert registry.select_nhwc("auto", strided, dtype, "ieee", "dgrad") == "implicit_gemm"
 
 
 @pytest.mark.gpu
@@ -155,3 +170,37 @@ def test_dgrad_equals_cpu_exactly_on_integers():
     dx = cupy.full(spec.input_shape, numpy.nan, dtype=numpy.float16)
     _plan_run("dgrad", spec, "ieee", (to_gpu(dy, numpy.float16), to_gpu(w, numpy.float16), dx))
     numpy.testing.assert_array_equal(cupy.asnumpy(dx).astype(numpy.float64), want.astype(numpy.float64))
+
+
+def _nhwc(a):
+    """A C-contiguous (N, C, H, W) CuPy array's values as a dense (N, H, W, C) one."""
+    import cupy
+
+    return cupy.ascontiguousarray(a.transpose(0, 2, 3, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name,precision", MODES)
+@pytest.mark.parametrize("case", MMA_CASES)
+def test_channels_last_equals_cpu_exactly_on_integers(case, dtype_name, precision):
+    """``layout="nhwc"`` (x and out, dy and dx channels-last in memory; the weight KCRS): the forward and, where
+    it serves it (stride 1), the dgrad bit for bit the CPU path on integers, into NaN-poisoned outputs."""
+    import cupy
+
+    def forward(x, w, b, spec, out):
+        y = cupy.full((spec.n, spec.p, spec.q, spec.k), numpy.nan, dtype=out.dtype)
+        _plan_run("fprop", spec, precision, (_nhwc(x), w, b, y), layout="nhwc")
+        out[...] = y.transpose(0, 3, 1, 2)
+
+    assert_forward_equals_cpu_on_integers(case, dtype_name, 8, forward)
+    spec = case_spec(case)
+    dtype = _dtypes.by_name(dtype_name)
+    if grouped_mma.reason_unsupported(spec, dtype, "dgrad", precision) is not None:
+        return
+    _, w, _ = make_inputs(case, seed=9, integer=True)
+    dy = numpy.random.default_rng(10).integers(-3, 4, size=spec.output_shape).astype(numpy.float64)
+    want = cuconv.conv2d_input(spec.input_shape, w.astype(dtype), dy.astype(dtype), **case.kwargs)
+    dx = cupy.full((spec.n, spec.h, spec.w, spec.c), numpy.nan, dtype=dtype)
+    _plan_run("dgrad", spec, precision, (_nhwc(to_gpu(dy, dtype)), to_gpu(w, dtype), dx), layout="nhwc")
+    numpy.testing.assert_array_equal(cupy.asnumpy(dx.transpose(0, 3, 1, 2)).astype(numpy.float64),
+                                     want.astype(numpy.float64))
