@@ -31,7 +31,8 @@ MMA_CASES = [
     _p("g2_dil2x2_same", (1, 32, 30, 31), (32, 16, 3, 3), groups=2, dilation=2, padding="same"),
 ]
 MODES = [("float16", "ieee"), ("bfloat16", "ieee"), ("float32", "tf32")]
-_BF16 = numpy.dtype(_dtypes.bfloat16) if _dtypes.bfloat16 is not None else numpy.dtype(numpy.float16)  # (ml_dtypes absent)
+# (float16 stands in where ml_dtypes is absent)
+_BF16 = numpy.dtype(_dtypes.bfloat16) if _dtypes.bfloat16 is not None else numpy.dtype(numpy.float16)
 
 
 def _tiling(param, dtype=numpy.float16):
