@@ -170,21 +170,21 @@ grouped_mma(const T* __restrict__ x, const T* __restrict__ w, const T* __restric
                     d[3 * t.plane] = staged_word<T>(v[j].w);
                 }
             }
-            continue;
-        }
-        const T* __restrict__ src = x_n + (ok ? static_cast<i64>(ih) * W + iw : 0);
-        for (int wp0 = 0; wp0 < n_planes; wp0 += kStageLoads) {
-            unsigned word[kStageLoads];
+        } else {
+            const T* __restrict__ src = x_n + (ok ? static_cast<i64>(ih) * W + iw : 0);
+            for (int wp0 = 0; wp0 < n_planes; wp0 += kStageLoads) {
+                unsigned word[kStageLoads];
 #pragma unroll
-            for (int u = 0; u < kStageLoads; ++u) {
-                word[u] = 0;
+                for (int u = 0; u < kStageLoads; ++u) {
+                    word[u] = 0;
 #pragma unroll
-                for (int e = 0; e < kPer; ++e)
-                    cuconv::put_bits(word[u], e, ok ? staged<T>(src[(wp0 + u) * plane_src + e * channel_src])
-                                                : cuconv::zero<T>());
+                    for (int e = 0; e < kPer; ++e)
+                        cuconv::put_bits(word[u], e, ok ? staged<T>(src[(wp0 + u) * plane_src + e * channel_src])
+                                                    : cuconv::zero<T>());
+                }
+#pragma unroll
+                for (int u = 0; u < kStageLoads; ++u) dst[(wp0 + u) * t.plane] = word[u];
             }
-#pragma unroll
-            for (int u = 0; u < kStageLoads; ++u) dst[(wp0 + u) * t.plane] = word[u];
         }
     }
     __syncthreads();
@@ -237,17 +237,17 @@ grouped_mma(const T* __restrict__ x, const T* __restrict__ w, const T* __restric
                 for (int h = 0; h < 2; ++h)
                     store_pair<T>(o + 8 * h, acc[h][2 * i] + bias_v[h][0], acc[h][2 * i + 1] + bias_v[h][1]);
             }
-            continue;
-        }
+        } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int m = e < 2 ? m_lo : m_hi;
-            if (m > last) continue;
-            const int pl = m / Q, q = m - pl * Q;
-            T* __restrict__ o = out_n + (static_cast<i64>(k0 + 2 * tq + (e & 1)) * P + p0 + pl) * Q + q;
+            for (int e = 0; e < 4; ++e) {
+                const int m = e < 2 ? m_lo : m_hi;
+                if (m > last) continue;
+                const int pl = m / Q, q = m - pl * Q;
+                T* __restrict__ o = out_n + (static_cast<i64>(k0 + 2 * tq + (e & 1)) * P + p0 + pl) * Q + q;
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-                o[static_cast<i64>(8 * h) * P * Q] = cuconv::from_acc<T>(acc[h][e] + bias_v[h][e & 1]);
+                for (int h = 0; h < 2; ++h)
+                    o[static_cast<i64>(8 * h) * P * Q] = cuconv::from_acc<T>(acc[h][e] + bias_v[h][e & 1]);
+            }
         }
     }
 }
