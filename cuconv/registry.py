@@ -192,11 +192,24 @@ def _preference_nhwc(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: b
     implicit_gemm's passes on the strided 1x1 layers of ResNet-50 and RegNet, whose wgrad swaps all of x and dy
     first), and the wgrad of wider k x k layers of one group as one GEMM of dy by their column matrix
     (``im2col_gemm.columns_wgrad_nhwc``), then the NCHW order (``_preference``) among the families that serve
-    NHWC."""
+    NHWC. Before that column matrix, on compute capability 9.0, the wgrad of overlapping k x k windows where
+    ``implicit_gemm``'s TMA wgrad serves it (``_wgrad_by_tma``)."""
+    if pass_ == "wgrad" and wgmma and _wgrad_by_tma(spec, dtype):
+        yield "implicit_gemm"
     if (im2col_gemm.pointwise_nhwc(spec) or im2col_gemm.strided_pointwise_nhwc(spec)
             or pass_ == "wgrad" and im2col_gemm.columns_wgrad_nhwc(spec, dtype)):
         yield "im2col_gemm"
     yield from _preference(spec, dtype, precision, pass_, wgmma)
+
+
+def _wgrad_by_tma(spec: ConvSpec, dtype) -> bool:
+    """A channels-last wgrad for ``implicit_gemm``'s TMA wgrad (``implicit_gemm.wgrad_tma_tile``): windows that
+    overlap (a kernel wider than its stride, or dilated), where a column matrix would copy each pixel of x once a
+    tap that reads it; 1x1 layers and patchify kernels no wider than their stride stay one GEMM of im2col_gemm
+    (their columns are x itself, or a gather of it)."""
+    if spec.r <= spec.stride[0] and spec.s <= spec.stride[1] and spec.dilation == (1, 1):
+        return False
+    return implicit_gemm.wgrad_tma_tile(spec, dtype) is not None
 
 
 # The rules of _preference and their thresholds were drawn between measured points; the measurements are in

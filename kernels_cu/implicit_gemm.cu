@@ -321,8 +321,18 @@ __global__ void __launch_bounds__(256)
 sum_splits(const float* __restrict__ partials, const T* __restrict__ bias, T* __restrict__ y, const SplitSum ss) {
     for (long long i = blockIdx.x * 256LL + threadIdx.x; i < ss.n; i += gridDim.x * 256LL) {
         float v = bias != nullptr ? to_acc(bias[(i / ss.pq) % ss.k]) : 0.f;
+        // eight partial sums' loads in flight before the first add (a load an add was latency-bound), added in
+        // the order of z all the same
         float sum = 0.f;
-        for (int z = 0; z < ss.splits; ++z) sum += partials[z * ss.n + i];
+        int z = 0;
+        for (; z + 8 <= ss.splits; z += 8) {
+            float part[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) part[u] = partials[(z + u) * ss.n + i];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) sum += part[u];
+        }
+        for (; z < ss.splits; ++z) sum += partials[z * ss.n + i];
         y[i] = from_acc<T>(sum + v);
     }
 }
@@ -807,9 +817,9 @@ __device__ __forceinline__ void tma_tile_2d(unsigned dst, const TensorMap& map, 
 
 // Pin the accumulators at this point of the program: the compiler sees only the wgmma's asm statement
 // write them, not the asynchronous completion that wgmma_wait marks.
-__device__ __forceinline__ void fence_acc(float (&d)[64]) {
+template <int N> __device__ __forceinline__ void fence_acc(float (&d)[N]) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 #define CUCONV_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
@@ -822,6 +832,15 @@ __device__ __forceinline__ void fence_acc(float (&d)[64]) {
                  "wgmma.mma_async.sync.aligned.m64n128" shape_types " " CUCONV_D64_LIST ", %64, %65, p, 1, 1" \
                  tail ";\n}\n"                                                                                \
                  : CUCONV_D64                                                                                 \
+                 : "l"(a), "l"(b), "r"(1))
+
+#define CUCONV_D32 CUCONV_D8(0), CUCONV_D8(8), CUCONV_D8(16), CUCONV_D8(24)
+#define CUCONV_D32_LIST "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define CUCONV_WGMMA_M64N64(shape_types, tail)                                                               \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                 \
+                 "wgmma.mma_async.sync.aligned.m64n64" shape_types " " CUCONV_D32_LIST ", %32, %33, p, 1, 1"  \
+                 tail ";\n}\n"                                                                                \
+                 : CUCONV_D32                                                                                 \
                  : "l"(a), "l"(b), "r"(1))
 
 // d (64 filters x 128 pixels, fp32) += A (64 x k step) · B (128 x k step)ᵀ, both from shared memory.
@@ -847,6 +866,49 @@ template <> struct Wgmma<__nv_bfloat16> {
 #endif
     }
 };
+
+// wgrad's products, both operands MN-major (imm-trans-a = imm-trans-b = 1, the 16-bit types only): d (64 filters
+// x N channels, fp32, N / 2 a thread) += A (64 filters x 16 pixels, filters contiguous) · B (16 pixels x N
+// channels, channels contiguous).
+template <typename T, int N> struct WgmmaMn;
+template <> struct WgmmaMn<__half, 64> {
+    static __device__ __forceinline__ void run(float (&d)[32], unsigned long long a, unsigned long long b) {
+#ifdef CUCONV_IGEMM_WGMMA
+        CUCONV_WGMMA_M64N64("k16.f32.f16.f16", ", 1, 1");
+#endif
+    }
+};
+template <> struct WgmmaMn<__nv_bfloat16, 64> {
+    static __device__ __forceinline__ void run(float (&d)[32], unsigned long long a, unsigned long long b) {
+#ifdef CUCONV_IGEMM_WGMMA
+        CUCONV_WGMMA_M64N64("k16.f32.bf16.bf16", ", 1, 1");
+#endif
+    }
+};
+template <> struct WgmmaMn<__half, 128> {
+    static __device__ __forceinline__ void run(float (&d)[64], unsigned long long a, unsigned long long b) {
+#ifdef CUCONV_IGEMM_WGMMA
+        CUCONV_WGMMA_M64N128("k16.f32.f16.f16", ", 1, 1");
+#endif
+    }
+};
+template <> struct WgmmaMn<__nv_bfloat16, 128> {
+    static __device__ __forceinline__ void run(float (&d)[64], unsigned long long a, unsigned long long b) {
+#ifdef CUCONV_IGEMM_WGMMA
+        CUCONV_WGMMA_M64N128("k16.f32.bf16.bf16", ", 1, 1");
+#endif
+    }
+};
+
+// Descriptor of an MN-major operand at shared address `addr` as wgrad's TMA copies store it: boxes of 64 k rows
+// (pixels) × 64 MN elements (128 bytes, the 128-byte swizzle: atoms of 8 rows, 1024 bytes), one box after the
+// other along MN. Leading byte offset: the next 64 MN elements (the next box, 8192 bytes on); stride byte offset:
+// the next 8 k rows (1024 bytes); 16-byte units; layout type 1 (128-byte swizzle).
+constexpr unsigned kMnBoxBytes = 64 * 128;
+__device__ __forceinline__ unsigned long long wgmma_desc_mn(unsigned addr) {
+    constexpr unsigned long long kLeading = kMnBoxBytes >> 4, kStride = 1024 >> 4;
+    return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) | (kLeading << 16) | (kStride << 32) | (1ull << 62);
+}
 
 // Bytes of the epilogue's fp32 staging of a BF x BP tile: [BF][BP + 4], or [BP][BF + 4] for channels-last vectors
 // (nhwc_vectors), whichever is larger (the Python twin's _staging_bytes).
@@ -1110,6 +1172,152 @@ implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::Tens
     // Every slot was full before a consumer read it, so every copy has landed: once the consumers meet (the
     // epilogue's first barrier), the slots are free for the staging.
     wgmma_epilogue<T, BF, BP, 1, NW, true>(acc, smem + (base - smem_addr(smem)), g, bias, y, m0, n0);
+#else
+    __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
+#endif
+}
+
+
+// ---------------------------------------------------------------------------------------------------
+// wgrad on channels-last tensors fed by the TMA (sm_90a, the 16-bit types, one group): dW (K, C, R, S) =
+// Σ over the output pixels m = (n, p, q) of dy[m, k] · x[n, p·stride_h + r·dil_h - pad_h, q·stride_w + s·dil_w -
+// pad_w, c]. For one tap (r, s) that is a GEMM of dyᵀ (K × M) by the tap's im2col column matrix (M × C), whose
+// reduction M is both operands' strided dimension: dy's rows and the im2col rows are pixels with their filters
+// and channels contiguous, so both are MN-major operands (wgmma's transposed modes), copied as they lie in
+// memory: no pack, no transposition, no column matrix. A k tile is 64 output pixels: the producer copies dy's
+// 64 rows × BF filters (a tiled map over dy as an (M, K) matrix, 64-filter boxes) and the im2col column of the
+// same 64 window origins at the block's tap, BC channels (the forward's im2col map, 64-channel boxes), each box
+// 64 rows of 128 bytes with the 128-byte swizzle. Rows past M, filters past K, channels past C: zeros.
+//
+// Block (C / BC · R·S tap-major, K / BF, splits): BF / 64 consumer warpgroups of 64 filters × BC channels (m64n64
+// or m64n128 wgmmas, BC / 2 fp32 a thread) and a producer warp, as implicit_gemm_wgmma_tma. Split z reduces k
+// tiles [z·split_tiles, ...): with split_stride, fp32 partial sums at z·split_stride into `out` (sum_splits adds
+// them in order: deterministic), else the dW tile rounded once into `out`, straight from the accumulators (a
+// thread's pairs of adjacent channels as one store where dW is channels-last). dW element (k, c, r, s) sits at
+// k·out_k + c·out_c + r·out_r + s·out_s (KCRS or KRSC).
+struct WgradTmaGeometry {
+    int p, q, s, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, k, c, c_tiles, k_tiles, split_tiles;
+    long long out_k, out_c, out_r, out_s, split_stride;
+};
+static_assert(sizeof(WgradTmaGeometry) == 96, "WGRAD_TMA_GEOMETRY_DTYPE in cuconv/families/implicit_gemm.py");
+
+template <typename T, int BF, int BC, int STAGES, int MINB>
+__global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
+implicit_gemm_wgrad_tma(const T* __restrict__ x, const T* __restrict__ dy, void* __restrict__ out,
+                        const WgradTmaGeometry g, const __grid_constant__ igemm::TensorMap x_map,
+                        const __grid_constant__ igemm::TensorMap dy_map) {
+#ifdef CUCONV_IGEMM_WGMMA
+    using namespace igemm;
+    constexpr int kConsumers = BF / 64 * 128;
+    constexpr int kFilterBoxes = BF / 64, kChannelBoxes = BC / 64;
+    constexpr int kStageBytes = (kFilterBoxes + kChannelBoxes) * kMnBoxBytes;
+    constexpr int kN = BC < 128 ? BC : 128;  // channels a wgmma
+    constexpr int NW = BC / kN;
+    static_assert((BF == 64 || BF == 128) && (BC == 64 || BC == 128 || BC == 256) && STAGES >= 2 &&
+                  sizeof(T) == 2, "tile shape");
+
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const unsigned base = (smem_addr(smem) + 1023u) & ~1023u;  // the swizzle's atoms: 1024-byte alignment
+    const unsigned full = base + STAGES * kStageBytes, empty = full + 8 * STAGES;
+
+    const int tid = threadIdx.x;
+    const int tap = blockIdx.x / g.c_tiles, c0 = (blockIdx.x - tap * g.c_tiles) * BC;
+    const int r = tap / g.s, sc = tap - r * g.s;
+    const int n0 = blockIdx.y * BF;
+    const int kt0 = blockIdx.z * g.split_tiles;
+    const int k_tiles = min(g.split_tiles, g.k_tiles - kt0);
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbarrier_init(full + 8 * s, 1);
+            mbarrier_init(empty + 8 * s, kConsumers);
+        }
+        mbarrier_init_fence();
+    }
+    __syncthreads();
+
+    if (tid >= kConsumers) {  // the producer warp: its first lane issues every copy
+        if (tid != kConsumers) return;
+        const int pq = g.p * g.q;
+        const unsigned short ow = static_cast<unsigned short>(sc * g.dil_w), oh = static_cast<unsigned short>(r * g.dil_h);
+        for (int kt = 0; kt < k_tiles; ++kt) {
+            const int s = kt % STAGES;
+            if (kt >= STAGES) mbarrier_wait(empty + 8 * s, ((kt / STAGES) - 1) & 1);
+            const unsigned slot = base + s * kStageBytes, bar = full + 8 * s;
+            mbarrier_expect_bytes(bar, kStageBytes);
+            const int m0 = (kt0 + kt) * 64;
+            const int img = m0 / pq, rem = m0 - img * pq, op = rem / g.q, oq = rem - op * g.q;
+#pragma unroll
+            for (int f = 0; f < kFilterBoxes; ++f) tma_tile_2d(slot + f * kMnBoxBytes, dy_map, n0 + 64 * f, m0, bar);
+#pragma unroll
+            for (int j = 0; j < kChannelBoxes; ++j)
+                tma_im2col_4d(slot + (kFilterBoxes + j) * kMnBoxBytes, x_map, c0 + 64 * j,
+                              oq * g.stride_w - g.pad_w, op * g.stride_h - g.pad_h, img, ow, oh, bar);
+        }
+        return;
+    }
+
+    const int wg = tid / 128;
+    float acc[NW][kN / 2];
+#pragma unroll
+    for (int n = 0; n < NW; ++n)
+#pragma unroll
+        for (int i = 0; i < kN / 2; ++i) acc[n][i] = 0.f;
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+        const int s = kt % STAGES;
+        mbarrier_wait(full + 8 * s, (kt / STAGES) & 1);
+        const unsigned a = base + s * kStageBytes + wg * kMnBoxBytes;  // this warpgroup's 64 filters
+        const unsigned b = base + s * kStageBytes + kFilterBoxes * kMnBoxBytes;
+        wgmma_fence();
+#pragma unroll
+        for (int step = 0; step < 4; ++step)  // 16 pixels (rows of 128 bytes) a step: 2048 bytes on
+#pragma unroll
+            for (int n = 0; n < NW; ++n)
+                WgmmaMn<T, kN>::run(acc[n], wgmma_desc_mn(a + step * 2048),
+                                    wgmma_desc_mn(b + n * (kN / 64) * kMnBoxBytes + step * 2048));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile kt - 1's wgmmas are retired: its slot goes back to the producer
+        if (kt > 0) mbarrier_arrive(empty + 8 * ((kt - 1) % STAGES));
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
+
+    // Accumulator i of a thread: filter (lane / 4) + 8·((i / 2) % 2) of its warp's 16, channel 2·(lane % 4) +
+    // (i % 2) + 8·(i / 4) of the wgmma's kN. C is a multiple of 8: a pair's channels are both in range or not.
+    const int lane = tid & 31;
+    const int f_lane = n0 + wg * 64 + (tid / 32 % 4) * 16 + lane / 4;
+    const long long tap_offset = r * g.out_r + sc * g.out_s;
+#pragma unroll
+    for (int n = 0; n < NW; ++n)
+#pragma unroll
+        for (int i = 0; i < kN / 2; i += 2) {
+            const int f = f_lane + 8 * ((i / 2) % 2);
+            const int c = c0 + n * kN + 8 * (i / 4) + 2 * (lane % 4);
+            if (f >= g.k || c >= g.c) continue;
+            const long long o = f * g.out_k + c * g.out_c + tap_offset;
+            if (g.split_stride != 0) {
+                float* p = static_cast<float*>(out) + blockIdx.z * g.split_stride + o;
+                if (g.out_c == 1) {
+                    *reinterpret_cast<float2*>(p) = make_float2(acc[n][i], acc[n][i + 1]);
+                } else {
+                    p[0] = acc[n][i];
+                    p[g.out_c] = acc[n][i + 1];
+                }
+            } else {
+                T* p = static_cast<T*>(out) + o;
+                if (g.out_c == 1) {
+                    unsigned word = 0;
+                    put_bits(word, 0, from_acc<T>(acc[n][i]));
+                    put_bits(word, 1, from_acc<T>(acc[n][i + 1]));
+                    *reinterpret_cast<unsigned*>(p) = word;
+                } else {
+                    p[0] = from_acc<T>(acc[n][i]);
+                    p[g.out_c] = from_acc<T>(acc[n][i + 1]);
+                }
+            }
+        }
 #else
     __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
 #endif

@@ -431,12 +431,59 @@ def test_pack_swap_divides_by_its_magic_number():
 ], ids=["256_14_bf16", "128_56_s2_bf16", "128_28_bf16", "64_filters", "column_matrix_too_large", "tf32",
         "patches_tf32", "grouped"])
 def test_channels_last_wgrad_through_the_column_matrix(x_shape, w_shape, kwargs, dtype, expected):
-    """k x k wgrads on channels-last tensors: im2col_gemm's column matrix and one GEMM for layers of one group with
-    128 filters or more at a stride (256 at stride 1) in the half types, up to a column matrix of 256 MiB, and for
-    non-overlapping patches in any precision; implicit_gemm elsewhere."""
+    """k x k wgrads on channels-last tensors on a device without wgmma (no GPU needed): im2col_gemm's column matrix
+    and one GEMM for layers of one group with 128 filters or more at a stride (256 at stride 1) in the half types,
+    up to a column matrix of 256 MiB, and for non-overlapping patches in any precision; implicit_gemm elsewhere."""
     spec = cuconv.ConvSpec.from_args(x_shape, w_shape, **kwargs)
     precision = "tf32" if dtype == _F32 else "ieee"
-    assert registry.select_nhwc("auto", spec, dtype, precision, "wgrad") == expected
+    assert registry._select_nhwc("auto", spec, dtype, precision, "wgrad", 163 << 10, False,
+                                 cuconv.config.workspace_limit) == expected
+
+
+@pytest.mark.parametrize("x_shape,w_shape,kwargs,dtype,expected,tile", [
+    ((32, 64, 56, 56), (64, 64, 3, 3), dict(padding=1), _BF16, "implicit_gemm", "wt64x64"),
+    ((32, 128, 28, 28), (128, 128, 3, 3), dict(padding=1), _F16, "implicit_gemm", "wt64x128"),
+    ((32, 64, 56, 56), (128, 64, 3, 3), dict(stride=2, padding=1), _BF16, "implicit_gemm", "wt64x64"),
+    ((32, 256, 14, 14), (256, 256, 3, 3), dict(padding=1), _BF16, "implicit_gemm", "wt128x256"),
+    ((32, 128, 56, 56), (128, 128, 3, 3), dict(stride=2, padding=1), _BF16, "implicit_gemm", "wt64x128"),
+    ((32, 96, 28, 28), (64, 96, 3, 3), dict(padding=1), _BF16, "implicit_gemm", "wt64x128"),
+    ((32, 384, 7, 7), (384, 384, 3, 3), dict(padding=2, dilation=2), _BF16, "implicit_gemm", "wt128x256"),
+    ((32, 96, 56, 56), (192, 96, 2, 2), dict(stride=2), _BF16, "im2col_gemm", "wt64x128"),
+    ((32, 256, 14, 14), (256, 256, 1, 1), {}, _BF16, "im2col_gemm", "wt128x256"),
+    ((32, 256, 14, 14), (256, 256, 3, 3), dict(padding=1), _F32, "implicit_gemm", None),
+    ((32, 256, 14, 14), (256, 64, 3, 3), dict(padding=1, groups=4), _BF16, "implicit_gemm", None),
+    ((32, 24, 56, 56), (64, 24, 3, 3), dict(padding=1), _BF16, "implicit_gemm", None),
+    ((32, 64, 56, 56), (20, 64, 3, 3), dict(padding=1), _BF16, "implicit_gemm", None),
+], ids=["64_56", "128_28_fp16", "64_to_128_s2", "256_14", "128_56_s2", "96_to_64", "dilated", "patches", "pointwise", "tf32",
+        "grouped", "c24", "k20"])
+def test_channels_last_wgrad_takes_the_tma_wgrad_on_wgmma_devices(x_shape, w_shape, kwargs, dtype, expected, tile):
+    """On a wgmma device (no GPU needed) the channels-last wgrad of overlapping k x k windows of one group in the
+    half types, channels and filters whole 16-byte vectors of at least 32, is implicit_gemm's TMA wgrad, before
+    im2col_gemm's column matrix: 64 filters x 64 channels up to 64 channels, 64 x 128 up to 128 channels or 64
+    filters, else 128 x 256;
+    1x1 layers and patches stay with im2col_gemm, and float32, groups and narrow layers with the packed wgrad."""
+    from cuconv.families import implicit_gemm
+
+    spec = cuconv.ConvSpec.from_args(x_shape, w_shape, **kwargs)
+    precision = "tf32" if dtype == _F32 else "ieee"
+    assert registry._select_nhwc("auto", spec, dtype, precision, "wgrad", 227 << 10, True,
+                                 cuconv.config.workspace_limit) == expected
+    assert implicit_gemm.wgrad_tma_tile(spec, dtype) is (None if tile is None else implicit_gemm.WGRAD_TMA_TILES[tile])
+
+
+def test_tma_wgrad_splits_fill_the_sms():
+    """The TMA wgrad's pixel ranges: as many as fill the SMs' resident blocks over the dW tiles, each of at least
+    four 64-pixel k tiles, the partial sums within the workspace; one where the tiles fill the SMs already."""
+    from cuconv.families import implicit_gemm
+
+    t = implicit_gemm.WGRAD_TMA_TILES
+    small = cuconv.ConvSpec.from_args((32, 64, 56, 56), (64, 64, 3, 3), padding=1)  # 9 blocks, 1568 k tiles
+    assert implicit_gemm.wgrad_tma_splits(small, t["wt64x64"], 132, 228 << 10, 1 << 30) == 264 // 9
+    assert implicit_gemm.wgrad_tma_splits(small, t["wt64x64"], 132, 228 << 10, 4 * 64 * 576 * 5) == 5
+    short = cuconv.ConvSpec.from_args((2, 64, 7, 7), (64, 64, 3, 3), padding=1)  # 2 k tiles
+    assert implicit_gemm.wgrad_tma_splits(short, t["wt64x64"], 132, 228 << 10, 1 << 30) == 1
+    wide = cuconv.ConvSpec.from_args((32, 512, 28, 28), (512, 512, 3, 3), padding=1)  # 144 blocks of one an SM
+    assert implicit_gemm.wgrad_tma_splits(wide, t["wt128x256"], 132, 228 << 10, 1 << 30) == 1
 
 
 @pytest.mark.parametrize("x_shape,w_shape,kwargs,dtype_name,reason", [

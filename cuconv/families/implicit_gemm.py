@@ -40,7 +40,8 @@ from . import dgrad_forward, elementwise
 from .._config import config
 from ..spec import ConvSpec
 
-__all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported", "reason_unsupported_nhwc", "nhwc_in_place",
+__all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "wgrad_tma_tile", "wgrad_tma_reason", "wgrad_tma_splits",
+           "WgradTmaTile", "WGRAD_TMA_TILES", "reason_unsupported", "reason_unsupported_nhwc", "nhwc_in_place",
            "Tile", "WgmmaTile", "WgmmaTmaTile", "NchwTile", "TILES", "TMA_TILES", "tma_reason",
            "transposed_spec", "phase_specs", "phase_tile", "wgrad_tile", "wgrad_splits", "splits_for",
            "resident_blocks", "wgmma_available", "choose_tile", "prefers_nchw", "nchw_fits", "narrow_group_tile",
@@ -168,6 +169,38 @@ class WgmmaTmaTile:
 
 
 @dataclasses.dataclass(frozen=True)
+class WgradTmaTile:
+    """One ``implicit_gemm_wgrad_tma`` instance (sm_90a): a block computes ``bf`` filters × ``bc`` channels of one
+    tap of dW on ``bf / 64`` warpgroups of wgmmas with both operands MN-major, and a producer warp that copies a
+    k tile (64 output pixels: dy's rows and the tap's im2col column) into a ``stages``-deep ring of slots; at least
+    ``min_blocks`` blocks an SM. Serves channels-last wgrads in the 16-bit types (``wgrad_tma_reason``)."""
+
+    bf: int
+    bc: int
+    stages: int
+    min_blocks: int = 1
+    tma = True
+    wgmma = True
+    nchw = False
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.bf // 64) + 32
+
+    @property
+    def smem_bytes(self) -> int:
+        """The slots (64-pixel boxes of 64 filters or channels, 8 KB each), 1024 bytes to align them, and two 8-byte
+        barriers a slot."""
+        return self.stages * (self.bf + self.bc) // 64 * _MN_BOX_BYTES + 1024 + 16 * self.stages
+
+    def kernel_name(self, ctype: str) -> str:
+        return f"implicit_gemm_wgrad_tma<{ctype},{self.bf},{self.bc},{self.stages},{self.min_blocks}>"
+
+
+_MN_BOX_BYTES = 64 * 128  # kMnBoxBytes: one copy's box, 64 pixels × 64 filters or channels
+
+
+@dataclasses.dataclass(frozen=True)
 class NchwTile:
     """One ``implicit_gemm_wgmma_nchw`` instance (sm_90a): ``bn`` filters × 128 output pixels with ``bn / 64``
     warpgroups, gathering both operands itself from the NCHW input and KCRS weight (no packing launch, no
@@ -238,9 +271,20 @@ TMA_TILES = {
     "tma128x256_k32": WgmmaTmaTile(128, 256, 8, 1, 32),   # 133 KB (the staging): one
 }
 
+# wgrad's TMA-fed instances (wgrad_tma_tile): 64 filters x 64 channels up to 64 channels, 64 x 128 up to 128 (or
+# up to 64 filters), 128 x 256 beyond (H200, bf16, the dense layers of ResNet-18/50, VGG-11 and ConvNeXt: the
+# fastest, or within 5% of it, on 26 of 32; docs/perf-notes.md). 128 x 128 was never the fastest by more than 5%.
+WGRAD_TMA_TILES = {
+    "wt64x64": WgradTmaTile(64, 64, 6, 2),      # 97 KB: two blocks an SM
+    "wt64x128": WgradTmaTile(64, 128, 4, 2),    # 97 KB: two
+    "wt128x128": WgradTmaTile(128, 128, 3, 2),  # 97 KB: two
+    "wt128x256": WgradTmaTile(128, 256, 4, 1),  # 193 KB: one
+}
+
 NAME_EXPRESSIONS = tuple(
     [t.kernel_name(c) for c in _TENSOR_CORE_TYPES for t in TILES.values()]
     + [t.kernel_name(c) for c in ("__half", "__nv_bfloat16") for t in TMA_TILES.values()]
+    + [t.kernel_name(c) for c in ("__half", "__nv_bfloat16") for t in WGRAD_TMA_TILES.values()]
     + [f"{k}<{c},{_tf32(c)}>" for k in ("pack_nhwc", "pack_nhwc_narrow", "pack_dgrad_phases", "pack_swap")
        for c in _TENSOR_CORE_TYPES]
     + [f"sum_splits<{c}>" for c in _TENSOR_CORE_TYPES])
@@ -899,10 +943,121 @@ def _wgrad_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits")
     return None
 
 
+# ----------------------------------------------------------------------------------------------------------
+# wgrad on channels-last activations fed by the TMA (``implicit_gemm_wgrad_tma``, kernels_cu/implicit_gemm.cu): per
+# tap of the kernel a GEMM of dyᵀ by the tap's im2col columns, reducing over the output pixels, both operands
+# copied from x and dy where they lie (no pack of either, no column matrix), split over pixel ranges into fp32
+# partial sums that sum_splits adds in a fixed order.
+# ----------------------------------------------------------------------------------------------------------
+WGRAD_TMA_GEOMETRY_DTYPE = numpy.dtype([(f, numpy.int32) for f in (
+    "p", "q", "s", "stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w", "k", "c", "c_tiles", "k_tiles",
+    "split_tiles")] + [(f, numpy.int64) for f in ("out_k", "out_c", "out_r", "out_s", "split_stride")], align=True)
+_WGRAD_TMA_PIXELS = 64  # a k tile's output pixels
+_WGRAD_TMA_MIN_WIDTH = 32  # filters and channels: below, most of a 64-wide box would be zeros
+
+
+def wgrad_tma_reason(spec: ConvSpec, dtype):
+    """Why ``implicit_gemm_wgrad_tma`` cannot run the channels-last wgrad of ``spec`` (None: it can): 16-bit
+    elements, one group, filters and channels in whole 16-byte vectors (the maps' row pitches) and at least
+    ``_WGRAD_TMA_MIN_WIDTH`` of each, output pixels to reduce over in 32 bits, and the im2col map's limits."""
+    if numpy.dtype(dtype).itemsize != 2:
+        return "its TMA tiles move 16-bit elements"
+    if spec.groups != 1:
+        return "its TMA tiles read one group"
+    if spec.c % 8 or spec.k % 8:
+        return "its tensor maps take channels and filters in whole 16-byte vectors"
+    if min(spec.c, spec.k) < _WGRAD_TMA_MIN_WIDTH:
+        return f"fewer than {_WGRAD_TMA_MIN_WIDTH} channels or filters fill too little of its 64-wide boxes"
+    m = spec.n * spec.p * spec.q
+    if m == 0 or m + _WGRAD_TMA_PIXELS >= _INT_MAX:
+        return "it reduces over 1 to 2^31 - 65 output pixels"
+    lower, upper = _tma_corners(spec)
+    lo, hi = _tma.CORNER_RANGE
+    if not all(lo <= v <= hi for v in lower + upper):
+        return f"its im2col map's bounding box corners {lower}, {upper} are outside [{lo}, {hi}]"
+    if max(spec.stride) > _tma.MAX_STRIDE:
+        return f"its im2col map walks strides up to {_tma.MAX_STRIDE}"
+    if max((spec.r - 1) * spec.dilation[0], (spec.s - 1) * spec.dilation[1]) >= _tma.MAX_OFFSET:
+        return "its copies' tap offsets are 16-bit"
+    return None
+
+
+def wgrad_tma_tile(spec: ConvSpec, dtype):
+    """The TMA wgrad tile for ``spec`` (see WGRAD_TMA_TILES), or None where it cannot run (``wgrad_tma_reason``)."""
+    if wgrad_tma_reason(spec, dtype) is not None:
+        return None
+    if spec.c <= 64:
+        return WGRAD_TMA_TILES["wt64x64"]
+    return WGRAD_TMA_TILES["wt64x128" if spec.c <= 128 or spec.k <= 64 else "wt128x256"]
+
+
+def wgrad_tma_splits(spec: ConvSpec, tile: WgradTmaTile, sm_count: int, smem_per_sm: int, room: int) -> int:
+    """Pixel ranges the TMA wgrad of ``spec`` is split into: as many as fill the SMs' resident blocks, each at
+    least ``_SPLIT_MIN_TILES`` k tiles, their fp32 partial sums within ``room`` bytes."""
+    blocks = -(-spec.k // tile.bf) * -(-spec.c // tile.bc) * spec.r * spec.s
+    k_tiles = -(-spec.n * spec.p * spec.q // _WGRAD_TMA_PIXELS)
+    splits = min(sm_count * resident_blocks(tile, smem_per_sm) // blocks, k_tiles // _SPLIT_MIN_TILES, _MAX_SPLITS,
+                 room // max(1, 4 * spec.k * spec.crs_per_group))
+    return splits if splits >= 2 else 1
+
+
+@functools.lru_cache(maxsize=1024)
+def _wgrad_tma_launches(spec: ConvSpec, dtype, tile: WgradTmaTile, splits: int, device: int, sm_count: int,
+                        krsc: bool) -> WgradLaunches:
+    """The TMA wgrad's GEMM (pointers: x, dy, dW or the partial sums; its maps encoded from x and dy) and, split,
+    the sum of its partial sums (partial sums, null, dW); memoized per problem, tile, splits and device."""
+    m = spec.n * spec.p * spec.q
+    k_tiles = -(-m // _WGRAD_TMA_PIXELS)
+    split_tiles = -(-k_tiles // splits)
+    splits = -(-k_tiles // split_tiles)  # (no empty range)
+    rs, cg = spec.r * spec.s, spec.c
+    strides = (rs * cg, 1, spec.s * cg, cg) if krsc else (cg * rs, rs, spec.s, 1)  # (k, c, r, s)
+    c_tiles = -(-spec.c // tile.bc)
+    geometry = numpy.array((spec.p, spec.q, spec.s, *spec.stride, spec.pad[0], spec.pad[2], *spec.dilation, spec.k,
+                            spec.c, c_tiles, k_tiles, split_tiles, *strides,
+                            0 if splits == 1 else spec.k * cg * rs), dtype=WGRAD_TMA_GEOMETRY_DTYPE)[()]
+    lower, upper = _tma_corners(spec)
+    maps = ((0, _tma.im2col_map(spec.n, spec.h, spec.w, spec.c, lower, upper, spec.stride, 64, _WGRAD_TMA_PIXELS)),
+            (1, _tma.tiled_map(spec.k, m, 64, _WGRAD_TMA_PIXELS)))
+    name = tile.kernel_name(_dtypes.ctype_of(dtype))
+    grid = (c_tiles * rs, -(-spec.k // tile.bf), splits)
+    gemm = _tma.TmaLaunch(_fn(name), name, grid, (tile.threads, 1, 1), 3, (geometry,), maps, smem=tile.smem_bytes)
+    sums = None if splits == 1 else _sum_kernel(dtype, spec.k * cg * rs, splits, 1, 1, sm_count)
+    return WgradLaunches(None, None, gemm, sums, 0, 0, 0 if splits == 1 else splits * spec.k * cg * rs * 4)
+
+
+def _wgrad_tma_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile: WgradTmaTile, splits: int = None,
+                       krsc: bool = False) -> "_plan.Plan":
+    """The TMA wgrad's plan on channels-last x and dy: the GEMM into dW (``krsc``: channels-last), or split into
+    partial sums and their sum."""
+    if not env.wgmma:
+        raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma, TMA)")
+    reason = wgrad_tma_reason(spec, dtype)
+    if reason is not None:
+        raise ValueError(f"implicit_gemm: tile {tile} cannot run the wgrad of {spec}: {reason}")
+    splits = splits or wgrad_tma_splits(spec, tile, env.sm_count, env.smem_per_sm, env.workspace_limit)
+    ls = _wgrad_tma_launches(spec, dtype, tile, splits, env.device, env.sm_count, krsc)
+    b = _plan.Builder("wgrad", env)
+    if ls.sums is None:
+        b.launch(ls.gemm, b.ref("x"), b.ref("dy"), b.ref("dw"))
+    else:
+        partials = b.take(ls.partial_bytes)
+        b.launch(ls.gemm, b.ref("x"), b.ref("dy"), partials)
+        b.launch(ls.sums, partials, _plan.NULL, b.ref("dw"))
+    return b.plan(STEM)
+
+
 def _wgrad_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, splits: int = None,
                    nhwc: bool = False, krsc: bool = False) -> "_plan.Plan":
-    """wgrad's plan: pack x and dy (two launches; ``nhwc``: from channels-last ones), the GEMM (``krsc``: into a
-    channels-last dW), and where split the sum of its partial sums (in dW's layout)."""
+    """wgrad's plan: on channels-last operands at 256-byte boundaries the TMA wgrad where it serves
+    (``wgrad_tma_tile``); else pack x and dy (two launches; ``nhwc``: from channels-last ones), the GEMM
+    (``krsc``: into a channels-last dW), and where split the sum of its partial sums (in dW's layout)."""
+    if tile is None and nhwc and env.wgmma and env.aligned:
+        tile = wgrad_tma_tile(spec, dtype)
+    if isinstance(tile, WgradTmaTile):
+        if not nhwc:
+            raise ValueError(f"implicit_gemm: tile {tile} reads channels-last x and dy")
+        return _wgrad_tma_prepare(spec, dtype, env, tile, splits, krsc)
     b = _plan.Builder("wgrad", env)
     tile = tile or wgrad_tile(spec, dtype, env.wgmma)
     if tile.nchw:
