@@ -48,10 +48,7 @@ constexpr int kWidth = 16;          // channels and filters a group
 constexpr int kGroupsPerBlock = 4;  // a warp each
 constexpr int kMinBlocks = 4;       // resident blocks an SM: at most 128 registers a thread
 constexpr int kMaxTaps = 9;         // R·S: the B fragments live in registers
-constexpr int kStageLoads = 8;      // staged words a thread has in flight (NCHW: scalar loads)
-// channels-last: a 16-bit position's four groups whole (8 vectors: one batch of loads a position instead of four;
-// float's are twice as many words and its B fragments twice the registers: 8 words)
-template <typename T> constexpr int kNhwcStageLoadsOf = sizeof(T) == 2 ? 32 : 8;
+constexpr int kStageLoads = 8;      // staged words a thread has in flight
 
 // Per storage type: channels per staged 32-bit word and MMA k steps per tap (16 channels).
 template <typename T> struct Words { static constexpr int per = 2, steps = 1; };
@@ -146,7 +143,6 @@ grouped_mma(const T* __restrict__ x, const T* __restrict__ w, const T* __restric
     // flight before any is stored. Channels-last, a position's planes are consecutive words of the pixel: 16-byte
     // vectors of four planes.
     static_assert(kPlanes % kStageLoads == 0 && kStageLoads % 4 == 0, "a block's word planes come in whole batches");
-    constexpr int kNhwcStageLoads = kNhwcStageLoadsOf<T>;
     const T* __restrict__ x_n = kNhwc ? x + static_cast<i64>(n) * H * W * C + static_cast<i64>(g0) * kWidth
                                       : x + (static_cast<i64>(n) * C + static_cast<i64>(g0) * kWidth) * H * W;
     const i64 channel_src = static_cast<i64>(H) * W;  // (NCHW) source elements between two channels
@@ -161,14 +157,12 @@ grouped_mma(const T* __restrict__ x, const T* __restrict__ w, const T* __restric
         if constexpr (kNhwc) {
             const uint4* __restrict__ src =
                 reinterpret_cast<const uint4*>(x_n + (ok ? (static_cast<i64>(ih) * W + iw) * C : 0));
-            for (int wp0 = 0; wp0 < n_planes; wp0 += kNhwcStageLoads) {
-                uint4 v[kNhwcStageLoads / 4];
+            for (int wp0 = 0; wp0 < n_planes; wp0 += kStageLoads) {
+                uint4 v[kStageLoads / 4];
 #pragma unroll
-                for (int j = 0; j < kNhwcStageLoads / 4; ++j)
-                    v[j] = ok && wp0 + 4 * j < n_planes ? __ldg(src + wp0 / 4 + j) : make_uint4(0, 0, 0, 0);
+                for (int j = 0; j < kStageLoads / 4; ++j) v[j] = ok ? __ldg(src + wp0 / 4 + j) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-                for (int j = 0; j < kNhwcStageLoads / 4; ++j) {
-                    if (wp0 + 4 * j >= n_planes) break;
+                for (int j = 0; j < kStageLoads / 4; ++j) {
                     unsigned* d = dst + (wp0 + 4 * j) * t.plane;
                     d[0] = staged_word<T>(v[j].x);
                     d[t.plane] = staged_word<T>(v[j].y);
