@@ -202,12 +202,22 @@ def _preference_nhwc(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: b
     yield from _preference(spec, dtype, precision, pass_, wgmma)
 
 
+# The TMA wgrad reduces over the output pixels N·P·Q in 64-pixel k tiles; with fewer than this many, where
+# im2col_gemm's column matrix serves the layer, cuBLAS's GEMM over the short reduction is faster (H200, bf16,
+# ResNet-50 at batch 8: 256@14², 512@7² and the strided layers onto them 10.6-11.4 µs against 12.2-14.2; at
+# batch 32, 1568 pixels, 512@7² about equal: 24.0 against 23.3).
+_WGRAD_TMA_MIN_PIXELS = 2048
+
+
 def _wgrad_by_tma(spec: ConvSpec, dtype) -> bool:
     """A channels-last wgrad for ``implicit_gemm``'s TMA wgrad (``implicit_gemm.wgrad_tma_tile``): windows that
     overlap (a kernel wider than its stride, or dilated), where a column matrix would copy each pixel of x once a
     tap that reads it; 1x1 layers and patchify kernels no wider than their stride stay one GEMM of im2col_gemm
-    (their columns are x itself, or a gather of it)."""
+    (their columns are x itself, or a gather of it), and so do layers of fewer than ``_WGRAD_TMA_MIN_PIXELS``
+    output pixels that its column matrix serves."""
     if spec.r <= spec.stride[0] and spec.s <= spec.stride[1] and spec.dilation == (1, 1):
+        return False
+    if spec.n * spec.p * spec.q < _WGRAD_TMA_MIN_PIXELS and im2col_gemm.columns_wgrad_nhwc(spec, dtype):
         return False
     return implicit_gemm.wgrad_tma_tile(spec, dtype) is not None
 
