@@ -1108,6 +1108,120 @@ depthwise_nhwc_fwd_q(const T* __restrict__ x, const T* __restrict__ wt, const T*
     }
 }
 
+// depthwise_nhwc_fwd_tile<T, KR, SR, QT>(x, wt, bias, out, ConvGeometry)
+//     the 16-bit types' channels-last forward for a square KR x KR kernel at stride SR along both axes, dilation
+//     1: a block per (tile of 8 output rows x 2·QT columns, 32 channels, sample) stages the tile's input window
+//     of its 32 channels in shared memory once (16-byte vectors, 12 or fewer loads in flight a thread; zeros
+//     outside the image and past C) and the channels' weights as fp32 pairs; a thread then takes a channel pair
+//     and QT adjacent outputs of one row, and per kernel row converts the (QT - 1)·SR + KR input pairs its taps
+//     read once into registers: KR·QT FMA pairs for QT + 6 shared loads (7x7, stride 1). The per-tap 16-byte
+//     loads and conversions of depthwise_nhwc_fwd made it issue-bound at ~3x its FMA count. Staged rows are
+//     kDwTileRowWords words apart, so that the two rows a warp's halves read fall in different banks. Sample
+//     offsets within 31 bits (the Python twin checks).
+constexpr int kDwTileRows = 8, kDwTileChannels = 32;
+// Words between two staged rows: at least a row's hc pixels of 32 channels (16 words), 16-byte aligned, and
+// sr rows ≡ 16 words (mod 32): a warp's two halves read rows sr apart, 16 consecutive words each.
+__host__ __device__ constexpr int dw_tile_row_words(int hc, int sr) {
+    int rp = hc * 16;
+    while ((sr * rp) % 32 != 16) rp += 4;
+    return rp;
+}
+
+template <typename T> __device__ __forceinline__ float2 pair_of(unsigned w);
+template <> __device__ __forceinline__ float2 pair_of<__half>(unsigned w) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&w));
+}
+template <> __device__ __forceinline__ float2 pair_of<__nv_bfloat16>(unsigned w) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+template <typename T> __device__ __forceinline__ unsigned word_of(float a, float b) {
+    const T lo = cuconv::from_acc<T>(a), hi = cuconv::from_acc<T>(b);
+    return static_cast<unsigned>(*reinterpret_cast<const unsigned short*>(&lo)) |
+           (static_cast<unsigned>(*reinterpret_cast<const unsigned short*>(&hi)) << 16);
+}
+
+template <typename T, int KR, int SR, int QT>
+__global__ void __launch_bounds__(256)
+depthwise_nhwc_fwd_tile(const T* __restrict__ x, const T* __restrict__ wt, const T* __restrict__ bias,
+                        T* __restrict__ out, const cuconv::ConvGeometry g) {
+    static_assert(sizeof(T) == 2, "16-bit storage: a word is a channel pair");
+    constexpr int TP = kDwTileRows, TQ = 2 * QT, kPairs = kDwTileChannels / 2;
+    constexpr int HR = (TP - 1) * SR + KR, HC = (TQ - 1) * SR + KR;
+    constexpr int RP = dw_tile_row_words(HC, SR);
+    constexpr int kVectors = HR * HC * 4;  // 16-byte vectors staged: a pixel's 32 channels are 4
+    constexpr int kLoads = (kVectors + 255) / 256;
+    constexpr int kWindow = (QT - 1) * SR + KR;
+    __shared__ __align__(16) unsigned s_x[HR * RP];
+    __shared__ float2 s_w[KR * KR][kPairs];
+    const int C = static_cast<int>(g.c), H = static_cast<int>(g.h), W = static_cast<int>(g.w);
+    const int P = static_cast<int>(g.p), Q = static_cast<int>(g.q);
+    const int q_tiles = (Q + TQ - 1) / TQ;
+    const int p0 = static_cast<int>(blockIdx.x) / q_tiles * TP, q0 = static_cast<int>(blockIdx.x) % q_tiles * TQ;
+    const int c0 = static_cast<int>(blockIdx.y) * kDwTileChannels;
+    const int tid = static_cast<int>(threadIdx.x);
+    const T* __restrict__ xn = x + static_cast<i64>(blockIdx.z) * H * W * C;
+    const int ih0 = p0 * SR - static_cast<int>(g.pad_top), iw0 = q0 * SR - static_cast<int>(g.pad_left);
+
+    for (int i = tid; i < KR * KR * kPairs; i += 256) {
+        const int tap = i / kPairs, c = c0 + 2 * (i - tap * kPairs);
+        s_w[tap][i - tap * kPairs] = c < C ? make_float2(cuconv::to_acc(wt[static_cast<i64>(tap) * C + c]),
+                                                         cuconv::to_acc(wt[static_cast<i64>(tap) * C + c + 1]))
+                                           : make_float2(0.f, 0.f);
+    }
+    uint4 v[kLoads];
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+        const int i = tid + 256 * j, pix = i / 4, vec = i % 4;
+        const int hr = pix / HC, hc = pix - hr * HC;
+        const int ih = ih0 + hr, iw = iw0 + hc, c = c0 + 8 * vec;
+        v[j] = make_uint4(0, 0, 0, 0);
+        if (i < kVectors && ih >= 0 && ih < H && iw >= 0 && iw < W && c < C)
+            v[j] = __ldg(reinterpret_cast<const uint4*>(xn + (ih * W + iw) * C + c));
+    }
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+        const int i = tid + 256 * j, pix = i / 4, vec = i % 4;
+        const int hr = pix / HC, hc = pix - hr * HC;
+        if (i < kVectors) *reinterpret_cast<uint4*>(&s_x[hr * RP + hc * 16 + vec * 4]) = v[j];
+    }
+    __syncthreads();
+
+    // thread: channel pair tid % 16, output row (tid / 16) % 8 of the tile, columns QT·(tid / 128) on
+    const int pair = tid % kPairs, pos = tid / kPairs, row = pos % TP, qg = pos / TP;
+    const int c = c0 + 2 * pair;
+    float acc[QT][2];
+    {
+        const float2 b = bias != nullptr && c < C ? make_float2(cuconv::to_acc(bias[c]), cuconv::to_acc(bias[c + 1]))
+                                                  : make_float2(0.f, 0.f);
+#pragma unroll
+        for (int q = 0; q < QT; ++q) acc[q][0] = b.x, acc[q][1] = b.y;
+    }
+    const unsigned* base = s_x + row * SR * RP + qg * QT * SR * 16 + pair;
+#pragma unroll 1  // (unrolled, the compiler hoists every row's window: 210-228 registers for bf16 7x7)
+    for (int r = 0; r < KR; ++r) {
+        float2 win[kWindow];
+#pragma unroll
+        for (int j = 0; j < kWindow; ++j) win[j] = pair_of<T>(base[r * RP + j * 16]);
+#pragma unroll
+        for (int s = 0; s < KR; ++s) {
+            const float2 wv = s_w[r * KR + s][pair];
+#pragma unroll
+            for (int q = 0; q < QT; ++q) {
+                acc[q][0] = fmaf(win[q * SR + s].x, wv.x, acc[q][0]);
+                acc[q][1] = fmaf(win[q * SR + s].y, wv.y, acc[q][1]);
+            }
+        }
+    }
+    const int op = p0 + row;
+    if (op >= P || c >= C) return;
+    T* __restrict__ o = out + ((static_cast<i64>(blockIdx.z) * P + op) * Q) * C + c;
+#pragma unroll
+    for (int q = 0; q < QT; ++q) {
+        const int oq = q0 + qg * QT + q;
+        if (oq < Q) *reinterpret_cast<unsigned*>(o + static_cast<i64>(oq) * C) = word_of<T>(acc[q][0], acc[q][1]);
+    }
+}
+
 // depthwise_nhwc_dgrad<T, Index>(dy, wt, dx, ConvGeometry, total)
 //     multiplier 1, any stride and dilation: a thread per (dx pixel, V adjacent channels), flat over the batch
 //     with the channels fastest; per tap whose output position (h + pad - r·dil) / stride is whole and inside

@@ -56,6 +56,13 @@ _NHWC_WGRAD_WIDTHS = (3, 5, 7)
 # (_nhwc_fwd_tiled), where it measured faster than depthwise_nhwc_fwd; prepare(..., kernel="nhwc_q") forces it.
 _NHWC_Q_PIXELS = {3: 4, 5: 4, 7: 2}
 _NHWC_Q_AUTO = (5,)
+# depthwise_nhwc_fwd_tile's instances (KR, SR, QT): square kernels at stride 1 or 2, QT output pixels a thread
+# (tiles of 8 rows x 2·QT columns: QT = 4 on planes of 8 columns or fewer, and for 7x7 at stride 2, whose
+# staged window would pass static shared memory's 48 KB at QT = 8; else 8). ``auto`` takes it for the 16-bit types
+# wherever it applies (``_nhwc_tile``); prepare(..., kernel="nhwc_tile") forces it there.
+_NHWC_TILE_INSTANCES = tuple((kr, sr, qt) for kr in (3, 5, 7) for sr in (1, 2) for qt in (4, 8)
+                             if not (kr == 7 and sr == 2 and qt == 8))
+_NHWC_TILE_ROWS, _NHWC_TILE_CHANNELS = 8, 32  # kDwTileRows, kDwTileChannels
 _SMEM_LIMIT = _loader.SMEM_DEFAULT  # wgrad's per-thread accumulators stay within the default
 _MAX_GRID_Y = 65535
 
@@ -83,6 +90,8 @@ NAME_EXPRESSIONS = tuple(
        for i in ("int", "long long")]
     + [f"depthwise_nhwc_fwd_q<{t},{r},{qt},{u},{i}>" for t in _dtypes.ALL_CTYPE_NAMES
        for r, qt in _NHWC_Q_PIXELS.items() for u in ("true", "false") for i in ("int", "long long")]
+    + [f"depthwise_nhwc_fwd_tile<{t},{kr},{sr},{qt}>" for t in ("__half", "__nv_bfloat16")
+       for kr, sr, qt in _NHWC_TILE_INSTANCES]
     + [f"depthwise_nhwc_dgrad<{t},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for i in ("int", "long long")]
     + [f"depthwise_nhwc_wgrad<{t},{r},{sw}>" for t in _dtypes.ALL_CTYPE_NAMES
        for r, sw in [(r, sw) for r in _NHWC_WGRAD_WIDTHS for sw in (1, 2)] + [(0, 0)]]
@@ -197,14 +206,36 @@ def _nhwc_fwd_tiled(spec: ConvSpec) -> bool:
             and spec.dilation == (1, 1))
 
 
-def _nhwc_launches(spec: ConvSpec, dtype, flip: bool, tiled: bool = False):
+def _nhwc_tile(spec: ConvSpec, dtype):
+    """(KR, SR, QT) of the ``depthwise_nhwc_fwd_tile`` instance for this forward, or None where it does not apply:
+    float16 and bfloat16, a square 3x3, 5x5 or 7x7 kernel at stride 1 or 2 along both axes, dilation 1, a grid's
+    samples and channel blocks, a sample's input and output within 31-bit offsets."""
+    if numpy.dtype(dtype).itemsize != 2 or spec.r != spec.s or spec.stride not in ((1, 1), (2, 2)):
+        return None
+    if spec.dilation != (1, 1) or spec.n > _MAX_GRID_Y or -(-spec.c // _NHWC_TILE_CHANNELS) > _MAX_GRID_Y:
+        return None
+    if max(spec.h * spec.w * spec.c, spec.p * spec.q * spec.c) >= 2**31:
+        return None
+    kr, sr = spec.r, spec.stride[0]
+    qt = 4 if spec.q <= 8 or (kr, sr) == (7, 2) else 8
+    return (kr, sr, qt) if (kr, sr, qt) in _NHWC_TILE_INSTANCES else None
+
+
+def _nhwc_launches(spec: ConvSpec, dtype, flip: bool, tiled: bool = False, tile=None):
     """(weight bytes, the weight's (R·S, C) launch, the forward launch) of ``depthwise_nhwc_fwd`` on ``spec``
-    (``tiled``: ``depthwise_nhwc_fwd_q``, where the kernel is square and of ``_NHWC_Q_PIXELS``); ``flip``: the
-    weight transposed with its taps reversed (dgrad of the layer whose dgrad ``spec`` is the forward of)."""
+    (``tiled``: ``depthwise_nhwc_fwd_q``, where the kernel is square and of ``_NHWC_Q_PIXELS``; ``tile``: the
+    (KR, SR, QT) of ``depthwise_nhwc_fwd_tile``, ``_nhwc_tile``); ``flip``: the weight transposed with its taps
+    reversed (dgrad of the layer whose dgrad ``spec`` is the forward of)."""
     ctype = _dtypes.ctype_of(dtype)
     weight = _nhwc_weight(spec, dtype, flip)
     vec = 16 // numpy.dtype(dtype).itemsize
     index = _nhwc_index(spec, dtype)
+    if tile is not None:
+        kr, sr, qt = tile
+        grid = (-(-spec.p // _NHWC_TILE_ROWS) * -(-spec.q // (2 * qt)), -(-spec.c // _NHWC_TILE_CHANNELS), spec.n)
+        forward = _loader.prepare(STEM, NAME_EXPRESSIONS, f"depthwise_nhwc_fwd_tile<{ctype},{kr},{sr},{qt}>", grid,
+                                  (_THREADS, 1, 1), 4, (_loader.conv_geometry(spec),))
+        return spec.r * spec.s * spec.c * numpy.dtype(dtype).itemsize, weight, forward
     if tiled and spec.r == spec.s and spec.r in _NHWC_Q_PIXELS:
         qt = _NHWC_Q_PIXELS[spec.r]
         total = spec.n * spec.p * -(-spec.q // qt) * spec.c // vec
@@ -277,10 +308,13 @@ def _nhwc_prepare(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", bias: boo
     """A pass on channels-last activations: the weight as (R·S, C) into the workspace, then
     ``depthwise_nhwc_fwd`` over the forward (x into out) or, for dgrad at stride 1, over the forward of dy with
     the kernel flipped (into dx); a strided dgrad gathers (``depthwise_nhwc_dgrad``); wgrad sums slices of dy's
-    rows into partial sums, then adds them in order (``depthwise_nhwc_wgrad``). ``kernel="nhwc_q"`` forces
-    ``depthwise_nhwc_fwd_q`` for the forward and the stride-1 dgrad where it applies (``_NHWC_Q_PIXELS``)."""
-    if kernel not in (None, "nhwc", "nhwc_q"):
-        raise ValueError(f"depthwise: kernel {kernel!r} on channels-last tensors; expected 'nhwc' or 'nhwc_q'")
+    rows into partial sums, then adds them in order (``depthwise_nhwc_wgrad``). The forward and the stride-1
+    dgrad run ``depthwise_nhwc_fwd_tile`` where it applies (``_nhwc_tile``), else ``depthwise_nhwc_fwd_q`` for
+    5x5 kernels at unit stride, else ``depthwise_nhwc_fwd``; ``kernel`` forces one of them where it applies
+    (``"nhwc_tile"``, ``"nhwc_q"``: ``_NHWC_Q_PIXELS``; elsewhere ``depthwise_nhwc_fwd``), ``"nhwc"`` the last."""
+    if kernel not in (None, "nhwc", "nhwc_q", "nhwc_tile"):
+        raise ValueError(f"depthwise: kernel {kernel!r} on channels-last tensors; expected 'nhwc', 'nhwc_q' or "
+                         "'nhwc_tile'")
     reason = reason_unsupported_nhwc(spec, dtype, pass_)
     if reason is not None:
         raise NotImplementedError(f"cuconv: depthwise cannot run this {pass_} on channels-last tensors: {reason}")
@@ -306,8 +340,9 @@ def _nhwc_prepare(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", bias: boo
                                  (_loader.conv_geometry(spec), numpy.int64(total)))
         b.launch(gather, b.ref("dy"), wt, b.ref("dx"))
         return b.plan(STEM)
+    tile = _nhwc_tile(fspec, dtype) if kernel in (None, "nhwc_tile") else None
     tiled = _nhwc_fwd_tiled(fspec) if kernel is None else kernel == "nhwc_q"
-    weight_bytes, weight, forward = _nhwc_launches(fspec, dtype, pass_ == "dgrad", tiled)
+    weight_bytes, weight, forward = _nhwc_launches(fspec, dtype, pass_ == "dgrad", tiled, tile)
     wt = b.take(weight_bytes)
     b.launch(weight, b.ref("w"), wt)
     if pass_ == "fprop":

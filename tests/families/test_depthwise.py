@@ -369,6 +369,11 @@ _NHWC_CASES = [
     pytest.param((2, 16, 6, 11), (1, 8), dict(padding=(0, 3)), id="1x8_widest_wgrad"),
     pytest.param((4, 80, 17, 23), (5, 5), dict(padding=2), id="5x5_partial_channel_block_many_rows"),
     pytest.param((3, 16, 9, 21), (3, 3), dict(padding=(1, 0), stride=2), id="3x3_s2_unread_last_column"),
+    # several tiles of depthwise_nhwc_fwd_tile (8 rows x 16 or 8 columns, 32 channels) and partial ones
+    pytest.param((2, 40, 23, 37), (3, 3), dict(padding=1), id="3x3_tiles_c40"),
+    pytest.param((1, 64, 19, 30), (7, 7), dict(padding=3), id="7x7_tiles_c64"),
+    pytest.param((2, 72, 29, 31), (5, 5), dict(padding=2, stride=2), id="5x5_s2_tiles_c72"),
+    pytest.param((2, 96, 17, 18), (7, 7), dict(padding=(3, 2), stride=2), id="7x7_s2_tiles_asym"),
 ]
 
 
@@ -399,14 +404,16 @@ def _nhwc(a):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fwd_kernel", ["nhwc", "nhwc_q"])
+@pytest.mark.parametrize("fwd_kernel", ["nhwc", "nhwc_q", "nhwc_tile"])
 @pytest.mark.parametrize("dtype_name", EXACT_DTYPES)
 @pytest.mark.parametrize("x_shape,kernel,kwargs", _NHWC_CASES)
 def test_nhwc_passes_equal_cpu_exactly_on_integers(x_shape, kernel, kwargs, dtype_name, fwd_kernel):
     """x, out, dy and dx channels-last in memory: the forward (with a bias), the dgrad (at stride 1 the forward of
     dy with the weight transposed and flipped, else the gather) and wgrad (slices of dy's rows, then their ordered
     sum) bit for bit the CPU path's on integers, into NaN-poisoned outputs; the forward and stride-1 dgrad through
-    each forward kernel (``nhwc_q``: several output pixels a thread, for square 3x3, 5x5 and 7x7 kernels)."""
+    each forward kernel (``nhwc_q``: several output pixels a thread, for square 3x3, 5x5 and 7x7 kernels;
+    ``nhwc_tile``: a tile's input window staged in shared memory, the 16-bit types' square kernels at stride 1
+    or 2)."""
     import cupy
 
     from cuconv import _plan
