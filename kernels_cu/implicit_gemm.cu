@@ -791,6 +791,16 @@ __device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
     } while (!done);
 }
 
+// A ring of STAGES slots' barriers, 8 bytes apart: slot s's full barrier completes on the producer's one arrival
+// (with the slot's byte count) and its copies, its empty one on every consumer thread's arrival.
+template <int STAGES> __device__ __forceinline__ void init_ring(unsigned full, unsigned empty, unsigned consumers) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+        mbarrier_init(full + 8 * s, 1);
+        mbarrier_init(empty + 8 * s, consumers);
+    }
+}
+
 // The tensor memory accelerator (TMA, TensorMap below): bulk copies of a tensor map's boxes into shared memory
 // that complete on an mbarrier, which the issuing thread first tells how many bytes to expect.
 __device__ __forceinline__ void mbarrier_expect_bytes(unsigned bar, unsigned bytes) {
@@ -870,32 +880,20 @@ template <> struct Wgmma<__nv_bfloat16> {
 // wgrad's products, both operands MN-major (imm-trans-a = imm-trans-b = 1, the 16-bit types only): d (64 filters
 // x N channels, fp32, N / 2 a thread) += A (64 filters x 16 pixels, filters contiguous) · B (16 pixels x N
 // channels, channels contiguous).
-template <typename T, int N> struct WgmmaMn;
-template <> struct WgmmaMn<__half, 64> {
-    static __device__ __forceinline__ void run(float (&d)[32], unsigned long long a, unsigned long long b) {
+template <typename T> constexpr bool kHalfStorage = false;
+template <> constexpr bool kHalfStorage<__half> = true;
+template <typename T, int N> struct WgmmaMn {
+    static_assert(N == 64 || N == 128, "m64n64 or m64n128");
+    static __device__ __forceinline__ void run(float (&d)[N / 2], unsigned long long a, unsigned long long b) {
 #ifdef CUCONV_IGEMM_WGMMA
-        CUCONV_WGMMA_M64N64("k16.f32.f16.f16", ", 1, 1");
-#endif
-    }
-};
-template <> struct WgmmaMn<__nv_bfloat16, 64> {
-    static __device__ __forceinline__ void run(float (&d)[32], unsigned long long a, unsigned long long b) {
-#ifdef CUCONV_IGEMM_WGMMA
-        CUCONV_WGMMA_M64N64("k16.f32.bf16.bf16", ", 1, 1");
-#endif
-    }
-};
-template <> struct WgmmaMn<__half, 128> {
-    static __device__ __forceinline__ void run(float (&d)[64], unsigned long long a, unsigned long long b) {
-#ifdef CUCONV_IGEMM_WGMMA
-        CUCONV_WGMMA_M64N128("k16.f32.f16.f16", ", 1, 1");
-#endif
-    }
-};
-template <> struct WgmmaMn<__nv_bfloat16, 128> {
-    static __device__ __forceinline__ void run(float (&d)[64], unsigned long long a, unsigned long long b) {
-#ifdef CUCONV_IGEMM_WGMMA
-        CUCONV_WGMMA_M64N128("k16.f32.bf16.bf16", ", 1, 1");
+        if constexpr (N == 64 && kHalfStorage<T>)
+            CUCONV_WGMMA_M64N64("k16.f32.f16.f16", ", 1, 1");
+        else if constexpr (N == 64)
+            CUCONV_WGMMA_M64N64("k16.f32.bf16.bf16", ", 1, 1");
+        else if constexpr (kHalfStorage<T>)
+            CUCONV_WGMMA_M64N128("k16.f32.f16.f16", ", 1, 1");
+        else
+            CUCONV_WGMMA_M64N128("k16.f32.bf16.bf16", ", 1, 1");
 #endif
     }
 };
@@ -1114,11 +1112,7 @@ implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::Tens
     const int kt0 = blockIdx.z * g.split_tiles;
     const int k_tiles = min(g.split_tiles, g.k_tiles - kt0);
     if (tid == 0) {
-#pragma unroll
-        for (int s = 0; s < STAGES; ++s) {
-            mbarrier_init(full + 8 * s, 1);
-            mbarrier_init(empty + 8 * s, kConsumers);
-        }
+        init_ring<STAGES>(full, empty, kConsumers);
         mbarrier_init_fence();  // the copy engine sees the barriers initialised
     }
     __syncthreads();
@@ -1227,11 +1221,7 @@ implicit_gemm_wgrad_tma(const T* __restrict__ x, const T* __restrict__ dy, void*
     const int kt0 = blockIdx.z * g.split_tiles;
     const int k_tiles = min(g.split_tiles, g.k_tiles - kt0);
     if (tid == 0) {
-#pragma unroll
-        for (int s = 0; s < STAGES; ++s) {
-            mbarrier_init(full + 8 * s, 1);
-            mbarrier_init(empty + 8 * s, kConsumers);
-        }
+        init_ring<STAGES>(full, empty, kConsumers);
         mbarrier_init_fence();
     }
     __syncthreads();

@@ -132,6 +132,11 @@ class WgmmaTile:
                 f"{str(self.retire).lower()}>")
 
 
+def _tma_block_threads(filters: int) -> int:
+    """A TMA-fed block's threads: a warpgroup of wgmmas per 64 filters, then the producer warp."""
+    return 128 * (filters // 64) + 32
+
+
 @dataclasses.dataclass(frozen=True)
 class WgmmaTmaTile:
     """One ``implicit_gemm_wgmma_tma`` instance (sm_90a): ``bn`` filters × ``bm`` output pixels on ``bn / 64``
@@ -154,7 +159,7 @@ class WgmmaTmaTile:
 
     @property
     def threads(self) -> int:
-        return 128 * (self.bn // 64) + 32
+        return _tma_block_threads(self.bn)
 
     @property
     def smem_bytes(self) -> int:
@@ -185,7 +190,7 @@ class WgradTmaTile:
 
     @property
     def threads(self) -> int:
-        return 128 * (self.bf // 64) + 32
+        return _tma_block_threads(self.bf)
 
     @property
     def smem_bytes(self) -> int:
