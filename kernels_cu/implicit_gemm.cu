@@ -1173,7 +1173,7 @@ implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::Tens
 
 
 // ---------------------------------------------------------------------------------------------------
-// wgrad on channels-last tensors fed by the TMA (sm_90a, the 16-bit types, one group): dW (K, C, R, S) =
+// wgrad on channels-last tensors fed by the TMA (sm_90a, the 16-bit types): dW (K, C, R, S) =
 // Σ over the output pixels m = (n, p, q) of dy[m, k] · x[n, p·stride_h + r·dil_h - pad_h, q·stride_w + s·dil_w -
 // pad_w, c]. For one tap (r, s) that is a GEMM of dyᵀ (K × M) by the tap's im2col column matrix (M × C), whose
 // reduction M is both operands' strided dimension: dy's rows and the im2col rows are pixels with their filters
@@ -1189,11 +1189,17 @@ implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::Tens
 // them in order: deterministic), else the dW tile rounded once into `out`, straight from the accumulators (a
 // thread's pairs of adjacent channels as one store where dW is channels-last). dW element (k, c, r, s) sits at
 // k·out_k + c·out_c + r·out_r + s·out_s (KCRS or KRSC).
+//
+// Groups of group_width channels and as many filters (0: one group; the Python twin takes 16, 32 or 64 with
+// BF = BC = 64): a block's 64 filters and the 64 channels of the same groups (c0 = n0; grid x the taps alone) make
+// a 64 × 64 product of which the group_width × group_width blocks on its diagonal are dW's (the others pair a
+// group's filters with another group's channels and are not stored); channel c of a group is dW's c % group_width.
 struct WgradTmaGeometry {
-    int p, q, s, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, k, c, c_tiles, k_tiles, split_tiles;
+    int p, q, s, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, k, c, c_tiles, k_tiles, split_tiles, group_width,
+        unused;
     long long out_k, out_c, out_r, out_s, split_stride;
 };
-static_assert(sizeof(WgradTmaGeometry) == 96, "WGRAD_TMA_GEOMETRY_DTYPE in cuconv/families/implicit_gemm.py");
+static_assert(sizeof(WgradTmaGeometry) == 104, "WGRAD_TMA_GEOMETRY_DTYPE in cuconv/families/implicit_gemm.py");
 
 template <typename T, int BF, int BC, int STAGES, int MINB>
 __global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
@@ -1215,9 +1221,10 @@ implicit_gemm_wgrad_tma(const T* __restrict__ x, const T* __restrict__ dy, void*
     const unsigned full = base + STAGES * kStageBytes, empty = full + 8 * STAGES;
 
     const int tid = threadIdx.x;
-    const int tap = blockIdx.x / g.c_tiles, c0 = (blockIdx.x - tap * g.c_tiles) * BC;
-    const int r = tap / g.s, sc = tap - r * g.s;
     const int n0 = blockIdx.y * BF;
+    const int tap = blockIdx.x / g.c_tiles;
+    const int c0 = g.group_width != 0 ? n0 : (blockIdx.x - tap * g.c_tiles) * BC;
+    const int r = tap / g.s, sc = tap - r * g.s;
     const int kt0 = blockIdx.z * g.split_tiles;
     const int k_tiles = min(g.split_tiles, g.k_tiles - kt0);
     if (tid == 0) {
@@ -1286,7 +1293,12 @@ implicit_gemm_wgrad_tma(const T* __restrict__ x, const T* __restrict__ dy, void*
             const int f = f_lane + 8 * ((i / 2) % 2);
             const int c = c0 + n * kN + 8 * (i / 4) + 2 * (lane % 4);
             if (f >= g.k || c >= g.c) continue;
-            const long long o = f * g.out_k + c * g.out_c + tap_offset;
+            int cw = c;  // dW's channel: within the filter's group
+            if (g.group_width != 0) {
+                if (f / g.group_width != c / g.group_width) continue;
+                cw = c % g.group_width;
+            }
+            const long long o = f * g.out_k + cw * g.out_c + tap_offset;
             if (g.split_stride != 0) {
                 float* p = static_cast<float*>(out) + blockIdx.z * g.split_stride + o;
                 if (g.out_c == 1) {

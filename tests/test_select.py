@@ -453,19 +453,23 @@ def test_channels_last_wgrad_through_the_column_matrix(x_shape, w_shape, kwargs,
     ((32, 96, 56, 56), (192, 96, 2, 2), dict(stride=2), _BF16, "im2col_gemm", "wt64x128"),
     ((32, 256, 14, 14), (256, 256, 1, 1), {}, _BF16, "im2col_gemm", "wt128x256"),
     ((32, 256, 14, 14), (256, 256, 3, 3), dict(padding=1), _F32, "implicit_gemm", None),
-    ((32, 256, 14, 14), (256, 64, 3, 3), dict(padding=1, groups=4), _BF16, "implicit_gemm", None),
+    ((32, 256, 14, 14), (256, 64, 3, 3), dict(padding=1, groups=4), _BF16, "implicit_gemm", "wt64x64"),
+    ((32, 320, 14, 14), (320, 16, 3, 3), dict(padding=1, groups=20), _BF16, "implicit_gemm", "wt64x64"),
+    ((32, 64, 112, 112), (64, 16, 3, 3), dict(padding=1, stride=2, groups=4), _BF16, "implicit_gemm", "wt64x64"),
+    ((32, 256, 28, 28), (256, 8, 3, 3), dict(padding=1, groups=32), _BF16, "implicit_gemm", None),
     ((32, 24, 56, 56), (64, 24, 3, 3), dict(padding=1), _BF16, "implicit_gemm", None),
     ((32, 64, 56, 56), (20, 64, 3, 3), dict(padding=1), _BF16, "implicit_gemm", None),
 ], ids=["64_56", "128_28_fp16", "64_to_128_s2", "256_14", "128_56_s2", "96_to_64", "dilated", "few_pixels",
         "few_pixels_no_columns", "patches", "pointwise", "tf32",
-        "grouped", "c24", "k20"])
+        "grouped", "regnet_g16", "regnet_g16_s2", "groups_of_8", "c24", "k20"])
 def test_channels_last_wgrad_takes_the_tma_wgrad_on_wgmma_devices(x_shape, w_shape, kwargs, dtype, expected, tile):
     """On a wgmma device (no GPU needed) the channels-last wgrad of overlapping k x k windows of one group in the
     half types, channels and filters whole 16-byte vectors of at least 32, is implicit_gemm's TMA wgrad, before
     im2col_gemm's column matrix: 64 filters x 64 channels up to 64 channels, 64 x 128 up to 128 channels or 64
     filters, else 128 x 256;
-    1x1 layers, patches and layers of fewer than 2048 output pixels its column matrix serves stay with im2col_gemm,
-    and float32, groups and narrow layers with the packed wgrad."""
+    1x1 layers, patches and layers of fewer than 2048 output pixels its column matrix serves stay with im2col_gemm;
+    groups of 16, 32 or 64 channels and as many filters take 64 x 64; float32, narrower groups and narrow layers
+    stay with the packed wgrad."""
     from cuconv.families import implicit_gemm
 
     spec = cuconv.ConvSpec.from_args(x_shape, w_shape, **kwargs)

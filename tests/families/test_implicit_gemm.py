@@ -531,12 +531,17 @@ def _wgrad_tma_cases():
     from cuconv.families import implicit_gemm
 
     geometries = _TMA_GEOMETRIES + [
-        pytest.param((5, 96, 21, 19), (72, 96, 3, 3), dict(padding=1), id="3x3_c96_k72_m1995")]
+        pytest.param((5, 96, 21, 19), (72, 96, 3, 3), dict(padding=1), id="3x3_c96_k72_m1995"),
+        # groups of 16, 32 and 64 channels (RegNet's 16: four groups a 64 x 64 block, partial blocks, a stride)
+        pytest.param((2, 64, 17, 15), (64, 16, 3, 3), dict(padding=1, stride=2, groups=4), id="g4x16_s2"),
+        pytest.param((3, 144, 9, 10), (144, 16, 3, 3), dict(padding=1, groups=9), id="g9x16_partial_block"),
+        pytest.param((2, 96, 8, 11), (96, 32, 3, 3), dict(padding=(1, 2), groups=3), id="g3x32"),
+        pytest.param((2, 128, 7, 9), (128, 64, 5, 3), dict(padding=(2, 1), groups=2), id="g2x64_5x3")]
     out = []
     for g in geometries:
         spec = cuconv.ConvSpec.from_args(g.values[0], g.values[1], **g.values[2])
-        if implicit_gemm.wgrad_tma_reason(spec, numpy.float16) is None:
-            out += [pytest.param(*g.values, name, id=f"{g.id}-{name}") for name in implicit_gemm.WGRAD_TMA_TILES]
+        out += [pytest.param(*g.values, name, id=f"{g.id}-{name}") for name, t in implicit_gemm.WGRAD_TMA_TILES.items()
+                if implicit_gemm.wgrad_tma_reason(spec, numpy.float16, t) is None]
     return out
 
 
