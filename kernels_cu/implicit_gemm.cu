@@ -1242,15 +1242,8 @@ implicit_gemm_wgmma_tma_rows(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm:
     const int m0 = row * g.q + q0;
     const int n0 = blockIdx.y * BF;
     if (tid == 0) {
-#pragma unroll
-        for (int s = 0; s < STAGES; ++s) {
-            mbarrier_init(full + 8 * s, 1);
-            mbarrier_init(empty + 8 * s, kConsumers);
-        }
-        for (int b = 0; b < 2; ++b) {
-            mbarrier_init(band_full + 8 * b, 1);
-            mbarrier_init(band_empty + 8 * b, kConsumers);
-        }
+        init_ring<STAGES>(full, empty, kConsumers);
+        init_ring<2>(band_full, band_empty, kConsumers);
         mbarrier_init_fence();
     }
     __syncthreads();

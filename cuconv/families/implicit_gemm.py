@@ -232,7 +232,7 @@ class WgmmaTmaRowsTile:
 
     @property
     def threads(self) -> int:
-        return 128 * (self.bn // 64) + 32
+        return _tma_block_threads(self.bn)
 
     def smem_for(self, spec: ConvSpec) -> int:
         """The weight's slots and two bands of ``spec``'s input rows, or the epilogue's staging if larger, 1024
