@@ -19,7 +19,7 @@ import numpy
 
 from . import _loader
 
-__all__ = ["im2col_map", "tiled_map", "TmaLaunch", "EncodeError", "MAP_BYTES"]
+__all__ = ["im2col_map", "tiled_map", "nhwc_rows_map", "TmaLaunch", "EncodeError", "MAP_BYTES"]
 
 MAP_BYTES = 128
 _MAP_ALIGN = 64
@@ -29,6 +29,7 @@ _UINT16 = 1
 _INTERLEAVE_NONE = 0
 # CUtensorMapSwizzle by a box row's bytes: the swizzle of that width (wgmma's descriptors read the same)
 _SWIZZLE = {32: 1, 64: 2, 128: 3}
+_SWIZZLE_NONE = 0
 _L2_PROMOTION_128B = 2
 _OOB_FILL_ZEROS = 0
 # im2col maps of rank 4 take bounding-box corners in [-2^7, 2^7) (the driver's limits), copies' tap offsets in
@@ -101,6 +102,22 @@ def tiled_map(cols: int, rows: int, box_cols: int, box_rows: int):
         _check(_driver()[1](dst, _UINT16, 2, address, dims, strides, box, steps, _INTERLEAVE_NONE, swizzle,
                             _L2_PROMOTION_128B, _OOB_FILL_ZEROS),
                f"cuTensorMapEncodeTiled(cols={cols}, rows={rows}, box={box_cols}x{box_rows})")
+    return encode
+
+
+def nhwc_rows_map(n: int, h: int, w: int, pitch: int, box: int):
+    """The encoder of a tiled map over an NHWC tensor of 16-bit elements (``n`` images of ``h`` × ``w`` pixels,
+    ``pitch`` elements a pixel) whose copies move ``box`` pixels of one row, 8 channels each (16 bytes, no
+    swizzle): a pixel's chunk right after the previous pixel's. Returns ``encode(dst, address)``."""
+    dims = (ctypes.c_uint64 * 4)(pitch, w, h, n)
+    strides = (ctypes.c_uint64 * 3)(2 * pitch, 2 * pitch * w, 2 * pitch * w * h)
+    boxes = (ctypes.c_uint32 * 4)(8, box, 1, 1)
+    steps = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
+
+    def encode(dst: int, address: int) -> None:
+        _check(_driver()[1](dst, _UINT16, 4, address, dims, strides, boxes, steps, _INTERLEAVE_NONE, _SWIZZLE_NONE,
+                            _L2_PROMOTION_128B, _OOB_FILL_ZEROS),
+               f"cuTensorMapEncodeTiled(NHWC rows: n={n}, h={h}, w={w}, pitch={pitch}, box={box})")
     return encode
 
 

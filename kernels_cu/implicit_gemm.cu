@@ -817,6 +817,15 @@ __device__ __forceinline__ void tma_im2col_4d(unsigned dst, const TensorMap& map
                  ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c), "r"(w), "r"(h), "r"(n),
                    "r"(bar), "h"(ow), "h"(oh) : "memory");
 }
+// A box of an NHWC tensor (a 4-D tiled map: channels, W, H, N) from channel c, column w, row h of image n (outside
+// the tensor: zeros).
+__device__ __forceinline__ void tma_tile_4d(unsigned dst, const TensorMap& map, int c, int w, int h, int n,
+                                            unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+                 ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c), "r"(w), "r"(h), "r"(n), "r"(bar)
+                 : "memory");
+}
 // A box of a 2-D tensor from column x, row y (rows past the tensor: zeros).
 __device__ __forceinline__ void tma_tile_2d(unsigned dst, const TensorMap& map, int x, int y, unsigned bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
@@ -906,6 +915,15 @@ constexpr unsigned kMnBoxBytes = 64 * 128;
 __device__ __forceinline__ unsigned long long wgmma_desc_mn(unsigned addr) {
     constexpr unsigned long long kLeading = kMnBoxBytes >> 4, kStride = 1024 >> 4;
     return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) | (kLeading << 16) | (kStride << 32) | (1ull << 62);
+}
+
+// Descriptor of a K-major operand without swizzle whose rows are 16 bytes apart (8-row core matrices one after
+// the other: stride byte offset 128) and whose 16-byte k chunks are `chunk_bytes` apart (leading byte offset):
+// implicit_gemm_wgmma_tma_rows's band of input pixels, read from any pixel on (a start 16 bytes further is the
+// operand one pixel further: no swizzle atom to stay aligned to). 16-byte units; layout type 0.
+__device__ __forceinline__ unsigned long long wgmma_desc_rows(unsigned addr, unsigned chunk_bytes) {
+    return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) |
+           (static_cast<unsigned long long>(chunk_bytes >> 4) << 16) | (static_cast<unsigned long long>(128 >> 4) << 32);
 }
 
 // Bytes of the epilogue's fp32 staging of a BF x BP tile: [BF][BP + 4], or [BP][BF + 4] for channels-last vectors
@@ -1166,6 +1184,130 @@ implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::Tens
     // Every slot was full before a consumer read it, so every copy has landed: once the consumers meet (the
     // epilogue's first barrier), the slots are free for the staging.
     wgmma_epilogue<T, BF, BP, 1, NW, true>(acc, smem + (base - smem_addr(smem)), g, bias, y, m0, n0);
+#else
+    __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
+#endif
+}
+
+
+// ---------------------------------------------------------------------------------------------------
+// The TMA-fed forward by rows of input (sm_90a, the 16-bit types, stride 1, CP = 16, 32 or 64 channels a tap):
+// implicit_gemm_wgmma_tma copies each tap's im2col column, so a pixel comes from L2 once a tap that reads it (45
+// times on square_5x9, L2 72% busy). Here a block's BP output pixels are one output row's (n, p, q0 .. q0 + BP - 1)
+// and for each kernel row r the producer copies the input row they read once, a band of BP + (S - 1)·dil_w pixels
+// (rounded up to 8) of CP channels from column q0 - pad_w on (a 4-D tiled map over the NHWC input, zeros outside
+// it), stored without swizzle as CP / 8 planes of 16-byte chunks, a pixel's chunk 16 bytes after the previous
+// pixel's; tap (r, s)'s operand is that band from pixel s·dil_w on: the descriptor's start moves 16·s·dil_w bytes
+// (wgmma_desc_rows), no copy per tap. The weight streams a tap at a time as in implicit_gemm_wgmma_tma (a tiled
+// map, BF rows × CP channels, the 2·CP-byte swizzle) through a ring of STAGES slots; the bands through a ring of
+// two with barriers of their own (a band is released once the last tap reading it has retired). Pixels past the
+// row (q ≥ Q) are computed from the band's zeros or the next columns and not stored. Shared memory
+// (WgmmaTmaRowsTile.smem_for): the slots, the two bands, or the epilogue's staging if larger; then the barriers.
+// A band's pixels: BP + (S - 1)·dil_w rounded up to 8, or to 16 above 256 (a box holds at most 256: two boxes of
+// half a band then); the Python twin's _rows_band.
+__host__ __device__ constexpr int rows_band(int bp, int s, int dil_w) {
+    const int band = (bp + (s - 1) * dil_w + 7) & ~7;
+    return band <= 256 ? band : (band + 15) & ~15;
+}
+__host__ __device__ constexpr int rows_box(int band) { return band <= 256 ? band : band / 2; }
+
+template <typename T, int BF, int BP, int STAGES, int MINB, int CP>
+__global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
+implicit_gemm_wgmma_tma_rows(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::TensorMap x_map,
+                             const __grid_constant__ igemm::TensorMap w_map) {
+#ifdef CUCONV_IGEMM_WGMMA
+    using namespace igemm;
+    constexpr int kConsumers = BF / 64 * 128;
+    constexpr int KB = 2 * CP;          // a tap's weight row: bytes
+    constexpr int kChunks = CP / 8;     // 16-byte chunks of a pixel's channels
+    constexpr int NW = BP / 128;
+    constexpr int kWeightBytes = BF * KB;
+    constexpr int kStagingBytes = staging_bytes<BF, BP>();
+    static_assert(BF % 64 == 0 && BF <= 256 && BP % 128 == 0 && BP <= 256 && STAGES >= 2 && sizeof(T) == 2 &&
+                  (CP == 16 || CP == 32 || CP == 64), "tile shape");
+
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const unsigned base = (smem_addr(smem) + 1023u) & ~1023u;
+    const int band = rows_band(BP, g.s, g.dil_w);  // pixels of a band; copied in boxes of rows_box(band) pixels
+    const unsigned band_bytes = kChunks * band * 16;
+    const unsigned bands = base + STAGES * kWeightBytes;
+    const unsigned used = STAGES * kWeightBytes + 2 * band_bytes;
+    const unsigned full = base + (used > kStagingBytes ? used : kStagingBytes), empty = full + 8 * STAGES;
+    const unsigned band_full = empty + 8 * STAGES, band_empty = band_full + 16;
+
+    const int tid = threadIdx.x;
+    const int q_segments = (g.q + BP - 1) / BP;
+    const int row = blockIdx.x / q_segments, q0 = (blockIdx.x - row * q_segments) * BP;
+    const int img = row / g.p, op = row - img * g.p;
+    const int m0 = row * g.q + q0;
+    const int n0 = blockIdx.y * BF;
+    if (tid == 0) {
+        init_ring<STAGES>(full, empty, kConsumers);
+        init_ring<2>(band_full, band_empty, kConsumers);
+        mbarrier_init_fence();
+    }
+    __syncthreads();
+
+    if (tid >= kConsumers) {  // the producer warp: its first lane issues every copy
+        if (tid != kConsumers) return;
+        int kt = 0;
+        for (int r = 0; r < g.r; ++r) {
+            const int b = r & 1;
+            if (r >= 2) mbarrier_wait(band_empty + 8 * b, ((r >> 1) - 1) & 1);
+            mbarrier_expect_bytes(band_full + 8 * b, band_bytes);
+            const int ih = op * g.stride_h - g.pad_h + r * g.dil_h;
+            const int box = rows_box(band);
+#pragma unroll
+            for (int j = 0; j < kChunks; ++j)
+                for (int part = 0; part < band; part += box)
+                    tma_tile_4d(bands + b * band_bytes + (j * band + part) * 16, x_map, 8 * j, q0 - g.pad_w + part, ih,
+                                img, band_full + 8 * b);
+            for (int sc = 0; sc < g.s; ++sc, ++kt) {
+                const int s = kt % STAGES;
+                if (kt >= STAGES) mbarrier_wait(empty + 8 * s, ((kt / STAGES) - 1) & 1);
+                mbarrier_expect_bytes(full + 8 * s, kWeightBytes);
+                tma_tile_2d(base + s * kWeightBytes, w_map, kt * CP, n0, full + 8 * s);
+            }
+        }
+        return;
+    }
+
+    const int wg = tid / 128;
+    float acc[NW][64];
+#pragma unroll
+    for (int n = 0; n < NW; ++n)
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[n][i] = 0.f;
+
+    int kt = 0;
+    for (int r = 0; r < g.r; ++r) {
+        const int b = r & 1;
+        mbarrier_wait(band_full + 8 * b, (r >> 1) & 1);
+        for (int sc = 0; sc < g.s; ++sc, ++kt) {
+            const int s = kt % STAGES;
+            mbarrier_wait(full + 8 * s, (kt / STAGES) & 1);
+            const unsigned long long da = wgmma_desc<KB>(base + s * kWeightBytes + wg * 64 * KB);
+            const unsigned pixels = bands + b * band_bytes + sc * g.dil_w * 16;
+            wgmma_fence();
+#pragma unroll
+            for (int step = 0; step < CP / 16; ++step)  // 16 channels: the weight's 32 bytes, the band's two chunks
+#pragma unroll
+                for (int n = 0; n < NW; ++n)
+                    Wgmma<T>::run(acc[n], da + 2 * step,
+                                  wgmma_desc_rows(pixels + (2 * step * band + n * 128) * 16, band * 16));
+            wgmma_commit();
+            wgmma_wait<1>();  // tap kt - 1's wgmmas are retired: its slot (and at a new row its band) go back
+            if (kt > 0) mbarrier_arrive(empty + 8 * ((kt - 1) % STAGES));
+            if (sc == 0 && r > 0) mbarrier_arrive(band_empty + 8 * ((r - 1) & 1));
+        }
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
+
+    Geometry row_g = g;  // the epilogue stores this row's pixels only
+    row_g.m = min(g.m, m0 + min(BP, g.q - q0));
+    wgmma_epilogue<T, BF, BP, 1, NW, true>(acc, smem + (base - smem_addr(smem)), row_g, bias, y, m0, n0);
 #else
     __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
 #endif

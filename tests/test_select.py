@@ -243,10 +243,10 @@ _WIDE_1X1 = cuconv.ConvSpec.from_args((2, 64, 9, 9), (256, 64, 1, 1))
     # wgmma: float32 with long reductions keeps more slots (and 256 pixels above 64 filters); short
     # reductions take smaller blocks, more of them per SM; the 16-bit types take TMA tiles (tma_tile)
     ("square_5x9", _F32, True, None, "wg64x128"),
-    ("square_5x9", _F16, True, None, "tma64x256_k64"),
+    ("square_5x9", _F16, True, None, "rows64x256_k32"),
     ("stem_7x7_s2", _F32, True, None, "wg64x128s3"),
     ("rect_5x7", _F32, True, None, "wg128x256"),
-    ("rect_5x7", _F16, True, None, "tma128x256"),
+    ("rect_5x7", _F16, True, None, "rows128x128_k64"),
     ("square_3x3_1024", _F32, True, None, "wg128x128r"),
     ("resnet_3x3_64", _F16, True, None, "tma64x128"),
     ("resnet_3x3_64", _F32, True, False, "wg64x128"),
@@ -262,7 +262,7 @@ def test_implicit_gemm_tile_choice(problem, dtype, wgmma, nchw, expected):
     from cuconv.families import implicit_gemm
 
     spec = _WIDE_1X1 if problem == "wide_1x1" else _P[problem]
-    tiles = {**implicit_gemm.TILES, **implicit_gemm.TMA_TILES}
+    tiles = {**implicit_gemm.TILES, **implicit_gemm.TMA_TILES, **implicit_gemm.TMA_ROWS_TILES}
     assert implicit_gemm.choose_tile(spec, dtype, wgmma=wgmma, nchw=nchw) is tiles[expected]
 
 
@@ -523,23 +523,30 @@ def test_tma_reason_names_what_the_tma_tiles_do_not_serve(x_shape, w_shape, kwar
     ((128, 256, 14, 14), (256, 256, 3, 3), dict(padding=1), "bfloat16", "tma128x128"),  # 1.5 waves of 128x256
     ((32, 96, 56, 56), (192, 96, 2, 2), dict(stride=2), "bfloat16", "tma64x128_k64"),  # 192 filters
     ((32, 96, 56, 56), (96, 96, 3, 3), dict(padding=1), "bfloat16", "tma128x128_k64"),
-    ((8, 32, 512, 512), (64, 32, 5, 9), {}, "float16", "tma64x256_k64"),               # square_5x9
-    ((16, 16, 1024, 1024), (128, 16, 3, 3), {}, "float16", "tma128x128_k32"),          # square_3x3_1024
+    ((8, 32, 512, 512), (64, 32, 5, 9), {}, "float16", "rows64x256_k32"),              # square_5x9: long rows
+    ((16, 16, 1024, 1024), (128, 16, 3, 3), {}, "float16", "rows128x128_k16"),         # square_3x3_1024
+    ((8, 64, 512, 256), (128, 64, 5, 7), {}, "float16", "rows128x128_k64"),            # rect_5x7
+    ((8, 32, 512, 512), (64, 32, 5, 9), dict(padding=(2, 4), dilation=(2, 3)), "bfloat16",
+     "rows64x256_k32"),                                                                  # dilated_padded_5x9
+    ((8, 32, 512, 300), (64, 32, 5, 9), {}, "float16", "tma64x256_k64"),                # rows of 292: 57% filled
+    ((8, 96, 512, 512), (64, 96, 3, 3), {}, "float16", "tma64x256_k64"),                # 96 channels a tap
     ((32, 64, 56, 56), (64, 64, 3, 3), dict(padding=1), "float32", None),
     ((32, 64, 56, 56), (64, 32, 3, 3), dict(padding=1, groups=2), "float16", None),
     ((32, 24, 56, 56), (64, 24, 3, 3), dict(padding=1), "float16", None),              # 48-byte pixels
 ], ids=["64", "128_short", "256_14", "512_7_few", "512_long", "256_14_b128", "192f_k64", "96_k64", "square_5x9",
-        "square_3x3_1024", "fp32", "groups", "c24"])
+        "square_3x3_1024", "rect_5x7", "dilated_5x9", "rows_part_filled", "c96_rows", "fp32", "groups", "c24"])
 def test_tma_tile_choice(x_shape, w_shape, kwargs, dtype_name, expected):
-    """auto's TMA tile on a wgmma device (no GPU needed): the widest that fills the SMs (``tma_tile``), k tiles as
-    wide as the channels allow; none for float32, groups, or channels that are not whole 16s; ``choose_tile``
-    takes it where the packed path runs."""
+    """auto's TMA tile on a wgmma device (no GPU needed): at stride 1 with 16, 32 or 64 channels and output rows of
+    256 pixels and more, 90% filled by whole segments, a row-band tile; else the widest that fills the SMs
+    (``tma_tile``), k tiles as wide as the channels allow; none for float32, groups, or channels that are not whole
+    16s; ``choose_tile`` takes it where the packed path runs."""
     from cuconv.families import implicit_gemm
 
     spec = cuconv.ConvSpec.from_args(x_shape, w_shape, **kwargs)
     dtype = _dtypes.by_name(dtype_name)
     tile = implicit_gemm.tma_tile(spec, dtype)
-    assert tile is (None if expected is None else implicit_gemm.TMA_TILES[expected])
+    tiles = {**implicit_gemm.TMA_TILES, **implicit_gemm.TMA_ROWS_TILES}
+    assert tile is (None if expected is None else tiles[expected])
     if tile is not None:
         assert implicit_gemm.choose_tile(spec, dtype, wgmma=True, nchw=False) is tile
         assert implicit_gemm.choose_tile(spec, dtype, wgmma=False) is not tile

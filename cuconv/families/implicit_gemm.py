@@ -42,7 +42,8 @@ from ..spec import ConvSpec
 
 __all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "wgrad_tma_tile", "wgrad_tma_reason", "wgrad_tma_splits",
            "WgradTmaTile", "WGRAD_TMA_TILES", "reason_unsupported", "reason_unsupported_nhwc", "nhwc_in_place",
-           "Tile", "WgmmaTile", "WgmmaTmaTile", "NchwTile", "TILES", "TMA_TILES", "tma_reason",
+           "Tile", "WgmmaTile", "WgmmaTmaTile", "WgmmaTmaRowsTile", "NchwTile", "TILES", "TMA_TILES", "TMA_ROWS_TILES",
+           "tma_reason", "rows_reason",
            "transposed_spec", "phase_specs", "phase_tile", "wgrad_tile", "wgrad_splits", "splits_for",
            "resident_blocks", "wgmma_available", "choose_tile", "prefers_nchw", "nchw_fits", "narrow_group_tile",
            "Plan", "plan", "pack_operands", "prepare", "NAME_EXPRESSIONS", "STEM"]
@@ -206,6 +207,57 @@ _MN_BOX_BYTES = 64 * 128  # kMnBoxBytes: one copy's box, 64 pixels × 64 filters
 
 
 @dataclasses.dataclass(frozen=True)
+class WgmmaTmaRowsTile:
+    """One ``implicit_gemm_wgmma_tma_rows`` instance (sm_90a): ``bn`` filters × ``bm`` output pixels of one output
+    row, on ``bn / 64`` warpgroups of wgmmas and a producer warp that copies each kernel row's band of input pixels
+    once (every tap of the row reads it from its own pixel on) and the weight a tap at a time into a ``stages``-deep
+    ring; at least ``min_blocks`` blocks an SM. A k tile is one tap's ``cp`` channels (16, 32 or 64: a group's
+    padded channels, exactly). Serves the 16-bit types at stride 1, one group (``rows_reason``)."""
+
+    bn: int
+    bm: int
+    stages: int
+    min_blocks: int
+    cp: int
+    wg_p = 1
+    retire = False
+    wgmma = True
+    nchw = False
+    tma = True
+    rows = True
+
+    @property
+    def kbytes(self) -> int:
+        return 2 * self.cp
+
+    @property
+    def threads(self) -> int:
+        return _tma_block_threads(self.bn)
+
+    def smem_for(self, spec: ConvSpec) -> int:
+        """The weight's slots and two bands of ``spec``'s input rows, or the epilogue's staging if larger, 1024
+        bytes to align them, two barriers a slot and two a band."""
+        band = _rows_band(self.bm, spec.s, spec.dilation[1])
+        slots = self.stages * self.bn * self.kbytes + 2 * (self.cp // 8) * band * 16
+        return max(slots, _staging_bytes(self.bm, self.bn)) + 1024 + 16 * self.stages + 32
+
+    def kernel_name(self, ctype: str) -> str:
+        return (f"implicit_gemm_wgmma_tma_rows<{ctype},{self.bn},{self.bm},{self.stages},{self.min_blocks},"
+                f"{self.cp}>")
+
+
+def _rows_band(bm: int, s: int, dil_w: int) -> int:
+    """A band's pixels (rows_band in implicit_gemm.cu): bm + (s - 1)·dil_w rounded up to 8, above 256 to 16."""
+    band = -(-(bm + (s - 1) * dil_w) // 8) * 8
+    return band if band <= 256 else -(-band // 16) * 16
+
+
+def _rows_box(band: int) -> int:
+    """Pixels a band's copy moves (rows_box): the band, or half of it above 256 (a box holds at most 256)."""
+    return band if band <= 256 else band // 2
+
+
+@dataclasses.dataclass(frozen=True)
 class NchwTile:
     """One ``implicit_gemm_wgmma_nchw`` instance (sm_90a): ``bn`` filters × 128 output pixels with ``bn / 64``
     warpgroups, gathering both operands itself from the NCHW input and KCRS weight (no packing launch, no
@@ -286,9 +338,22 @@ WGRAD_TMA_TILES = {
     "wt128x256": WgradTmaTile(128, 256, 4, 1),  # 193 KB: one
 }
 
+# The row-band instances (tma_tile takes them for long rows at stride 1; opt-in elsewhere): 64 filters × 256 pixels
+# and 128 × 128, each for a tap of 16, 32 or 64 channels, two blocks an SM (the registers of 128 fp32 accumulators
+# and of two warpgroups' 64 leave no room for three).
+TMA_ROWS_TILES = {
+    "rows64x256_k16": WgmmaTmaRowsTile(64, 256, 8, 2, 16),
+    "rows64x256_k32": WgmmaTmaRowsTile(64, 256, 8, 2, 32),
+    "rows64x256_k64": WgmmaTmaRowsTile(64, 256, 4, 2, 64),
+    "rows128x128_k16": WgmmaTmaRowsTile(128, 128, 8, 2, 16),
+    "rows128x128_k32": WgmmaTmaRowsTile(128, 128, 8, 2, 32),
+    "rows128x128_k64": WgmmaTmaRowsTile(128, 128, 4, 2, 64),
+}
+
 NAME_EXPRESSIONS = tuple(
     [t.kernel_name(c) for c in _TENSOR_CORE_TYPES for t in TILES.values()]
     + [t.kernel_name(c) for c in ("__half", "__nv_bfloat16") for t in TMA_TILES.values()]
+    + [t.kernel_name(c) for c in ("__half", "__nv_bfloat16") for t in TMA_ROWS_TILES.values()]
     + [t.kernel_name(c) for c in ("__half", "__nv_bfloat16") for t in WGRAD_TMA_TILES.values()]
     + [f"{k}<{c},{_tf32(c)}>" for k in ("pack_nhwc", "pack_nhwc_narrow", "pack_dgrad_phases", "pack_swap")
        for c in _TENSOR_CORE_TYPES]
@@ -456,6 +521,20 @@ _TMA_LONG_REDUCTION = 4096
 _TMA_MANY_WAVES = 8
 
 
+# The row-band tiles where output rows are long: whole segments of 256 (128) pixels cover 90% of a row or more
+# (the large problems' 250- to 1022-pixel rows; the models' rows of 112 and fewer would leave blocks part empty).
+_ROWS_MIN_FILL = 0.9
+
+
+def _rows_tile(spec: ConvSpec, cp: int):
+    """The row-band tile for a stride-1 layer of long output rows whose padded channels are one of the tiles' (16,
+    32, 64), or None: 64 × 256 up to 64 filters, else 128 × 128."""
+    if spec.stride != (1, 1) or cp not in (16, 32, 64):
+        return None
+    t = TMA_ROWS_TILES[("rows64x256" if spec.k <= 64 else "rows128x128") + f"_k{cp}"]
+    return t if spec.q >= t.bm and spec.q / (-(-spec.q // t.bm) * t.bm) >= _ROWS_MIN_FILL else None
+
+
 def tma_tile(spec: ConvSpec, dtype):
     """The TMA tile for ``spec`` in ``dtype`` (see above), or None where none serves it (``tma_reason``): k tiles
     of 128 bytes where a group's channels are whole 64s, else of 64 or 32 bytes (whole 32s, 16s)."""
@@ -466,6 +545,9 @@ def tma_tile(spec: ConvSpec, dtype):
     kbytes = next((kb for kb in (128, 64, 32) if cp * itemsize % kb == 0), None)
     if kbytes is None:
         return None
+    rows = _rows_tile(spec, cp)
+    if rows is not None and tma_reason(spec, dtype, Plan(rows, cp, spec.r * spec.s, 0, 0, spec.n)) is None:
+        return rows
     if spec.k <= 64 or -(-spec.k // 128) * 128 > -(-spec.k // 64) * 64:
         names = ["64x128"] if kbytes == 128 else ["64x256", "64x128"]
     else:
@@ -650,13 +732,32 @@ def _gemm_kernel(spec: ConvSpec, dtype, pl: Plan, samples: int, splits: int = 1,
                         (spec.q * spec.k, spec.k) if nhwc else None)
 
 
+def rows_reason(spec: ConvSpec, dtype, pl: Plan):
+    """Why ``implicit_gemm_wgmma_tma_rows`` cannot run ``pl`` on ``spec`` (None: it can): stride 1, a k tile is one
+    tap's channels exactly (a group's padded channels are the tile's ``cp``), a band of at most 512 pixels (two
+    boxes), output rows and pixels within the grid and 32-bit offsets."""
+    t = pl.tile
+    if spec.stride != (1, 1):
+        return "its bands are input rows read at stride 1"
+    if pl.cp != t.cp:
+        return f"its k tile is one tap's {t.cp} channels: the layer's padded channels are {pl.cp}"
+    if _rows_band(t.bm, spec.s, spec.dilation[1]) > 512:
+        return "its band of input pixels is copied in at most two boxes of 256"
+    if spec.n * spec.p * -(-spec.q // t.bm) > _INT_MAX or spec.n * spec.p * spec.q * spec.k >= _INT_MAX:
+        return "its grid of output-row segments and its output offsets are 32-bit"
+    return None
+
+
 def tma_reason(spec: ConvSpec, dtype, pl: Plan):
-    """Why ``implicit_gemm_wgmma_tma`` cannot run ``pl`` on ``spec`` (None: it can): a k tile is ``kbytes`` of one
-    tap's channels of one group's 16-bit input, and the im2col map's limits (``_tma``) hold."""
+    """Why ``implicit_gemm_wgmma_tma`` (or, for a rows tile, ``implicit_gemm_wgmma_tma_rows``: ``rows_reason``)
+    cannot run ``pl`` on ``spec`` (None: it can): a k tile is ``kbytes`` of one tap's channels of one group's 16-bit
+    input, and the im2col map's limits (``_tma``) hold."""
     if numpy.dtype(dtype).itemsize != 2:
         return "its TMA tiles move 16-bit elements"
     if pl.groups != 1:
         return "its TMA tiles read one group"
+    if getattr(pl.tile, "rows", False):
+        return rows_reason(spec, dtype, pl)
     if pl.cp % (pl.tile.kbytes // 2):
         return f"its TMA tile takes whole taps of {pl.tile.kbytes // 2} channels a k tile"
     lower, upper = _tma_corners(spec)
@@ -695,18 +796,29 @@ def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: 
                             spec.stride[1], spec.pad[0], spec.pad[2], spec.dilation[0], spec.dilation[1], m,
                             pl.k_tiles, pl.w_row, *out_strides, split_stride, split_tiles, pl.pix, pl.kp, grp_a,
                             w_rows, out_row, out_col, 0), dtype=GEOMETRY_DTYPE)[()]
-    smem = t.smem_bytes + (t.table_bytes(pl.k_tiles, numpy.dtype(dtype).itemsize) if t.nchw else 0)
     grid = (-(-m // t.bm), groups * pl.kp // t.bn, splits)
+    rows = getattr(t, "rows", False)
+    smem = t.smem_for(spec) if rows else \
+        t.smem_bytes + (t.table_bytes(pl.k_tiles, numpy.dtype(dtype).itemsize) if t.nchw else 0)
     if not t.tma:
         return _kernel(t.kernel_name(_dtypes.ctype_of(dtype)), grid, (t.threads, 1, 1), (geometry,), smem=smem)
     reason = tma_reason(spec, dtype, pl)
     if reason is not None:
         raise ValueError(f"implicit_gemm: tile {t} cannot run {spec}: {reason}")
-    lower, upper = _tma_corners(spec)
     tk = t.kbytes // 2
-    maps = ((0, _tma.im2col_map(m // (spec.p * spec.q), spec.h, spec.w, pl.pix, lower, upper, spec.stride, tk, t.bm)),
-            (1, _tma.tiled_map(pl.w_row, groups * w_rows, tk, t.bn)))
     name = t.kernel_name(_dtypes.ctype_of(dtype))
+    samples = m // (spec.p * spec.q)
+    if rows:  # a block per segment of bm pixels of an output row, the whole reduction (no split)
+        if splits != 1:
+            raise ValueError(f"implicit_gemm: tile {t} reduces every tap in its block: no split over k")
+        box = _rows_box(_rows_band(t.bm, spec.s, spec.dilation[1]))
+        maps = ((0, _tma.nhwc_rows_map(samples, spec.h, spec.w, pl.pix, box)),
+                (1, _tma.tiled_map(pl.w_row, groups * w_rows, tk, t.bn)))
+        grid = (samples * spec.p * -(-spec.q // t.bm), groups * pl.kp // t.bn, 1)
+        return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), 4, (geometry,), maps, smem=smem)
+    lower, upper = _tma_corners(spec)
+    maps = ((0, _tma.im2col_map(samples, spec.h, spec.w, pl.pix, lower, upper, spec.stride, tk, t.bm)),
+            (1, _tma.tiled_map(pl.w_row, groups * w_rows, tk, t.bn)))
     return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), 4, (geometry,), maps, smem=smem)
 
 
@@ -741,7 +853,7 @@ def splits_for(m: int, filters: int, tile, k_tiles: int, sm_count: int, smem_per
     ``room`` bytes for the fp32 partial sums of m x filters outputs each; 1 for an NchwTile (its kernel reduces
     every k tile itself). Never more blocks than the SMs hold at once: for a tile of one block an SM, 144
     blocks on 132 SMs would run a second wave as long as the first (1.2x slower than 72 unsplit ones)."""
-    if tile.nchw:
+    if tile.nchw or getattr(tile, "rows", False):
         return 1
     blocks = -(-m // tile.bm) * groups * -(-filters // groups // tile.bn)
     splits = min(round(sm_count / blocks), sm_count * resident_blocks(tile, smem_per_sm) // blocks,

@@ -486,23 +486,45 @@ def _tma_cases():
             for name, t in implicit_gemm.TMA_TILES.items() if g.values[0][1] % (t.kbytes // 2) == 0]
 
 
+# The row-band tiles (implicit_gemm_wgmma_tma_rows): stride 1, a tap's channels exactly a tile's 16, 32 or 64;
+# rows of several segments and of less than one, padding, dilation, partial filter tiles, a batch of one.
+_ROWS_GEOMETRIES = [
+    pytest.param((2, 32, 9, 300), (64, 32, 5, 9), {}, id="5x9_q292"),
+    pytest.param((2, 32, 10, 150), (64, 32, 5, 9), dict(padding=(2, 4), dilation=(2, 3)), id="5x9_dil_q138"),
+    pytest.param((2, 16, 7, 140), (128, 16, 3, 3), dict(padding=1), id="c16_3x3_q140"),
+    pytest.param((1, 64, 6, 200), (96, 64, 5, 7), dict(padding=(2, 3)), id="c64_5x7_k96_n1"),
+    pytest.param((3, 64, 5, 40), (64, 64, 3, 3), dict(padding=1), id="c64_q40_short_row"),
+    pytest.param((2, 16, 11, 270), (16, 16, 1, 1), {}, id="c16_1x1_k16"),
+]
+
+
+def _rows_cases():
+    """Every row-band tile on every geometry whose channels are its tap's."""
+    from cuconv.families import implicit_gemm
+
+    return [pytest.param(*g.values, name, id=f"{g.id}-{name}") for g in _ROWS_GEOMETRIES
+            for name, t in implicit_gemm.TMA_ROWS_TILES.items() if g.values[0][1] == t.cp]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
-@pytest.mark.parametrize("x_shape,w_shape,kwargs,tile", _tma_cases())
+@pytest.mark.parametrize("x_shape,w_shape,kwargs,tile", _tma_cases() + _rows_cases())
 def test_tma_tiles_equal_cpu_exactly_on_integers(x_shape, w_shape, kwargs, dtype_name, tile):
-    """Every TMA tile, forward: from NCHW arrays through the pack (whole and split over 3 k ranges), and from
-    channels-last ones read in place with a channels-last weight read in place; then the dgrad on channels-last
-    tensors where dy's channels are whole k tiles (at stride 1 the forward of dy by the flipped weight's pack, at a
-    stride one GEMM per phase): on integers, bit for bit the CPU path, into NaN-poisoned outputs."""
+    """Every TMA tile, forward: from NCHW arrays through the pack (whole and, but for the row-band tiles, which
+    reduce every tap in their block, split over 3 k ranges), and from channels-last ones read in place with a
+    channels-last weight read in place; then the dgrad on channels-last tensors where dy's channels are whole k
+    tiles (at stride 1 the forward of dy by the flipped weight's pack, at a stride one GEMM per phase): on
+    integers, bit for bit the CPU path, into NaN-poisoned outputs."""
     import cupy
 
     from cuconv import _plan
     from cuconv.families import implicit_gemm
 
     dtype, x, w, b, spec = _tma_operands(x_shape, w_shape, kwargs, dtype_name, 53)
-    t = implicit_gemm.TMA_TILES[tile]
+    t = {**implicit_gemm.TMA_TILES, **implicit_gemm.TMA_ROWS_TILES}[tile]
+    rows = getattr(t, "rows", False)
     want = cuconv.conv2d(x, w, b, **kwargs).astype(numpy.float64)
-    for splits in (None, 3):
+    for splits in (None,) if rows else (None, 3):
         out = cupy.full(spec.output_shape, numpy.nan, dtype=dtype)
         implicit_gemm.forward_gpu(cupy.asarray(x), cupy.asarray(w), cupy.asarray(b), spec, out, "ieee", tile=t,
                                   splits=splits)
@@ -515,7 +537,7 @@ def test_tma_tiles_equal_cpu_exactly_on_integers(x_shape, w_shape, kwargs, dtype
         _plan.run_arrays(plan, xg, wg, bg, out)
         numpy.testing.assert_array_equal(cupy.asnumpy(out.transpose(0, 3, 1, 2)).astype(numpy.float64), want)
         out.fill(numpy.nan)
-    if spec.k % (t.kbytes // 2) == 0:
+    if (spec.k == t.cp) if rows else spec.k % (t.kbytes // 2) == 0:
         dy = numpy.random.default_rng(54).integers(-3, 4, spec.output_shape).astype(dtype)
         want_dx = cuconv.conv2d_input(x.shape, w, dy, **kwargs).astype(numpy.float64)
         dyg = _nhwc(cupy.asarray(dy))
