@@ -193,9 +193,12 @@ def _preference_nhwc(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: b
     first), and the wgrad of wider k x k layers of one group as one GEMM of dy by their column matrix
     (``im2col_gemm.columns_wgrad_nhwc``), then the NCHW order (``_preference``) among the families that serve
     NHWC. Before that column matrix, on compute capability 9.0, the wgrad of overlapping k x k windows where
-    ``implicit_gemm``'s TMA wgrad serves it (``_wgrad_by_tma``)."""
+    ``implicit_gemm``'s TMA wgrad serves it (``_wgrad_by_tma``), and grouped forwards of 16, 32 or 64 channels a
+    group through a block-diagonal weight (``implicit_gemm.block_diagonal_tile``)."""
     if pass_ == "wgrad" and wgmma and _wgrad_by_tma(spec, dtype):
         yield "implicit_gemm"
+    if pass_ == "fprop" and wgmma and implicit_gemm.block_diagonal_tile(spec, dtype) is not None:
+        yield "implicit_gemm"  # (groups of 16-64 channels through a block-diagonal weight, before grouped_mma)
     if (im2col_gemm.pointwise_nhwc(spec) or im2col_gemm.strided_pointwise_nhwc(spec)
             or pass_ == "wgrad" and im2col_gemm.columns_wgrad_nhwc(spec, dtype)):
         yield "im2col_gemm"

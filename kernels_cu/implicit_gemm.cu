@@ -257,6 +257,33 @@ pack_swap(const T* __restrict__ src, T* __restrict__ dst, const SwapShape ss) {
     }
 }
 
+// A grouped weight (K, gw, R, S) (krsc: (K, R, S, gw)) of groups of gw channels and gw filters as the dense
+// block-diagonal weight the TMA forward reads with Geometry.block_diag: row f (of kp, zero past K) holds, for each
+// tap t, bw columns t·bw + j for the input channels b + j of its block of bw filters (b = f - f % bw): filter f's
+// weight at channel c = b + j where c is in f's group (c / gw == f / gw), zero elsewhere. A thread an element.
+struct BlockDiagonal {
+    long long total;  // kp · taps · bw
+    int k, gw, taps, bw, krsc, unused;
+};
+static_assert(sizeof(BlockDiagonal) == 32, "BLOCK_DIAGONAL_DTYPE in cuconv/families/implicit_gemm.py");
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+pack_block_diagonal(const T* __restrict__ w, T* __restrict__ wp, const BlockDiagonal bd) {
+    const long long row = static_cast<long long>(bd.taps) * bd.bw;
+    for (long long i = blockIdx.x * 256LL + threadIdx.x; i < bd.total; i += gridDim.x * 256LL) {
+        const int f = static_cast<int>(i / row), col = static_cast<int>(i - f * row);
+        const int t = col / bd.bw, c = f - f % bd.bw + (col - t * bd.bw);
+        T v = zero<T>();
+        if (f < bd.k && c / bd.gw == f / bd.gw) {
+            const int cl = c % bd.gw;
+            v = w[bd.krsc ? (static_cast<long long>(f) * bd.taps + t) * bd.gw + cl
+                          : (static_cast<long long>(f) * bd.gw + cl) * bd.taps + t];
+        }
+        wp[i] = v;
+    }
+}
+
 // dgrad at a stride above 1 (implicit_gemm.py): dx's pixels h ≡ ph (mod stride_h), w ≡ pw (phase (ph, pw))
 // are the forward convolution of dy, at stride 1, by the kernel's taps r ≡ ph + pad_h (mod stride_h), s
 // likewise, flipped: tap r = r0 + stride_h·(th - 1 - a) of the th taps of its phase (r0 = r mod stride_h) is the
@@ -357,11 +384,13 @@ namespace igemm {
 // images (x's channels), each group a GEMM of m = C/groups·R·S rows over the whole reduction: pix = cp,
 // grp_a a group's images, w_rows = k (dy's filters packed one after another). One group: grp is 0. The
 // Python twin builds the same layout (GEOMETRY_DTYPE). Output pixel (p, q) of an image sits at
-// p·out_row + q·out_col (q and 1 but where dgrad's phases write every stride-th pixel of dx).
+// p·out_row + q·out_col (q and 1 but where dgrad's phases write every stride-th pixel of dx). block_diag
+// (implicit_gemm_wgmma_tma only): a grouped forward whose packed weight is block-diagonal, a block's filters
+// n0 .. n0 + cp - 1 against the input channels from n0 on (those of their groups; pack_block_diagonal).
 struct Geometry {
     int h, w, cp, k, p, q, r, s, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, m, k_tiles;
     long long w_row, out_img, out_k, split_stride;
-    int split_tiles, pix, kp, grp_a, w_rows, out_row, out_col, unused;
+    int split_tiles, pix, kp, grp_a, w_rows, out_row, out_col, block_diag;
 };
 static_assert(sizeof(Geometry) == 128 && alignof(Geometry) == 8,  // 16 ints, 4 long longs from byte 64, 8 ints
               "GEOMETRY_DTYPE in cuconv/families/implicit_gemm.py has this layout");
@@ -1149,7 +1178,7 @@ implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::Tens
             const unsigned slot = base + s * kStageBytes, bar = full + 8 * s;
             mbarrier_expect_bytes(bar, kStageBytes);
             tma_tile_2d(slot, w_map, (kt0 + kt) * TK, n0, bar);
-            tma_im2col_4d(slot + BF * kRowBytes, x_map, cb * TK, w0, h0, img,
+            tma_im2col_4d(slot + BF * kRowBytes, x_map, (g.block_diag ? n0 : 0) + cb * TK, w0, h0, img,
                           static_cast<unsigned short>(sc * g.dil_w), static_cast<unsigned short>(r * g.dil_h), bar);
             if (++cb == cblocks) {
                 cb = 0;

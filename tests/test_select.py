@@ -479,6 +479,27 @@ def test_channels_last_wgrad_takes_the_tma_wgrad_on_wgmma_devices(x_shape, w_sha
     assert implicit_gemm.wgrad_tma_tile(spec, dtype) is (None if tile is None else implicit_gemm.WGRAD_TMA_TILES[tile])
 
 
+@pytest.mark.parametrize("x_shape,w_shape,kwargs,dtype,expected", [
+    ((32, 320, 14, 14), (320, 16, 3, 3), dict(padding=1, groups=20), _BF16, "tma64x128"),
+    ((32, 64, 112, 112), (64, 16, 3, 3), dict(padding=1, stride=2, groups=4), _F16, "tma64x128"),
+    ((32, 96, 28, 28), (96, 32, 3, 3), dict(padding=1, groups=3), _BF16, "tma64x128"),
+    ((32, 256, 28, 28), (256, 8, 3, 3), dict(padding=1, groups=32), _BF16, None),
+    ((32, 320, 14, 14), (320, 16, 3, 3), dict(padding=1, groups=20), _F32, None),
+    ((32, 320, 14, 14), (320, 320, 3, 3), dict(padding=1), _BF16, None),
+], ids=["regnet_g16", "regnet_g16_s2", "g32", "groups_of_8", "fp32", "dense"])
+def test_grouped_forward_through_a_block_diagonal_weight(x_shape, w_shape, kwargs, dtype, expected):
+    """A grouped forward of 16, 32 or 64 channels and as many filters a group in the half types runs, on a wgmma
+    device's channels-last tensors, as one TMA GEMM through a block-diagonal weight (no GPU needed)."""
+    from cuconv.families import implicit_gemm
+
+    spec = cuconv.ConvSpec.from_args(x_shape, w_shape, **kwargs)
+    tile = implicit_gemm.block_diagonal_tile(spec, dtype)
+    assert tile is (None if expected is None else implicit_gemm.TMA_TILES[expected])
+    if expected is not None:
+        assert registry._select_nhwc("auto", spec, dtype, "ieee", "fprop", 227 << 10, True,
+                                     cuconv.config.workspace_limit) == "implicit_gemm"
+
+
 def test_tma_wgrad_splits_fill_the_sms():
     """The TMA wgrad's pixel ranges: as many as fill the SMs' resident blocks over the dW tiles, each of at least
     four 64-pixel k tiles, the partial sums within the workspace; one where the tiles fill the SMs already."""

@@ -41,7 +41,7 @@ from .._config import config
 from ..spec import ConvSpec
 
 __all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "wgrad_tma_tile", "wgrad_tma_reason", "wgrad_tma_splits",
-           "WgradTmaTile", "WGRAD_TMA_TILES", "reason_unsupported", "reason_unsupported_nhwc", "nhwc_in_place",
+           "WgradTmaTile", "WGRAD_TMA_TILES", "block_diagonal_tile", "reason_unsupported", "reason_unsupported_nhwc", "nhwc_in_place",
            "Tile", "WgmmaTile", "WgmmaTmaTile", "WgmmaTmaRowsTile", "NchwTile", "TILES", "TMA_TILES", "TMA_ROWS_TILES",
            "tma_reason", "rows_reason",
            "transposed_spec", "phase_specs", "phase_tile", "wgrad_tile", "wgrad_splits", "splits_for",
@@ -357,7 +357,8 @@ NAME_EXPRESSIONS = tuple(
     + [t.kernel_name(c) for c in ("__half", "__nv_bfloat16") for t in WGRAD_TMA_TILES.values()]
     + [f"{k}<{c},{_tf32(c)}>" for k in ("pack_nhwc", "pack_nhwc_narrow", "pack_dgrad_phases", "pack_swap")
        for c in _TENSOR_CORE_TYPES]
-    + [f"sum_splits<{c}>" for c in _TENSOR_CORE_TYPES])
+    + [f"sum_splits<{c}>" for c in _TENSOR_CORE_TYPES]
+    + [f"pack_block_diagonal<{c}>" for c in ("__half", "__nv_bfloat16")])
 
 
 def wgmma_available() -> bool:
@@ -656,7 +657,7 @@ _GEOMETRY_FIELDS = ("h", "w", "cp", "k", "p", "q", "r", "s", "stride_h", "stride
 GEOMETRY_DTYPE = numpy.dtype([(f, numpy.int32) for f in _GEOMETRY_FIELDS]
                              + [(f, numpy.int64) for f in ("w_row", "out_img", "out_k", "split_stride")]
                              + [(f, numpy.int32) for f in ("split_tiles", "pix", "kp", "grp_a", "w_rows", "out_row",
-                                                           "out_col", "unused")], align=True)
+                                                           "out_col", "block_diag")], align=True)
 PHASE_WEIGHTS_DTYPE = numpy.dtype([(f, numpy.int32) for f in ("groups", "kg", "cg", "kp", "cp", "r", "s", "stride_h",
                                                                 "stride_w", "pad_h", "pad_w", "krsc")]
                                   + [(f, numpy.int64) for f in ("w_row", "rows")], align=True)
@@ -1532,11 +1533,16 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
     row Q·K, a pixel K, a filter 1), after the weight's packing launch alone (no samples; ``splits`` does not apply),
     or with none where a channels-last weight is its own pack (``_packed_as_krsc``).
     Elsewhere the NCHW plan's chunks, the pack reading channels-last pixels and the GEMM storing them, split over
-    ``splits`` k ranges (default ``splits_for``)."""
+    ``splits`` k ranges (default ``splits_for``). A grouped forward that ``block_diagonal_tile`` serves (on a
+    wgmma device, or asked for with that tile) runs through a block-diagonal weight (``_block_diagonal_plan``)."""
     fspec = _nhwc_forward_spec(spec, pass_)
     b = _plan.Builder(pass_, env)
     if spec.n * spec.k * spec.p * spec.q == 0 or fspec.n * fspec.k * fspec.p * fspec.q == 0:
         return b.plan(STEM)
+    if pass_ == "fprop" and spec.groups != 1:
+        diagonal = block_diagonal_tile(spec, dtype)
+        if diagonal is not None and (tile is diagonal or (tile is None and env.wgmma)):
+            return _block_diagonal_plan(spec, dtype, env, bias, krsc)
     tile = tile or choose_tile(fspec, dtype, env.wgmma, nchw=False)
     if tile.nchw:
         raise ValueError(f"implicit_gemm: tile {tile} gathers NCHW; channels-last inputs take a packed tile")
@@ -1560,6 +1566,74 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
     gemm = _gemm_launch(fspec, dtype, pl, m, fspec.k_per_group, pl.groups, pl.cp, pl.kp,
                         (fspec.p * fspec.q * fspec.k, 1), 1, pl.k_tiles, out_pixel=(fspec.q * fspec.k, fspec.k))
     b.launch(gemm, b.ref(x), packed_w, _plan.NULL if bias_operand is None else b.ref(bias_operand), b.ref(out))
+    return b.plan(STEM)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Grouped forwards on channels-last tensors through a block-diagonal weight (the TMA tile, Geometry.block_diag):
+# groups of 16, 32 or 64 channels and as many filters; a block's 64 filters against the 64 input channels of their
+# groups, the weight packed dense with zeros between groups (pack_block_diagonal), so that one dense GEMM tile
+# computes 64 / width groups at once (64 / width times their MACs: RegNet's 16-channel groups have few) from the
+# input where it lies.
+# ----------------------------------------------------------------------------------------------------------
+_BLOCK_DIAGONAL_WIDTHS = (16, 32, 64)
+_BLOCK_DIAGONAL_TILE = "tma64x128"  # 64 filters: a block of the weight's diagonal
+BLOCK_DIAGONAL_DTYPE = numpy.dtype([("total", numpy.int64)] + [(f, numpy.int32) for f in (
+    "k", "gw", "taps", "bw", "krsc", "unused")], align=True)
+
+
+def block_diagonal_tile(spec: ConvSpec, dtype):
+    """The TMA tile of ``spec``'s channels-last forward through a block-diagonal weight, or None: the 16-bit types,
+    groups of 16, 32 or 64 channels and as many filters, channels in whole 16-byte vectors, the im2col map's limits
+    (``tma_reason``) and 32-bit offsets."""
+    if numpy.dtype(dtype).itemsize != 2 or spec.groups == 1 or spec.c % 8:
+        return None
+    if spec.c_per_group != spec.k_per_group or spec.c_per_group not in _BLOCK_DIAGONAL_WIDTHS:
+        return None
+    if spec.n * spec.p * spec.q * spec.k >= _INT_MAX or spec.n * spec.h * spec.w * spec.c >= _INT_MAX:
+        return None
+    t = TMA_TILES[_BLOCK_DIAGONAL_TILE]
+    taps = spec.r * spec.s
+    pl = Plan(t, t.bn, taps, taps * t.bn, -(-spec.k // t.bn) * t.bn, spec.n)
+    return t if tma_reason(spec, dtype, pl) is None else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _block_diagonal_launches(spec: ConvSpec, dtype, krsc: bool, device: int) -> tuple:
+    """(packed weight bytes, the weight's pack (pointers: w, packed), the GEMM (x, packed weight, bias, out)) of a
+    grouped channels-last forward through a block-diagonal weight; memoized per problem and device."""
+    t = TMA_TILES[_BLOCK_DIAGONAL_TILE]
+    ctype = _dtypes.ctype_of(dtype)
+    bw, taps = t.bn, spec.r * spec.s
+    kp, w_row = -(-spec.k // bw) * bw, taps * bw
+    total = kp * w_row
+    name = f"pack_block_diagonal<{ctype}>"
+    pack = _loader.PreparedLaunch(_fn(name), name, (_loader.blocks(total), 1, 1), (_loader.THREADS, 1, 1), 2,
+                                  (numpy.array((total, spec.k, spec.c_per_group, taps, bw, krsc, 0),
+                                               dtype=BLOCK_DIAGONAL_DTYPE)[()],))
+    m = spec.n * spec.p * spec.q
+    geometry = numpy.array((spec.h, spec.w, bw, spec.k, spec.p, spec.q, spec.r, spec.s, *spec.stride, spec.pad[0],
+                            spec.pad[2], *spec.dilation, m, taps, w_row, spec.p * spec.q * spec.k, 1, 0, taps, spec.c,
+                            kp, bw, kp, spec.q * spec.k, spec.k, 1), dtype=GEOMETRY_DTYPE)[()]
+    lower, upper = _tma_corners(spec)
+    maps = ((0, _tma.im2col_map(spec.n, spec.h, spec.w, spec.c, lower, upper, spec.stride, bw, t.bm)),
+            (1, _tma.tiled_map(w_row, kp, bw, t.bn)))
+    name = t.kernel_name(ctype)
+    gemm = _tma.TmaLaunch(_fn(name), name, (-(-m // t.bm), kp // t.bn, 1), (t.threads, 1, 1), 4, (geometry,), maps,
+                          smem=t.smem_bytes)
+    return total * numpy.dtype(dtype).itemsize, pack, gemm
+
+
+def _block_diagonal_plan(spec: ConvSpec, dtype, env: "_plan.Env", bias: bool, krsc: bool) -> "_plan.Plan":
+    """A grouped forward on channels-last tensors: the block-diagonal weight's pack, then one TMA GEMM over every
+    pixel, the input read where it lies."""
+    if not env.wgmma:
+        raise ValueError("implicit_gemm: the block-diagonal grouped forward needs compute capability 9.0 (TMA)")
+    b = _plan.Builder("fprop", env)
+    weight_bytes, pack, gemm = _block_diagonal_launches(spec, numpy.dtype(dtype), krsc, env.device)
+    packed_w = b.take(weight_bytes)
+    b.launch(pack, b.ref("w"), packed_w)
+    b.launch(gemm, b.ref("x"), packed_w, b.ref("bias") if bias else _plan.NULL, b.ref("out"))
     return b.plan(STEM)
 
 

@@ -108,16 +108,22 @@ def _plan_run(pass_, spec, precision, arrays, **options):
 
 def test_channels_last_auto_takes_it_where_it_takes_it_on_nchw():
     """On channels-last activations ``auto`` runs it in place wherever it would on NCHW ones (RegNet's 16-channel
-    groups in the half types: the forward and the stride-1 dgrad; the strided dgrad stays implicit_gemm's)."""
-    from cuconv import registry
+    groups in the half types: the forward and the stride-1 dgrad; the strided dgrad stays implicit_gemm's), but for
+    the forwards that a wgmma device runs through implicit_gemm's block-diagonal weight (no GPU needed)."""
+    from cuconv import config, registry
 
     spec = ConvSpec.from_args((32, 320, 14, 14), (320, 16, 3, 3), groups=20, padding=1)
     strided = ConvSpec.from_args((32, 64, 112, 112), (64, 16, 3, 3), groups=4, stride=2, padding=1)
-    for dtype in (numpy.float16, _BF16):
-        for s, pass_ in ((spec, "fprop"), (spec, "dgrad"), (strided, "fprop")):
-            assert registry.select_algorithm(s, dtype, "ieee", True, pass_) == "grouped_mma"
-            assert registry.select_nhwc("auto", s, dtype, "ieee", pass_) == "grouped_mma"
-        assert registry.select_nhwc("auto", strided, dtype, "ieee", "dgrad") == "implicit_gemm"
+    for dtype in (numpy.dtype(numpy.float16), numpy.dtype(_BF16)):
+        for wgmma in (False, True):
+            def nhwc(s, pass_, wgmma=wgmma):
+                return registry._select_nhwc("auto", s, dtype, "ieee", pass_, 227 << 10, wgmma,
+                                             config.workspace_limit)
+            for s, pass_ in ((spec, "fprop"), (spec, "dgrad"), (strided, "fprop")):
+                assert registry.select_algorithm(s, dtype, "ieee", True, pass_) == "grouped_mma"
+                want = "implicit_gemm" if wgmma and pass_ == "fprop" else "grouped_mma"
+                assert nhwc(s, pass_) == want
+            assert nhwc(strided, "dgrad") == "implicit_gemm"
 
 
 @pytest.mark.gpu
