@@ -173,6 +173,7 @@ def test_structs_match_the_kernels():
                                 ("implicit_gemm", implicit_gemm.SPLIT_SUM_DTYPE, "SplitSum"),
                                 ("implicit_gemm", implicit_gemm.PHASE_WEIGHTS_DTYPE, "PhaseWeights"),
                                 ("implicit_gemm", implicit_gemm.SWAP_SHAPE_DTYPE, "SwapShape"),
+                                ("implicit_gemm", implicit_gemm.WGRAD_TMA_GEOMETRY_DTYPE, "WgradTmaGeometry"),
                                 ("dgrad_forward", dgrad_forward.FLIP_SHAPE_DTYPE, "FlipShape"),
                                 ("depthwise", depthwise.DW_GEOMETRY_DTYPE, "DwGeometry"),
                                 ("depthwise", depthwise.DW_WORK_DTYPE, "DwWork"),
