@@ -584,6 +584,21 @@ def test_phased_dgrad_takes_a_tma_tile_every_phase_serves():
     assert not implicit_gemm.phase_tile(wide, _BF16, True).tma
 
 
+def test_tma_wgrad_refuses_unaligned_operands():
+    """The TMA wgrad maps x and dy (16-byte aligned addresses) and stores dW in vectors: asked for on operands off
+    256-byte boundaries, its plan says so before any kernel runs (``auto`` takes the packed wgrad there; no GPU
+    needed)."""
+    from cuconv import _plan
+    from cuconv.families import implicit_gemm
+
+    spec = cuconv.ConvSpec.from_args((2, 64, 9, 9), (64, 64, 3, 3), padding=1)
+    env = _plan.Env(device=0, workspace_limit=1 << 30, smem_limit=227 << 10, wgmma=True, sm_count=132,
+                    smem_per_sm=228 << 10, aligned=False)
+    with pytest.raises(ValueError, match="boundaries"):
+        implicit_gemm.prepare("wgrad", spec, _dtypes.by_name("float16"), "ieee", env, layout="nhwc",
+                              tile=implicit_gemm.WGRAD_TMA_TILES["wt64x64"])
+
+
 def test_tma_tiles_refuse_wgrad():
     """The TMA tiles run forward GEMMs only: a wgrad plan asked for one says so (no GPU needed)."""
     from cuconv import _plan

@@ -1092,6 +1092,8 @@ def wgrad_tma_reason(spec: ConvSpec, dtype, tile: "WgradTmaTile" = None):
             return "its groups run on 64 x 64 blocks"
     if spec.c % 8 or spec.k % 8:
         return "its tensor maps take channels and filters in whole 16-byte vectors"
+    if -(-spec.k // 64) > _MAX_GRID_Y:
+        return f"more than {_MAX_GRID_Y} blocks of 64 filters (a grid dimension)"
     if min(spec.c, spec.k) < _WGRAD_TMA_MIN_WIDTH:
         return f"fewer than {_WGRAD_TMA_MIN_WIDTH} channels or filters fill too little of its 64-wide boxes"
     m = spec.n * spec.p * spec.q
@@ -1163,6 +1165,9 @@ def _wgrad_tma_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile: WgradTmaTi
     partial sums and their sum."""
     if not env.wgmma:
         raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma, TMA)")
+    if not env.aligned:
+        raise ValueError(f"implicit_gemm: tile {tile} maps x and dy and stores dW in vectors: operands on "
+                         f"{_plan.ALIGNMENT}-byte boundaries only")
     reason = wgrad_tma_reason(spec, dtype, tile)
     if reason is not None:
         raise ValueError(f"implicit_gemm: tile {tile} cannot run the wgrad of {spec}: {reason}")
