@@ -385,8 +385,9 @@ namespace igemm {
 // grp_a a group's images, w_rows = k (dy's filters packed one after another). One group: grp is 0. The
 // Python twin builds the same layout (GEOMETRY_DTYPE). Output pixel (p, q) of an image sits at
 // p·out_row + q·out_col (q and 1 but where dgrad's phases write every stride-th pixel of dx). block_diag
-// (implicit_gemm_wgmma_tma only): a grouped forward whose packed weight is block-diagonal, a block's filters
-// n0 .. n0 + cp - 1 against the input channels from n0 on (those of their groups; pack_block_diagonal).
+// (implicit_gemm_wgmma_tma only; 0: none): the width of the groups of a grouped forward whose packed weight is
+// block-diagonal, a block's filters n0 .. n0 + cp - 1 against the input channels from n0 on (those of their
+// groups; pack_block_diagonal); pix is then the input's pixel pitch (its C channels).
 struct Geometry {
     int h, w, cp, k, p, q, r, s, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, m, k_tiles;
     long long w_row, out_img, out_k, split_stride;
@@ -1132,7 +1133,38 @@ implicit_gemm_wgmma(CUCONV_IGEMM_PARAMS) {
 // arrives once its wgmmas reading the slot are retired, one tile late: one tile of wgmmas stays in flight).
 // The producer refills slot s for tile kt once tile kt - STAGES is released. Tile kt is phase kt / STAGES of
 // its slot. Shared memory (WgmmaTmaTile.smem_bytes): the slots (the epilogue's staging reuses them once every
-// tile is consumed), then 2 · STAGES 8-byte barriers. At least MINB blocks an SM (the register budget).
+// tile is consumed), then 2 · STAGES 8-byte barriers and a word (block_diag_fixup's flag). At least MINB blocks an
+// SM (the register budget).
+// Block-diagonal groups (Geometry.block_diag: the groups' width): a tile's products of a group's filters with the
+// other groups' channels are zeros times those channels, NaN where one holds Inf or NaN, which a grouped
+// convolution's other groups never see. Where a block's sums came out non-finite, its outputs stored non-finite
+// are summed again directly over their own group's channels (the weight's row for them, x where it lies): what
+// the group's own inputs make non-finite stays so, what another group's made so comes out as the group's sum.
+template <typename T, int BF, int BP>
+__device__ __forceinline__ void block_diag_fixup(const T* __restrict__ x, const T* __restrict__ wp,
+                                              const T* __restrict__ bias, T* __restrict__ y, const igemm::Geometry& g,
+                                              int m0, int n0, int tid, int threads) {
+    const int gw = g.block_diag, pq = g.p * g.q, taps = g.r * g.s;
+    for (int idx = tid; idx < BP * BF; idx += threads) {
+        const int m = m0 + idx / BF, f = n0 + idx % BF;
+        if (m >= g.m || f >= g.k) continue;
+        const int img = m / pq, rem = m - img * pq, op = rem / g.q, oq = rem - op * g.q;
+        T* yp = y + img * g.out_img + op * static_cast<long long>(g.out_row) + oq * static_cast<long long>(g.out_col) + f;
+        if (isfinite(to_acc(*yp))) continue;
+        const int c0 = f - f % gw, j0 = c0 - (f - f % g.cp);  // the group's first channel, its weight column
+        float v = bias != nullptr ? to_acc(bias[f]) : 0.f;
+        for (int t = 0; t < taps; ++t) {
+            const int r = t / g.s, s = t - r * g.s;
+            const int ih = op * g.stride_h - g.pad_h + r * g.dil_h, iw = oq * g.stride_w - g.pad_w + s * g.dil_w;
+            if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
+            const T* xp = x + ((static_cast<long long>(img) * g.h + ih) * g.w + iw) * g.pix + c0;
+            const T* wr = wp + f * g.w_row + static_cast<long long>(t) * g.cp + j0;
+            for (int c = 0; c < gw; ++c) v = fmaf(to_acc(xp[c]), to_acc(wr[c]), v);
+        }
+        *yp = from_acc<T>(v);
+    }
+}
+
 template <typename T, int BF, int BP, int STAGES, int MINB, int KB>
 __global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
 implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::TensorMap x_map,
@@ -1158,9 +1190,12 @@ implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::Tens
     const int n0 = blockIdx.y * BF;
     const int kt0 = blockIdx.z * g.split_tiles;
     const int k_tiles = min(g.split_tiles, g.k_tiles - kt0);
+    // (block_diag) whether a consumer's sum came out Inf or NaN: a word after the barriers
+    volatile int* nonfinite_flag = reinterpret_cast<volatile int*>(smem + (empty + 8 * STAGES - smem_addr(smem)));
     if (tid == 0) {
         init_ring<STAGES>(full, empty, kConsumers);
         mbarrier_init_fence();  // the copy engine sees the barriers initialised
+        *nonfinite_flag = 0;
     }
     __syncthreads();
 
@@ -1210,9 +1245,22 @@ implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::Tens
 #pragma unroll
     for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
 
+    if (g.block_diag != 0) {  // (block_diag_fixup's flag: read after the epilogue's barriers)
+        bool nonfinite = false;
+#pragma unroll
+        for (int n = 0; n < NW; ++n)
+#pragma unroll
+            for (int i = 0; i < 64; ++i) nonfinite |= !isfinite(acc[n][i]);
+        if (nonfinite) *nonfinite_flag = 1;
+    }
+
     // Every slot was full before a consumer read it, so every copy has landed: once the consumers meet (the
     // epilogue's first barrier), the slots are free for the staging.
     wgmma_epilogue<T, BF, BP, 1, NW, true>(acc, smem + (base - smem_addr(smem)), g, bias, y, m0, n0);
+    if (g.block_diag != 0) {
+        epilogue_sync<kConsumers, true>();  // the tile is stored
+        if (*nonfinite_flag) block_diag_fixup<T, BF, BP>(x, wp, bias, y, g, m0, n0, tid, kConsumers);
+    }
 #else
     __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
 #endif

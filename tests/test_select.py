@@ -500,6 +500,19 @@ def test_grouped_forward_through_a_block_diagonal_weight(x_shape, w_shape, kwarg
                                      cuconv.config.workspace_limit) == "implicit_gemm"
 
 
+def test_split_forwards_take_no_row_band_tile():
+    """A forward asked for a split over k takes the TMA tile the row-band tile stands in for (it reduces every tap
+    in its block; no GPU needed)."""
+    from cuconv.families import implicit_gemm
+
+    spec = _P["square_5x9"]
+    assert implicit_gemm.choose_tile(spec, _F16, wgmma=True, nchw=False) is implicit_gemm.TMA_ROWS_TILES[
+        "rows64x256_k32"]
+    assert implicit_gemm.choose_tile(spec, _F16, wgmma=True, nchw=False, rows=False) is implicit_gemm.TMA_TILES[
+        "tma64x256_k64"]
+    assert implicit_gemm._unsplit(None) and implicit_gemm._unsplit(1) and not implicit_gemm._unsplit(3)
+
+
 def test_tma_wgrad_splits_fill_the_sms():
     """The TMA wgrad's pixel ranges: as many as fill the SMs' resident blocks over the dW tiles, each of at least
     four 64-pixel k tiles, the partial sums within the workspace; one where the tiles fill the SMs already."""

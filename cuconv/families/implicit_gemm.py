@@ -164,10 +164,10 @@ class WgmmaTmaTile:
 
     @property
     def smem_bytes(self) -> int:
-        """The slots or the epilogue's staging, if larger, 1024 bytes to align them, and two 8-byte barriers a
-        slot."""
+        """The slots or the epilogue's staging, if larger, 1024 bytes to align them, two 8-byte barriers a slot
+        and 16 bytes for a flag."""
         return (max(self.stages * (self.bm + self.bn) * self.kbytes, _staging_bytes(self.bm, self.bn)) + 1024
-                + 16 * self.stages)
+                + 16 * self.stages + 16)
 
     def kernel_name(self, ctype: str) -> str:
         return (f"implicit_gemm_wgmma_tma<{ctype},{self.bn},{self.bm},{self.stages},{self.min_blocks},"
@@ -417,7 +417,8 @@ def narrow_group_tile(spec: ConvSpec):
     return TILES["128x16" if spec.k_per_group <= 16 else "128x32"]
 
 
-def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None, nchw: bool = None, tma: bool = True):
+def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None, nchw: bool = None, tma: bool = True,
+                rows: bool = True):
     """``wgmma`` defaults to whether the current device has it (compute capability 9.0), ``nchw`` to
     ``prefers_nchw`` but for long reductions over few blocks (``_NCHW_MAX_SHORT_K_TILES``). Several
     groups of up to 32 filters take ``narrow_group_tile`` on any device. Else, on a wgmma device: an NchwTile
@@ -446,7 +447,7 @@ def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None, nchw: bool = None, tm
             nchw = prefers_nchw(spec, dtype) and not (k_tiles > _NCHW_MAX_SHORT_K_TILES and 4 * k_tiles > 3 * blocks)
         if nchw and nchw_fits(spec, dtype):
             return nchw_tile
-        tma_choice = tma_tile(spec, dtype) if tma else None
+        tma_choice = tma_tile(spec, dtype, rows) if tma else None
         if tma_choice is not None:
             return tma_choice
         k_tiles = _packed_k_tiles(spec, itemsize, WgmmaTile.kbytes)
@@ -536,9 +537,10 @@ def _rows_tile(spec: ConvSpec, cp: int):
     return t if spec.q >= t.bm and spec.q / (-(-spec.q // t.bm) * t.bm) >= _ROWS_MIN_FILL else None
 
 
-def tma_tile(spec: ConvSpec, dtype):
-    """The TMA tile for ``spec`` in ``dtype`` (see above), or None where none serves it (``tma_reason``): k tiles
-    of 128 bytes where a group's channels are whole 64s, else of 64 or 32 bytes (whole 32s, 16s)."""
+def tma_tile(spec: ConvSpec, dtype, rows: bool = True):
+    """The TMA tile for ``spec`` in ``dtype`` (see above), or None where none serves it (``tma_reason``): a row-band
+    tile where ``rows`` allows and ``_rows_tile`` finds one, else k tiles of 128 bytes where a group's channels are
+    whole 64s, else of 64 or 32 bytes (whole 32s, 16s)."""
     itemsize = numpy.dtype(dtype).itemsize
     if itemsize != 2 or spec.groups != 1:
         return None
@@ -546,9 +548,9 @@ def tma_tile(spec: ConvSpec, dtype):
     kbytes = next((kb for kb in (128, 64, 32) if cp * itemsize % kb == 0), None)
     if kbytes is None:
         return None
-    rows = _rows_tile(spec, cp)
-    if rows is not None and tma_reason(spec, dtype, Plan(rows, cp, spec.r * spec.s, 0, 0, spec.n)) is None:
-        return rows
+    band_tile = _rows_tile(spec, cp) if rows else None
+    if band_tile is not None and tma_reason(spec, dtype, Plan(band_tile, cp, spec.r * spec.s, 0, 0, spec.n)) is None:
+        return band_tile
     if spec.k <= 64 or -(-spec.k // 128) * 128 > -(-spec.k // 64) * 64:
         names = ["64x128"] if kbytes == 128 else ["64x256", "64x128"]
     else:
@@ -1436,11 +1438,12 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
         fspec = dgrad_forward.forward_spec(spec)
         if fspec is None:
             return _phases_prepare(spec, dtype, env, tile)
-        tile = tile or choose_tile(fspec, numpy.dtype(dtype), env.wgmma)
+        tile = tile or choose_tile(fspec, numpy.dtype(dtype), env.wgmma, rows=_unsplit(splits))
         if tile.nchw:
             return dgrad_forward.prepare(prepare, spec, dtype, precision, env, tile=tile, splits=splits)
         return _forward_plan(pass_, fspec, numpy.dtype(dtype), env, tile, splits, ("dy", "w", None, "dx"))
-    return _forward_plan(pass_, spec, numpy.dtype(dtype), env, tile or choose_tile(spec, dtype, env.wgmma), splits,
+    return _forward_plan(pass_, spec, numpy.dtype(dtype), env,
+                         tile or choose_tile(spec, dtype, env.wgmma, rows=_unsplit(splits)), splits,
                          ("x", "w", "bias", "out"))
 
 
@@ -1548,7 +1551,7 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
         diagonal = block_diagonal_tile(spec, dtype)
         if diagonal is not None and (tile is diagonal or (tile is None and env.wgmma)):
             return _block_diagonal_plan(spec, dtype, env, bias, krsc)
-    tile = tile or choose_tile(fspec, dtype, env.wgmma, nchw=False)
+    tile = tile or choose_tile(fspec, dtype, env.wgmma, nchw=False, rows=_unsplit(splits))
     if tile.nchw:
         raise ValueError(f"implicit_gemm: tile {tile} gathers NCHW; channels-last inputs take a packed tile")
     if tile.wgmma and not env.wgmma:
@@ -1619,7 +1622,7 @@ def _block_diagonal_launches(spec: ConvSpec, dtype, krsc: bool, device: int) -> 
     m = spec.n * spec.p * spec.q
     geometry = numpy.array((spec.h, spec.w, bw, spec.k, spec.p, spec.q, spec.r, spec.s, *spec.stride, spec.pad[0],
                             spec.pad[2], *spec.dilation, m, taps, w_row, spec.p * spec.q * spec.k, 1, 0, taps, spec.c,
-                            kp, bw, kp, spec.q * spec.k, spec.k, 1), dtype=GEOMETRY_DTYPE)[()]
+                            kp, bw, kp, spec.q * spec.k, spec.k, spec.c_per_group), dtype=GEOMETRY_DTYPE)[()]
     lower, upper = _tma_corners(spec)
     maps = ((0, _tma.im2col_map(spec.n, spec.h, spec.w, spec.c, lower, upper, spec.stride, bw, t.bm)),
             (1, _tma.tiled_map(w_row, kp, bw, t.bn)))
@@ -1640,6 +1643,11 @@ def _block_diagonal_plan(spec: ConvSpec, dtype, env: "_plan.Env", bias: bool, kr
     b.launch(pack, b.ref("w"), packed_w)
     b.launch(gemm, b.ref("x"), packed_w, b.ref("bias") if bias else _plan.NULL, b.ref("out"))
     return b.plan(STEM)
+
+
+def _unsplit(splits) -> bool:
+    """Whether a plan asked for ``splits`` may take a row-band tile (which reduces every tap in its block)."""
+    return splits is None or splits == 1
 
 
 def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, tile: Tile = None, splits: int = None) -> None:

@@ -639,6 +639,31 @@ def test_block_diagonal_grouped_forward_equals_cpu_exactly_on_integers(x_shape, 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_block_diagonal_forward_keeps_other_groups_finite(dtype_name):
+    """An Inf in one group's channel and a NaN in another's spoil only their own groups' outputs, as in the CPU
+    path's grouped convolution: the block-diagonal tile's zero products with them (NaN) are summed again over the
+    output's own group (``block_diag_fixup``); on integers, bit for bit the CPU path, NaN where it has NaN."""
+    import cupy
+
+    from cuconv import _plan
+    from cuconv.families import implicit_gemm
+
+    kwargs = dict(padding=1, groups=8)
+    dtype, x, w, b, spec = _tma_operands((2, 128, 9, 10), (128, 16, 3, 3), kwargs, dtype_name, 59)
+    x[0, 3, 4, 5] = numpy.inf     # group 0 (channels 0-15)
+    x[1, 37, 0, 0] = numpy.nan    # group 2, at a corner
+    want = cuconv.conv2d(x, w, b, **kwargs).astype(numpy.float64)
+    assert numpy.isfinite(want[:, 16:32]).all() and not numpy.isfinite(want[:, :16]).all()
+    xg, wg, bg = _nhwc(cupy.asarray(x)), _weight(w, dtype, "krsc"), cupy.asarray(b)
+    out = cupy.full((spec.n, spec.p, spec.q, spec.k), numpy.nan, dtype=dtype)
+    plan = implicit_gemm.prepare("fprop", spec, dtype, "ieee", _plan.current_env(xg, wg, bg, out), True,
+                                 tile=implicit_gemm.block_diagonal_tile(spec, dtype), layout="nhwc", weights="krsc")
+    _plan.run_arrays(plan, xg, wg, bg, out)
+    numpy.testing.assert_array_equal(cupy.asnumpy(out.transpose(0, 3, 1, 2)).astype(numpy.float64), want)
+
+
+@pytest.mark.gpu
 def test_tma_plan_prepared_and_run_on_a_thread_without_a_context():
     """A thread that has made no CUDA call has no current context, in which the driver encodes no tensor map
     (``cuconv.nn.warmup`` prepares plans on such threads): a TMA plan prepared and run there makes the device's
