@@ -823,6 +823,25 @@ __device__ __forceinline__ void tma_tile_2d(unsigned dst, const TensorMap& map, 
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(x), "r"(y), "r"(bar) : "memory");
 }
+
+// The ring's three steps. The producer takes slot kt % STAGES for tile kt once the consumers released tile
+// kt - STAGES from it (phase kt / STAGES - 1 of its empty barrier), tells its full barrier the copies' bytes and
+// returns that barrier; a consumer waits for tile kt's full barrier (phase kt / STAGES); once it has issued tile
+// kt's wgmmas, it retires tile kt - 1's (one group stays in flight) and releases that tile's slot.
+template <int STAGES> __device__ __forceinline__ unsigned ring_fill(unsigned full, unsigned empty, int kt,
+                                                                   unsigned bytes) {
+    const int s = kt % STAGES;
+    if (kt >= STAGES) mbarrier_wait(empty + 8 * s, ((kt / STAGES) - 1) & 1);
+    mbarrier_expect_bytes(full + 8 * s, bytes);
+    return full + 8 * s;
+}
+template <int STAGES> __device__ __forceinline__ void ring_wait_full(unsigned full, int kt) {
+    mbarrier_wait(full + 8 * (kt % STAGES), (kt / STAGES) & 1);
+}
+template <int STAGES> __device__ __forceinline__ void ring_release_previous(unsigned empty, int kt) {
+    wgmma_wait<1>();
+    if (kt > 0) mbarrier_arrive(empty + 8 * ((kt - 1) % STAGES));
+}
 #endif
 
 // Pin the accumulators at this point of the program: the compiler sees only the wgmma's asm statement
@@ -1127,9 +1146,7 @@ implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::Tens
         int cb = kt0 % cblocks, sc = kt0 / cblocks % g.s, r = kt0 / cblocks / g.s;
         for (int kt = 0; kt < k_tiles; ++kt) {
             const int s = kt % STAGES;
-            if (kt >= STAGES) mbarrier_wait(empty + 8 * s, ((kt / STAGES) - 1) & 1);
-            const unsigned slot = base + s * kStageBytes, bar = full + 8 * s;
-            mbarrier_expect_bytes(bar, kStageBytes);
+            const unsigned slot = base + s * kStageBytes, bar = ring_fill<STAGES>(full, empty, kt, kStageBytes);
             tma_tile_2d(slot, w_map, (kt0 + kt) * TK, n0, bar);
             tma_im2col_4d(slot + BF * kRowBytes, x_map, cb * TK, w0, h0, img,
                           static_cast<unsigned short>(sc * g.dil_w), static_cast<unsigned short>(r * g.dil_h), bar);
@@ -1153,11 +1170,10 @@ implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::Tens
 
     for (int kt = 0; kt < k_tiles; ++kt) {
         const int s = kt % STAGES;
-        mbarrier_wait(full + 8 * s, (kt / STAGES) & 1);
+        ring_wait_full<STAGES>(full, kt);
         const unsigned slot = base + s * kStageBytes;
         wgmma_k_tile<T, NW, KB>(acc, slot + a_off, slot + b_off);
-        wgmma_wait<1>();  // tile kt - 1's wgmmas are retired: its slot goes back to the producer
-        if (kt > 0) mbarrier_arrive(empty + 8 * ((kt - 1) % STAGES));
+        ring_release_previous<STAGES>(empty, kt);
     }
     wgmma_wait<0>();
 #pragma unroll
@@ -1232,9 +1248,7 @@ implicit_gemm_wgrad_tma(const T* __restrict__ x, const T* __restrict__ dy, void*
         const unsigned short ow = static_cast<unsigned short>(sc * g.dil_w), oh = static_cast<unsigned short>(r * g.dil_h);
         for (int kt = 0; kt < k_tiles; ++kt) {
             const int s = kt % STAGES;
-            if (kt >= STAGES) mbarrier_wait(empty + 8 * s, ((kt / STAGES) - 1) & 1);
-            const unsigned slot = base + s * kStageBytes, bar = full + 8 * s;
-            mbarrier_expect_bytes(bar, kStageBytes);
+            const unsigned slot = base + s * kStageBytes, bar = ring_fill<STAGES>(full, empty, kt, kStageBytes);
             const int m0 = (kt0 + kt) * 64;
             const int img = m0 / pq, rem = m0 - img * pq, op = rem / g.q, oq = rem - op * g.q;
 #pragma unroll
@@ -1256,7 +1270,7 @@ implicit_gemm_wgrad_tma(const T* __restrict__ x, const T* __restrict__ dy, void*
 
     for (int kt = 0; kt < k_tiles; ++kt) {
         const int s = kt % STAGES;
-        mbarrier_wait(full + 8 * s, (kt / STAGES) & 1);
+        ring_wait_full<STAGES>(full, kt);
         const unsigned a = base + s * kStageBytes + wg * kMnBoxBytes;  // this warpgroup's 64 filters
         const unsigned b = base + s * kStageBytes + kFilterBoxes * kMnBoxBytes;
         wgmma_fence();
@@ -1267,8 +1281,7 @@ implicit_gemm_wgrad_tma(const T* __restrict__ x, const T* __restrict__ dy, void*
                 WgmmaMn<T, kN>::run(acc[n], wgmma_desc_mn(a + step * 2048),
                                     wgmma_desc_mn(b + n * (kN / 64) * kMnBoxBytes + step * 2048));
         wgmma_commit();
-        wgmma_wait<1>();  // tile kt - 1's wgmmas are retired: its slot goes back to the producer
-        if (kt > 0) mbarrier_arrive(empty + 8 * ((kt - 1) % STAGES));
+        ring_release_previous<STAGES>(empty, kt);
     }
     wgmma_wait<0>();
 #pragma unroll
@@ -1298,10 +1311,7 @@ implicit_gemm_wgrad_tma(const T* __restrict__ x, const T* __restrict__ dy, void*
             } else {
                 T* p = static_cast<T*>(out) + o;
                 if (g.out_c == 1) {
-                    unsigned word = 0;
-                    put_bits(word, 0, from_acc<T>(acc[n][i]));
-                    put_bits(word, 1, from_acc<T>(acc[n][i + 1]));
-                    *reinterpret_cast<unsigned*>(p) = word;
+                    *reinterpret_cast<unsigned*>(p) = pair_word<T>(acc[n][i], acc[n][i + 1]);
                 } else {
                     p[0] = from_acc<T>(acc[n][i]);
                     p[g.out_c] = from_acc<T>(acc[n][i + 1]);
