@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import operator
 import threading
 
 import numpy
@@ -132,13 +133,17 @@ class TmaLaunch(_loader.PreparedLaunch):
     ``maps``: ``(pointer index, encode)``, the map of the tensor at that pointer. A launch encodes the maps again
     where its pointers differ from the last launch's, under the launch's lock (the parameter buffer is shared)."""
 
-    __slots__ = ("_maps", "_map_storage", "_map_addresses", "_mapped")
+    __slots__ = ("_maps", "_map_storage", "_map_addresses", "_mapped", "_mapped_pointers")
 
     def __init__(self, fn, name: str, grid: tuple, block: tuple, n_pointers: int, scalars: tuple, maps: tuple,
                  smem: int = 0):
         super().__init__(fn, name, grid, block, n_pointers, tuple(scalars) + (_PLACEHOLDER,) * len(maps), smem)
         self._lock = threading.RLock()  # (launch encodes and then enqueues through the base class's launch)
         self._maps = tuple(maps)
+        # (the mapped pointers of a launch as one tuple, without a generator on the launch's host path)
+        indices = [i for i, _ in self._maps]
+        self._mapped_pointers = operator.itemgetter(*indices) if len(indices) > 1 else \
+            (lambda pointers, i=indices[0]: (pointers[i],))
         self._map_storage = numpy.zeros(len(maps) * MAP_BYTES + _MAP_ALIGN, dtype=numpy.uint8)
         first = -self._map_storage.ctypes.data % _MAP_ALIGN + self._map_storage.ctypes.data
         self._map_addresses = tuple(first + MAP_BYTES * i for i in range(len(maps)))
@@ -162,7 +167,7 @@ class TmaLaunch(_loader.PreparedLaunch):
 
     def launch(self, stream: int, pointers, _after_set_device: bool = False) -> None:
         with self._lock:
-            mapped = tuple(pointers[i] for i, _ in self._maps)
+            mapped = self._mapped_pointers(pointers)
             if mapped != self._mapped:
                 self._encode(mapped)
                 self._mapped = mapped

@@ -67,6 +67,7 @@
 // Layouts: x (N, C, H, W), w (K, 1, R, S), out/dy (N, K, P, Q), all contiguous; 64-bit plane offsets; the
 // depthwise_nhwc_* kernels at the end of the file take channels-last activations (N, H, W, C).
 #include "common.cuh"
+#include "mma.cuh"
 
 using cuconv::i64;
 
@@ -326,6 +327,7 @@ __device__ __forceinline__ unsigned word_of(const uint4& u, int i) {
 __device__ __forceinline__ unsigned word_of(const uint2& u, int i) {
     return i == 0 ? u.x : u.y;
 }
+__device__ __forceinline__ unsigned word_of(unsigned u, int) { return u; }
 
 // Element e of a row vector of T held as words, in the arithmetic type. Rows travel as words so that loads,
 // zero fills and window moves are whole 32-bit registers: as a vector of halves the compiler moved every
@@ -1127,18 +1129,6 @@ __host__ __device__ constexpr int dw_tile_row_words(int hc, int sr) {
     return rp;
 }
 
-template <typename T> __device__ __forceinline__ float2 pair_of(unsigned w);
-template <> __device__ __forceinline__ float2 pair_of<__half>(unsigned w) {
-    return __half22float2(*reinterpret_cast<const __half2*>(&w));
-}
-template <> __device__ __forceinline__ float2 pair_of<__nv_bfloat16>(unsigned w) {
-    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
-}
-template <typename T> __device__ __forceinline__ unsigned word_of(float a, float b) {
-    const T lo = cuconv::from_acc<T>(a), hi = cuconv::from_acc<T>(b);
-    return static_cast<unsigned>(*reinterpret_cast<const unsigned short*>(&lo)) |
-           (static_cast<unsigned>(*reinterpret_cast<const unsigned short*>(&hi)) << 16);
-}
 
 template <typename T, int KR, int SR, int QT>
 __global__ void __launch_bounds__(256)
@@ -1201,7 +1191,10 @@ depthwise_nhwc_fwd_tile(const T* __restrict__ x, const T* __restrict__ wt, const
     for (int r = 0; r < KR; ++r) {
         float2 win[kWindow];
 #pragma unroll
-        for (int j = 0; j < kWindow; ++j) win[j] = pair_of<T>(base[r * RP + j * 16]);
+        for (int j = 0; j < kWindow; ++j) {
+            const unsigned w = base[r * RP + j * 16];
+            win[j] = make_float2(elem_of<T>(w, 0), elem_of<T>(w, 1));
+        }
 #pragma unroll
         for (int s = 0; s < KR; ++s) {
             const float2 wv = s_w[r * KR + s][pair];
@@ -1218,7 +1211,8 @@ depthwise_nhwc_fwd_tile(const T* __restrict__ x, const T* __restrict__ wt, const
 #pragma unroll
     for (int q = 0; q < QT; ++q) {
         const int oq = q0 + qg * QT + q;
-        if (oq < Q) *reinterpret_cast<unsigned*>(o + static_cast<i64>(oq) * C) = word_of<T>(acc[q][0], acc[q][1]);
+        if (oq < Q)
+            *reinterpret_cast<unsigned*>(o + static_cast<i64>(oq) * C) = cuconv::pair_word<T>(acc[q][0], acc[q][1]);
     }
 }
 

@@ -64,10 +64,7 @@ template <typename T> __device__ __forceinline__ unsigned staged_word(unsigned w
 // Two adjacent filters of one output pixel (channels-last), rounded once: one 4-byte store (float: 8 bytes).
 template <typename T> __device__ __forceinline__ void store_pair(T* __restrict__ o, float a, float b) {
     if constexpr (sizeof(T) == 2) {
-        unsigned w = 0;
-        cuconv::put_bits(w, 0, cuconv::from_acc<T>(a));
-        cuconv::put_bits(w, 1, cuconv::from_acc<T>(b));
-        *reinterpret_cast<unsigned*>(o) = w;
+        *reinterpret_cast<unsigned*>(o) = cuconv::pair_word<T>(a, b);
     } else {
         *reinterpret_cast<float2*>(o) = make_float2(a, b);
     }

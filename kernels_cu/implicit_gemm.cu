@@ -862,6 +862,25 @@ __device__ __forceinline__ void tma_tile_2d(unsigned dst, const TensorMap& map, 
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(x), "r"(y), "r"(bar) : "memory");
 }
+
+// The ring's three steps. The producer takes slot kt % STAGES for tile kt once the consumers released tile
+// kt - STAGES from it (phase kt / STAGES - 1 of its empty barrier), tells its full barrier the copies' bytes and
+// returns that barrier; a consumer waits for tile kt's full barrier (phase kt / STAGES); once it has issued tile
+// kt's wgmmas, it retires tile kt - 1's (one group stays in flight) and releases that tile's slot.
+template <int STAGES> __device__ __forceinline__ unsigned ring_fill(unsigned full, unsigned empty, int kt,
+                                                                   unsigned bytes) {
+    const int s = kt % STAGES;
+    if (kt >= STAGES) mbarrier_wait(empty + 8 * s, ((kt / STAGES) - 1) & 1);
+    mbarrier_expect_bytes(full + 8 * s, bytes);
+    return full + 8 * s;
+}
+template <int STAGES> __device__ __forceinline__ void ring_wait_full(unsigned full, int kt) {
+    mbarrier_wait(full + 8 * (kt % STAGES), (kt / STAGES) & 1);
+}
+template <int STAGES> __device__ __forceinline__ void ring_release_previous(unsigned empty, int kt) {
+    wgmma_wait<1>();
+    if (kt > 0) mbarrier_arrive(empty + 8 * ((kt - 1) % STAGES));
+}
 #endif
 
 // Pin the accumulators at this point of the program: the compiler sees only the wgmma's asm statement
@@ -1209,9 +1228,7 @@ implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::Tens
         int cb = kt0 % cblocks, sc = kt0 / cblocks % g.s, r = kt0 / cblocks / g.s;
         for (int kt = 0; kt < k_tiles; ++kt) {
             const int s = kt % STAGES;
-            if (kt >= STAGES) mbarrier_wait(empty + 8 * s, ((kt / STAGES) - 1) & 1);
-            const unsigned slot = base + s * kStageBytes, bar = full + 8 * s;
-            mbarrier_expect_bytes(bar, kStageBytes);
+            const unsigned slot = base + s * kStageBytes, bar = ring_fill<STAGES>(full, empty, kt, kStageBytes);
             tma_tile_2d(slot, w_map, (kt0 + kt) * TK, n0, bar);
             tma_im2col_4d(slot + BF * kRowBytes, x_map, (g.block_diag ? n0 : 0) + cb * TK, w0, h0, img,
                           static_cast<unsigned short>(sc * g.dil_w), static_cast<unsigned short>(r * g.dil_h), bar);
@@ -1235,11 +1252,10 @@ implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::Tens
 
     for (int kt = 0; kt < k_tiles; ++kt) {
         const int s = kt % STAGES;
-        mbarrier_wait(full + 8 * s, (kt / STAGES) & 1);
+        ring_wait_full<STAGES>(full, kt);
         const unsigned slot = base + s * kStageBytes;
         wgmma_k_tile<T, NW, KB>(acc, slot + a_off, slot + b_off);
-        wgmma_wait<1>();  // tile kt - 1's wgmmas are retired: its slot goes back to the producer
-        if (kt > 0) mbarrier_arrive(empty + 8 * ((kt - 1) % STAGES));
+        ring_release_previous<STAGES>(empty, kt);
     }
     wgmma_wait<0>();
 #pragma unroll
@@ -1340,10 +1356,8 @@ implicit_gemm_wgmma_tma_rows(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm:
                     tma_tile_4d(bands + b * band_bytes + (j * band + part) * 16, x_map, 8 * j, q0 - g.pad_w + part, ih,
                                 img, band_full + 8 * b);
             for (int sc = 0; sc < g.s; ++sc, ++kt) {
-                const int s = kt % STAGES;
-                if (kt >= STAGES) mbarrier_wait(empty + 8 * s, ((kt / STAGES) - 1) & 1);
-                mbarrier_expect_bytes(full + 8 * s, kWeightBytes);
-                tma_tile_2d(base + s * kWeightBytes, w_map, kt * CP, n0, full + 8 * s);
+                const unsigned bar = ring_fill<STAGES>(full, empty, kt, kWeightBytes);
+                tma_tile_2d(base + kt % STAGES * kWeightBytes, w_map, kt * CP, n0, bar);
             }
         }
         return;
@@ -1361,9 +1375,8 @@ implicit_gemm_wgmma_tma_rows(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm:
         const int b = r & 1;
         mbarrier_wait(band_full + 8 * b, (r >> 1) & 1);
         for (int sc = 0; sc < g.s; ++sc, ++kt) {
-            const int s = kt % STAGES;
-            mbarrier_wait(full + 8 * s, (kt / STAGES) & 1);
-            const unsigned long long da = wgmma_desc<KB>(base + s * kWeightBytes + wg * 64 * KB);
+            ring_wait_full<STAGES>(full, kt);
+            const unsigned long long da = wgmma_desc<KB>(base + kt % STAGES * kWeightBytes + wg * 64 * KB);
             const unsigned pixels = bands + b * band_bytes + sc * g.dil_w * 16;
             wgmma_fence();
 #pragma unroll
@@ -1373,8 +1386,7 @@ implicit_gemm_wgmma_tma_rows(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm:
                     Wgmma<T>::run(acc[n], da + 2 * step,
                                   wgmma_desc_rows(pixels + (2 * step * band + n * 128) * 16, band * 16));
             wgmma_commit();
-            wgmma_wait<1>();  // tap kt - 1's wgmmas are retired: its slot (and at a new row its band) go back
-            if (kt > 0) mbarrier_arrive(empty + 8 * ((kt - 1) % STAGES));
+            ring_release_previous<STAGES>(empty, kt);  // (tap kt - 1 retired: at a new row its band goes back too)
             if (sc == 0 && r > 0) mbarrier_arrive(band_empty + 8 * ((r - 1) & 1));
         }
     }
@@ -1458,9 +1470,7 @@ implicit_gemm_wgrad_tma(const T* __restrict__ x, const T* __restrict__ dy, void*
         const unsigned short ow = static_cast<unsigned short>(sc * g.dil_w), oh = static_cast<unsigned short>(r * g.dil_h);
         for (int kt = 0; kt < k_tiles; ++kt) {
             const int s = kt % STAGES;
-            if (kt >= STAGES) mbarrier_wait(empty + 8 * s, ((kt / STAGES) - 1) & 1);
-            const unsigned slot = base + s * kStageBytes, bar = full + 8 * s;
-            mbarrier_expect_bytes(bar, kStageBytes);
+            const unsigned slot = base + s * kStageBytes, bar = ring_fill<STAGES>(full, empty, kt, kStageBytes);
             const int m0 = (kt0 + kt) * 64;
             const int img = m0 / pq, rem = m0 - img * pq, op = rem / g.q, oq = rem - op * g.q;
 #pragma unroll
@@ -1482,7 +1492,7 @@ implicit_gemm_wgrad_tma(const T* __restrict__ x, const T* __restrict__ dy, void*
 
     for (int kt = 0; kt < k_tiles; ++kt) {
         const int s = kt % STAGES;
-        mbarrier_wait(full + 8 * s, (kt / STAGES) & 1);
+        ring_wait_full<STAGES>(full, kt);
         const unsigned a = base + s * kStageBytes + wg * kMnBoxBytes;  // this warpgroup's 64 filters
         const unsigned b = base + s * kStageBytes + kFilterBoxes * kMnBoxBytes;
         wgmma_fence();
@@ -1493,8 +1503,7 @@ implicit_gemm_wgrad_tma(const T* __restrict__ x, const T* __restrict__ dy, void*
                 WgmmaMn<T, kN>::run(acc[n], wgmma_desc_mn(a + step * 2048),
                                     wgmma_desc_mn(b + n * (kN / 64) * kMnBoxBytes + step * 2048));
         wgmma_commit();
-        wgmma_wait<1>();  // tile kt - 1's wgmmas are retired: its slot goes back to the producer
-        if (kt > 0) mbarrier_arrive(empty + 8 * ((kt - 1) % STAGES));
+        ring_release_previous<STAGES>(empty, kt);
     }
     wgmma_wait<0>();
 #pragma unroll
@@ -1529,10 +1538,7 @@ implicit_gemm_wgrad_tma(const T* __restrict__ x, const T* __restrict__ dy, void*
             } else {
                 T* p = static_cast<T*>(out) + o;
                 if (g.out_c == 1) {
-                    unsigned word = 0;
-                    put_bits(word, 0, from_acc<T>(acc[n][i]));
-                    put_bits(word, 1, from_acc<T>(acc[n][i + 1]));
-                    *reinterpret_cast<unsigned*>(p) = word;
+                    *reinterpret_cast<unsigned*>(p) = pair_word<T>(acc[n][i], acc[n][i + 1]);
                 } else {
                     p[0] = from_acc<T>(acc[n][i]);
                     p[g.out_c] = from_acc<T>(acc[n][i + 1]);

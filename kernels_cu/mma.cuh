@@ -1,9 +1,8 @@
-// Tensor-core helpers shared by the mma.sync kernels (implicit_gemm, grouped_mma): TF32 rounding, 32-bit
-// words of two 16-bit elements, and one m16n8 MMA step per storage type with fp32 accumulation.
+// Tensor-core helpers shared by the mma.sync kernels (implicit_gemm, grouped_mma; depthwise takes its words):
+// TF32 rounding, 32-bit words of two 16-bit elements, and one m16n8 MMA step per storage type with fp32 accumulation.
 #pragma once
 
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
+#include "common.cuh"
 
 namespace cuconv {
 
@@ -22,6 +21,15 @@ __device__ __forceinline__ void put_bits(unsigned& w, int i, __half v) {
 __device__ __forceinline__ void put_bits(unsigned& w, int i, __nv_bfloat16 v) {
     const unsigned b = __bfloat16_as_ushort(v);
     w = i == 0 ? b : (w | (b << 16));
+}
+
+// Two fp32 sums rounded once each to the 16-bit T, as one word (the first in the low half): a store of two
+// adjacent channels or filters.
+template <typename T> __device__ __forceinline__ unsigned pair_word(float a, float b) {
+    unsigned w = 0;
+    put_bits(w, 0, from_acc<T>(a));
+    put_bits(w, 1, from_acc<T>(b));
+    return w;
 }
 
 // D += A·B for one m16n8 tile and one 32-byte k step. Fragments: a 4 registers, b 2, c 4 floats.

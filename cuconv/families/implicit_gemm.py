@@ -763,6 +763,12 @@ def tma_reason(spec: ConvSpec, dtype, pl: Plan):
         return rows_reason(spec, dtype, pl)
     if pl.cp % (pl.tile.kbytes // 2):
         return f"its TMA tile takes whole taps of {pl.tile.kbytes // 2} channels a k tile"
+    return _im2col_map_reason(spec)
+
+
+def _im2col_map_reason(spec: ConvSpec):
+    """Why an im2col map over ``spec``'s input (the TMA forward's and wgrad's) cannot be encoded, or None: the
+    driver's limits (``_tma``) on its bounding box corners, traversal strides and copies' tap offsets."""
     lower, upper = _tma_corners(spec)
     lo, hi = _tma.CORNER_RANGE
     if not all(lo <= v <= hi for v in lower + upper):
@@ -1101,15 +1107,7 @@ def wgrad_tma_reason(spec: ConvSpec, dtype, tile: "WgradTmaTile" = None):
     m = spec.n * spec.p * spec.q
     if m == 0 or m + _WGRAD_TMA_PIXELS >= _INT_MAX:
         return "it reduces over 1 to 2^31 - 65 output pixels"
-    lower, upper = _tma_corners(spec)
-    lo, hi = _tma.CORNER_RANGE
-    if not all(lo <= v <= hi for v in lower + upper):
-        return f"its im2col map's bounding box corners {lower}, {upper} are outside [{lo}, {hi}]"
-    if max(spec.stride) > _tma.MAX_STRIDE:
-        return f"its im2col map walks strides up to {_tma.MAX_STRIDE}"
-    if max((spec.r - 1) * spec.dilation[0], (spec.s - 1) * spec.dilation[1]) >= _tma.MAX_OFFSET:
-        return "its copies' tap offsets are 16-bit"
-    return None
+    return _im2col_map_reason(spec)
 
 
 def wgrad_tma_tile(spec: ConvSpec, dtype):
@@ -1147,18 +1145,19 @@ def _wgrad_tma_launches(spec: ConvSpec, dtype, tile: WgradTmaTile, splits: int, 
     splits = -(-k_tiles // split_tiles)  # (no empty range)
     rs, cg = spec.r * spec.s, spec.c_per_group
     strides = (rs * cg, 1, spec.s * cg, cg) if krsc else (cg * rs, rs, spec.s, 1)  # (k, c, r, s)
+    dw_elements = spec.k * cg * rs  # (and a split's partial sums, one dW apart)
     c_tiles = _wgrad_tma_c_tiles(spec, tile)
     geometry = numpy.array((spec.p, spec.q, spec.s, *spec.stride, spec.pad[0], spec.pad[2], *spec.dilation, spec.k,
                             spec.c, c_tiles, k_tiles, split_tiles, 0 if spec.groups == 1 else cg, 0, *strides,
-                            0 if splits == 1 else spec.k * cg * rs), dtype=WGRAD_TMA_GEOMETRY_DTYPE)[()]
+                            0 if splits == 1 else dw_elements), dtype=WGRAD_TMA_GEOMETRY_DTYPE)[()]
     lower, upper = _tma_corners(spec)
     maps = ((0, _tma.im2col_map(spec.n, spec.h, spec.w, spec.c, lower, upper, spec.stride, 64, _WGRAD_TMA_PIXELS)),
             (1, _tma.tiled_map(spec.k, m, 64, _WGRAD_TMA_PIXELS)))
     name = tile.kernel_name(_dtypes.ctype_of(dtype))
     grid = (c_tiles * rs, -(-spec.k // tile.bf), splits)
     gemm = _tma.TmaLaunch(_fn(name), name, grid, (tile.threads, 1, 1), 3, (geometry,), maps, smem=tile.smem_bytes)
-    sums = None if splits == 1 else _sum_kernel(dtype, spec.k * cg * rs, splits, 1, 1, sm_count)
-    return WgradLaunches(None, None, gemm, sums, 0, 0, 0 if splits == 1 else splits * spec.k * cg * rs * 4)
+    sums = None if splits == 1 else _sum_kernel(dtype, dw_elements, splits, 1, 1, sm_count)
+    return WgradLaunches(None, None, gemm, sums, 0, 0, 0 if splits == 1 else splits * dw_elements * 4)
 
 
 def _wgrad_tma_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile: WgradTmaTile, splits: int = None,
