@@ -470,8 +470,9 @@ struct TileLoader {
 // c_smem[filter][pixel] (pitch BM + 4), goes to NCHW rows (or, where filters are adjacent, out_k == 1, to
 // channels-last pixels, lanes along the filters) with bias added before the one rounding. A warp
 // writes one filter's BM pixels at a time. Where the tile's pixels are one run of a single image, stored
-// densely, and the runs are aligned (P·Q a multiple of 4, the output 4-element aligned) a lane writes 4
-// consecutive pixels per store, 128 pixels of a filter row per warp store; elsewhere 32 pixels per store
+// densely, and the runs are aligned (the run's start and P·Q multiples of 4, the output 4-element aligned; a
+// row-band tile's run starts where its output row does) a lane writes 4 consecutive pixels per store, 128
+// pixels of a filter row per warp store; elsewhere 32 pixels per store
 // (whole 128-byte runs in fp32 where dense), each pixel's image and place found on its own.
 template <typename T, int BM, int BN, int WARPS>
 __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geometry& g, const T* __restrict__ bias,
@@ -484,7 +485,7 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
     n0 -= grp * g.kp;
     if constexpr (BM % 128 == 0) {
         const int img = m0 / pq, rem = m0 - img * pq;
-        if (rem + BM <= pq && m0 + BM <= g.m && pq % 4 == 0 && g.out_img % 4 == 0 && g.out_k % 4 == 0 &&
+        if (rem + BM <= pq && m0 + BM <= g.m && rem % 4 == 0 && pq % 4 == 0 && g.out_img % 4 == 0 && g.out_k % 4 == 0 &&
             g.out_col == 1 && g.out_row == g.q &&
             reinterpret_cast<unsigned long long>(y) % (4 * sizeof(T)) == 0) {
             T* yl = y + img * g.out_img + rem + 4 * lane;
@@ -1421,10 +1422,11 @@ implicit_gemm_wgmma_tma_rows(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm:
 // thread's pairs of adjacent channels as one store where dW is channels-last). dW element (k, c, r, s) sits at
 // k·out_k + c·out_c + r·out_r + s·out_s (KCRS or KRSC).
 //
-// Groups of group_width channels and as many filters (0: one group; the Python twin takes 16, 32 or 64 with
-// BF = BC = 64): a block's 64 filters and the 64 channels of the same groups (c0 = n0; grid x the taps alone) make
-// a 64 × 64 product of which the group_width × group_width blocks on its diagonal are dW's (the others pair a
-// group's filters with another group's channels and are not stored); channel c of a group is dW's c % group_width.
+// kGroups: groups of group_width channels and as many filters (the Python twin takes 16, 32 or 64 with BF = BC =
+// 64; instances of their own, so that the one-group instances' epilogue has no group arithmetic): a block's 64
+// filters and the 64 channels of the same groups (c0 = n0; grid x the taps alone) make a 64 × 64 product of
+// which the group_width × group_width blocks on its diagonal are dW's (the others pair a group's filters with
+// another group's channels and are not stored); channel c of a group is dW's c % group_width.
 struct WgradTmaGeometry {
     int p, q, s, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, k, c, c_tiles, k_tiles, split_tiles, group_width,
         unused;
@@ -1432,7 +1434,7 @@ struct WgradTmaGeometry {
 };
 static_assert(sizeof(WgradTmaGeometry) == 104, "WGRAD_TMA_GEOMETRY_DTYPE in cuconv/families/implicit_gemm.py");
 
-template <typename T, int BF, int BC, int STAGES, int MINB>
+template <typename T, int BF, int BC, int STAGES, int MINB, bool kGroups>
 __global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
 implicit_gemm_wgrad_tma(const T* __restrict__ x, const T* __restrict__ dy, void* __restrict__ out,
                         const WgradTmaGeometry g, const __grid_constant__ igemm::TensorMap x_map,
@@ -1445,7 +1447,7 @@ implicit_gemm_wgrad_tma(const T* __restrict__ x, const T* __restrict__ dy, void*
     constexpr int kN = BC < 128 ? BC : 128;  // channels a wgmma
     constexpr int NW = BC / kN;
     static_assert((BF == 64 || BF == 128) && (BC == 64 || BC == 128 || BC == 256) && STAGES >= 2 &&
-                  sizeof(T) == 2, "tile shape");
+                  sizeof(T) == 2 && (!kGroups || (BF == 64 && BC == 64)), "tile shape");
 
     extern __shared__ __align__(1024) unsigned char smem[];
     const unsigned base = (smem_addr(smem) + 1023u) & ~1023u;  // the swizzle's atoms: 1024-byte alignment
@@ -1454,7 +1456,7 @@ implicit_gemm_wgrad_tma(const T* __restrict__ x, const T* __restrict__ dy, void*
     const int tid = threadIdx.x;
     const int n0 = blockIdx.y * BF;
     const int tap = blockIdx.x / g.c_tiles;
-    const int c0 = g.group_width != 0 ? n0 : (blockIdx.x - tap * g.c_tiles) * BC;
+    const int c0 = kGroups ? n0 : (blockIdx.x - tap * g.c_tiles) * BC;
     const int r = tap / g.s, sc = tap - r * g.s;
     const int kt0 = blockIdx.z * g.split_tiles;
     const int k_tiles = min(g.split_tiles, g.k_tiles - kt0);
@@ -1522,7 +1524,7 @@ implicit_gemm_wgrad_tma(const T* __restrict__ x, const T* __restrict__ dy, void*
             const int c = c0 + n * kN + 8 * (i / 4) + 2 * (lane % 4);
             if (f >= g.k || c >= g.c) continue;
             int cw = c;  // dW's channel: within the filter's group
-            if (g.group_width != 0) {
+            if constexpr (kGroups) {
                 if (f / g.group_width != c / g.group_width) continue;
                 cw = c % g.group_width;
             }

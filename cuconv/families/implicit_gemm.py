@@ -199,8 +199,10 @@ class WgradTmaTile:
         barriers a slot."""
         return self.stages * (self.bf + self.bc) // 64 * _MN_BOX_BYTES + 1024 + 16 * self.stages
 
-    def kernel_name(self, ctype: str) -> str:
-        return f"implicit_gemm_wgrad_tma<{ctype},{self.bf},{self.bc},{self.stages},{self.min_blocks}>"
+    def kernel_name(self, ctype: str, groups: bool = False) -> str:
+        """The instance's name; ``groups``: the one for groups of channels (64 x 64 tiles only)."""
+        return (f"implicit_gemm_wgrad_tma<{ctype},{self.bf},{self.bc},{self.stages},{self.min_blocks},"
+                f"{'true' if groups else 'false'}>")
 
 
 _MN_BOX_BYTES = 64 * 128  # kMnBoxBytes: one copy's box, 64 pixels × 64 filters or channels
@@ -355,6 +357,7 @@ NAME_EXPRESSIONS = tuple(
     + [t.kernel_name(c) for c in ("__half", "__nv_bfloat16") for t in TMA_TILES.values()]
     + [t.kernel_name(c) for c in ("__half", "__nv_bfloat16") for t in TMA_ROWS_TILES.values()]
     + [t.kernel_name(c) for c in ("__half", "__nv_bfloat16") for t in WGRAD_TMA_TILES.values()]
+    + [WGRAD_TMA_TILES["wt64x64"].kernel_name(c, groups=True) for c in ("__half", "__nv_bfloat16")]
     + [f"{k}<{c},{_tf32(c)}>" for k in ("pack_nhwc", "pack_nhwc_narrow", "pack_dgrad_phases", "pack_swap")
        for c in _TENSOR_CORE_TYPES]
     + [f"sum_splits<{c}>" for c in _TENSOR_CORE_TYPES]
@@ -1153,7 +1156,7 @@ def _wgrad_tma_launches(spec: ConvSpec, dtype, tile: WgradTmaTile, splits: int, 
     lower, upper = _tma_corners(spec)
     maps = ((0, _tma.im2col_map(spec.n, spec.h, spec.w, spec.c, lower, upper, spec.stride, 64, _WGRAD_TMA_PIXELS)),
             (1, _tma.tiled_map(spec.k, m, 64, _WGRAD_TMA_PIXELS)))
-    name = tile.kernel_name(_dtypes.ctype_of(dtype))
+    name = tile.kernel_name(_dtypes.ctype_of(dtype), groups=spec.groups != 1)
     grid = (c_tiles * rs, -(-spec.k // tile.bf), splits)
     gemm = _tma.TmaLaunch(_fn(name), name, grid, (tile.threads, 1, 1), 3, (geometry,), maps, smem=tile.smem_bytes)
     sums = None if splits == 1 else _sum_kernel(dtype, dw_elements, splits, 1, 1, sm_count)
@@ -1633,13 +1636,18 @@ def _block_diagonal_launches(spec: ConvSpec, dtype, krsc: bool, device: int) -> 
 
 def _block_diagonal_plan(spec: ConvSpec, dtype, env: "_plan.Env", bias: bool, krsc: bool) -> "_plan.Plan":
     """A grouped forward on channels-last tensors: the block-diagonal weight's pack, then one TMA GEMM over every
-    pixel, the input read where it lies."""
+    pixel, the input read where it lies. Groups of a whole block's width (64) on a channels-last weight of whole
+    blocks are their own pack (a filter's row its taps' 64 channels): no pack launch."""
     if not env.wgmma:
         raise ValueError("implicit_gemm: the block-diagonal grouped forward needs compute capability 9.0 (TMA)")
     b = _plan.Builder("fprop", env)
     weight_bytes, pack, gemm = _block_diagonal_launches(spec, numpy.dtype(dtype), krsc, env.device)
-    packed_w = b.take(weight_bytes)
-    b.launch(pack, b.ref("w"), packed_w)
+    bw = TMA_TILES[_BLOCK_DIAGONAL_TILE].bn
+    if krsc and spec.c_per_group == bw and spec.k % bw == 0 and b.base_aligned(b.ref("w")):
+        packed_w = b.ref("w")
+    else:
+        packed_w = b.take(weight_bytes)
+        b.launch(pack, b.ref("w"), packed_w)
     b.launch(gemm, b.ref("x"), packed_w, b.ref("bias") if bias else _plan.NULL, b.ref("out"))
     return b.plan(STEM)
 
