@@ -69,6 +69,35 @@ struct PackShape {
 static_assert(sizeof(PackShape) == 96 && alignof(PackShape) == 8,  // 12 ints, 6 long longs
               "PACK_SHAPE_DTYPE in cuconv/families/implicit_gemm.py has this layout");
 
+// A 64 x 64 tile of 16-bit elements transposed by 256 threads with 16-byte accesses on both sides (the weight
+// packs below move 2-byte elements; one a thread read and wrote 64 bytes a warp instruction, 0.4-0.9 TB/s).
+// load(i, v): the 8 elements (a uint4) of source row i (the tile's column i), vector v (its rows 8v .. 8v + 7);
+// store(o, v, value): output row o's vector v, its elements those of source rows 8v .. 8v + 7 at column o. A warp
+// reads and writes 4 rows of 128 bytes. `tile`: 512 uint4 of shared memory, row i's 16-byte chunk v at i·8 + (v ^
+// (i / 8 % 8)): a quarter warp's stores hit 8 chunks of one row, a warp's gathers 8 chunks of 8 rows.
+template <typename Load, typename Store>
+__device__ __forceinline__ void transpose_tile_b16(uint4* tile, int thread, Load load, Store store) {
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+        const int idx = thread + 256 * p, i = idx / 8, v = idx % 8;
+        tile[i * 8 + (v ^ (i / 8 % 8))] = load(i, v);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+        const int idx = thread + 256 * p, o = idx / 8, v = idx % 8;
+        unsigned w[4];
+#pragma unroll
+        for (int k = 0; k < 8; k += 2) {
+            const unsigned short* lo = reinterpret_cast<const unsigned short*>(tile + (8 * v + k) * 8 + ((o / 8) ^ v));
+            const unsigned short* hi = reinterpret_cast<const unsigned short*>(tile + (8 * v + k + 1) * 8 + ((o / 8) ^ v));
+            w[k / 2] = lo[o % 8] | (static_cast<unsigned>(hi[o % 8]) << 16);
+        }
+        store(o, v, make_uint4(w[0], w[1], w[2], w[3]));
+    }
+    __syncthreads();
+}
+
 // Block `block` of `blocks` packs rows block, block + blocks, ... of the weight, its 256 threads along a row
 // (one 32-bit division per element: a row is below 2^31 elements, as the GEMM's k offsets); a flipped weight
 // in tiles of 32 rows (see there).
@@ -85,6 +114,36 @@ __device__ __forceinline__ void pack_weight_part(const T* __restrict__ src, T* _
     const long long k_step = ps.w_krsc ? (ps.w_flip ? 1 : ps.rs * inner) : (ps.w_flip ? ps.rs : inner * ps.rs);
     const long long ch_step = ps.w_krsc ? (ps.w_flip ? ps.rs * inner : 1) : (ps.w_flip ? inner * ps.rs : ps.rs);
     const long long t_step = ps.w_krsc ? inner : 1;
+    if constexpr (sizeof(T) == 2) if (ps.w_flip && ps.w_krsc && ps.k_valid % 8 == 0 && ps.w_kp % 8 == 0 &&
+        ps.w_row % 8 == 0 && reinterpret_cast<unsigned long long>(src) % 16 == 0 &&
+        reinterpret_cast<unsigned long long>(dst) % 16 == 0) {
+        // A channels-last weight read flipped, 16-bit: 8 packed rows' element (kk .. kk + 7 of one group, all
+        // filters or none) are one 16-byte vector of the source, 8 elements of a packed row one of the packed
+        // weight: 64 x 64 tiles by transpose_tile_b16.
+        __shared__ uint4 vt[512];
+        const long long col_tiles = (row + 63) / 64, tiles = (rows + 63) / 64 * col_tiles;
+        for (long long tt = block; tt < tiles; tt += blocks) {
+            const long long kk0 = tt / col_tiles * 64;
+            const int j0 = static_cast<int>(tt % col_tiles) * 64;
+            transpose_tile_b16(
+                vt, thread,
+                [&](int i, int v) {
+                    const long long kk = kk0 + 8 * v;
+                    const int j = j0 + i, tap = j / ps.w_cp, ch = j - tap * ps.w_cp;
+                    const long long grp = kk / ps.w_kp, kl = kk - grp * ps.w_kp;
+                    if (kk >= rows || j >= row || kl >= ps.k_valid || ch >= ps.w_c || tap >= ps.rs)
+                        return make_uint4(0, 0, 0, 0);
+                    return *reinterpret_cast<const uint4*>(src + grp * group_elems + kl + ch * ch_step +
+                                                           (ps.rs - 1 - tap) * t_step);
+                },
+                [&](int o, int v, uint4 value) {
+                    const long long kk = kk0 + o;
+                    const int j = j0 + 8 * v;
+                    if (kk < rows && j < row) *reinterpret_cast<uint4*>(dst + kk * ps.w_row + j) = value;
+                });
+        }
+        return;
+    }
     if (ps.w_flip) {
         // Transposed: a packed row's elements lie k_valid·rs (or rs) apart in the source and its rows next to each
         // other, so 32-row x 32-element tiles go through shared memory, read along the rows and written along
@@ -290,9 +349,9 @@ pack_block_diagonal(const T* __restrict__ w, T* __restrict__ wp, const BlockDiag
 // phase's tap a. Each phase's weight is packed here as the forward's weight rows are: row (phase, group, c) for
 // filter c of the group (an input channel of x), its k index (a·tw + b)·cp + channel k; rows of w_row elements,
 // channels past the group's zero, rows past its filters and k past the phase's taps not written (the GEMM
-// drops those columns and zero-fills k past its reduction). Block (32, 8) transposes a 32 x 32 tile of
-// (channel k, filter c) of one group at one kernel tap through shared memory; grid (c tiles · groups, k tiles
-// over cp, taps). krsc: the layer's weight is channels-last, (k, r·s, c). Offsets are 32-bit but the packed
+// drops those columns and zero-fills k past its reduction). Block (32, 8) transposes a 64 x 64 tile of
+// (channel k, filter c) of one group at one kernel tap through shared memory (16-bit channels-last weights by
+// transpose_tile_b16, others as four 32 x 32 tiles); grid (c tiles · groups, k tiles over cp, taps). krsc: the layer's weight is channels-last, (k, r·s, c). Offsets are 32-bit but the packed
 // row's (Python twin).
 struct PhaseWeights {
     int groups, kg, cg, kp, cp, r, s, stride_h, stride_w, pad_h, pad_w, krsc;
@@ -304,11 +363,10 @@ static_assert(sizeof(PhaseWeights) == 64 && alignof(PhaseWeights) == 8,  // 12 i
 template <typename T, bool kTf32>
 __global__ void __launch_bounds__(256)
 pack_dgrad_phases(const T* __restrict__ w, T* __restrict__ dst, const PhaseWeights pw) {
-    __shared__ T tile[32][33];
-    const int c_tiles = (pw.cg + 31) / 32;
+    const int c_tiles = (pw.cg + 63) / 64;
     const int g = blockIdx.x / c_tiles;
-    const int c0 = (blockIdx.x - g * c_tiles) * 32, k0 = blockIdx.y * 32;
-    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int c00 = (blockIdx.x - g * c_tiles) * 64, k00 = blockIdx.y * 64;
+    const int tid = threadIdx.y * 32 + threadIdx.x;
     const int rs = pw.r * pw.s;
     const T* src = w + g * pw.kg * pw.cg * rs;
     const int t = blockIdx.z, r = t / pw.s, s = t - r * pw.s;
@@ -316,19 +374,44 @@ pack_dgrad_phases(const T* __restrict__ w, T* __restrict__ dst, const PhaseWeigh
     const int th = (pw.r - r0 + pw.stride_h - 1) / pw.stride_h, a = th - 1 - (r - r0) / pw.stride_h;
     const int pq = ((s - pw.pad_w) % pw.stride_w + pw.stride_w) % pw.stride_w, s0 = s % pw.stride_w;
     const int tw = (pw.s - s0 + pw.stride_w - 1) / pw.stride_w, b = tw - 1 - (s - s0) / pw.stride_w;
-#pragma unroll
-    for (int i = ty; i < 32; i += 8) {  // tile[k][c] = w[k0 + i, c0 + tx, t], zero past the group
-        const int k = k0 + i, c = c0 + tx;
-        const int from = pw.krsc ? (k * rs + t) * pw.cg + c : (k * pw.cg + c) * rs + t;
-        tile[i][tx] = k < pw.kg && c < pw.cg ? igemm::prepare<T, kTf32>(src[from]) : zero<T>();
-    }
-    __syncthreads();
     const long long row0 = static_cast<long long>((ph * pw.stride_w + pq) * pw.groups + g) * pw.kp;
-    const int k = k0 + tx, at = (a * tw + b) * pw.cp + k;
+    const int at0 = (a * tw + b) * pw.cp;
+    if constexpr (sizeof(T) == 2) if (pw.krsc && pw.cg % 8 == 0 && pw.cp % 8 == 0 && pw.w_row % 8 == 0 &&
+        reinterpret_cast<unsigned long long>(w) % 16 == 0 && reinterpret_cast<unsigned long long>(dst) % 16 == 0) {
+        // channels-last, 16-bit: a filter's 8 channels are one 16-byte vector of the source, 8 filters of a
+        // packed row one of the packed weight (transpose_tile_b16)
+        __shared__ uint4 vt[512];
+        transpose_tile_b16(
+            vt, tid,
+            [&](int i, int v) {
+                const int k = k00 + i, c = c00 + 8 * v;
+                if (k >= pw.kg || c >= pw.cg) return make_uint4(0, 0, 0, 0);
+                return *reinterpret_cast<const uint4*>(src + (k * rs + t) * pw.cg + c);
+            },
+            [&](int o, int v, uint4 value) {
+                const int c = c00 + o, k = k00 + 8 * v;
+                if (c < pw.cg && k < pw.cp) *reinterpret_cast<uint4*>(dst + (row0 + c) * pw.w_row + at0 + k) = value;
+            });
+        return;
+    }
+    __shared__ T tile[32][33];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    for (int sub = 0; sub < 4; ++sub) {  // the block's 64 x 64 as four 32 x 32 tiles
+        const int c0 = c00 + 32 * (sub % 2), k0 = k00 + 32 * (sub / 2);
 #pragma unroll
-    for (int i = ty; i < 32; i += 8) {  // row (phase, g, c0 + i), channel k0 + tx
-        const int c = c0 + i;
-        if (c < pw.cg && k < pw.cp) dst[(row0 + c) * pw.w_row + at] = tile[tx][i];
+        for (int i = ty; i < 32; i += 8) {  // tile[k][c] = w[k0 + i, c0 + tx, t], zero past the group
+            const int k = k0 + i, c = c0 + tx;
+            const int from = pw.krsc ? (k * rs + t) * pw.cg + c : (k * pw.cg + c) * rs + t;
+            tile[i][tx] = k < pw.kg && c < pw.cg ? igemm::prepare<T, kTf32>(src[from]) : zero<T>();
+        }
+        __syncthreads();
+        const int k = k0 + tx;
+#pragma unroll
+        for (int i = ty; i < 32; i += 8) {  // row (phase, g, c0 + i), channel k0 + tx
+            const int c = c0 + i;
+            if (c < pw.cg && k < pw.cp) dst[(row0 + c) * pw.w_row + at0 + k] = tile[tx][i];
+        }
+        __syncthreads();
     }
 }
 

@@ -1330,7 +1330,7 @@ def _phase_launches(spec: ConvSpec, dtype, tile, device: int, nhwc: bool = False
                          spec.pad[2], krsc, w_row, rows), dtype=PHASE_WEIGHTS_DTYPE)[()]
     ctype = _dtypes.ctype_of(dtype)
     name = f"pack_dgrad_phases<{ctype},{_tf32(ctype)}>"
-    pack_w = _loader.PreparedLaunch(_fn(name), name, (-(-spec.c_per_group // 32) * g, -(-cp // 32), spec.r * spec.s),
+    pack_w = _loader.PreparedLaunch(_fn(name), name, (-(-spec.c_per_group // 64) * g, -(-cp // 64), spec.r * spec.s),
                                     (32, 8, 1), 2, (shape,))
     gemms, zeros = [], None
     for (ph, pw), taps, fs in phases:

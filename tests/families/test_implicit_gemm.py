@@ -299,6 +299,17 @@ def _nhwc_backward_operands(case, dtype_name: str, seed: int):
     return dtype, x4, w, dy, spec
 
 
+def _unaligned_copy(a):
+    """A copy of CuPy array ``a`` (its strides kept) starting one element into its allocation."""
+    import cupy
+
+    flat = cupy.empty(a.size + 1, dtype=a.dtype)[1:]
+    flat[...] = cupy.ascontiguousarray(a.transpose(*numpy.argsort(a.strides)[::-1])).ravel()
+    out = cupy.ndarray(a.shape, a.dtype, flat.data, a.strides)
+    assert out.data.ptr % 16 != 0 and bool((out == a).all())
+    return out
+
+
 def _weight(w, dtype, weights: str):
     """The weight on the GPU in ``weights``' layout: KCRS, or channels-last ((K, R, S, C/groups) in memory)."""
     import cupy
@@ -398,13 +409,14 @@ def test_packed_channels_last_forward_split_and_chunked(case, dtype_name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("weights", ["kcrs", "krsc"])
+@pytest.mark.parametrize("weights", ["kcrs", "krsc", "krsc_unaligned"])
 @pytest.mark.parametrize("case,dtype_name", _nhwc_cases("dgrad"))
 def test_dgrad_on_channels_last_tensors(case, dtype_name, weights):
     """dy and dx channels-last in memory: at stride 1 the forward GEMM of dy (the layer's weight packed transposed
     and flipped), at a stride a GEMM per phase, dy read in place or packed from channels-last pixels, dx's NHWC
     rows (every stride-th pixel for a phase) stored; on integers, bit for bit the CPU path's result, into a
-    NaN-poisoned dx."""
+    NaN-poisoned dx. The weight packs transpose a 16-bit channels-last weight in 16-byte vectors, one that starts
+    an element into its allocation element by element."""
     import cupy
 
     from cuconv import _plan
@@ -414,9 +426,11 @@ def test_dgrad_on_channels_last_tensors(case, dtype_name, weights):
     want = cuconv.conv2d_input(x4.shape, w.astype(dtype), dy, **case.kwargs)
     dyg = _nhwc(cupy.asarray(dy))
     dx = cupy.full((spec.n, spec.h, spec.w, spec.c), numpy.nan, dtype=dtype)
-    wg = _weight(w, dtype, weights)
+    wg = _weight(w, dtype, weights.removesuffix("_unaligned"))
+    if weights.endswith("_unaligned"):
+        wg = _unaligned_copy(wg)
     plan = implicit_gemm.prepare("dgrad", spec, dtype, "tf32", _plan.current_env(dyg, wg, dx), layout="nhwc",
-                                 weights=weights)
+                                 weights=weights.removesuffix("_unaligned"))
     _plan.run_arrays(plan, dyg, wg, dx)
     numpy.testing.assert_array_equal(cupy.asnumpy(dx.transpose(0, 3, 1, 2)).astype(numpy.float64),
                                      want.astype(numpy.float64))
