@@ -703,10 +703,13 @@ __device__ __forceinline__ void store_tile(const float* c_smem, const Geometry& 
 // ---------------------------------------------------------------------------------------------------
 // The GEMM on mma.sync (sm_80+). Block: WARPS_M x WARPS_N warps, each a (BM/WARPS_M) x (BN/WARPS_N) tile of
 // m16n8 MMAs. Grid: (ceil(M / BM), Kp / BN). Dynamic shared memory: Tile.smem_bytes in the Python twin.
+namespace cuconv {
+namespace igemm {
+// implicit_gemm_fprop's block (m_block, n_block) of k range `split` on geometry g.
 template <typename T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int KB>
-__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
-implicit_gemm_fprop(CUCONV_IGEMM_PARAMS) {
-    using namespace igemm;
+__device__ __forceinline__ void mma_block(const T* __restrict__ x, const T* __restrict__ wp,
+                                          const T* __restrict__ bias, T* __restrict__ y, const Geometry& g,
+                                          int m_block, int n_block, int split) {
     constexpr int kRowBytes = KB;                // k bytes per smem row and per k tile (64 or 128)
     constexpr int kPitch = kRowBytes + 16;       // padded row: conflict-free ldmatrix (80 or 144 bytes)
     constexpr int kVecPerRow = kRowBytes / 16;   // 16-byte vectors per row
@@ -724,12 +727,12 @@ implicit_gemm_fprop(CUCONV_IGEMM_PARAMS) {
     const int tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
     const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
-    const int m0 = blockIdx.x * BM;
-    const int n0 = blockIdx.y * BN;
+    const int m0 = m_block * BM;
+    const int n0 = n_block * BN;
 
     const int vec = tid % kVecPerRow;
     const int row0 = tid / kVecPerRow;
-    const int kt0 = blockIdx.z * g.split_tiles;
+    const int kt0 = split * g.split_tiles;
     const int k_tiles = min(g.split_tiles, g.k_tiles - kt0);
     TileLoader<T, BM, BN, kRowsPerPass, kRowBytes / sizeof(T)> loader(g, wp, m0, n0, row0, vec, kt0);
     auto load_tile = [&](int stage) {
@@ -823,6 +826,36 @@ implicit_gemm_fprop(CUCONV_IGEMM_PARAMS) {
     __syncthreads();
 
     store_tile<T, BM, BN, WARPS_M * WARPS_N>(c_smem, g, bias, y, m0, n0, warp, lane);
+}
+}  // namespace igemm
+}  // namespace cuconv
+
+template <typename T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int KB>
+__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
+implicit_gemm_fprop(CUCONV_IGEMM_PARAMS) {
+    cuconv::igemm::mma_block<T, BM, BN, WARPS_M, WARPS_N, STAGES, KB>(x, wp, bias, y, g, blockIdx.x, blockIdx.y,
+                                                                      blockIdx.z);
+}
+
+// A strided dgrad's phases (implicit_gemm.py: phase_specs) in one launch: grid z the phase, each its own
+// geometry, packed weight (w_offset elements on) and first pixel of dx (y_offset); grid x the most pixel blocks
+// of any phase (a phase's blocks past its pixels return at once). Separate launches left the SMs idle: a phase
+// of ResNet-50's 512@14² stride-2 dgrad is 104 blocks.
+struct PhaseGemms {
+    igemm::Geometry g[4];
+    long long y_offset[4], w_offset[4];
+};
+static_assert(sizeof(PhaseGemms) == 4 * 128 + 64, "PHASE_GEMMS_DTYPE in cuconv/families/implicit_gemm.py");
+
+template <typename T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int KB>
+__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
+implicit_gemm_fprop_phases(const T* __restrict__ x, const T* __restrict__ wp, const T* __restrict__ bias,
+                           T* __restrict__ y, const __grid_constant__ PhaseGemms ph) {
+    const int z = blockIdx.z;
+    const igemm::Geometry& g = ph.g[z];
+    if (static_cast<int>(blockIdx.x) * BM >= g.m) return;
+    cuconv::igemm::mma_block<T, BM, BN, WARPS_M, WARPS_N, STAGES, KB>(x, wp + ph.w_offset[z], bias,
+                                                                      y + ph.y_offset[z], g, blockIdx.x, blockIdx.y, 0);
 }
 
 
@@ -1268,12 +1301,16 @@ __device__ __forceinline__ void block_diag_fixup(const T* __restrict__ x, const 
     }
 }
 
-template <typename T, int BF, int BP, int STAGES, int MINB, int KB>
-__global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
-implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::TensorMap x_map,
-                        const __grid_constant__ igemm::TensorMap w_map) {
+namespace cuconv {
+namespace igemm {
+// implicit_gemm_wgmma_tma's block (m_block, n_block) of k range `split`, on geometry g and the maps of its input
+// and weight (grid constants: kernel parameters, or members of one).
+template <typename T, int BF, int BP, int STAGES, int KB>
+__device__ __forceinline__ void wgmma_tma_block(const T* __restrict__ x, const T* __restrict__ wp,
+                                                const T* __restrict__ bias, T* __restrict__ y, const Geometry& g,
+                                                const TensorMap& x_map, const TensorMap& w_map, int m_block,
+                                                int n_block, int split) {
 #ifdef CUCONV_IGEMM_WGMMA
-    using namespace igemm;
     constexpr int kConsumers = BF / 64 * 128;
     constexpr int kRowBytes = KB;
     constexpr int TK = kRowBytes / sizeof(T);  // k per tile: TK channels of one tap
@@ -1289,9 +1326,9 @@ implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::Tens
     const unsigned full = base + kSlotsBytes, empty = full + 8 * STAGES;
 
     const int tid = threadIdx.x;
-    const int m0 = blockIdx.x * BP;
-    const int n0 = blockIdx.y * BF;
-    const int kt0 = blockIdx.z * g.split_tiles;
+    const int m0 = m_block * BP;
+    const int n0 = n_block * BF;
+    const int kt0 = split * g.split_tiles;
     const int k_tiles = min(g.split_tiles, g.k_tiles - kt0);
     // (block_diag) whether a consumer's sum came out Inf or NaN: a word after the barriers
     volatile int* nonfinite_flag = reinterpret_cast<volatile int*>(smem + (empty + 8 * STAGES - smem_addr(smem)));
@@ -1361,6 +1398,41 @@ implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::Tens
         epilogue_sync<kConsumers, true>();  // the tile is stored
         if (*nonfinite_flag) block_diag_fixup<T, BF, BP>(x, wp, bias, y, g, m0, n0, tid, kConsumers);
     }
+#endif
+}
+}  // namespace igemm
+}  // namespace cuconv
+
+template <typename T, int BF, int BP, int STAGES, int MINB, int KB>
+__global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
+implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::TensorMap x_map,
+                        const __grid_constant__ igemm::TensorMap w_map) {
+#ifdef CUCONV_IGEMM_WGMMA
+    igemm::wgmma_tma_block<T, BF, BP, STAGES, KB>(x, wp, bias, y, g, x_map, w_map, blockIdx.x, blockIdx.y, blockIdx.z);
+#else
+    __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
+#endif
+}
+
+// The phases in one launch on the TMA (PhaseGemms, implicit_gemm_fprop_phases): a phase's maps are its own
+// (dy's im2col map with the phase's padding, the weight's from the phase's packed rows on; w_offset unused).
+
+template <typename T, int BF, int BP, int STAGES, int MINB, int KB>
+__global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
+implicit_gemm_wgmma_tma_phases(const T* __restrict__ x, const T* __restrict__ wp, const T* __restrict__ bias,
+                               T* __restrict__ y, const __grid_constant__ PhaseGemms ph,
+                               const __grid_constant__ igemm::TensorMap x0, const __grid_constant__ igemm::TensorMap x1,
+                               const __grid_constant__ igemm::TensorMap x2, const __grid_constant__ igemm::TensorMap x3,
+                               const __grid_constant__ igemm::TensorMap w0, const __grid_constant__ igemm::TensorMap w1,
+                               const __grid_constant__ igemm::TensorMap w2, const __grid_constant__ igemm::TensorMap w3) {
+#ifdef CUCONV_IGEMM_WGMMA
+    const int z = blockIdx.z;
+    const igemm::Geometry& g = ph.g[z];
+    if (static_cast<int>(blockIdx.x) * BP >= g.m) return;
+    const igemm::TensorMap& xm = z == 0 ? x0 : z == 1 ? x1 : z == 2 ? x2 : x3;
+    const igemm::TensorMap& wm = z == 0 ? w0 : z == 1 ? w1 : z == 2 ? w2 : w3;
+    igemm::wgmma_tma_block<T, BF, BP, STAGES, KB>(x, wp, bias, y + ph.y_offset[z], g, xm, wm, blockIdx.x, blockIdx.y,
+                                                   0);
 #else
     __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
 #endif

@@ -97,9 +97,10 @@ class Tile:
         channels-last outputs) if larger."""
         return max(self.stages * (self.bm + self.bn) * self.pitch, _staging_bytes(self.bm, self.bn))
 
-    def kernel_name(self, ctype: str) -> str:
-        return (f"implicit_gemm_fprop<{ctype},{self.bm},{self.bn},{self.warps_m},{self.warps_n},{self.stages},"
-                f"{self.kbytes}>")
+    def kernel_name(self, ctype: str, phases: bool = False) -> str:
+        """The instance's name; ``phases``: the one running a strided dgrad's phases in one launch."""
+        return (f"implicit_gemm_fprop{'_phases' if phases else ''}<{ctype},{self.bm},{self.bn},{self.warps_m},"
+                f"{self.warps_n},{self.stages},{self.kbytes}>")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,9 +170,10 @@ class WgmmaTmaTile:
         return (max(self.stages * (self.bm + self.bn) * self.kbytes, _staging_bytes(self.bm, self.bn)) + 1024
                 + 16 * self.stages + 16)
 
-    def kernel_name(self, ctype: str) -> str:
-        return (f"implicit_gemm_wgmma_tma<{ctype},{self.bn},{self.bm},{self.stages},{self.min_blocks},"
-                f"{self.kbytes}>")
+    def kernel_name(self, ctype: str, phases: bool = False) -> str:
+        """The instance's name; ``phases``: the one running a strided dgrad's phases in one launch."""
+        return (f"implicit_gemm_wgmma_tma{'_phases' if phases else ''}<{ctype},{self.bn},{self.bm},{self.stages},"
+                f"{self.min_blocks},{self.kbytes}>")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,7 +356,9 @@ TMA_ROWS_TILES = {
 
 NAME_EXPRESSIONS = tuple(
     [t.kernel_name(c) for c in _TENSOR_CORE_TYPES for t in TILES.values()]
-    + [t.kernel_name(c) for c in ("__half", "__nv_bfloat16") for t in TMA_TILES.values()]
+    + [t.kernel_name(c, phases=True) for c in _TENSOR_CORE_TYPES for t in TILES.values() if type(t) is Tile]
+    + [t.kernel_name(c, phases) for c in ("__half", "__nv_bfloat16") for t in TMA_TILES.values()
+       for phases in (False, True)]
     + [t.kernel_name(c) for c in ("__half", "__nv_bfloat16") for t in TMA_ROWS_TILES.values()]
     + [t.kernel_name(c) for c in ("__half", "__nv_bfloat16") for t in WGRAD_TMA_TILES.values()]
     + [WGRAD_TMA_TILES["wt64x64"].kernel_name(c, groups=True) for c in ("__half", "__nv_bfloat16")]
@@ -663,6 +667,8 @@ GEOMETRY_DTYPE = numpy.dtype([(f, numpy.int32) for f in _GEOMETRY_FIELDS]
                              + [(f, numpy.int64) for f in ("w_row", "out_img", "out_k", "split_stride")]
                              + [(f, numpy.int32) for f in ("split_tiles", "pix", "kp", "grp_a", "w_rows", "out_row",
                                                            "out_col", "block_diag")], align=True)
+PHASE_GEMMS_DTYPE = numpy.dtype([("g", GEOMETRY_DTYPE, (4,)), ("y_offset", numpy.int64, (4,)),
+                                 ("w_offset", numpy.int64, (4,))], align=True)
 PHASE_WEIGHTS_DTYPE = numpy.dtype([(f, numpy.int32) for f in ("groups", "kg", "cg", "kp", "cp", "r", "s", "stride_h",
                                                                 "stride_w", "pad_h", "pad_w", "krsc")]
                                   + [(f, numpy.int64) for f in ("w_row", "rows")], align=True)
@@ -802,12 +808,8 @@ def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: 
     ``out_pixel`` (default dense: Q and 1; ``Geometry``). A TMA tile's launch encodes its maps of the input and
     the weight from the pointers it is given (``_tma.TmaLaunch``)."""
     t = pl.tile
-    split_stride = 0 if splits == 1 else m * filters * groups
-    out_row, out_col = out_pixel or (spec.q, 1)
-    geometry = numpy.array((spec.h, spec.w, pl.cp, filters, spec.p, spec.q, spec.r, spec.s, spec.stride[0],
-                            spec.stride[1], spec.pad[0], spec.pad[2], spec.dilation[0], spec.dilation[1], m,
-                            pl.k_tiles, pl.w_row, *out_strides, split_stride, split_tiles, pl.pix, pl.kp, grp_a,
-                            w_rows, out_row, out_col, 0), dtype=GEOMETRY_DTYPE)[()]
+    geometry = _gemm_geometry(spec, pl, m, filters, groups, grp_a, w_rows, out_strides, splits, split_tiles,
+                              out_pixel)
     grid = (-(-m // t.bm), groups * pl.kp // t.bn, splits)
     rows = getattr(t, "rows", False)
     smem = t.smem_for(spec) if rows else \
@@ -828,10 +830,29 @@ def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: 
                 (1, _tma.tiled_map(pl.w_row, groups * w_rows, tk, t.bn)))
         grid = (samples * spec.p * -(-spec.q // t.bm), groups * pl.kp // t.bn, 1)
         return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), 4, (geometry,), maps, smem=smem)
+    return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), 4, (geometry,),
+                          _tma_gemm_maps(spec, pl, samples, groups * w_rows), smem=smem)
+
+
+def _gemm_geometry(spec: ConvSpec, pl: Plan, m: int, filters: int, groups: int, grp_a: int, w_rows: int,
+                   out_strides: tuple, splits: int, split_tiles: int, out_pixel: tuple = None):
+    """The GEMM kernels' ``Geometry`` (GEOMETRY_DTYPE) of ``_gemm_launch``'s arguments."""
+    split_stride = 0 if splits == 1 else m * filters * groups
+    out_row, out_col = out_pixel or (spec.q, 1)
+    return numpy.array((spec.h, spec.w, pl.cp, filters, spec.p, spec.q, spec.r, spec.s, spec.stride[0],
+                        spec.stride[1], spec.pad[0], spec.pad[2], spec.dilation[0], spec.dilation[1], m,
+                        pl.k_tiles, pl.w_row, *out_strides, split_stride, split_tiles, pl.pix, pl.kp, grp_a,
+                        w_rows, out_row, out_col, 0), dtype=GEOMETRY_DTYPE)[()]
+
+
+def _tma_gemm_maps(spec: ConvSpec, pl: Plan, samples: int, weight_rows: int) -> tuple:
+    """implicit_gemm_wgmma_tma's maps: the packed input's im2col map (pointer 0), the packed weight's ``weight_rows``
+    rows (pointer 1)."""
+    t = pl.tile
+    tk = t.kbytes // 2
     lower, upper = _tma_corners(spec)
-    maps = ((0, _tma.im2col_map(samples, spec.h, spec.w, pl.pix, lower, upper, spec.stride, tk, t.bm)),
-            (1, _tma.tiled_map(pl.w_row, groups * w_rows, tk, t.bn)))
-    return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), 4, (geometry,), maps, smem=smem)
+    return ((0, _tma.im2col_map(samples, spec.h, spec.w, pl.pix, lower, upper, spec.stride, tk, t.bm)),
+            (1, _tma.tiled_map(pl.w_row, weight_rows, tk, t.bn)))
 
 
 SPLIT_SUM_DTYPE = numpy.dtype([("n", numpy.int64), ("splits", numpy.int32), ("pq", numpy.int32), ("k", numpy.int32),
@@ -1346,12 +1367,53 @@ def _phase_launches(spec: ConvSpec, dtype, tile, device: int, nhwc: bool = False
                 (ph * spec.w + pw) * spec.c
         else:
             strides, pixel, first = (spec.c * hw, hw), (spec.stride[0] * spec.w, spec.stride[1]), ph * spec.w + pw
-        gemm = _gemm_launch(fs, dtype, pl, spec.n * fs.p * fs.q, spec.c_per_group, g, cp, kp, strides, 1, k_tiles,
-                            pixel)
+        args = (fs, dtype, pl, spec.n * fs.p * fs.q, spec.c_per_group, g, cp, kp, strides, 1, k_tiles, pixel)
         phase = ph * spec.stride[1] + pw
-        gemms.append((gemm, phase * g * kp * w_row * itemsize, first * itemsize))
+        gemms.append((args, phase * g * kp * w_row * itemsize, first * itemsize))
+    if (tile.tma or type(tile) is Tile) and 2 <= len(gemms) <= _FUSED_PHASES:
+        gemms = [(_fused_phases_launch(gemms, dtype, tile), 0, 0)]
+    else:
+        gemms = [(_gemm_launch(*args), w_offset, dx_offset) for args, w_offset, dx_offset in gemms]
     dy_bytes = 0 if nhwc and pack_dy is None else spec.n * pq * pix * itemsize
     return PhaseLaunches(pack_dy, pack_w, zeros, tuple(gemms), dy_bytes, rows * w_row * itemsize)
+
+
+_FUSED_PHASES = 4  # PhaseGemms' phases (implicit_gemm_wgmma_tma_phases's maps): a stride of 2 x 2 at most
+
+
+def _fused_phases_launch(gemms: list, dtype, tile) -> "_loader.PreparedLaunch":
+    """One ``implicit_gemm_fprop_phases`` or ``implicit_gemm_wgmma_tma_phases`` launch of a phased dgrad's GEMMs
+    (``_gemm_launch`` arguments, packed weight and dx byte offsets each): grid z the phase, x the most pixel blocks
+    of any phase; pointers packed dy, the phases' packed weights (the first's rows), null, dx."""
+    itemsize = numpy.dtype(dtype).itemsize
+    table = numpy.zeros((), dtype=PHASE_GEMMS_DTYPE)
+    x_maps, w_maps = [], []
+    for z, (args, w_offset, dx_offset) in enumerate(gemms):
+        fs, _, pl, m, filters, groups, grp_a, w_rows, strides, splits, split_tiles, pixel = args
+        table["g"][z] = _gemm_geometry(fs, pl, m, filters, groups, grp_a, w_rows, strides, splits, split_tiles, pixel)
+        table["y_offset"][z], table["w_offset"][z] = dx_offset // itemsize, w_offset // itemsize
+        if not tile.tma:
+            continue
+        reason = tma_reason(fs, dtype, pl)
+        if reason is not None:
+            raise ValueError(f"implicit_gemm: tile {tile} cannot run {fs}: {reason}")
+        (_, x_map), (_, w_map) = _tma_gemm_maps(fs, pl, m // (fs.p * fs.q), groups * w_rows)
+        x_maps.append(x_map)
+        w_maps.append(functools.partial(_encode_at, w_map, w_offset))
+    pad = _FUSED_PHASES - len(gemms)  # (the kernel's unused maps: copies, never read)
+    maps = tuple((0, e) for e in x_maps + x_maps[:1] * pad) + tuple((1, e) for e in w_maps + w_maps[:1] * pad)
+    blocks = max(-(-args[3] // tile.bm) for args, _, _ in gemms)
+    pl = gemms[0][0][2]
+    name = tile.kernel_name(_dtypes.ctype_of(dtype), phases=True)
+    grid = (blocks, pl.groups * pl.kp // tile.bn, len(gemms))
+    if not tile.tma:
+        return _kernel(name, grid, (tile.threads, 1, 1), (table[()],), smem=tile.smem_bytes)
+    return _tma.TmaLaunch(_fn(name), name, grid, (tile.threads, 1, 1), 4, (table[()],), maps, smem=tile.smem_bytes)
+
+
+def _encode_at(encode, offset: int, dst: int, address: int) -> None:
+    """A map's ``encode`` of the tensor ``offset`` bytes past ``address``."""
+    encode(dst, address + offset)
 
 
 def _phases_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"):

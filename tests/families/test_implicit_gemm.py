@@ -476,6 +476,10 @@ _TMA_GEOMETRIES = [
     pytest.param((2, 32, 13, 30), (64, 32, 5, 9), dict(padding=(2, 4), dilation=(2, 3)), id="c32_5x9_dil"),
     pytest.param((3, 16, 17, 9), (128, 16, 3, 3), {}, id="c16_3x3_k128"),
     pytest.param((2, 48, 9, 10), (32, 48, 3, 3), dict(stride=2, padding=1), id="c48_3x3_s2_k32"),
+    # strided dgrads: 2 x 2 phases and 1 x 2 run in one launch (implicit_gemm_wgmma_tma_phases), 3 x 3 phases in
+    # one each, 2 of 4 phases without taps (zeros, then one launch of the other two)
+    pytest.param((2, 64, 13, 14), (64, 64, 3, 3), dict(stride=3, padding=1), id="3x3_s3"),
+    pytest.param((2, 64, 11, 10), (64, 64, 3, 1), dict(stride=2, padding=(1, 0)), id="3x1_s2_zero_phases"),
 ]
 
 
