@@ -1303,13 +1303,76 @@ __device__ __forceinline__ void block_diag_fixup(const T* __restrict__ x, const 
 
 namespace cuconv {
 namespace igemm {
+#ifdef CUCONV_IGEMM_WGMMA
+// A box of shared memory to a tiled map's box at (x, y) (columns, rows), and the bulk group's wait for every such
+// store to have read its shared memory.
+__device__ __forceinline__ void tma_store_2d(const TensorMap& map, unsigned src, int x, int y) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+                 ::"l"(reinterpret_cast<unsigned long long>(&map)), "r"(x), "r"(y), "r"(src) : "memory");
+}
+__device__ __forceinline__ void tma_store_commit_and_wait() {
+    asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+// The TMA forward's epilogue into a dense channels-last output (implicit_gemm_wgmma_tma_st): wgmma_epilogue spends
+// its time issuing instructions (square_3x3_1024: 14 K warp instructions a 128 × 128 tile, the tensor pipe 17%
+// busy), each accumulator a 4-byte store of fp32 and every 16 bytes of output 8 loads and conversions. Here a
+// thread adds its two filters' bias to its accumulators and rounds them in pairs of pixels, and a warp's stmatrix
+// (.trans: an 8 × 8 block of filters × pixels stored as 8 pixels' 16 bytes of filters) writes 4 such blocks an
+// instruction into the staging: a [BP pixels][64 filters] box a warpgroup, 128-byte rows with the 128-byte swizzle
+// (chunk c of pixel r at c ^ (r % 8): the 8 rows of a block hit 8 distinct chunks, no bank conflicts). Then one
+// thread stores the boxes with the TMA through y_map (the output as an (N·P·Q) × K matrix, 64 × BP boxes; rows and
+// filters past it are not written) and waits until they have read the staging. `stage`: 1024-byte aligned, free.
+template <typename T, int BF, int BP, int NW>
+__device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigned stage, const Geometry& g,
+                                                   const T* __restrict__ bias, const TensorMap& y_map, int m0,
+                                                   int n0) {
+    constexpr int kThreads = BF / 64 * 128;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32, wg = tid / 128;
+    const int f0 = n0 + wg * 64 + (warp % 4) * 16 + lane / 4;  // the thread's filters f0, f0 + 8
+    const float b0 = bias != nullptr && f0 < g.k ? to_acc(bias[f0]) : 0.f;
+    const float b1 = bias != nullptr && f0 + 8 < g.k ? to_acc(bias[f0 + 8]) : 0.f;
+    const unsigned box = stage + wg * BP * 128;
+    const int q = lane / 8, r = lane % 8;  // this lane's address: row r of block q of an stmatrix
+    const int chunk = (warp % 4) * 2 + q % 2;  // the block's 8 filters: a 16-byte chunk of the box's row
+    epilogue_sync<kThreads, true>();  // (every consumer's wgmmas retired: the slots are free)
+#pragma unroll
+    for (int n = 0; n < NW; ++n)
+#pragma unroll
+        for (int j = 0; j < 16; j += 2) {  // pixel groups j and j + 1 of the wgmma's 128: blocks (f0, j), (f0 + 8, j), ...
+            unsigned v[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int i = 4 * (j + k / 2) + 2 * (k % 2);
+                const float b = k % 2 ? b1 : b0;
+                v[k] = pair_word<T>(acc[n][i] + b, acc[n][i + 1] + b);
+            }
+            const int pixel = n * 128 + 8 * (j + q / 2) + r;
+            const unsigned addr = box + pixel * 128 + ((chunk ^ (pixel % 8)) << 4);
+            asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                         ::"r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]) : "memory");
+        }
+    fence_proxy_async();  // (the staging, written through the generic proxy, is read by the TMA's)
+    epilogue_sync<kThreads, true>();
+    if (tid == 0) {
+#pragma unroll
+        for (int b = 0; b < BF / 64; ++b) tma_store_2d(y_map, stage + b * BP * 128, n0 + b * 64, m0);
+        tma_store_commit_and_wait();
+    }
+}
+#endif
+}  // namespace igemm
+}  // namespace cuconv
+
+namespace cuconv {
+namespace igemm {
 // implicit_gemm_wgmma_tma's block (m_block, n_block) of k range `split`, on geometry g and the maps of its input
 // and weight (grid constants: kernel parameters, or members of one).
 template <typename T, int BF, int BP, int STAGES, int KB>
 __device__ __forceinline__ void wgmma_tma_block(const T* __restrict__ x, const T* __restrict__ wp,
                                                 const T* __restrict__ bias, T* __restrict__ y, const Geometry& g,
                                                 const TensorMap& x_map, const TensorMap& w_map, int m_block,
-                                                int n_block, int split) {
+                                                int n_block, int split, const TensorMap* y_map = nullptr) {
 #ifdef CUCONV_IGEMM_WGMMA
     constexpr int kConsumers = BF / 64 * 128;
     constexpr int kRowBytes = KB;
@@ -1393,6 +1456,10 @@ __device__ __forceinline__ void wgmma_tma_block(const T* __restrict__ x, const T
 
     // Every slot was full before a consumer read it, so every copy has landed: once the consumers meet (the
     // epilogue's first barrier), the slots are free for the staging.
+    if (y_map != nullptr) {  // (implicit_gemm_wgmma_tma_st)
+        tma_store_epilogue<T, BF, BP, NW>(acc, base, g, bias, *y_map, m0, n0);
+        return;
+    }
     wgmma_epilogue<T, BF, BP, 1, NW, true>(acc, smem + (base - smem_addr(smem)), g, bias, y, m0, n0);
     if (g.block_diag != 0) {
         epilogue_sync<kConsumers, true>();  // the tile is stored
@@ -1409,6 +1476,20 @@ implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::Tens
                         const __grid_constant__ igemm::TensorMap w_map) {
 #ifdef CUCONV_IGEMM_WGMMA
     igemm::wgmma_tma_block<T, BF, BP, STAGES, KB>(x, wp, bias, y, g, x_map, w_map, blockIdx.x, blockIdx.y, blockIdx.z);
+#else
+    __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
+#endif
+}
+
+// The same into a dense channels-last output through tma_store_epilogue (y_map: the output as an (N·P·Q) × K
+// matrix; one k range, no block-diagonal weight).
+template <typename T, int BF, int BP, int STAGES, int MINB, int KB>
+__global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
+implicit_gemm_wgmma_tma_st(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::TensorMap x_map,
+                           const __grid_constant__ igemm::TensorMap w_map,
+                           const __grid_constant__ igemm::TensorMap y_map) {
+#ifdef CUCONV_IGEMM_WGMMA
+    igemm::wgmma_tma_block<T, BF, BP, STAGES, KB>(x, wp, bias, y, g, x_map, w_map, blockIdx.x, blockIdx.y, 0, &y_map);
 #else
     __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
 #endif

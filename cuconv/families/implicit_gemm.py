@@ -170,10 +170,12 @@ class WgmmaTmaTile:
         return (max(self.stages * (self.bm + self.bn) * self.kbytes, _staging_bytes(self.bm, self.bn)) + 1024
                 + 16 * self.stages + 16)
 
-    def kernel_name(self, ctype: str, phases: bool = False) -> str:
-        """The instance's name; ``phases``: the one running a strided dgrad's phases in one launch."""
-        return (f"implicit_gemm_wgmma_tma{'_phases' if phases else ''}<{ctype},{self.bn},{self.bm},{self.stages},"
-                f"{self.min_blocks},{self.kbytes}>")
+    def kernel_name(self, ctype: str, phases: bool = False, store_tma: bool = False) -> str:
+        """The instance's name; ``phases``: the one running a strided dgrad's phases in one launch; ``store_tma``:
+        the one storing a dense channels-last output through the TMA."""
+        kind = "_phases" if phases else "_st" if store_tma else ""
+        return (f"implicit_gemm_wgmma_tma{kind}<{ctype},{self.bn},{self.bm},{self.stages},{self.min_blocks},"
+                f"{self.kbytes}>")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,8 +359,8 @@ TMA_ROWS_TILES = {
 NAME_EXPRESSIONS = tuple(
     [t.kernel_name(c) for c in _TENSOR_CORE_TYPES for t in TILES.values()]
     + [t.kernel_name(c, phases=True) for c in _TENSOR_CORE_TYPES for t in TILES.values() if type(t) is Tile]
-    + [t.kernel_name(c, phases) for c in ("__half", "__nv_bfloat16") for t in TMA_TILES.values()
-       for phases in (False, True)]
+    + [t.kernel_name(c, phases, store) for c in ("__half", "__nv_bfloat16") for t in TMA_TILES.values()
+       for phases, store in ((False, False), (True, False), (False, True))]
     + [t.kernel_name(c) for c in ("__half", "__nv_bfloat16") for t in TMA_ROWS_TILES.values()]
     + [t.kernel_name(c) for c in ("__half", "__nv_bfloat16") for t in WGRAD_TMA_TILES.values()]
     + [WGRAD_TMA_TILES["wt64x64"].kernel_name(c, groups=True) for c in ("__half", "__nv_bfloat16")]
@@ -800,13 +802,14 @@ def _tma_corners(spec: ConvSpec) -> tuple:
 
 
 def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: int, grp_a: int, w_rows: int,
-                 out_strides: tuple, splits: int, split_tiles: int, out_pixel: tuple = None
-                 ) -> "_loader.PreparedLaunch":
+                 out_strides: tuple, splits: int, split_tiles: int, out_pixel: tuple = None,
+                 store_tma: bool = False) -> "_loader.PreparedLaunch":
     """The GEMM kernel of ``pl`` on ``spec``'s geometry: ``m`` rows and ``filters`` filters in each of ``groups``
     groups, a group's packed input ``grp_a`` elements and its packed weight ``w_rows`` rows after the previous
     one's, images and filters of the output ``out_strides`` elements apart, its rows and columns
     ``out_pixel`` (default dense: Q and 1; ``Geometry``). A TMA tile's launch encodes its maps of the input and
-    the weight from the pointers it is given (``_tma.TmaLaunch``)."""
+    the weight from the pointers it is given (``_tma.TmaLaunch``); ``store_tma``: and of the output, a dense
+    channels-last (N·P·Q) × K matrix its ``implicit_gemm_wgmma_tma_st`` instance stores through the TMA."""
     t = pl.tile
     geometry = _gemm_geometry(spec, pl, m, filters, groups, grp_a, w_rows, out_strides, splits, split_tiles,
                               out_pixel)
@@ -830,8 +833,14 @@ def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: 
                 (1, _tma.tiled_map(pl.w_row, groups * w_rows, tk, t.bn)))
         grid = (samples * spec.p * -(-spec.q // t.bm), groups * pl.kp // t.bn, 1)
         return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), 4, (geometry,), maps, smem=smem)
-    return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), 4, (geometry,),
-                          _tma_gemm_maps(spec, pl, samples, groups * w_rows), smem=smem)
+    maps = _tma_gemm_maps(spec, pl, samples, groups * w_rows)
+    if store_tma:
+        if splits != 1 or groups != 1 or out_strides != (spec.p * spec.q * filters, 1) or filters % 8:
+            raise ValueError("implicit_gemm: a TMA store takes one k range of one group into a dense channels-last "
+                             "output of whole 16-byte pixels")
+        name = t.kernel_name(_dtypes.ctype_of(dtype), store_tma=True)
+        maps += ((3, _tma.tiled_map(filters, m, 64, t.bm)),)
+    return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), 4, (geometry,), maps, smem=smem)
 
 
 def _gemm_geometry(spec: ConvSpec, pl: Plan, m: int, filters: int, groups: int, grp_a: int, w_rows: int,
@@ -1597,6 +1606,12 @@ def _packed_as_krsc(spec: ConvSpec, dtype, pl: Plan) -> bool:
             and pl.w_row == spec.r * spec.s * spec.c_per_group)
 
 
+# The in-place channels-last forward's TMA tiles store their output through the TMA (implicit_gemm_wgmma_tma_st)
+# where it is a dense matrix of whole 16-byte pixels on 256-byte boundaries: the epilogue's instructions bound the
+# layers of few channels and many pixels (square_3x3_1024; docs/perf-notes.md)
+_TMA_STORE = True
+
+
 def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, bias: bool,
                        krsc: bool = False, splits: int = None) -> "_plan.Plan":
     """A forward or stride-1 dgrad on channels-last activations (the forward of dy into dx, the pack reading the
@@ -1635,8 +1650,11 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
         packed_w = b.take(pl.weight_bytes(dtype.itemsize))
         b.launch(_pack_kernel(fspec, dtype, pl.pix, 0, pl, flip=pass_ == "dgrad", krsc=krsc), _plan.NULL, _plan.NULL,
                  b.ref("w"), packed_w)
+    store_tma = (_TMA_STORE and tile.tma and not getattr(tile, "rows", False) and fspec.k % 8 == 0
+                 and b.base_aligned(b.ref(out)))
     gemm = _gemm_launch(fspec, dtype, pl, m, fspec.k_per_group, pl.groups, pl.cp, pl.kp,
-                        (fspec.p * fspec.q * fspec.k, 1), 1, pl.k_tiles, out_pixel=(fspec.q * fspec.k, fspec.k))
+                        (fspec.p * fspec.q * fspec.k, 1), 1, pl.k_tiles, out_pixel=(fspec.q * fspec.k, fspec.k),
+                        store_tma=store_tma)
     b.launch(gemm, b.ref(x), packed_w, _plan.NULL if bias_operand is None else b.ref(bias_operand), b.ref(out))
     return b.plan(STEM)
 
