@@ -20,7 +20,7 @@ import numpy
 
 from . import _loader
 
-__all__ = ["im2col_map", "tiled_map", "nhwc_rows_map", "TmaLaunch", "EncodeError", "MAP_BYTES"]
+__all__ = ["im2col_map", "tiled_map", "rows_map", "nhwc_rows_map", "TmaLaunch", "EncodeError", "MAP_BYTES"]
 
 MAP_BYTES = 128
 _MAP_ALIGN = 64
@@ -103,6 +103,24 @@ def tiled_map(cols: int, rows: int, box_cols: int, box_rows: int):
         _check(_driver()[1](dst, _UINT16, 2, address, dims, strides, box, steps, _INTERLEAVE_NONE, swizzle,
                             _L2_PROMOTION_128B, _OOB_FILL_ZEROS),
                f"cuTensorMapEncodeTiled(cols={cols}, rows={rows}, box={box_cols}x{box_rows})")
+    return encode
+
+
+def rows_map(cols: int, mid: int, rows: int, box_cols: int, box_mid: int):
+    """The encoder of a tiled map over a row-major (``rows`` × ``mid`` × ``cols``) tensor of 16-bit elements whose
+    copies move ``box_mid`` × ``box_cols`` of one row (``box_cols`` 16, 32 or 64: 32, 64 or 128 bytes, swizzled):
+    a channels-last output as N·P rows of Q pixels of K filters, a box ending where its row does. Returns
+    ``encode(dst, address)``."""
+    dims = (ctypes.c_uint64 * 3)(cols, mid, rows)
+    strides = (ctypes.c_uint64 * 2)(2 * cols, 2 * cols * mid)
+    box = (ctypes.c_uint32 * 3)(box_cols, box_mid, 1)
+    steps = (ctypes.c_uint32 * 3)(1, 1, 1)
+    swizzle = _SWIZZLE[2 * box_cols]
+
+    def encode(dst: int, address: int) -> None:
+        _check(_driver()[1](dst, _UINT16, 3, address, dims, strides, box, steps, _INTERLEAVE_NONE, swizzle,
+                            _L2_PROMOTION_128B, _OOB_FILL_ZEROS),
+               f"cuTensorMapEncodeTiled(rows={rows}, mid={mid}, cols={cols}, box={box_cols}x{box_mid})")
     return encode
 
 

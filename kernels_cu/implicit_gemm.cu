@@ -1310,6 +1310,10 @@ __device__ __forceinline__ void tma_store_2d(const TensorMap& map, unsigned src,
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
                  ::"l"(reinterpret_cast<unsigned long long>(&map)), "r"(x), "r"(y), "r"(src) : "memory");
 }
+__device__ __forceinline__ void tma_store_3d(const TensorMap& map, unsigned src, int x, int y, int z) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n"
+                 ::"l"(reinterpret_cast<unsigned long long>(&map)), "r"(x), "r"(y), "r"(z), "r"(src) : "memory");
+}
 __device__ __forceinline__ void tma_store_commit_and_wait() {
     asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
@@ -1323,10 +1327,12 @@ __device__ __forceinline__ void tma_store_commit_and_wait() {
 // (chunk c of pixel r at c ^ (r % 8): the 8 rows of a block hit 8 distinct chunks, no bank conflicts). Then one
 // thread stores the boxes with the TMA through y_map (the output as an (N·P·Q) × K matrix, 64 × BP boxes; rows and
 // filters past it are not written) and waits until they have read the staging. `stage`: 1024-byte aligned, free.
-template <typename T, int BF, int BP, int NW>
+// kRows (implicit_gemm_wgmma_tma_rows_st): y_map is the output as N·P rows of Q pixels × K (3-D), the block's
+// pixels q0 (`m0`) on of output row `row`: pixels past the row's Q are not stored.
+template <typename T, int BF, int BP, int NW, bool kRows = false>
 __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigned stage, const Geometry& g,
                                                    const T* __restrict__ bias, const TensorMap& y_map, int m0,
-                                                   int n0) {
+                                                   int n0, int row = 0) {
     constexpr int kThreads = BF / 64 * 128;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32, wg = tid / 128;
     const int f0 = n0 + wg * 64 + (warp % 4) * 16 + lane / 4;  // the thread's filters f0, f0 + 8
@@ -1356,7 +1362,12 @@ __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigne
     epilogue_sync<kThreads, true>();
     if (tid == 0) {
 #pragma unroll
-        for (int b = 0; b < BF / 64; ++b) tma_store_2d(y_map, stage + b * BP * 128, n0 + b * 64, m0);
+        for (int b = 0; b < BF / 64; ++b) {
+            if constexpr (kRows)
+                tma_store_3d(y_map, stage + b * BP * 128, n0 + b * 64, m0, row);
+            else
+                tma_store_2d(y_map, stage + b * BP * 128, n0 + b * 64, m0);
+        }
         tma_store_commit_and_wait();
     }
 }
@@ -1541,12 +1552,16 @@ __host__ __device__ constexpr int rows_band(int bp, int s, int dil_w) {
 }
 __host__ __device__ constexpr int rows_box(int band) { return band <= 256 ? band : band / 2; }
 
-template <typename T, int BF, int BP, int STAGES, int MINB, int CP>
-__global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
-implicit_gemm_wgmma_tma_rows(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::TensorMap x_map,
-                             const __grid_constant__ igemm::TensorMap w_map) {
+namespace cuconv {
+namespace igemm {
+// implicit_gemm_wgmma_tma_rows's block; with y_map (implicit_gemm_wgmma_tma_rows_st) its epilogue stores through
+// the TMA (tma_store_epilogue).
+template <typename T, int BF, int BP, int STAGES, int CP>
+__device__ __forceinline__ void wgmma_tma_rows_block(const T* __restrict__ x, const T* __restrict__ wp,
+                                                     const T* __restrict__ bias, T* __restrict__ y,
+                                                     const Geometry& g, const TensorMap& x_map,
+                                                     const TensorMap& w_map, const TensorMap* y_map) {
 #ifdef CUCONV_IGEMM_WGMMA
-    using namespace igemm;
     constexpr int kConsumers = BF / 64 * 128;
     constexpr int KB = 2 * CP;          // a tap's weight row: bytes
     constexpr int kChunks = CP / 8;     // 16-byte chunks of a pixel's channels
@@ -1631,9 +1646,37 @@ implicit_gemm_wgmma_tma_rows(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm:
 #pragma unroll
     for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
 
+    if (y_map != nullptr) {
+        tma_store_epilogue<T, BF, BP, NW, true>(acc, base, g, bias, *y_map, q0, n0, row);
+        return;
+    }
     Geometry row_g = g;  // the epilogue stores this row's pixels only
     row_g.m = min(g.m, m0 + min(BP, g.q - q0));
     wgmma_epilogue<T, BF, BP, 1, NW, true>(acc, smem + (base - smem_addr(smem)), row_g, bias, y, m0, n0);
+#endif
+}
+}  // namespace igemm
+}  // namespace cuconv
+
+template <typename T, int BF, int BP, int STAGES, int MINB, int CP>
+__global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
+implicit_gemm_wgmma_tma_rows(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::TensorMap x_map,
+                             const __grid_constant__ igemm::TensorMap w_map) {
+#ifdef CUCONV_IGEMM_WGMMA
+    igemm::wgmma_tma_rows_block<T, BF, BP, STAGES, CP>(x, wp, bias, y, g, x_map, w_map, nullptr);
+#else
+    __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
+#endif
+}
+
+// The same into a dense channels-last output through the TMA (y_map: N·P rows of Q pixels × K filters).
+template <typename T, int BF, int BP, int STAGES, int MINB, int CP>
+__global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
+implicit_gemm_wgmma_tma_rows_st(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::TensorMap x_map,
+                                const __grid_constant__ igemm::TensorMap w_map,
+                                const __grid_constant__ igemm::TensorMap y_map) {
+#ifdef CUCONV_IGEMM_WGMMA
+    igemm::wgmma_tma_rows_block<T, BF, BP, STAGES, CP>(x, wp, bias, y, g, x_map, w_map, &y_map);
 #else
     __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
 #endif

@@ -247,9 +247,10 @@ class WgmmaTmaRowsTile:
         slots = self.stages * self.bn * self.kbytes + 2 * (self.cp // 8) * band * 16
         return max(slots, _staging_bytes(self.bm, self.bn)) + 1024 + 16 * self.stages + 32
 
-    def kernel_name(self, ctype: str) -> str:
-        return (f"implicit_gemm_wgmma_tma_rows<{ctype},{self.bn},{self.bm},{self.stages},{self.min_blocks},"
-                f"{self.cp}>")
+    def kernel_name(self, ctype: str, store_tma: bool = False) -> str:
+        """The instance's name; ``store_tma``: the one storing a dense channels-last output through the TMA."""
+        return (f"implicit_gemm_wgmma_tma_rows{'_st' if store_tma else ''}<{ctype},{self.bn},{self.bm},{self.stages},"
+                f"{self.min_blocks},{self.cp}>")
 
 
 def _rows_band(bm: int, s: int, dil_w: int) -> int:
@@ -361,7 +362,8 @@ NAME_EXPRESSIONS = tuple(
     + [t.kernel_name(c, phases=True) for c in _TENSOR_CORE_TYPES for t in TILES.values() if type(t) is Tile]
     + [t.kernel_name(c, phases, store) for c in ("__half", "__nv_bfloat16") for t in TMA_TILES.values()
        for phases, store in ((False, False), (True, False), (False, True))]
-    + [t.kernel_name(c) for c in ("__half", "__nv_bfloat16") for t in TMA_ROWS_TILES.values()]
+    + [t.kernel_name(c, store) for c in ("__half", "__nv_bfloat16") for t in TMA_ROWS_TILES.values()
+       for store in (False, True)]
     + [t.kernel_name(c) for c in ("__half", "__nv_bfloat16") for t in WGRAD_TMA_TILES.values()]
     + [WGRAD_TMA_TILES["wt64x64"].kernel_name(c, groups=True) for c in ("__half", "__nv_bfloat16")]
     + [f"{k}<{c},{_tf32(c)}>" for k in ("pack_nhwc", "pack_nhwc_narrow", "pack_dgrad_phases", "pack_swap")
@@ -831,16 +833,25 @@ def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: 
         box = _rows_box(_rows_band(t.bm, spec.s, spec.dilation[1]))
         maps = ((0, _tma.nhwc_rows_map(samples, spec.h, spec.w, pl.pix, box)),
                 (1, _tma.tiled_map(pl.w_row, groups * w_rows, tk, t.bn)))
+        if store_tma:
+            _check_tma_store(spec, splits, groups, out_strides, filters)
+            name = t.kernel_name(_dtypes.ctype_of(dtype), store_tma=True)
+            maps += ((3, _tma.rows_map(filters, spec.q, samples * spec.p, 64, t.bm)),)
         grid = (samples * spec.p * -(-spec.q // t.bm), groups * pl.kp // t.bn, 1)
         return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), 4, (geometry,), maps, smem=smem)
     maps = _tma_gemm_maps(spec, pl, samples, groups * w_rows)
     if store_tma:
-        if splits != 1 or groups != 1 or out_strides != (spec.p * spec.q * filters, 1) or filters % 8:
-            raise ValueError("implicit_gemm: a TMA store takes one k range of one group into a dense channels-last "
-                             "output of whole 16-byte pixels")
+        _check_tma_store(spec, splits, groups, out_strides, filters)
         name = t.kernel_name(_dtypes.ctype_of(dtype), store_tma=True)
         maps += ((3, _tma.tiled_map(filters, m, 64, t.bm)),)
     return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), 4, (geometry,), maps, smem=smem)
+
+
+def _check_tma_store(spec: ConvSpec, splits: int, groups: int, out_strides: tuple, filters: int) -> None:
+    """A TMA store's output: one k range of one group into a dense channels-last output of whole 16-byte pixels."""
+    if splits != 1 or groups != 1 or out_strides != (spec.p * spec.q * filters, 1) or filters % 8:
+        raise ValueError("implicit_gemm: a TMA store takes one k range of one group into a dense channels-last "
+                         "output of whole 16-byte pixels")
 
 
 def _gemm_geometry(spec: ConvSpec, pl: Plan, m: int, filters: int, groups: int, grp_a: int, w_rows: int,
@@ -1606,9 +1617,9 @@ def _packed_as_krsc(spec: ConvSpec, dtype, pl: Plan) -> bool:
             and pl.w_row == spec.r * spec.s * spec.c_per_group)
 
 
-# The in-place channels-last forward's TMA tiles store their output through the TMA (implicit_gemm_wgmma_tma_st)
-# where it is a dense matrix of whole 16-byte pixels on 256-byte boundaries: the epilogue's instructions bound the
-# layers of few channels and many pixels (square_3x3_1024; docs/perf-notes.md)
+# The in-place channels-last forward's TMA tiles store their output through the TMA (implicit_gemm_wgmma_tma_st,
+# implicit_gemm_wgmma_tma_rows_st) where it is a dense matrix of whole 16-byte pixels on 256-byte boundaries: the
+# epilogue's instructions bound the layers of few channels and many pixels (square_3x3_1024; docs/perf-notes.md)
 _TMA_STORE = True
 
 
@@ -1650,8 +1661,7 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
         packed_w = b.take(pl.weight_bytes(dtype.itemsize))
         b.launch(_pack_kernel(fspec, dtype, pl.pix, 0, pl, flip=pass_ == "dgrad", krsc=krsc), _plan.NULL, _plan.NULL,
                  b.ref("w"), packed_w)
-    store_tma = (_TMA_STORE and tile.tma and not getattr(tile, "rows", False) and fspec.k % 8 == 0
-                 and b.base_aligned(b.ref(out)))
+    store_tma = _TMA_STORE and tile.tma and fspec.k % 8 == 0 and b.base_aligned(b.ref(out))
     gemm = _gemm_launch(fspec, dtype, pl, m, fspec.k_per_group, pl.groups, pl.cp, pl.kp,
                         (fspec.p * fspec.q * fspec.k, 1), 1, pl.k_tiles, out_pixel=(fspec.q * fspec.k, fspec.k),
                         store_tma=store_tma)

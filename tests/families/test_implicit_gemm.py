@@ -530,7 +530,8 @@ def _rows_cases():
 def test_tma_tiles_equal_cpu_exactly_on_integers(x_shape, w_shape, kwargs, dtype_name, tile):
     """Every TMA tile, forward: from NCHW arrays through the pack (whole and, but for the row-band tiles, which
     reduce every tap in their block, split over 3 k ranges), and from channels-last ones read in place with a
-    channels-last weight read in place, the output stored through the TMA but by the row-band tiles; then the
+    channels-last weight read in place, the output stored through the TMA (the row-band tiles' stopping where
+    their output rows do); then the
     dgrad on channels-last tensors where dy's channels are whole k tiles (at stride 1 the forward of dy by the
     flipped weight's pack, at a stride one GEMM per phase): on integers, bit for bit the CPU path, into
     NaN-poisoned outputs."""
@@ -553,7 +554,7 @@ def test_tma_tiles_equal_cpu_exactly_on_integers(x_shape, w_shape, kwargs, dtype
     plan = implicit_gemm.prepare("fprop", spec, dtype, "ieee", _plan.current_env(xg, wg, bg, out), True,
                                  tile=t, layout="nhwc", weights="krsc")
     stored_by_tma = any("_st<" in getattr(getattr(s, "kernel", None), "name", "") for s in plan.steps)
-    assert stored_by_tma == (not rows and spec.k % 8 == 0)  # (implicit_gemm_wgmma_tma_st: a dense NHWC output)
+    assert stored_by_tma == (spec.k % 8 == 0)  # (implicit_gemm_wgmma_tma(_rows)_st: a dense NHWC output)
     for _ in range(2):  # (the second launch keeps the maps the first encoded)
         _plan.run_arrays(plan, xg, wg, bg, out)
         numpy.testing.assert_array_equal(cupy.asnumpy(out.transpose(0, 3, 1, 2)).astype(numpy.float64), want)
