@@ -1345,7 +1345,7 @@ __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigne
 #pragma unroll
     for (int n = 0; n < NW; ++n)
 #pragma unroll
-        for (int j = 0; j < 16; j += 2) {  // pixel groups j and j + 1 of the wgmma's 128: blocks (f0, j), (f0 + 8, j), ...
+        for (int j = 0; j < 16; j += 2) {  // pixel groups j, j + 1 of the wgmma's 128: blocks (f0, j), (f0 + 8, j)..
             unsigned v[4];
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
@@ -1362,7 +1362,7 @@ __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigne
     epilogue_sync<kThreads, true>();
     if (tid == 0) {
 #pragma unroll
-        for (int b = 0; b < BF / 64; ++b) {
+        for (int b = 0; b < BF / 64 && n0 + b * 64 < g.k; ++b) {  // (a box wholly past K: nothing to store)
             if constexpr (kRows)
                 tma_store_3d(y_map, stage + b * BP * 128, n0 + b * 64, m0, row);
             else
@@ -1467,7 +1467,7 @@ __device__ __forceinline__ void wgmma_tma_block(const T* __restrict__ x, const T
 
     // Every slot was full before a consumer read it, so every copy has landed: once the consumers meet (the
     // epilogue's first barrier), the slots are free for the staging.
-    if (y_map != nullptr) {  // (implicit_gemm_wgmma_tma_st)
+    if (y_map != nullptr) {  // (implicit_gemm_wgmma_tma_st; never with a block-diagonal weight: no fixup here)
         tma_store_epilogue<T, BF, BP, NW>(acc, base, g, bias, *y_map, m0, n0);
         return;
     }
@@ -1513,10 +1513,14 @@ template <typename T, int BF, int BP, int STAGES, int MINB, int KB>
 __global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
 implicit_gemm_wgmma_tma_phases(const T* __restrict__ x, const T* __restrict__ wp, const T* __restrict__ bias,
                                T* __restrict__ y, const __grid_constant__ PhaseGemms ph,
-                               const __grid_constant__ igemm::TensorMap x0, const __grid_constant__ igemm::TensorMap x1,
-                               const __grid_constant__ igemm::TensorMap x2, const __grid_constant__ igemm::TensorMap x3,
-                               const __grid_constant__ igemm::TensorMap w0, const __grid_constant__ igemm::TensorMap w1,
-                               const __grid_constant__ igemm::TensorMap w2, const __grid_constant__ igemm::TensorMap w3) {
+                               const __grid_constant__ igemm::TensorMap x0,
+                               const __grid_constant__ igemm::TensorMap x1,
+                               const __grid_constant__ igemm::TensorMap x2,
+                               const __grid_constant__ igemm::TensorMap x3,
+                               const __grid_constant__ igemm::TensorMap w0,
+                               const __grid_constant__ igemm::TensorMap w1,
+                               const __grid_constant__ igemm::TensorMap w2,
+                               const __grid_constant__ igemm::TensorMap w3) {
 #ifdef CUCONV_IGEMM_WGMMA
     const int z = blockIdx.z;
     const igemm::Geometry& g = ph.g[z];
