@@ -41,7 +41,8 @@ from .._config import config
 from ..spec import ConvSpec
 
 __all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "wgrad_tma_tile", "wgrad_tma_reason", "wgrad_tma_splits",
-           "WgradTmaTile", "WGRAD_TMA_TILES", "block_diagonal_tile", "reason_unsupported", "reason_unsupported_nhwc", "nhwc_in_place",
+           "WgradTmaTile", "WGRAD_TMA_TILES", "block_diagonal_tile", "reason_unsupported", "reason_unsupported_nhwc",
+           "nhwc_in_place",
            "Tile", "WgmmaTile", "WgmmaTmaTile", "WgmmaTmaRowsTile", "NchwTile", "TILES", "TMA_TILES", "TMA_ROWS_TILES",
            "tma_reason", "rows_reason",
            "transposed_spec", "phase_specs", "phase_tile", "wgrad_tile", "wgrad_splits", "splits_for",
@@ -824,15 +825,13 @@ def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: 
     reason = tma_reason(spec, dtype, pl)
     if reason is not None:
         raise ValueError(f"implicit_gemm: tile {t} cannot run {spec}: {reason}")
-    tk = t.kbytes // 2
     name = t.kernel_name(_dtypes.ctype_of(dtype))
     samples = m // (spec.p * spec.q)
     if rows:  # a block per segment of bm pixels of an output row, the whole reduction (no split)
         if splits != 1:
             raise ValueError(f"implicit_gemm: tile {t} reduces every tap in its block: no split over k")
         box = _rows_box(_rows_band(t.bm, spec.s, spec.dilation[1]))
-        maps = ((0, _tma.nhwc_rows_map(samples, spec.h, spec.w, pl.pix, box)),
-                (1, _tma.tiled_map(pl.w_row, groups * w_rows, tk, t.bn)))
+        maps = ((0, _tma.nhwc_rows_map(samples, spec.h, spec.w, pl.pix, box)), _weight_map(pl, groups * w_rows))
         if store_tma:
             _check_tma_store(spec, splits, groups, out_strides, filters)
             name = t.kernel_name(_dtypes.ctype_of(dtype), store_tma=True)
@@ -855,24 +854,32 @@ def _check_tma_store(spec: ConvSpec, splits: int, groups: int, out_strides: tupl
 
 
 def _gemm_geometry(spec: ConvSpec, pl: Plan, m: int, filters: int, groups: int, grp_a: int, w_rows: int,
-                   out_strides: tuple, splits: int, split_tiles: int, out_pixel: tuple = None):
-    """The GEMM kernels' ``Geometry`` (GEOMETRY_DTYPE) of ``_gemm_launch``'s arguments."""
+                   out_strides: tuple, splits: int, split_tiles: int, out_pixel: tuple = None, pix: int = None,
+                   block_diag: int = 0):
+    """The GEMM kernels' ``Geometry`` (GEOMETRY_DTYPE) of ``_gemm_launch``'s arguments; ``pix`` the input's pixel
+    pitch where it is not the plan's (a block-diagonal forward reads the layer's C channels), ``block_diag`` the
+    width of its groups."""
     split_stride = 0 if splits == 1 else m * filters * groups
     out_row, out_col = out_pixel or (spec.q, 1)
     return numpy.array((spec.h, spec.w, pl.cp, filters, spec.p, spec.q, spec.r, spec.s, spec.stride[0],
                         spec.stride[1], spec.pad[0], spec.pad[2], spec.dilation[0], spec.dilation[1], m,
-                        pl.k_tiles, pl.w_row, *out_strides, split_stride, split_tiles, pl.pix, pl.kp, grp_a,
-                        w_rows, out_row, out_col, 0), dtype=GEOMETRY_DTYPE)[()]
+                        pl.k_tiles, pl.w_row, *out_strides, split_stride, split_tiles, pix or pl.pix, pl.kp, grp_a,
+                        w_rows, out_row, out_col, block_diag), dtype=GEOMETRY_DTYPE)[()]
 
 
-def _tma_gemm_maps(spec: ConvSpec, pl: Plan, samples: int, weight_rows: int) -> tuple:
-    """implicit_gemm_wgmma_tma's maps: the packed input's im2col map (pointer 0), the packed weight's ``weight_rows``
-    rows (pointer 1)."""
-    t = pl.tile
-    tk = t.kbytes // 2
+def _tma_gemm_maps(spec: ConvSpec, pl: Plan, samples: int, weight_rows: int, pix: int = None) -> tuple:
+    """implicit_gemm_wgmma_tma's maps: the input's im2col map (pointer 0; pixels ``pix`` apart, default the
+    plan's), the packed weight's ``weight_rows`` rows (pointer 1)."""
     lower, upper = _tma_corners(spec)
-    return ((0, _tma.im2col_map(samples, spec.h, spec.w, pl.pix, lower, upper, spec.stride, tk, t.bm)),
-            (1, _tma.tiled_map(pl.w_row, weight_rows, tk, t.bn)))
+    return ((0, _tma.im2col_map(samples, spec.h, spec.w, pix or pl.pix, lower, upper, spec.stride,
+                                pl.tile.kbytes // 2, pl.tile.bm)),
+            _weight_map(pl, weight_rows))
+
+
+def _weight_map(pl: Plan, weight_rows: int) -> tuple:
+    """A TMA forward's map of its packed weight (pointer 1): ``weight_rows`` rows of ``pl.w_row``, a k tile's
+    columns by the tile's filters a copy."""
+    return (1, _tma.tiled_map(pl.w_row, weight_rows, pl.tile.kbytes // 2, pl.tile.bn))
 
 
 SPLIT_SUM_DTYPE = numpy.dtype([("n", numpy.int64), ("splits", numpy.int32), ("pq", numpy.int32), ("k", numpy.int32),
@@ -1712,12 +1719,10 @@ def _block_diagonal_launches(spec: ConvSpec, dtype, krsc: bool, device: int) -> 
                                   (numpy.array((total, spec.k, spec.c_per_group, taps, bw, krsc, 0),
                                                dtype=BLOCK_DIAGONAL_DTYPE)[()],))
     m = spec.n * spec.p * spec.q
-    geometry = numpy.array((spec.h, spec.w, bw, spec.k, spec.p, spec.q, spec.r, spec.s, *spec.stride, spec.pad[0],
-                            spec.pad[2], *spec.dilation, m, taps, w_row, spec.p * spec.q * spec.k, 1, 0, taps, spec.c,
-                            kp, bw, kp, spec.q * spec.k, spec.k, spec.c_per_group), dtype=GEOMETRY_DTYPE)[()]
-    lower, upper = _tma_corners(spec)
-    maps = ((0, _tma.im2col_map(spec.n, spec.h, spec.w, spec.c, lower, upper, spec.stride, bw, t.bm)),
-            (1, _tma.tiled_map(w_row, kp, bw, t.bn)))
+    pl = Plan(t, bw, taps, w_row, kp, spec.n)  # (a block's 64 channels a tap: one k tile)
+    geometry = _gemm_geometry(spec, pl, m, spec.k, 1, bw, kp, (spec.p * spec.q * spec.k, 1), 1, taps,
+                              (spec.q * spec.k, spec.k), pix=spec.c, block_diag=spec.c_per_group)
+    maps = _tma_gemm_maps(spec, pl, spec.n, kp, pix=spec.c)
     name = t.kernel_name(ctype)
     gemm = _tma.TmaLaunch(_fn(name), name, (-(-m // t.bm), kp // t.bn, 1), (t.threads, 1, 1), 4, (geometry,), maps,
                           smem=t.smem_bytes)
