@@ -1317,6 +1317,7 @@ __device__ __forceinline__ void tma_store_3d(const TensorMap& map, unsigned src,
 __device__ __forceinline__ void tma_store_commit_and_wait() {
     asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
+__device__ __forceinline__ void tma_store_drain() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 
 // The TMA forward's epilogue into a dense channels-last output (implicit_gemm_wgmma_tma_st): wgmma_epilogue spends
 // its time issuing instructions (square_3x3_1024: 14 K warp instructions a 128 × 128 tile, the tensor pipe 17%
@@ -1329,7 +1330,10 @@ __device__ __forceinline__ void tma_store_commit_and_wait() {
 // filters past it are not written) and waits until they have read the staging. `stage`: 1024-byte aligned, free.
 // kRows (implicit_gemm_wgmma_tma_rows_st): y_map is the output as N·P rows of Q pixels × K (3-D), the block's
 // pixels q0 (`m0`) on of output row `row`: pixels past the row's Q are not stored.
-template <typename T, int BF, int BP, int NW, bool kRows = false>
+// kOverlap (implicit_gemm_wgmma_tma_pst, a staging of its own): the stores of the block's previous tile may still
+// be reading it: the storing thread waits for them before the consumers meet, and returns as soon as this tile's
+// are issued (the block's last ones: tma_store_drain before it exits).
+template <typename T, int BF, int BP, int NW, bool kRows = false, bool kOverlap = false>
 __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigned stage, const Geometry& g,
                                                    const T* __restrict__ bias, const TensorMap& y_map, int m0,
                                                    int n0, int row = 0) {
@@ -1341,7 +1345,8 @@ __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigne
     const unsigned box = stage + wg * BP * 128;
     const int q = lane / 8, r = lane % 8;  // this lane's address: row r of block q of an stmatrix
     const int chunk = (warp % 4) * 2 + q % 2;  // the block's 8 filters: a 16-byte chunk of the box's row
-    epilogue_sync<kThreads, true>();  // (every consumer's wgmmas retired: the slots are free)
+    if (kOverlap && tid == 0) tma_store_drain();
+    epilogue_sync<kThreads, true>();  // (every consumer's wgmmas retired: the slots are free; kOverlap: the staging)
 #pragma unroll
     for (int n = 0; n < NW; ++n)
 #pragma unroll
@@ -1368,7 +1373,10 @@ __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigne
             else
                 tma_store_2d(y_map, stage + b * BP * 128, n0 + b * 64, m0);
         }
-        tma_store_commit_and_wait();
+        if constexpr (kOverlap)
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        else
+            tma_store_commit_and_wait();
     }
 }
 #endif
@@ -1501,6 +1509,89 @@ implicit_gemm_wgmma_tma_st(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::T
                            const __grid_constant__ igemm::TensorMap y_map) {
 #ifdef CUCONV_IGEMM_WGMMA
     igemm::wgmma_tma_block<T, BF, BP, STAGES, KB>(x, wp, bias, y, g, x_map, w_map, blockIdx.x, blockIdx.y, 0, &y_map);
+#else
+    __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
+#endif
+}
+
+// The same, persistent (implicit_gemm_wgmma_tma_pst): gridDim.x blocks (those the SMs hold at once) take the
+// tiles blockIdx.x, blockIdx.x + gridDim.x, ... (pixel blocks fastest, then blocks of filters), the producer
+// running on into the next tile's k tiles while the consumers store this one, and the consumers computing the next
+// while its TMA stores drain from a staging of its own (BP × BF outputs after the ring). A layer of short reductions
+// and many pixels (square_3x3_1024: 9 k tiles a tile, 65 K tiles) otherwise spends a tile's time waiting: on its
+// first copies, then on its epilogue and stores, with nothing else on the SM (docs/perf-notes.md).
+template <typename T, int BF, int BP, int STAGES, int MINB, int KB>
+__global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
+implicit_gemm_wgmma_tma_pst(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::TensorMap x_map,
+                            const __grid_constant__ igemm::TensorMap w_map,
+                            const __grid_constant__ igemm::TensorMap y_map) {
+#ifdef CUCONV_IGEMM_WGMMA
+    using namespace igemm;
+    constexpr int kConsumers = BF / 64 * 128;
+    constexpr int TK = KB / sizeof(T);  // k per tile: TK channels of one tap
+    constexpr int NW = BP / 128;
+    constexpr int kStageBytes = (BF + BP) * KB;
+    static_assert(BF % 64 == 0 && BP % 128 == 0 && BP <= 256 && BF <= 256 && STAGES >= 2 && sizeof(T) == 2 &&
+                  (KB == 128 || KB == 64 || KB == 32) && kStageBytes % 1024 == 0, "tile shape");
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const unsigned base = (smem_addr(smem) + 1023u) & ~1023u;
+    const unsigned staging = base + STAGES * kStageBytes;
+    const unsigned full = staging + BP * BF * sizeof(T), empty = full + 8 * STAGES;
+    const int tid = threadIdx.x;
+    const int m_blocks = (g.m + BP - 1) / BP, tiles = m_blocks * (g.kp / BF);
+    if (tid == 0) {
+        init_ring<STAGES>(full, empty, kConsumers);
+        mbarrier_init_fence();
+    }
+    __syncthreads();
+
+    if (tid >= kConsumers) {  // the producer warp's first lane: every tile's copies, the ring's count running on
+        if (tid != kConsumers) return;
+        const int pq = g.p * g.q, cblocks = g.cp / TK;
+        int it = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            const int m0 = tile % m_blocks * BP, n0 = tile / m_blocks * BF;
+            const int img = m0 / pq, rem = m0 - img * pq, op = rem / g.q, oq = rem - op * g.q;
+            const int w0 = oq * g.stride_w - g.pad_w, h0 = op * g.stride_h - g.pad_h;
+            int cb = 0, sc = 0, r = 0;
+            for (int kt = 0; kt < g.k_tiles; ++kt, ++it) {
+                const unsigned slot = base + it % STAGES * kStageBytes;
+                const unsigned bar = ring_fill<STAGES>(full, empty, it, kStageBytes);
+                tma_tile_2d(slot, w_map, kt * TK, n0, bar);
+                tma_im2col_4d(slot + BF * KB, x_map, cb * TK, w0, h0, img, static_cast<unsigned short>(sc * g.dil_w),
+                              static_cast<unsigned short>(r * g.dil_h), bar);
+                if (++cb == cblocks) {
+                    cb = 0;
+                    if (++sc == g.s) sc = 0, ++r;
+                }
+            }
+        }
+        return;
+    }
+
+    const unsigned a_off = tid / 128 * 64 * KB, b_off = BF * KB;  // this warpgroup's filters, the block's pixels
+    float acc[NW][64];
+    int it = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+#pragma unroll
+        for (int n = 0; n < NW; ++n)
+#pragma unroll
+            for (int i = 0; i < 64; ++i) acc[n][i] = 0.f;
+        for (int kt = 0; kt < g.k_tiles; ++kt, ++it) {
+            ring_wait_full<STAGES>(full, it);
+            const unsigned slot = base + it % STAGES * kStageBytes;
+            wgmma_k_tile<T, NW, KB>(acc, slot + a_off, slot + b_off);
+            wgmma_wait<1>();  // tile it - 1's wgmmas retired: its slot is free
+            if (kt > 0) mbarrier_arrive(empty + 8 * ((it - 1) % STAGES));
+        }
+        wgmma_wait<0>();
+        mbarrier_arrive(empty + 8 * ((it - 1) % STAGES));
+#pragma unroll
+        for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
+        tma_store_epilogue<T, BF, BP, NW, false, true>(acc, staging, g, bias, y_map, tile % m_blocks * BP,
+                                                       tile / m_blocks * BF);
+    }
+    if (tid == 0) tma_store_drain();  // (the staging stays allocated until the stores have read it)
 #else
     __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
 #endif

@@ -154,6 +154,7 @@ class WgmmaTmaTile:
     stages: int
     min_blocks: int = 1
     kbytes: int = 128
+    persistent: bool = False  # implicit_gemm_wgmma_tma_pst: where its output is stored through the TMA (else its twin)
     wg_p = 1
     retire = False
     wgmma = True
@@ -166,15 +167,18 @@ class WgmmaTmaTile:
 
     @property
     def smem_bytes(self) -> int:
-        """The slots or the epilogue's staging, if larger, 1024 bytes to align them, two 8-byte barriers a slot
-        and 16 bytes for a flag."""
-        return (max(self.stages * (self.bm + self.bn) * self.kbytes, _staging_bytes(self.bm, self.bn)) + 1024
-                + 16 * self.stages + 16)
+        """The slots or the epilogue's staging, if larger (persistent: both, the staging of 16-bit outputs), 1024
+        bytes to align them, two 8-byte barriers a slot and 16 bytes for a flag."""
+        slots = self.stages * (self.bm + self.bn) * self.kbytes
+        staging = 2 * self.bm * self.bn if self.persistent else _staging_bytes(self.bm, self.bn)
+        return (slots + staging if self.persistent else max(slots, staging)) + 1024 + 16 * self.stages + 16
 
     def kernel_name(self, ctype: str, phases: bool = False, store_tma: bool = False) -> str:
         """The instance's name; ``phases``: the one running a strided dgrad's phases in one launch; ``store_tma``:
-        the one storing a dense channels-last output through the TMA."""
-        kind = "_phases" if phases else "_st" if store_tma else ""
+        the one storing a dense channels-last output through the TMA (persistent: the only one)."""
+        if self.persistent and (phases or not store_tma):
+            raise ValueError(f"implicit_gemm: {self} stores its output through the TMA, and only so")
+        kind = "_phases" if phases else "_pst" if self.persistent else "_st" if store_tma else ""
         return (f"implicit_gemm_wgmma_tma{kind}<{ctype},{self.bn},{self.bm},{self.stages},{self.min_blocks},"
                 f"{self.kbytes}>")
 
@@ -334,6 +338,15 @@ TMA_TILES = {
     "tma64x256_k32": WgmmaTmaTile(64, 256, 8, 2, 32),     # 81 KB: two
     "tma128x128_k32": WgmmaTmaTile(128, 128, 8, 2, 32),   # 69 KB: three
     "tma128x256_k32": WgmmaTmaTile(128, 256, 8, 1, 32),   # 133 KB (the staging): one
+    # persistent (implicit_gemm_wgmma_tma_pst), their staging beside the slots
+    "ptma64x128": WgmmaTmaTile(64, 128, 3, 2, 128, True),          # 89 KB: two
+    "ptma128x128": WgmmaTmaTile(128, 128, 5, 1, 128, True),        # 193 KB: one
+    "ptma128x256": WgmmaTmaTile(128, 256, 3, 1, 128, True),        # 209 KB: one
+    "ptma128x128_k64": WgmmaTmaTile(128, 128, 4, 2, 64, True),     # 97 KB: two
+    "ptma128x256_k64": WgmmaTmaTile(128, 256, 6, 1, 64, True),     # 209 KB: one
+    "ptma64x256_k32": WgmmaTmaTile(64, 256, 7, 2, 32, True),       # 105 KB: two
+    "ptma128x128_k32": WgmmaTmaTile(128, 128, 8, 2, 32, True),     # 97 KB: two
+    "ptma128x256_k32": WgmmaTmaTile(128, 256, 8, 1, 32, True),     # 161 KB: one
 }
 
 # wgrad's TMA-fed instances (wgrad_tma_tile): 64 filters x 64 channels up to 64 channels, 64 x 128 up to 128 (or
@@ -362,7 +375,7 @@ NAME_EXPRESSIONS = tuple(
     [t.kernel_name(c) for c in _TENSOR_CORE_TYPES for t in TILES.values()]
     + [t.kernel_name(c, phases=True) for c in _TENSOR_CORE_TYPES for t in TILES.values() if type(t) is Tile]
     + [t.kernel_name(c, phases, store) for c in ("__half", "__nv_bfloat16") for t in TMA_TILES.values()
-       for phases, store in ((False, False), (True, False), (False, True))]
+       for phases, store in (((False, True),) if t.persistent else ((False, False), (True, False), (False, True)))]
     + [t.kernel_name(c, store) for c in ("__half", "__nv_bfloat16") for t in TMA_ROWS_TILES.values()
        for store in (False, True)]
     + [t.kernel_name(c) for c in ("__half", "__nv_bfloat16") for t in WGRAD_TMA_TILES.values()]
@@ -806,14 +819,16 @@ def _tma_corners(spec: ConvSpec) -> tuple:
 
 def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: int, grp_a: int, w_rows: int,
                  out_strides: tuple, splits: int, split_tiles: int, out_pixel: tuple = None,
-                 store_tma: bool = False) -> "_loader.PreparedLaunch":
+                 store_tma: bool = False, resident: int = 0) -> "_loader.PreparedLaunch":
     """The GEMM kernel of ``pl`` on ``spec``'s geometry: ``m`` rows and ``filters`` filters in each of ``groups``
     groups, a group's packed input ``grp_a`` elements and its packed weight ``w_rows`` rows after the previous
     one's, images and filters of the output ``out_strides`` elements apart, its rows and columns
     ``out_pixel`` (default dense: Q and 1; ``Geometry``). A TMA tile's launch encodes its maps of the input and
     the weight from the pointers it is given (``_tma.TmaLaunch``); ``store_tma``: and of the output, a dense
-    channels-last (N·P·Q) × K matrix its ``implicit_gemm_wgmma_tma_st`` instance stores through the TMA."""
-    t = pl.tile
+    channels-last (N·P·Q) × K matrix its ``implicit_gemm_wgmma_tma_st`` instance stores through the TMA, or a
+    persistent tile's ``implicit_gemm_wgmma_tma_pst`` on ``resident`` blocks (what the device's SMs hold at once;
+    elsewhere a persistent tile runs its ``_twin``)."""
+    t = pl.tile if store_tma else _twin(pl.tile)
     geometry = _gemm_geometry(spec, pl, m, filters, groups, grp_a, w_rows, out_strides, splits, split_tiles,
                               out_pixel)
     grid = (-(-m // t.bm), groups * pl.kp // t.bn, splits)
@@ -843,7 +858,18 @@ def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: 
         _check_tma_store(spec, splits, groups, out_strides, filters)
         name = t.kernel_name(_dtypes.ctype_of(dtype), store_tma=True)
         maps += ((3, _tma.tiled_map(filters, m, 64, t.bm)),)
+        if t.persistent:  # as many blocks as the SMs hold at once, each taking every so many tiles
+            grid = (min(grid[0] * grid[1], resident), 1, 1)
     return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), 4, (geometry,), maps, smem=smem)
+
+
+def _twin(tile):
+    """A persistent tile's twin: the TMA tile of its shape that runs where the output is not stored through the
+    TMA (an NCHW output, a split reduction, a strided dgrad's phases); any other tile itself."""
+    if not getattr(tile, "persistent", False):
+        return tile
+    return next(t for t in TMA_TILES.values()
+                if not t.persistent and (t.bn, t.bm, t.kbytes) == (tile.bn, tile.bm, tile.kbytes))
 
 
 def _check_tma_store(spec: ConvSpec, splits: int, groups: int, out_strides: tuple, filters: int) -> None:
@@ -1430,7 +1456,7 @@ def _fused_phases_launch(gemms: list, dtype, tile) -> "_loader.PreparedLaunch":
     pad = _FUSED_PHASES - len(gemms)  # (the kernel's unused maps: copies, never read)
     maps = tuple((0, e) for e in x_maps + x_maps[:1] * pad) + tuple((1, e) for e in w_maps + w_maps[:1] * pad)
     blocks = max(-(-args[3] // tile.bm) for args, _, _ in gemms)
-    pl = gemms[0][0][2]
+    pl, tile = gemms[0][0][2], _twin(tile)
     name = tile.kernel_name(_dtypes.ctype_of(dtype), phases=True)
     grid = (blocks, pl.groups * pl.kp // tile.bn, len(gemms))
     if not tile.tma:
@@ -1671,7 +1697,8 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
     store_tma = _TMA_STORE and tile.tma and fspec.k % 8 == 0 and b.base_aligned(b.ref(out))
     gemm = _gemm_launch(fspec, dtype, pl, m, fspec.k_per_group, pl.groups, pl.cp, pl.kp,
                         (fspec.p * fspec.q * fspec.k, 1), 1, pl.k_tiles, out_pixel=(fspec.q * fspec.k, fspec.k),
-                        store_tma=store_tma)
+                        store_tma=store_tma,
+                        resident=env.sm_count * resident_blocks(tile, env.smem_per_sm) if tile.tma else 0)
     b.launch(gemm, b.ref(x), packed_w, _plan.NULL if bias_operand is None else b.ref(bias_operand), b.ref(out))
     return b.plan(STEM)
 

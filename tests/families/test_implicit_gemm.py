@@ -553,7 +553,8 @@ def test_tma_tiles_equal_cpu_exactly_on_integers(x_shape, w_shape, kwargs, dtype
     out = cupy.full((spec.n, spec.p, spec.q, spec.k), numpy.nan, dtype=dtype)
     plan = implicit_gemm.prepare("fprop", spec, dtype, "ieee", _plan.current_env(xg, wg, bg, out), True,
                                  tile=t, layout="nhwc", weights="krsc")
-    stored_by_tma = any("_st<" in getattr(getattr(s, "kernel", None), "name", "") for s in plan.steps)
+    stored_by_tma = any(k in getattr(getattr(s, "kernel", None), "name", "") for s in plan.steps
+                        for k in ("_st<", "_pst<"))
     assert stored_by_tma == (spec.k % 8 == 0)  # (implicit_gemm_wgmma_tma(_rows)_st: a dense NHWC output)
     for _ in range(2):  # (the second launch keeps the maps the first encoded)
         _plan.run_arrays(plan, xg, wg, bg, out)
@@ -568,6 +569,54 @@ def test_tma_tiles_equal_cpu_exactly_on_integers(x_shape, w_shape, kwargs, dtype
                                      layout="nhwc", weights="krsc")
         _plan.run_arrays(plan, dyg, wg, dx)
         numpy.testing.assert_array_equal(cupy.asnumpy(dx.transpose(0, 3, 1, 2)).astype(numpy.float64), want_dx)
+
+
+def _tma_tiles():
+    from cuconv.families import implicit_gemm
+
+    return implicit_gemm.TMA_TILES
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("sms", [1, 3, None])
+@pytest.mark.parametrize("tile", [n for n, t in _tma_tiles().items() if t.persistent])
+def test_persistent_tma_tiles_take_many_tiles_a_block(tile, sms, dtype_name):
+    """A persistent TMA tile (implicit_gemm_wgmma_tma_pst) on a device of ``sms`` SMs (None: this one's): each
+    block takes tile after tile (pixel blocks, then a partial block of filters with a box wholly past K), its ring's
+    phases running on across them and its staging reused while the previous tile's stores drain; forward with
+    bias and stride-1 dgrad, bit for bit the CPU path on integers, into NaN-poisoned outputs, twice."""
+    import cupy
+
+    from cuconv import _plan
+    from cuconv.families import implicit_gemm
+
+    t = implicit_gemm.TMA_TILES[tile]
+    c = t.kbytes // 2
+    dtype, x, w, b, spec = _tma_operands((3, c, 20, 23), (t.bn + 64, c, 3, 3), dict(padding=1), dtype_name, 58)
+    want = cuconv.conv2d(x, w, b, padding=1).astype(numpy.float64)
+    xg, wg, bg = _nhwc(cupy.asarray(x)), _nhwc(cupy.asarray(w)), cupy.asarray(b)
+    out = cupy.full((spec.n, spec.p, spec.q, spec.k), numpy.nan, dtype=dtype)
+    env = _plan.current_env(xg, wg, bg, out)
+    env = env if sms is None else env._replace(sm_count=sms)
+    plan = implicit_gemm.prepare("fprop", spec, dtype, "ieee", env, True, tile=t, layout="nhwc", weights="krsc")
+    (launch,) = [s.kernel for s in plan.steps if "_pst<" in getattr(getattr(s, "kernel", None), "name", "")]
+    tiles = -(-spec.n * spec.p * spec.q // t.bm) * 2
+    assert launch.grid[0] == min(tiles, env.sm_count * implicit_gemm.resident_blocks(t, env.smem_per_sm))
+    for _ in range(2):
+        _plan.run_arrays(plan, xg, wg, bg, out)
+        numpy.testing.assert_array_equal(cupy.asnumpy(out.transpose(0, 3, 1, 2)).astype(numpy.float64), want)
+        out.fill(numpy.nan)
+    wd = numpy.random.default_rng(59).integers(-3, 4, (c, t.bn + 64, 3, 3)).astype(dtype)  # dgrad: K = c filters
+    dy = numpy.random.default_rng(60).integers(-3, 4, (3, c, 20, 23)).astype(dtype)
+    want_dx = cuconv.conv2d_input((3, t.bn + 64, 20, 23), wd, dy, padding=1).astype(numpy.float64)
+    dspec = cuconv.ConvSpec.from_args((3, t.bn + 64, 20, 23), wd.shape, padding=1)
+    dyg, wdg = _nhwc(cupy.asarray(dy)), _nhwc(cupy.asarray(wd))
+    dx = cupy.full((3, 20, 23, t.bn + 64), numpy.nan, dtype=dtype)
+    plan = implicit_gemm.prepare("dgrad", dspec, dtype, "ieee", env, tile=t, layout="nhwc", weights="krsc")
+    assert any("_pst<" in getattr(getattr(s, "kernel", None), "name", "") for s in plan.steps)
+    _plan.run_arrays(plan, dyg, wdg, dx)
+    numpy.testing.assert_array_equal(cupy.asnumpy(dx.transpose(0, 3, 1, 2)).astype(numpy.float64), want_dx)
 
 
 def _wgrad_tma_cases():
