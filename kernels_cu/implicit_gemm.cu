@@ -1514,12 +1514,15 @@ implicit_gemm_wgmma_tma_st(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::T
 #endif
 }
 
-// The same, persistent (implicit_gemm_wgmma_tma_pst): gridDim.x blocks (those the SMs hold at once) take the
-// tiles blockIdx.x, blockIdx.x + gridDim.x, ... (pixel blocks fastest, then blocks of filters), the producer
-// running on into the next tile's k tiles while the consumers store this one, and the consumers computing the next
-// while its TMA stores drain from a staging of its own (BP × BF outputs after the ring). A layer of short reductions
-// and many pixels (square_3x3_1024: 9 k tiles a tile, 65 K tiles) otherwise spends a tile's time waiting: on its
-// first copies, then on its epilogue and stores, with nothing else on the SM (docs/perf-notes.md).
+// The same, persistent, its block's filters' weight resident (implicit_gemm_wgmma_tma_pst): a layer of short
+// reductions and many pixels (square_3x3_1024: 16 channels, 9 k tiles a tile, 65 K tiles of 256 pixels) copies
+// its weight once for every tile, a third of what its TMA copies move, in rows of 2 * 16 bytes. Here gridDim.x
+// blocks, a multiple of the filter blocks (g.kp / BF), each keep the weight of filter block blockIdx.x % that in
+// shared memory (all g.k_tiles k tiles, copied once, one barrier) and take pixel blocks blockIdx.x / that,
+// + gridDim.x / that, ...: only the im2col columns stream through the ring (BP × KB a slot), the producer running
+// on into the next tile's while the consumers store this one, and the consumers computing the next while its TMA
+// stores drain from a staging of its own. Shared memory (WgmmaTmaTile.resident_smem): the weight, the ring, the
+// staging (BP × BF outputs), then the barriers.
 template <typename T, int BF, int BP, int STAGES, int MINB, int KB>
 __global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
 implicit_gemm_wgmma_tma_pst(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::TensorMap x_map,
@@ -1530,36 +1533,41 @@ implicit_gemm_wgmma_tma_pst(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::
     constexpr int kConsumers = BF / 64 * 128;
     constexpr int TK = KB / sizeof(T);  // k per tile: TK channels of one tap
     constexpr int NW = BP / 128;
-    constexpr int kStageBytes = (BF + BP) * KB;
+    constexpr int kSlotBytes = BP * KB, kWeightTileBytes = BF * KB;
     static_assert(BF % 64 == 0 && BP % 128 == 0 && BP <= 256 && BF <= 256 && STAGES >= 2 && sizeof(T) == 2 &&
-                  (KB == 128 || KB == 64 || KB == 32) && kStageBytes % 1024 == 0, "tile shape");
+                  (KB == 128 || KB == 64 || KB == 32) && kSlotBytes % 1024 == 0 && kWeightTileBytes % 1024 == 0,
+                  "tile shape");
     extern __shared__ __align__(1024) unsigned char smem[];
-    const unsigned base = (smem_addr(smem) + 1023u) & ~1023u;
-    const unsigned staging = base + STAGES * kStageBytes;
-    const unsigned full = staging + BP * BF * sizeof(T), empty = full + 8 * STAGES;
+    const unsigned weight = (smem_addr(smem) + 1023u) & ~1023u;
+    const unsigned ring = weight + g.k_tiles * kWeightTileBytes;
+    const unsigned staging = ring + STAGES * kSlotBytes;
+    const unsigned full = staging + BP * BF * sizeof(T), empty = full + 8 * STAGES, weight_full = empty + 8 * STAGES;
     const int tid = threadIdx.x;
-    const int m_blocks = (g.m + BP - 1) / BP, tiles = m_blocks * (g.kp / BF);
+    const int n_blocks = g.kp / BF, m_blocks = (g.m + BP - 1) / BP;
+    const int n0 = blockIdx.x % n_blocks * BF, first = blockIdx.x / n_blocks, step = gridDim.x / n_blocks;
     if (tid == 0) {
         init_ring<STAGES>(full, empty, kConsumers);
+        mbarrier_init(weight_full, 1);
         mbarrier_init_fence();
     }
     __syncthreads();
 
-    if (tid >= kConsumers) {  // the producer warp's first lane: every tile's copies, the ring's count running on
+    if (tid >= kConsumers) {  // the producer warp's first lane: the weight, then every tile's columns
         if (tid != kConsumers) return;
+        mbarrier_expect_bytes(weight_full, g.k_tiles * kWeightTileBytes);
+        for (int kt = 0; kt < g.k_tiles; ++kt)
+            tma_tile_2d(weight + kt * kWeightTileBytes, w_map, kt * TK, n0, weight_full);
         const int pq = g.p * g.q, cblocks = g.cp / TK;
-        int it = 0;
-        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-            const int m0 = tile % m_blocks * BP, n0 = tile / m_blocks * BF;
+        int it = 0;  // the ring's count runs on across tiles
+        for (int mb = first; mb < m_blocks; mb += step) {
+            const int m0 = mb * BP;
             const int img = m0 / pq, rem = m0 - img * pq, op = rem / g.q, oq = rem - op * g.q;
             const int w0 = oq * g.stride_w - g.pad_w, h0 = op * g.stride_h - g.pad_h;
             int cb = 0, sc = 0, r = 0;
             for (int kt = 0; kt < g.k_tiles; ++kt, ++it) {
-                const unsigned slot = base + it % STAGES * kStageBytes;
-                const unsigned bar = ring_fill<STAGES>(full, empty, it, kStageBytes);
-                tma_tile_2d(slot, w_map, kt * TK, n0, bar);
-                tma_im2col_4d(slot + BF * KB, x_map, cb * TK, w0, h0, img, static_cast<unsigned short>(sc * g.dil_w),
-                              static_cast<unsigned short>(r * g.dil_h), bar);
+                const unsigned bar = ring_fill<STAGES>(full, empty, it, kSlotBytes);
+                tma_im2col_4d(ring + it % STAGES * kSlotBytes, x_map, cb * TK, w0, h0, img,
+                              static_cast<unsigned short>(sc * g.dil_w), static_cast<unsigned short>(r * g.dil_h), bar);
                 if (++cb == cblocks) {
                     cb = 0;
                     if (++sc == g.s) sc = 0, ++r;
@@ -1569,27 +1577,26 @@ implicit_gemm_wgmma_tma_pst(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::
         return;
     }
 
-    const unsigned a_off = tid / 128 * 64 * KB, b_off = BF * KB;  // this warpgroup's filters, the block's pixels
+    const unsigned a_off = tid / 128 * 64 * KB;  // this warpgroup's filters in a k tile of the weight
     float acc[NW][64];
+    mbarrier_wait(weight_full, 0);  // (also where a block has no tile: its weight lands before it exits)
     int it = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    for (int mb = first; mb < m_blocks; mb += step) {
 #pragma unroll
         for (int n = 0; n < NW; ++n)
 #pragma unroll
             for (int i = 0; i < 64; ++i) acc[n][i] = 0.f;
         for (int kt = 0; kt < g.k_tiles; ++kt, ++it) {
             ring_wait_full<STAGES>(full, it);
-            const unsigned slot = base + it % STAGES * kStageBytes;
-            wgmma_k_tile<T, NW, KB>(acc, slot + a_off, slot + b_off);
-            wgmma_wait<1>();  // tile it - 1's wgmmas retired: its slot is free
+            wgmma_k_tile<T, NW, KB>(acc, weight + kt * kWeightTileBytes + a_off, ring + it % STAGES * kSlotBytes);
+            wgmma_wait<1>();  // column it - 1's wgmmas retired: its slot is free
             if (kt > 0) mbarrier_arrive(empty + 8 * ((it - 1) % STAGES));
         }
         wgmma_wait<0>();
         mbarrier_arrive(empty + 8 * ((it - 1) % STAGES));
 #pragma unroll
         for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
-        tma_store_epilogue<T, BF, BP, NW, false, true>(acc, staging, g, bias, y_map, tile % m_blocks * BP,
-                                                       tile / m_blocks * BF);
+        tma_store_epilogue<T, BF, BP, NW, false, true>(acc, staging, g, bias, y_map, mb * BP, n0);
     }
     if (tid == 0) tma_store_drain();  // (the staging stays allocated until the stores have read it)
 #else

@@ -154,7 +154,7 @@ class WgmmaTmaTile:
     stages: int
     min_blocks: int = 1
     kbytes: int = 128
-    persistent: bool = False  # implicit_gemm_wgmma_tma_pst: where its output is stored through the TMA (else its twin)
+    persistent: bool = False  # implicit_gemm_wgmma_tma_pst where it serves (_persistent_blocks), else its _twin
     wg_p = 1
     retire = False
     wgmma = True
@@ -167,11 +167,18 @@ class WgmmaTmaTile:
 
     @property
     def smem_bytes(self) -> int:
-        """The slots or the epilogue's staging, if larger (persistent: both, the staging of 16-bit outputs), 1024
-        bytes to align them, two 8-byte barriers a slot and 16 bytes for a flag."""
-        slots = self.stages * (self.bm + self.bn) * self.kbytes
-        staging = 2 * self.bm * self.bn if self.persistent else _staging_bytes(self.bm, self.bn)
-        return (slots + staging if self.persistent else max(slots, staging)) + 1024 + 16 * self.stages + 16
+        """The slots or the epilogue's staging, if larger, 1024 bytes to align them, two 8-byte barriers a slot
+        and 16 bytes for a flag. Persistent: ``resident_smem`` but for the weight."""
+        if self.persistent:
+            return self.stages * self.bm * self.kbytes + 2 * self.bm * self.bn + 1024 + 16 * self.stages + 8
+        return (max(self.stages * (self.bm + self.bn) * self.kbytes, _staging_bytes(self.bm, self.bn)) + 1024
+                + 16 * self.stages + 16)
+
+    def resident_smem(self, k_tiles: int) -> int:
+        """A persistent block's shared memory on a reduction of ``k_tiles`` k tiles: its filters' weight (every k
+        tile), slots of im2col columns alone, the staging of 16-bit outputs, 1024 bytes to align them, the ring's
+        barriers and the weight's."""
+        return k_tiles * self.bn * self.kbytes + self.smem_bytes
 
     def kernel_name(self, ctype: str, phases: bool = False, store_tma: bool = False) -> str:
         """The instance's name; ``phases``: the one running a strided dgrad's phases in one launch; ``store_tma``:
@@ -338,15 +345,14 @@ TMA_TILES = {
     "tma64x256_k32": WgmmaTmaTile(64, 256, 8, 2, 32),     # 81 KB: two
     "tma128x128_k32": WgmmaTmaTile(128, 128, 8, 2, 32),   # 69 KB: three
     "tma128x256_k32": WgmmaTmaTile(128, 256, 8, 1, 32),   # 133 KB (the staging): one
-    # persistent (implicit_gemm_wgmma_tma_pst), their staging beside the slots
-    "ptma64x128": WgmmaTmaTile(64, 128, 3, 2, 128, True),          # 89 KB: two
-    "ptma128x128": WgmmaTmaTile(128, 128, 5, 1, 128, True),        # 193 KB: one
-    "ptma128x256": WgmmaTmaTile(128, 256, 3, 1, 128, True),        # 209 KB: one
-    "ptma128x128_k64": WgmmaTmaTile(128, 128, 4, 2, 64, True),     # 97 KB: two
-    "ptma128x256_k64": WgmmaTmaTile(128, 256, 6, 1, 64, True),     # 209 KB: one
-    "ptma64x256_k32": WgmmaTmaTile(64, 256, 7, 2, 32, True),       # 105 KB: two
-    "ptma128x128_k32": WgmmaTmaTile(128, 128, 8, 2, 32, True),     # 97 KB: two
-    "ptma128x256_k32": WgmmaTmaTile(128, 256, 8, 1, 32, True),     # 161 KB: one
+    # persistent, the weight resident (implicit_gemm_wgmma_tma_pst; KB + ring + staging, then 2 / 4 / 8 KB a k
+    # tile of the weight): the short reductions of 16 and 32 channels a tap
+    "ptma64x256_k32": WgmmaTmaTile(64, 256, 6, 2, 32, True),       # 81 KB + 2 KB a k tile
+    "ptma128x128_k32": WgmmaTmaTile(128, 128, 8, 2, 32, True),     # 65 KB + 4 KB
+    "ptma128x256_k32": WgmmaTmaTile(128, 256, 8, 1, 32, True),     # 129 KB + 4 KB
+    "ptma64x256_k64": WgmmaTmaTile(64, 256, 4, 2, 64, True),       # 97 KB + 4 KB
+    "ptma128x128_k64": WgmmaTmaTile(128, 128, 4, 2, 64, True),     # 65 KB + 8 KB
+    "ptma128x256_k64": WgmmaTmaTile(128, 256, 4, 1, 64, True),     # 129 KB + 8 KB
 }
 
 # wgrad's TMA-fed instances (wgrad_tma_tile): 64 filters x 64 channels up to 64 channels, 64 x 128 up to 128 (or
@@ -826,9 +832,9 @@ def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: 
     ``out_pixel`` (default dense: Q and 1; ``Geometry``). A TMA tile's launch encodes its maps of the input and
     the weight from the pointers it is given (``_tma.TmaLaunch``); ``store_tma``: and of the output, a dense
     channels-last (N·P·Q) × K matrix its ``implicit_gemm_wgmma_tma_st`` instance stores through the TMA, or a
-    persistent tile's ``implicit_gemm_wgmma_tma_pst`` on ``resident`` blocks (what the device's SMs hold at once;
-    elsewhere a persistent tile runs its ``_twin``)."""
-    t = pl.tile if store_tma else _twin(pl.tile)
+    persistent tile's ``implicit_gemm_wgmma_tma_pst`` on ``resident`` blocks (``_persistent_blocks``; 0: it runs
+    its ``_twin``, as it does where the output is not stored through the TMA)."""
+    t = pl.tile if store_tma and (resident or not getattr(pl.tile, "persistent", False)) else _twin(pl.tile)
     geometry = _gemm_geometry(spec, pl, m, filters, groups, grp_a, w_rows, out_strides, splits, split_tiles,
                               out_pixel)
     grid = (-(-m // t.bm), groups * pl.kp // t.bn, splits)
@@ -840,7 +846,9 @@ def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: 
     reason = tma_reason(spec, dtype, pl)
     if reason is not None:
         raise ValueError(f"implicit_gemm: tile {t} cannot run {spec}: {reason}")
-    name = t.kernel_name(_dtypes.ctype_of(dtype))
+    if store_tma:
+        _check_tma_store(spec, splits, groups, out_strides, filters)
+    name = t.kernel_name(_dtypes.ctype_of(dtype), store_tma=store_tma)
     samples = m // (spec.p * spec.q)
     if rows:  # a block per segment of bm pixels of an output row, the whole reduction (no split)
         if splits != 1:
@@ -848,19 +856,30 @@ def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: 
         box = _rows_box(_rows_band(t.bm, spec.s, spec.dilation[1]))
         maps = ((0, _tma.nhwc_rows_map(samples, spec.h, spec.w, pl.pix, box)), _weight_map(pl, groups * w_rows))
         if store_tma:
-            _check_tma_store(spec, splits, groups, out_strides, filters)
-            name = t.kernel_name(_dtypes.ctype_of(dtype), store_tma=True)
             maps += ((3, _tma.rows_map(filters, spec.q, samples * spec.p, 64, t.bm)),)
         grid = (samples * spec.p * -(-spec.q // t.bm), groups * pl.kp // t.bn, 1)
         return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), 4, (geometry,), maps, smem=smem)
     maps = _tma_gemm_maps(spec, pl, samples, groups * w_rows)
     if store_tma:
-        _check_tma_store(spec, splits, groups, out_strides, filters)
-        name = t.kernel_name(_dtypes.ctype_of(dtype), store_tma=True)
         maps += ((3, _tma.tiled_map(filters, m, 64, t.bm)),)
-        if t.persistent:  # as many blocks as the SMs hold at once, each taking every so many tiles
-            grid = (min(grid[0] * grid[1], resident), 1, 1)
+        if t.persistent:
+            grid, smem = (resident, 1, 1), t.resident_smem(pl.k_tiles)
     return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), 4, (geometry,), maps, smem=smem)
+
+
+def _persistent_blocks(tile, pl: Plan, m: int, env: "_plan.Env") -> int:
+    """The blocks a persistent ``tile`` runs ``pl``'s GEMM of ``m`` pixels on (``implicit_gemm_wgmma_tma_pst``):
+    as many as the SMs hold at once (by its shared memory with the weight resident, at most its ``min_blocks`` an
+    SM, what its registers were fitted to), a multiple of the blocks of filters, none idle; 0 where its weight and
+    ring do not fit a block's shared memory, or for another tile."""
+    if not getattr(tile, "persistent", False):
+        return 0
+    smem = tile.resident_smem(pl.k_tiles)
+    if smem > env.smem_limit:
+        return 0
+    n_blocks = pl.groups * pl.kp // tile.bn
+    held = env.sm_count * min(tile.min_blocks, env.smem_per_sm // (smem + 1024))
+    return n_blocks * max(1, min(-(-m // tile.bm), held // n_blocks))
 
 
 def _twin(tile):
@@ -1697,8 +1716,7 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
     store_tma = _TMA_STORE and tile.tma and fspec.k % 8 == 0 and b.base_aligned(b.ref(out))
     gemm = _gemm_launch(fspec, dtype, pl, m, fspec.k_per_group, pl.groups, pl.cp, pl.kp,
                         (fspec.p * fspec.q * fspec.k, 1), 1, pl.k_tiles, out_pixel=(fspec.q * fspec.k, fspec.k),
-                        store_tma=store_tma,
-                        resident=env.sm_count * resident_blocks(tile, env.smem_per_sm) if tile.tma else 0)
+                        store_tma=store_tma, resident=_persistent_blocks(tile, pl, m, env) if store_tma else 0)
     b.launch(gemm, b.ref(x), packed_w, _plan.NULL if bias_operand is None else b.ref(bias_operand), b.ref(out))
     return b.plan(STEM)
 
