@@ -44,7 +44,7 @@ __all__ = ["forward_gpu", "dgrad_gpu", "wgrad_gpu", "wgrad_tma_tile", "wgrad_tma
            "WgradTmaTile", "WGRAD_TMA_TILES", "block_diagonal_tile", "reason_unsupported", "reason_unsupported_nhwc",
            "nhwc_in_place",
            "Tile", "WgmmaTile", "WgmmaTmaTile", "WgmmaTmaRowsTile", "NchwTile", "TILES", "TMA_TILES", "TMA_ROWS_TILES",
-           "tma_reason", "rows_reason",
+           "tma_reason", "rows_reason", "persistent_tile",
            "transposed_spec", "phase_specs", "phase_tile", "wgrad_tile", "wgrad_splits", "splits_for",
            "resident_blocks", "wgmma_available", "choose_tile", "prefers_nchw", "nchw_fits", "narrow_group_tile",
            "Plan", "plan", "pack_operands", "prepare", "NAME_EXPRESSIONS", "STEM"]
@@ -1675,6 +1675,40 @@ def _packed_as_krsc(spec: ConvSpec, dtype, pl: Plan) -> bool:
 _TMA_STORE = True
 
 
+# auto's persistent tiles (persistent_tile): where a block's filters' weight fits in its shared memory beside the
+# ring and the pixels fill this many waves of the blocks the SMs hold (the weight copied once a block, not once a
+# tile: square_3x3_1024 3.7 -> 2.0 ms, ResNet-50 64@56² 23.3 -> 20.3 µs; docs/perf-notes.md)
+_PERSISTENT = True
+_PERSISTENT_MIN_WAVES = 2
+
+
+def persistent_tile(spec: ConvSpec, dtype, env: "_plan.Env"):
+    """The persistent tile (``implicit_gemm_wgmma_tma_pst``) auto runs ``spec``'s channels-last GEMM on, its output
+    stored through the TMA, or None: k tiles of 32 bytes where a tap's padded channels are an odd number of 16s,
+    else of 64; 64 filters a block up to 64, else 128; of those tiles, one whose block's weight (every k tile) fits
+    (``_persistent_blocks``) and that holds the most pixels an SM, then the most blocks; where its tiles fill
+    ``_PERSISTENT_MIN_WAVES`` waves of the blocks it runs."""
+    itemsize = numpy.dtype(dtype).itemsize
+    if not (_PERSISTENT and env.wgmma) or itemsize != 2 or spec.groups != 1:
+        return None
+    kbytes = 32 if _padded_channels(spec, itemsize) * itemsize % 64 else 64
+    bn, m = 64 if spec.k <= 64 else 128, spec.n * spec.p * spec.q
+    best, best_key = None, None
+    for t in TMA_TILES.values():
+        if not t.persistent or t.kbytes != kbytes or t.bn != bn:
+            continue
+        pl = plan(spec, dtype, t)
+        blocks = _persistent_blocks(t, pl, m, env)
+        if not blocks or tma_reason(spec, dtype, pl) is not None:
+            continue
+        per_sm = min(t.min_blocks, env.smem_per_sm // (t.resident_smem(pl.k_tiles) + 1024))
+        tiles = -(-m // t.bm) * (pl.kp // t.bn)
+        key = (per_sm * t.bm, per_sm)
+        if tiles >= _PERSISTENT_MIN_WAVES * env.sm_count * per_sm and (best_key is None or key > best_key):
+            best, best_key = t, key
+    return best
+
+
 def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, bias: bool,
                        krsc: bool = False, splits: int = None) -> "_plan.Plan":
     """A forward or stride-1 dgrad on channels-last activations (the forward of dy into dx, the pack reading the
@@ -1693,6 +1727,7 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
         diagonal = block_diagonal_tile(spec, dtype)
         if diagonal is not None and (tile is diagonal or (tile is None and env.wgmma)):
             return _block_diagonal_plan(spec, dtype, env, bias, krsc)
+    auto = tile is None
     tile = tile or choose_tile(fspec, dtype, env.wgmma, nchw=False, rows=_unsplit(splits))
     if tile.nchw:
         raise ValueError(f"implicit_gemm: tile {tile} gathers NCHW; channels-last inputs take a packed tile")
@@ -1702,6 +1737,8 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
         ("dy", "w", None, "dx")
     if not nhwc_in_place(fspec, dtype):
         return _forward_plan(pass_, fspec, dtype, env, tile, splits, operands, nhwc=True, krsc=krsc)
+    if auto and _TMA_STORE and fspec.k % 8 == 0 and b.base_aligned(b.ref(operands[3])):
+        tile = persistent_tile(fspec, dtype, env) or tile
     pl = plan(fspec, dtype, tile, env.workspace_limit)
     m = fspec.n * fspec.p * fspec.q
     if m * fspec.k >= _INT_MAX or fspec.n * fspec.h * fspec.w * fspec.c >= _INT_MAX:
