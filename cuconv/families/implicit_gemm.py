@@ -1680,14 +1680,15 @@ _TMA_STORE = True
 # tile: square_3x3_1024 3.7 -> 2.0 ms, ResNet-50 64@56² 23.3 -> 20.3 µs; docs/perf-notes.md)
 _PERSISTENT = True
 _PERSISTENT_MIN_WAVES = 2
+_PERSISTENT_MIN_PIXELS = 256  # an SM's blocks' pixels (VGG-11 64@112² -> 128: one 128 x 128 block an SM, 1.14x slower)
 
 
 def persistent_tile(spec: ConvSpec, dtype, env: "_plan.Env"):
     """The persistent tile (``implicit_gemm_wgmma_tma_pst``) auto runs ``spec``'s channels-last GEMM on, its output
     stored through the TMA, or None: k tiles of 32 bytes where a tap's padded channels are an odd number of 16s,
     else of 64; 64 filters a block up to 64, else 128; of those tiles, one whose block's weight (every k tile) fits
-    (``_persistent_blocks``) and that holds the most pixels an SM, then the most blocks; where its tiles fill
-    ``_PERSISTENT_MIN_WAVES`` waves of the blocks it runs."""
+    (``_persistent_blocks``) and that holds the most pixels an SM (``_PERSISTENT_MIN_PIXELS`` at least), then the
+    most blocks; where its tiles fill ``_PERSISTENT_MIN_WAVES`` waves of the blocks it runs."""
     itemsize = numpy.dtype(dtype).itemsize
     if not (_PERSISTENT and env.wgmma) or itemsize != 2 or spec.groups != 1:
         return None
@@ -1704,7 +1705,8 @@ def persistent_tile(spec: ConvSpec, dtype, env: "_plan.Env"):
         per_sm = min(t.min_blocks, env.smem_per_sm // (t.resident_smem(pl.k_tiles) + 1024))
         tiles = -(-m // t.bm) * (pl.kp // t.bn)
         key = (per_sm * t.bm, per_sm)
-        if tiles >= _PERSISTENT_MIN_WAVES * env.sm_count * per_sm and (best_key is None or key > best_key):
+        if (key[0] >= _PERSISTENT_MIN_PIXELS and tiles >= _PERSISTENT_MIN_WAVES * env.sm_count * per_sm
+                and (best_key is None or key > best_key)):
             best, best_key = t, key
     return best
 
