@@ -4,7 +4,7 @@
 // over 16·R·S products per output, too few to fill a GEMM tile: what costs is moving the input and the output,
 // which here each cross DRAM once, and waiting for the staging's loads (hence four blocks an SM).
 //
-// Kernel   grouped_mma<T, kDgrad, kNhwc>(x, w, bias, out, ConvGeometry, GroupedMmaTiling)
+// Kernel   grouped_mma<T, kDgrad, kNhwc, kKrsc>(x, w, bias, out, ConvGeometry, GroupedMmaTiling)
 //   T       storage type: __half and __nv_bfloat16 (m16n8k16), float computed as TF32 (m16n8k8, operands
 //           rounded with cvt.rna as they are staged); fp32 accumulation, bias added in fp32, one rounding.
 //   kDgrad  the geometry is the forward convolution of dy whose output is dx (stride 1: dgrad_forward.py) and
@@ -13,6 +13,7 @@
 //   kNhwc   x (N, H, W, C) and out (N, P, Q, K), dense, on 16-byte boundaries: a staged position's four groups'
 //           channels are 128 (float: 256) contiguous bytes, read as 16-byte vectors of four words, and a lane
 //           stores its two adjacent filters of a pixel as one word (float: 8 bytes).
+//   kKrsc   (with kNhwc) w channels-last, (K, R, S, C/groups) in memory, as a channels_last model's weight is.
 //
 // Layouts: x (N, C, H, W), w (K, C/groups, R, S), out (N, K, P, Q), bias (K,) or a null pointer; contiguous.
 //
@@ -73,15 +74,18 @@ template <typename T> __device__ __forceinline__ void store_pair(T* __restrict__
 // The 32-bit word of channels c and c + 1 (16-bit types; float: channel c) of weight tap `tap` for filter f of
 // group g, as the MMA's B operand takes it: B[k = channel][n = filter]. From global memory, where every block of
 // the group finds it in L2: in shared memory it would take the space of the bands' rows.
-template <typename T, bool kDgrad>
+// kKrsc: the weight channels-last, (K, R, S, C/groups) in memory.
+template <typename T, bool kDgrad, bool kKrsc>
 __device__ __forceinline__ unsigned weight_word(const T* __restrict__ w, int g, int f, int c, int tap, int taps) {
     unsigned word = 0;
 #pragma unroll
     for (int e = 0; e < Words<T>::per; ++e) {
         // forward: w[g·16 + f][c][tap]; dgrad: the forward of dy's filter f is the layer's channel f, its channel
         // c the layer's filter g·16 + c, and its tap the flipped one
-        const i64 i = kDgrad ? (static_cast<i64>(g * kWidth + c + e) * kWidth + f) * taps + (taps - 1 - tap)
-                             : (static_cast<i64>(g * kWidth + f) * kWidth + c + e) * taps + tap;
+        const int k = kDgrad ? g * kWidth + c + e : g * kWidth + f, ch = kDgrad ? f : c + e;
+        const int t = kDgrad ? taps - 1 - tap : tap;
+        const i64 i = kKrsc ? (static_cast<i64>(k) * taps + t) * kWidth + ch
+                            : (static_cast<i64>(k) * kWidth + ch) * taps + t;
         cuconv::put_bits(word, e, staged<T>(w[i]));
     }
     return word;
@@ -89,7 +93,7 @@ __device__ __forceinline__ unsigned weight_word(const T* __restrict__ w, int g, 
 
 }  // namespace
 
-template <typename T, bool kDgrad, bool kNhwc>
+template <typename T, bool kDgrad, bool kNhwc, bool kKrsc = false>
 __global__ void __launch_bounds__(kGroupsPerBlock * 32, kMinBlocks)
 grouped_mma(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ out,
             const cuconv::ConvGeometry geo, const GroupedMmaTiling t) {
@@ -127,9 +131,9 @@ grouped_mma(const T* __restrict__ x, const T* __restrict__ w, const T* __restric
                     for (int h = 0; h < 2; ++h) {
                         // (16-bit: channels 2tq, 2tq + 1 and 2tq + 8, 2tq + 9; TF32 step j: 8j + tq and 8j + tq + 4)
                         const int c = kPer == 2 ? 2 * tq : 8 * j + tq;
-                        b[tap][j][h][0] = weight_word<T, kDgrad>(w, g0 + gl, 8 * h + gq, c, tap, taps);
-                        b[tap][j][h][1] = weight_word<T, kDgrad>(w, g0 + gl, 8 * h + gq, c + (kPer == 2 ? 8 : 4),
-                                                                 tap, taps);
+                        b[tap][j][h][0] = weight_word<T, kDgrad, kKrsc>(w, g0 + gl, 8 * h + gq, c, tap, taps);
+                        b[tap][j][h][1] = weight_word<T, kDgrad, kKrsc>(w, g0 + gl, 8 * h + gq,
+                                                                        c + (kPer == 2 ? 8 : 4), tap, taps);
                     }
             }
         }

@@ -364,6 +364,31 @@ def test_custom_ops_fake_strides_are_the_real_ones(x_shape, w_shape):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_grouped_channels_last_layer_reads_its_weight_in_place(dtype):
+    """RegNet's stride-1 layers of 16-channel groups, channels-last: the forward (a block-diagonal weight) and the
+    dgrad (grouped_mma) both read the channels-last weight where it is, so no pass copies it (a copy kernel a
+    step where the dgrad's plan took KCRS weights), and its gradient comes back channels-last."""
+    import cuconv.nn
+    from cuconv.nn import functional
+
+    net = cuconv.nn.Conv2d(320, 320, 3, padding=1, groups=20, bias=False).to("cuda", dtype).to(memory_format=CL)
+    x = torch.randn(8, 320, 14, 14, device="cuda", dtype=dtype).contiguous(memory_format=CL).requires_grad_()
+    functional._layers.clear()
+
+    def step():
+        z = net(x)
+        return torch.autograd.grad(z, [x, net.weight], torch.ones_like(z))
+    step()
+    layer, = functional._layers.values()
+    assert layer.w_format is CL and layer.nhwc["dgrad"] == "grouped_mma", (layer.w_format, layer.nhwc)
+    names = _kernels(step)
+    assert names and not [n for n in names if "at::native" in n and "fill" not in n], names
+    dx, dw = step()
+    assert dx.is_contiguous(memory_format=CL) and dw.stride() == net.weight.stride()
+
+
+@pytest.mark.gpu
 def test_warmup_of_a_channels_last_model_plans_its_weights_in_place():
     """cuconv.nn.warmup on a channels-last model makes the layers its calls would: the channels-last weight read
     where it is (no copy a call) and its gradient channels-last."""

@@ -23,8 +23,8 @@ WIDTH = 16             # channels and filters a group (kWidth)
 GROUPS_PER_BLOCK = 4   # kGroupsPerBlock
 MAX_TAPS = 9           # kMaxTaps: the weight's B fragments are registers
 _TYPES = ("__half", "__nv_bfloat16", "float")
-NAME_EXPRESSIONS = tuple(f"grouped_mma<{t},{str(d).lower()},{str(nhwc).lower()}>" for t in _TYPES for d in (False, True)
-                         for nhwc in (False, True))
+NAME_EXPRESSIONS = tuple(f"grouped_mma<{t},{str(d).lower()},{nhwc}>" for t in _TYPES for d in (False, True)
+                         for nhwc in ("false", "true", "true,true"))
 GROUPED_MMA_TILING_DTYPE = numpy.dtype([(f, numpy.int32) for f in (
     "rows", "halo_rows", "halo_cols", "phase_cols", "plane", "m_tiles")])
 # Output pixels a block aims at (its bands are whole output rows) and the shared memory it keeps below where
@@ -114,22 +114,25 @@ def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precisi
 
 
 def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
-            layout: str = "nchw") -> "_plan.Plan":
+            layout: str = "nchw", weights: str = "kcrs") -> "_plan.Plan":
     """The plan of ``pass_`` (see ``cuconv._plan``): one launch, the forward's or (dgrad) the forward of dy's with
-    the weight read transposed and flipped; ``layout="nhwc"``: the activations channels-last in memory (the weight
-    KCRS)."""
+    the weight read transposed and flipped; ``layout="nhwc"``: the activations channels-last in memory, the weight
+    KCRS or (``weights="krsc"``) channels-last too, read where it is."""
     reason = reason_unsupported(spec, dtype, pass_, precision, env)
     if reason is not None:
         raise ValueError(f"grouped_mma cannot run this {pass_}: {reason}")
     if layout not in ("nchw", "nhwc"):
         raise ValueError(f"grouped_mma: unknown layout {layout!r}")
+    if weights not in ("kcrs", "krsc") or (weights == "krsc" and layout != "nhwc"):
+        raise ValueError(f"grouped_mma: no {weights!r} weights with {layout!r} activations")
     b = _plan.Builder(pass_, env)
     fspec = _forward(spec, pass_)
     if fspec.n * fspec.k * fspec.p * fspec.q:
         values, threads, smem = tiling(fspec, dtype, env.smem_limit)
         grid = (-(-fspec.p // values[0]), -(-fspec.groups // GROUPS_PER_BLOCK), fspec.n)
         dgrad = pass_ == "dgrad"
-        name = f"grouped_mma<{_dtypes.ctype_of(dtype)},{str(dgrad).lower()},{str(layout == 'nhwc').lower()}>"
+        form = "false" if layout == "nchw" else "true,true" if weights == "krsc" else "true"
+        name = f"grouped_mma<{_dtypes.ctype_of(dtype)},{str(dgrad).lower()},{form}>"
         launch = _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (threads, 1, 1), 4,
                                  (_loader.conv_geometry(fspec),
                                   numpy.array(values, dtype=GROUPED_MMA_TILING_DTYPE)[()]), smem)

@@ -187,16 +187,21 @@ def _nhwc(a):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("weights", ["kcrs", "krsc"])
 @pytest.mark.parametrize("dtype_name,precision", MODES)
 @pytest.mark.parametrize("case", MMA_CASES)
-def test_channels_last_equals_cpu_exactly_on_integers(case, dtype_name, precision):
-    """``layout="nhwc"`` (x and out, dy and dx channels-last in memory; the weight KCRS): the forward and, where
-    it serves it (stride 1), the dgrad bit for bit the CPU path on integers, into NaN-poisoned outputs."""
+def test_channels_last_equals_cpu_exactly_on_integers(case, dtype_name, precision, weights):
+    """``layout="nhwc"`` (x and out, dy and dx channels-last in memory; the weight KCRS or channels-last too): the
+    forward and, where it serves it (stride 1), the dgrad bit for bit the CPU path on integers, into NaN-poisoned
+    outputs."""
     import cupy
+
+    def weight(w):
+        return _nhwc(w) if weights == "krsc" else w
 
     def forward(x, w, b, spec, out):
         y = cupy.full((spec.n, spec.p, spec.q, spec.k), numpy.nan, dtype=out.dtype)
-        _plan_run("fprop", spec, precision, (_nhwc(x), w, b, y), layout="nhwc")
+        _plan_run("fprop", spec, precision, (_nhwc(x), weight(w), b, y), layout="nhwc", weights=weights)
         out[...] = y.transpose(0, 3, 1, 2)
 
     assert_forward_equals_cpu_on_integers(case, dtype_name, 8, forward)
@@ -208,6 +213,7 @@ def test_channels_last_equals_cpu_exactly_on_integers(case, dtype_name, precisio
     dy = numpy.random.default_rng(10).integers(-3, 4, size=spec.output_shape).astype(numpy.float64)
     want = cuconv.conv2d_input(spec.input_shape, w.astype(dtype), dy.astype(dtype), **case.kwargs)
     dx = cupy.full((spec.n, spec.h, spec.w, spec.c), numpy.nan, dtype=dtype)
-    _plan_run("dgrad", spec, precision, (_nhwc(to_gpu(dy, dtype)), to_gpu(w, dtype), dx), layout="nhwc")
+    _plan_run("dgrad", spec, precision, (_nhwc(to_gpu(dy, dtype)), weight(to_gpu(w, dtype)), dx), layout="nhwc",
+              weights=weights)
     numpy.testing.assert_array_equal(cupy.asnumpy(dx.transpose(0, 3, 1, 2)).astype(numpy.float64),
                                      want.astype(numpy.float64))
