@@ -373,7 +373,7 @@ def test_a_grouped_channels_last_layer_reads_its_weight_in_place(dtype):
     from cuconv.nn import functional
 
     net = cuconv.nn.Conv2d(320, 320, 3, padding=1, groups=20, bias=False).to("cuda", dtype).to(memory_format=CL)
-    x = torch.randn(8, 320, 14, 14, device="cuda", dtype=dtype).contiguous(memory_format=CL).requires_grad_()
+    x = torch.randn(32, 320, 14, 14, device="cuda", dtype=dtype).contiguous(memory_format=CL).requires_grad_()
     functional._layers.clear()
 
     def step():
