@@ -93,17 +93,7 @@ def tiled_map(cols: int, rows: int, box_cols: int, box_rows: int):
     """The encoder of a tiled map over a row-major matrix of 16-bit elements (``rows`` × ``cols``): a copy moves
     ``box_rows`` rows of ``box_cols`` columns (16, 32 or 64: 32, 64 or 128 bytes a row, swizzled). Returns
     ``encode(dst, address)``."""
-    dims = (ctypes.c_uint64 * 2)(cols, rows)
-    strides = (ctypes.c_uint64 * 1)(2 * cols)
-    box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
-    steps = (ctypes.c_uint32 * 2)(1, 1)
-    swizzle = _SWIZZLE[2 * box_cols]
-
-    def encode(dst: int, address: int) -> None:
-        _check(_driver()[1](dst, _UINT16, 2, address, dims, strides, box, steps, _INTERLEAVE_NONE, swizzle,
-                            _L2_PROMOTION_128B, _OOB_FILL_ZEROS),
-               f"cuTensorMapEncodeTiled(cols={cols}, rows={rows}, box={box_cols}x{box_rows})")
-    return encode
+    return _tiled((cols, rows), (box_cols, box_rows), f"cols={cols}, rows={rows}, box={box_cols}x{box_rows}")
 
 
 def rows_map(cols: int, mid: int, rows: int, box_cols: int, box_mid: int):
@@ -111,16 +101,27 @@ def rows_map(cols: int, mid: int, rows: int, box_cols: int, box_mid: int):
     copies move ``box_mid`` × ``box_cols`` of one row (``box_cols`` 16, 32 or 64: 32, 64 or 128 bytes, swizzled):
     a channels-last output as N·P rows of Q pixels of K filters, a box ending where its row does. Returns
     ``encode(dst, address)``."""
-    dims = (ctypes.c_uint64 * 3)(cols, mid, rows)
-    strides = (ctypes.c_uint64 * 2)(2 * cols, 2 * cols * mid)
-    box = (ctypes.c_uint32 * 3)(box_cols, box_mid, 1)
-    steps = (ctypes.c_uint32 * 3)(1, 1, 1)
-    swizzle = _SWIZZLE[2 * box_cols]
+    return _tiled((cols, mid, rows), (box_cols, box_mid, 1),
+                  f"rows={rows}, mid={mid}, cols={cols}, box={box_cols}x{box_mid}")
+
+
+def _tiled(sizes: tuple, box: tuple, what: str):
+    """The encoder of a tiled map over a dense row-major tensor of 16-bit elements of ``sizes`` (innermost first),
+    copies of ``box``, swizzled by the box's row of ``2 · box[0]`` bytes; ``what`` names it in errors."""
+    rank = len(sizes)
+    dims = (ctypes.c_uint64 * rank)(*sizes)
+    pitches = [2 * sizes[0]]
+    for size in sizes[1:-1]:
+        pitches.append(pitches[-1] * size)
+    strides = (ctypes.c_uint64 * (rank - 1))(*pitches)
+    boxes = (ctypes.c_uint32 * rank)(*box)
+    steps = (ctypes.c_uint32 * rank)(*([1] * rank))
+    swizzle = _SWIZZLE[2 * box[0]]
 
     def encode(dst: int, address: int) -> None:
-        _check(_driver()[1](dst, _UINT16, 3, address, dims, strides, box, steps, _INTERLEAVE_NONE, swizzle,
+        _check(_driver()[1](dst, _UINT16, rank, address, dims, strides, boxes, steps, _INTERLEAVE_NONE, swizzle,
                             _L2_PROMOTION_128B, _OOB_FILL_ZEROS),
-               f"cuTensorMapEncodeTiled(rows={rows}, mid={mid}, cols={cols}, box={box_cols}x{box_mid})")
+               f"cuTensorMapEncodeTiled({what})")
     return encode
 
 
