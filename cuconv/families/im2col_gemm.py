@@ -281,10 +281,27 @@ def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precisi
     (N·P·Q, R·S·C). The column matrix lives in the workspace."""
     reason = _nhwc_shape_reason(spec, pass_)
     if reason is None and not pointwise_nhwc(spec):
-        need, limit = _column_bytes(spec, dtype), (limits or _plan.current_limits()).workspace_limit
+        limit = (limits or _plan.current_limits()).workspace_limit
+        need = _column_bytes(spec if _wgrad_by_images(pass_, spec, dtype) is None else _one_image(spec), dtype)
         if need > limit:
             return f"its column matrix needs {need} bytes of workspace (> {limit})"
     return reason
+
+
+def _one_image(spec: ConvSpec) -> ConvSpec:
+    return dataclasses.replace(spec, n=1)
+
+
+def _wgrad_by_images(pass_: str, spec: ConvSpec, dtype, limit: int = None):
+    """Images a channels-last wgrad's column matrix holds at a time where all of them do not fit ``limit``
+    (default: any), or None: a float32 or float64 dW then sums one GEMM of those images' column matrix after
+    another in place (beta 1); a 16-bit one would round each partial sum, so it takes the whole matrix or none."""
+    if pass_ != "wgrad" or numpy.dtype(dtype).itemsize < 4 or pointwise_nhwc(spec):
+        return None
+    if limit is None:
+        return 1
+    per_image = _column_bytes(_one_image(spec), dtype)
+    return None if spec.n * per_image <= limit else max(1, limit // per_image)
 
 
 def _nhwc_steps(b, pass_: str, spec: ConvSpec, dtype, precision: str, bias: bool, krsc: bool) -> None:
@@ -292,11 +309,16 @@ def _nhwc_steps(b, pass_: str, spec: ConvSpec, dtype, precision: str, bias: bool
     fprop outᵀ (K × pixels) = Wᵀ-op (K × C) · xᵀ (C × pixels), the bias in the epilogue;
     dgrad dxᵀ (C × pixels) = W (C × K, as stored) · dyᵀ (K × pixels);
     wgrad dWᵀ (R·S·C × K) = colᵀ (R·S·C × pixels) · dy-op (pixels × K): the reduction over every pixel in
-    one GEMM, no per-sample partial sums.
+    one GEMM, no per-sample partial sums (but in float32 and float64 where the column matrix does not fit the
+    workspace: ``_nhwc_wgrad_by_images``).
     A 1x1 layer at stride 1 reads x and writes dx as they are (pixels = N·H·W). Elsewhere the pixels are the
     N·P·Q outputs' and x comes through the column matrix in the workspace (``im2col_nhwc``: a row's taps in (r, s,
     c) order for a channels-last dW, (c, r, s) for a KCRS one); a strided 1x1 dgrad writes there and then spreads
     it over dx with zeros between its pixels (``col2im_pixels_nhwc``)."""
+    images = _wgrad_by_images(pass_, spec, dtype, b.env.workspace_limit)
+    if images is not None:
+        _nhwc_wgrad_by_images(b, spec, dtype, precision, krsc, images)
+        return
     k, pixels, row = spec.k, spec.n * spec.p * spec.q, spec.c
     x, dx = b.ref("x") if pass_ != "dgrad" else None, b.ref("dx") if pass_ == "dgrad" else None
     if not pointwise_nhwc(spec):
@@ -321,6 +343,21 @@ def _nhwc_steps(b, pass_: str, spec: ConvSpec, dtype, precision: str, bias: bool
             b.launch(_col2im.pixels_nhwc_launch(spec, dtype, b.base_aligned(b.ref("dx"))), dx, b.ref("dx"))
     else:
         b.gemm(dtype, precision, row, k, pixels, x, row, 0, b.ref("dy"), k, 0, b.ref("dw"), row, 0, 1, trans_b="T")
+
+
+def _nhwc_wgrad_by_images(b, spec: ConvSpec, dtype, precision: str, krsc: bool, images: int) -> None:
+    """A channels-last wgrad whose column matrix does not fit the workspace (``_wgrad_by_images``): for each run of
+    ``images`` images, their column matrix, then dWᵀ += its GEMM with their dy (the first run's overwrites)."""
+    row, item = spec.r * spec.s * spec.c, numpy.dtype(dtype).itemsize
+    col = b.take(_column_bytes(dataclasses.replace(spec, n=images), dtype))
+    for n0 in range(0, spec.n, images):
+        part = dataclasses.replace(spec, n=min(images, spec.n - n0))
+        x = b.ref("x", n0 * spec.h * spec.w * spec.c * item)
+        aligned = b.base_aligned(x) and x[1] % 16 == 0
+        b.launch(_im2col.im2col_nhwc_launch(part, dtype, aligned, spec.r * spec.s > 1 and not krsc), x, col)
+        b.gemm(dtype, precision, row, spec.k, part.n * spec.p * spec.q, col, row, 0,
+               b.ref("dy", n0 * spec.p * spec.q * spec.k * item), spec.k, 0, b.ref("dw"), row, 0, 1,
+               0.0 if n0 == 0 else 1.0, trans_b="T")
 
 
 class _BatchedGemm:

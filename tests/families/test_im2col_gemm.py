@@ -340,6 +340,26 @@ def test_pointwise_nhwc_gemms_on_host_memory(x_shape, k, dtype, monkeypatch):
     numpy.testing.assert_array_equal(dw, cuconv.conv2d_weight(nchw(x), w.shape, nchw(dy)))
 
 
+def test_a_float_wgrad_whose_column_matrix_does_not_fit_takes_it_by_images():
+    """Channels-last wgrads in float32/float64 whose column matrix (N·P·Q, R·S·C) exceeds the workspace gather and
+    reduce as many images at a time as it holds (``square_3x3_1024`` in TF32: 9.6 GB); 16-bit ones, whose partial
+    sums would be rounded, and anything where one image's does not fit, are refused."""
+    from cuconv import _plan
+    from cuconv.families import im2col_gemm
+
+    spec = ConvSpec.from_args((16, 16, 1024, 1024), (128, 16, 3, 3))
+    one = im2col_gemm._column_bytes(ConvSpec.from_args((1, 16, 1024, 1024), (128, 16, 3, 3)), numpy.float32)
+    for limit, images in ((GiB, 1), (3 * one, 3), (16 * one, None), (one - 1, 0)):
+        limits = _plan.Limits(227 << 10, True, limit)
+        reason = im2col_gemm.reason_unsupported_nhwc(spec, numpy.float32, "wgrad", limits=limits)
+        assert (reason is None) == (images != 0), (limit, reason)
+        if images != 0:
+            assert im2col_gemm._wgrad_by_images("wgrad", spec, numpy.float32, limit) == images
+    assert "workspace" in im2col_gemm.reason_unsupported_nhwc(spec, numpy.float16, "wgrad",
+                                                              limits=_plan.Limits(227 << 10, True, GiB))
+    assert im2col_gemm._wgrad_by_images("fprop", spec, numpy.float32, GiB) is None
+
+
 def test_pointwise_nhwc_only_for_plain_1x1_layers():
     """Channels-last plans of im2col_gemm: unpadded 1x1 layers of one group, at stride 1 on the tensors as they are,
     at a larger stride through a column matrix of the pixels read; padded, grouped and k x k layers refused."""
@@ -435,7 +455,8 @@ def test_strided_pointwise_nhwc_passes_equal_cpu_exactly_on_integers(x_shape, k,
 def test_columns_wgrad_nhwc_equals_cpu_exactly_on_integers(x_shape, w_shape, kwargs, dtype_name, weights):
     """The wgrad of layers of one group on channels-last x and dy as one GEMM of dy by the column matrix
     (N·P·Q, R·S·C) gathered into the workspace, dW channels-last (a row's taps in (r, s, c) order) or KCRS ((c, r,
-    s) order): bit for bit the CPU path's on integers, into a NaN-poisoned dW."""
+    s) order): bit for bit the CPU path's on integers, into a NaN-poisoned dW. In float32, also with a workspace
+    of one image's column matrix: a gather and a GEMM an image, summed in dW."""
     import cupy
 
     import cuconv
@@ -456,8 +477,18 @@ def test_columns_wgrad_nhwc_equals_cpu_exactly_on_integers(x_shape, w_shape, kwa
     krsc = weights == "krsc"
     k, c, r, s = w_shape
     dw = cupy.full((k, r, s, c) if krsc else w_shape, numpy.nan, dtype=dtype)
-    plan = registry.prepare("im2col_gemm", "wgrad", spec, dtype, "tf32", _plan.current_env(xg, dyg, dw),
-                            layout="nhwc", weights=weights)
+    env = _plan.current_env(xg, dyg, dw)
+    plan = registry.prepare("im2col_gemm", "wgrad", spec, dtype, "tf32", env, layout="nhwc", weights=weights)
     _plan.run_arrays(plan, xg, dyg, dw)
     got = cupy.asnumpy(dw.transpose(0, 3, 1, 2) if krsc else dw).astype(numpy.float64)
-    numpy.testing.assert_array_equal(got, cuconv.conv2d_weight(x, w_shape, dy, **kwargs).astype(numpy.float64))
+    want = cuconv.conv2d_weight(x, w_shape, dy, **kwargs).astype(numpy.float64)
+    numpy.testing.assert_array_equal(got, want)
+    if dtype.itemsize == 4 and spec.n > 1:
+        one = im2col_gemm._column_bytes(ConvSpec.from_args((1,) + x_shape[1:], w_shape, **kwargs), dtype)
+        plan = im2col_gemm.prepare("wgrad", spec, dtype, "tf32", env._replace(workspace_limit=one), layout="nhwc",
+                                   weights=weights)
+        assert len(plan.steps) == 2 * spec.n and plan.workspace <= one + 256
+        dw.fill(numpy.nan)
+        _plan.run_arrays(plan, xg, dyg, dw)
+        got = cupy.asnumpy(dw.transpose(0, 3, 1, 2) if krsc else dw).astype(numpy.float64)
+        numpy.testing.assert_array_equal(got, want)
