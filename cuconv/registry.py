@@ -35,8 +35,7 @@ LAYOUTS = ("nchw", "nhwc")
 # Memory layouts of the weight (and of wgrad's dW): "kcrs" (C-contiguous (K, C/groups, R, S)) and "krsc"
 # (channels-last: (K, R, S, C/groups) in memory), the second with channels-last activations, for the families of
 # _KRSC_FAMILIES (implicit_gemm's packs read it, im2col_gemm's wgrad orders its column matrix so, grouped_mma reads
-# its B fragments from it; 1x1 and
-# depthwise weights are the same memory either way).
+# its B fragments from it; 1x1 and depthwise weights are the same memory either way).
 WEIGHT_LAYOUTS = ("kcrs", "krsc")
 _KRSC_FAMILIES = ("implicit_gemm", "im2col_gemm", "grouped_mma")
 

@@ -1129,7 +1129,6 @@ __host__ __device__ constexpr int dw_tile_row_words(int hc, int sr) {
     return rp;
 }
 
-
 template <typename T, int KR, int SR, int QT>
 __global__ void __launch_bounds__(256)
 depthwise_nhwc_fwd_tile(const T* __restrict__ x, const T* __restrict__ wt, const T* __restrict__ bias,

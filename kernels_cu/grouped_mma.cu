@@ -93,7 +93,7 @@ __device__ __forceinline__ unsigned weight_word(const T* __restrict__ w, int g, 
 
 }  // namespace
 
-template <typename T, bool kDgrad, bool kNhwc, bool kKrsc = false>
+template <typename T, bool kDgrad, bool kNhwc, bool kKrsc>
 __global__ void __launch_bounds__(kGroupsPerBlock * 32, kMinBlocks)
 grouped_mma(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ out,
             const cuconv::ConvGeometry geo, const GroupedMmaTiling t) {

@@ -1385,6 +1385,35 @@ __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigne
 
 namespace cuconv {
 namespace igemm {
+#ifdef CUCONV_IGEMM_WGMMA
+// A TMA producer's walk over the im2col columns of a block's BP output pixels from m0 (the first one's window
+// origin w0, h0 in image img), from k tile kt0 on: each k tile's channel block, kernel column and row, stepped a
+// tile at a time (no division a tile). copy: the tile's column of TK channels from channel c0 + its block's.
+template <int TK>
+struct Im2colWalk {
+    int img, w0, h0, cblocks, cb, sc, r;
+    __device__ __forceinline__ Im2colWalk(const Geometry& g, int m0, int kt0) {
+        const int pq = g.p * g.q;
+        img = m0 / pq;
+        const int rem = m0 - img * pq, op = rem / g.q, oq = rem - op * g.q;
+        w0 = oq * g.stride_w - g.pad_w, h0 = op * g.stride_h - g.pad_h;
+        cblocks = g.cp / TK;
+        cb = kt0 % cblocks, sc = kt0 / cblocks % g.s, r = kt0 / cblocks / g.s;
+    }
+    __device__ __forceinline__ void copy(unsigned dst, const TensorMap& map, const Geometry& g, int c0,
+                                         unsigned bar) const {
+        tma_im2col_4d(dst, map, c0 + cb * TK, w0, h0, img, static_cast<unsigned short>(sc * g.dil_w),
+                      static_cast<unsigned short>(r * g.dil_h), bar);
+    }
+    __device__ __forceinline__ void next(const Geometry& g) {
+        if (++cb == cblocks) {
+            cb = 0;
+            if (++sc == g.s) sc = 0, ++r;
+        }
+    }
+};
+#endif
+
 // implicit_gemm_wgmma_tma's block (m_block, n_block) of k range `split`, on geometry g and the maps of its input
 // and weight (grid constants: kernel parameters, or members of one).
 template <typename T, int BF, int BP, int STAGES, int KB>
@@ -1423,22 +1452,13 @@ __device__ __forceinline__ void wgmma_tma_block(const T* __restrict__ x, const T
 
     if (tid >= kConsumers) {  // the producer warp: its first lane issues every copy
         if (tid != kConsumers) return;
-        const int pq = g.p * g.q;
-        const int img = m0 / pq, rem = m0 - img * pq, op = rem / g.q, oq = rem - op * g.q;
-        const int w0 = oq * g.stride_w - g.pad_w, h0 = op * g.stride_h - g.pad_h;
-        const int cblocks = g.cp / TK;
-        // k tile kt0's channel block, kernel column and row; then each tile steps them (no division a tile)
-        int cb = kt0 % cblocks, sc = kt0 / cblocks % g.s, r = kt0 / cblocks / g.s;
+        Im2colWalk<TK> walk(g, m0, kt0);
         for (int kt = 0; kt < k_tiles; ++kt) {
             const int s = kt % STAGES;
             const unsigned slot = base + s * kStageBytes, bar = ring_fill<STAGES>(full, empty, kt, kStageBytes);
             tma_tile_2d(slot, w_map, (kt0 + kt) * TK, n0, bar);
-            tma_im2col_4d(slot + BF * kRowBytes, x_map, (g.block_diag ? n0 : 0) + cb * TK, w0, h0, img,
-                          static_cast<unsigned short>(sc * g.dil_w), static_cast<unsigned short>(r * g.dil_h), bar);
-            if (++cb == cblocks) {
-                cb = 0;
-                if (++sc == g.s) sc = 0, ++r;
-            }
+            walk.copy(slot + BF * kRowBytes, x_map, g, g.block_diag ? n0 : 0, bar);
+            walk.next(g);
         }
         return;
     }
@@ -1557,21 +1577,13 @@ implicit_gemm_wgmma_tma_pst(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::
         mbarrier_expect_bytes(weight_full, g.k_tiles * kWeightTileBytes);
         for (int kt = 0; kt < g.k_tiles; ++kt)
             tma_tile_2d(weight + kt * kWeightTileBytes, w_map, kt * TK, n0, weight_full);
-        const int pq = g.p * g.q, cblocks = g.cp / TK;
         int it = 0;  // the ring's count runs on across tiles
         for (int mb = first; mb < m_blocks; mb += step) {
-            const int m0 = mb * BP;
-            const int img = m0 / pq, rem = m0 - img * pq, op = rem / g.q, oq = rem - op * g.q;
-            const int w0 = oq * g.stride_w - g.pad_w, h0 = op * g.stride_h - g.pad_h;
-            int cb = 0, sc = 0, r = 0;
+            Im2colWalk<TK> walk(g, mb * BP, 0);
             for (int kt = 0; kt < g.k_tiles; ++kt, ++it) {
                 const unsigned bar = ring_fill<STAGES>(full, empty, it, kSlotBytes);
-                tma_im2col_4d(ring + it % STAGES * kSlotBytes, x_map, cb * TK, w0, h0, img,
-                              static_cast<unsigned short>(sc * g.dil_w), static_cast<unsigned short>(r * g.dil_h), bar);
-                if (++cb == cblocks) {
-                    cb = 0;
-                    if (++sc == g.s) sc = 0, ++r;
-                }
+                walk.copy(ring + it % STAGES * kSlotBytes, x_map, g, 0, bar);
+                walk.next(g);
             }
         }
         return;

@@ -23,8 +23,10 @@ WIDTH = 16             # channels and filters a group (kWidth)
 GROUPS_PER_BLOCK = 4   # kGroupsPerBlock
 MAX_TAPS = 9           # kMaxTaps: the weight's B fragments are registers
 _TYPES = ("__half", "__nv_bfloat16", "float")
-NAME_EXPRESSIONS = tuple(f"grouped_mma<{t},{str(d).lower()},{nhwc}>" for t in _TYPES for d in (False, True)
-                         for nhwc in ("false", "true", "true,true"))
+# (kNhwc, kKrsc): NCHW; channels-last activations with a KCRS weight; with a channels-last weight
+_FORMS = ((False, False), (True, False), (True, True))
+NAME_EXPRESSIONS = tuple(f"grouped_mma<{t},{str(d).lower()},{str(nhwc).lower()},{str(krsc).lower()}>"
+                         for t in _TYPES for d in (False, True) for nhwc, krsc in _FORMS)
 GROUPED_MMA_TILING_DTYPE = numpy.dtype([(f, numpy.int32) for f in (
     "rows", "halo_rows", "halo_cols", "phase_cols", "plane", "m_tiles")])
 # Output pixels a block aims at (its bands are whole output rows) and the shared memory it keeps below where
@@ -131,8 +133,9 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
         values, threads, smem = tiling(fspec, dtype, env.smem_limit)
         grid = (-(-fspec.p // values[0]), -(-fspec.groups // GROUPS_PER_BLOCK), fspec.n)
         dgrad = pass_ == "dgrad"
-        form = "false" if layout == "nchw" else "true,true" if weights == "krsc" else "true"
-        name = f"grouped_mma<{_dtypes.ctype_of(dtype)},{str(dgrad).lower()},{form}>"
+        nhwc, krsc = layout == "nhwc", weights == "krsc"
+        name = (f"grouped_mma<{_dtypes.ctype_of(dtype)},{str(dgrad).lower()},{str(nhwc).lower()},"
+                f"{str(krsc).lower()}>")
         launch = _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (threads, 1, 1), 4,
                                  (_loader.conv_geometry(fspec),
                                   numpy.array(values, dtype=GROUPED_MMA_TILING_DTYPE)[()]), smem)

@@ -282,26 +282,27 @@ def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precisi
     reason = _nhwc_shape_reason(spec, pass_)
     if reason is None and not pointwise_nhwc(spec):
         limit = (limits or _plan.current_limits()).workspace_limit
-        need = _column_bytes(spec if _wgrad_by_images(pass_, spec, dtype) is None else _one_image(spec), dtype)
+        need = _column_bytes(spec, dtype)
+        if _sums_by_images(pass_, spec, dtype):
+            need //= max(1, spec.n)  # (one image's at a time at least)
         if need > limit:
             return f"its column matrix needs {need} bytes of workspace (> {limit})"
     return reason
 
 
-def _one_image(spec: ConvSpec) -> ConvSpec:
-    return dataclasses.replace(spec, n=1)
+def _sums_by_images(pass_: str, spec: ConvSpec, dtype) -> bool:
+    """Whether a channels-last pass may take its column matrix a run of images at a time: a float32 or float64
+    wgrad, dW summing one GEMM after another in place (beta 1); a 16-bit dW would round each partial sum."""
+    return pass_ == "wgrad" and numpy.dtype(dtype).itemsize >= 4 and not pointwise_nhwc(spec)
 
 
-def _wgrad_by_images(pass_: str, spec: ConvSpec, dtype, limit: int = None):
-    """Images a channels-last wgrad's column matrix holds at a time where all of them do not fit ``limit``
-    (default: any), or None: a float32 or float64 dW then sums one GEMM of those images' column matrix after
-    another in place (beta 1); a 16-bit one would round each partial sum, so it takes the whole matrix or none."""
-    if pass_ != "wgrad" or numpy.dtype(dtype).itemsize < 4 or pointwise_nhwc(spec):
+def _wgrad_by_images(pass_: str, spec: ConvSpec, dtype, limit: int):
+    """The images a channels-last wgrad's column matrix takes at a time where all of them do not fit ``limit``
+    bytes (``_sums_by_images``), or None: one matrix of every image."""
+    whole = _column_bytes(spec, dtype)
+    if whole <= limit or not _sums_by_images(pass_, spec, dtype):
         return None
-    if limit is None:
-        return 1
-    per_image = _column_bytes(_one_image(spec), dtype)
-    return None if spec.n * per_image <= limit else max(1, limit // per_image)
+    return max(1, limit // (whole // spec.n))
 
 
 def _nhwc_steps(b, pass_: str, spec: ConvSpec, dtype, precision: str, bias: bool, krsc: bool) -> None:

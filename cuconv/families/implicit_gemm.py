@@ -832,9 +832,9 @@ def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: 
     ``out_pixel`` (default dense: Q and 1; ``Geometry``). A TMA tile's launch encodes its maps of the input and
     the weight from the pointers it is given (``_tma.TmaLaunch``); ``store_tma``: and of the output, a dense
     channels-last (N·P·Q) × K matrix its ``implicit_gemm_wgmma_tma_st`` instance stores through the TMA, or a
-    persistent tile's ``implicit_gemm_wgmma_tma_pst`` on ``resident`` blocks (``_persistent_blocks``; 0: it runs
-    its ``_twin``, as it does where the output is not stored through the TMA)."""
-    t = pl.tile if store_tma and (resident or not getattr(pl.tile, "persistent", False)) else _twin(pl.tile)
+    persistent tile's ``implicit_gemm_wgmma_tma_pst`` on ``resident`` blocks (``_persistent_blocks``, with
+    ``store_tma`` only; 0: a persistent tile runs its ``_twin``)."""
+    t = pl.tile if resident else _twin(pl.tile)
     geometry = _gemm_geometry(spec, pl, m, filters, groups, grp_a, w_rows, out_strides, splits, split_tiles,
                               out_pixel)
     grid = (-(-m // t.bm), groups * pl.kp // t.bn, splits)
@@ -872,14 +872,18 @@ def _persistent_blocks(tile, pl: Plan, m: int, env: "_plan.Env") -> int:
     as many as the SMs hold at once (by its shared memory with the weight resident, at most its ``min_blocks`` an
     SM, what its registers were fitted to), a multiple of the blocks of filters, none idle; 0 where its weight and
     ring do not fit a block's shared memory, or for another tile."""
-    if not getattr(tile, "persistent", False):
-        return 0
-    smem = tile.resident_smem(pl.k_tiles)
-    if smem > env.smem_limit:
+    per_sm = _persistent_per_sm(tile, pl.k_tiles, env) if getattr(tile, "persistent", False) else 0
+    if not per_sm:
         return 0
     n_blocks = pl.groups * pl.kp // tile.bn
-    held = env.sm_count * min(tile.min_blocks, env.smem_per_sm // (smem + 1024))
-    return n_blocks * max(1, min(-(-m // tile.bm), held // n_blocks))
+    return n_blocks * max(1, min(-(-m // tile.bm), env.sm_count * per_sm // n_blocks))
+
+
+def _persistent_per_sm(tile, k_tiles: int, env: "_plan.Env") -> int:
+    """Blocks of a persistent ``tile`` an SM holds on a reduction of ``k_tiles`` k tiles (its weight resident), at
+    most its ``min_blocks`` (what its registers were fitted to); 0 where one does not fit a block's shared memory."""
+    smem = tile.resident_smem(k_tiles)
+    return 0 if smem > env.smem_limit else min(tile.min_blocks, env.smem_per_sm // (smem + 1024))
 
 
 def _twin(tile):
@@ -1687,7 +1691,7 @@ def persistent_tile(spec: ConvSpec, dtype, env: "_plan.Env"):
     """The persistent tile (``implicit_gemm_wgmma_tma_pst``) auto runs ``spec``'s channels-last GEMM on, its output
     stored through the TMA, or None: k tiles of 32 bytes where a tap's padded channels are an odd number of 16s,
     else of 64; 64 filters a block up to 64, else 128; of those tiles, one whose block's weight (every k tile) fits
-    (``_persistent_blocks``) and that holds the most pixels an SM (``_PERSISTENT_MIN_PIXELS`` at least), then the
+    (``_persistent_per_sm``) and that holds the most pixels an SM (``_PERSISTENT_MIN_PIXELS`` at least), then the
     most blocks; where its tiles fill ``_PERSISTENT_MIN_WAVES`` waves of the blocks it runs."""
     itemsize = numpy.dtype(dtype).itemsize
     if not (_PERSISTENT and env.wgmma) or itemsize != 2 or spec.groups != 1:
@@ -1699,10 +1703,9 @@ def persistent_tile(spec: ConvSpec, dtype, env: "_plan.Env"):
         if not t.persistent or t.kbytes != kbytes or t.bn != bn:
             continue
         pl = plan(spec, dtype, t)
-        blocks = _persistent_blocks(t, pl, m, env)
-        if not blocks or tma_reason(spec, dtype, pl) is not None:
+        per_sm = _persistent_per_sm(t, pl.k_tiles, env)
+        if not per_sm or tma_reason(spec, dtype, pl) is not None:
             continue
-        per_sm = min(t.min_blocks, env.smem_per_sm // (t.resident_smem(pl.k_tiles) + 1024))
         tiles = -(-m // t.bm) * (pl.kp // t.bn)
         key = (per_sm * t.bm, per_sm)
         if (key[0] >= _PERSISTENT_MIN_PIXELS and tiles >= _PERSISTENT_MIN_WAVES * env.sm_count * per_sm
@@ -1739,20 +1742,21 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
         ("dy", "w", None, "dx")
     if not nhwc_in_place(fspec, dtype):
         return _forward_plan(pass_, fspec, dtype, env, tile, splits, operands, nhwc=True, krsc=krsc)
-    if auto and _TMA_STORE and fspec.k % 8 == 0 and b.base_aligned(b.ref(operands[3])):
+    x, _, bias_operand, out = operands
+    dense_out = _TMA_STORE and fspec.k % 8 == 0 and b.base_aligned(b.ref(out))  # (what a TMA store takes)
+    if auto and dense_out:
         tile = persistent_tile(fspec, dtype, env) or tile
     pl = plan(fspec, dtype, tile, env.workspace_limit)
     m = fspec.n * fspec.p * fspec.q
     if m * fspec.k >= _INT_MAX or fspec.n * fspec.h * fspec.w * fspec.c >= _INT_MAX:
         raise NotImplementedError("cuconv: implicit_gemm's channels-last GEMM indexes its input and output in 32 bits")
-    x, _, bias_operand, out = operands
     if pass_ == "fprop" and krsc and _packed_as_krsc(fspec, dtype, pl) and b.base_aligned(b.ref("w")):
         packed_w = b.ref("w")  # (the channels-last weight is its own pack: no launch)
     else:
         packed_w = b.take(pl.weight_bytes(dtype.itemsize))
         b.launch(_pack_kernel(fspec, dtype, pl.pix, 0, pl, flip=pass_ == "dgrad", krsc=krsc), _plan.NULL, _plan.NULL,
                  b.ref("w"), packed_w)
-    store_tma = _TMA_STORE and tile.tma and fspec.k % 8 == 0 and b.base_aligned(b.ref(out))
+    store_tma = dense_out and tile.tma
     gemm = _gemm_launch(fspec, dtype, pl, m, fspec.k_per_group, pl.groups, pl.cp, pl.kp,
                         (fspec.p * fspec.q * fspec.k, 1), 1, pl.k_tiles, out_pixel=(fspec.q * fspec.k, fspec.k),
                         store_tma=store_tma, resident=_persistent_blocks(tile, pl, m, env) if store_tma else 0)
