@@ -2,7 +2,7 @@
 
 from ._config import config
 from ._errors import ConvTypeError, ConvValueError
-from .registry import algorithms, select_algorithm
+from .select import algorithms, select_algorithm
 from .backward import conv2d_input, conv2d_weight
 from .conv import conv2d
 from .spec import ConvSpec, output_size

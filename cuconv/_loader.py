@@ -21,7 +21,7 @@ import warnings
 
 from . import _plan
 
-__all__ = ["KERNEL_DIR", "kernel_dir", "kernel_source", "compile_options", "load", "get_function",
+__all__ = ["KERNEL_DIR", "kernel_dir", "arch_specific", "twin_module", "kernel_stems", "kernel_source", "compile_options", "load", "get_function",
            "KernelLaunchError", "PreparedLaunch", "prepare", "smem_limit", "SMEM_DEFAULT"]
 
 SMEM_DEFAULT = 48 << 10  # dynamic shared memory a block gets without opting in
@@ -71,6 +71,18 @@ def kernel_dir() -> pathlib.Path:
 KERNEL_DIR = kernel_dir()
 
 
+def twin_module(stem: str) -> str:
+    """The Python module that plans the kernels of ``kernels_cu/<stem>.cu`` (its ``STEM`` and ``NAME_EXPRESSIONS``):
+    ``blocks/<name>`` -> ``cuconv.blocks.<name>``, any other ``<path>`` -> ``cuconv.algos.<path>`` (a folder
+    of ``kernels_cu/`` is the package of one algorithm's engines)."""
+    return "cuconv." + (stem if stem.startswith("blocks/") else "algos/" + stem).replace("/", ".")
+
+
+def kernel_stems() -> tuple:
+    """Every ``kernels_cu/**/<stem>.cu`` as its stem (a path relative to ``kernels_cu/``, without ``.cu``)."""
+    return tuple(sorted(p.relative_to(KERNEL_DIR).with_suffix("").as_posix() for p in KERNEL_DIR.rglob("*.cu")))
+
+
 def kernel_source(stem: str) -> str:
     """Source of ``kernels_cu/<stem>.cu`` with a ``#line`` directive naming the real file."""
     path = KERNEL_DIR / f"{stem}.cu"
@@ -82,22 +94,28 @@ def _headers_digest() -> str:
     # CuPy's disk cache keys on source and options, not on included headers: fold their content
     # into a -D option so that editing common.cuh recompiles every kernel.
     h = hashlib.sha256()
-    for header in sorted(KERNEL_DIR.glob("*.cuh")):
-        h.update(header.name.encode())
+    for header in sorted(KERNEL_DIR.rglob("*.cuh")):
+        h.update(header.relative_to(KERNEL_DIR).as_posix().encode())
         h.update(header.read_bytes())
     return h.hexdigest()[:16]
 
 
-# Families with instructions of compute capability 9.0 only (wgmma): on such a device they compile for the
-# arch-specific target sm_90a. CuPy appends its own -arch=sm_90 after ours; NVRTC then builds for sm_90a.
+# Sources with instructions of compute capability 9.0 only (wgmma, the TMA): a stem equal to one of these or
+# inside one of these folders. On such a device they compile for the arch-specific target sm_90a; CuPy appends
+# its own -arch=sm_90 after ours, and NVRTC then builds for sm_90a.
 ARCH_SPECIFIC_STEMS = frozenset({"implicit_gemm"})
+
+
+def arch_specific(stem: str) -> bool:
+    """Whether ``kernels_cu/<stem>.cu`` compiles for sm_90a on a device of compute capability 9.0."""
+    return stem.split("/", 1)[0] in ARCH_SPECIFIC_STEMS
 
 
 def compile_options(stem: str = None, compute_capability: str = None) -> tuple:
     """NVRTC options we add for ``kernels_cu/<stem>.cu`` on a device of ``compute_capability`` ("90");
     CuPy itself adds ``--std=c++17``, ``-ftz=true`` and ``-arch=sm_XX``."""
     options = (f"-I{KERNEL_DIR}", f"-DCUCONV_HEADERS_DIGEST=0x{_headers_digest()}")
-    if stem in ARCH_SPECIFIC_STEMS and compute_capability == "90":
+    if stem is not None and arch_specific(stem) and compute_capability == "90":
         options += ("-arch=sm_90a",)
     return options
 

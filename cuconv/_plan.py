@@ -263,7 +263,7 @@ def run_arrays(plan: Plan, *arrays) -> None:
 def run_on_arrays(prepare, pass_: str, spec, precision: str, *arrays, **options) -> None:
     """A family's pass on C-contiguous CuPy arrays (the pass's operands in order, None for an absent bias): its
     ``prepare`` for the current device and the arrays' alignment, then ``run_arrays``. Plans are made anew on
-    every call: the entry points keep theirs (``registry.prepare``)."""
+    every call: the entry points keep theirs (``dispatch.plan``)."""
     if pass_ == "fprop":
         options["bias"] = arrays[2] is not None
     plan = prepare(pass_, spec, arrays[0].dtype, precision, current_env(*arrays), **options)

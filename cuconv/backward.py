@@ -10,7 +10,9 @@ import numbers
 
 import numpy
 
-from . import _backend, _layout, _plan, autotune, registry as _registry
+from . import _backend, _layout, _plan, algos as _algorithms, dispatch, select as _select
+from .algos import im2col_gemm as _cpu
+from .select import autotune
 from ._errors import ConvValueError
 from .conv import _array_kind, _check_same_device, _check_dtypes, _nhwc_operand, _resolve_precision, empty_nhwc, \
     nhwc_view
@@ -160,12 +162,12 @@ def _run_pass(pass_: str, result_shape, first, second, spec: ConvSpec, algo: str
               channels_last: bool = False):
     """Run ``pass_`` (operands ``(first, second, result)``, ``_plan.OPERANDS``) into a new array, channels-last
     with ``channels_last``: on the GPU in place where an algorithm serves the pass on channels-last activations
-    (``registry.select_nhwc``; wgrad's dW written channels-last by those that can, ``registry.takes_krsc``), else
+    (``select.select_nhwc``; wgrad's dW written channels-last by those that can, ``algos.takes_krsc``), else
     computed on C-contiguous copies and returned as a channels-last copy."""
     on_gpu = _backend.is_cupy_array(first)
     xp = _backend.cupy_or_none() if on_gpu else numpy
     dtype = first.dtype
-    nhwc = _registry.select_nhwc(algo, spec, dtype, precision, pass_) if channels_last and on_gpu else None
+    nhwc = _select.select_nhwc(algo, spec, dtype, precision, pass_) if channels_last and on_gpu else None
     if nhwc is not None:
         return _run_nhwc(xp, pass_, nhwc, result_shape, first, second, spec, precision)
     result = _run_nchw(xp, on_gpu, pass_, result_shape, first, second, spec, algo, precision)
@@ -176,7 +178,7 @@ def _run_nhwc(xp, pass_: str, name: str, result_shape, first, second, spec: Conv
     """``pass_`` by ``name`` on channels-last activations in place (dgrad: dy, dx; wgrad: x, dy), the weight KCRS,
     dW channels-last where ``name`` writes it so."""
     dtype = first.dtype
-    krsc = pass_ == "wgrad" and _registry.takes_krsc(name)
+    krsc = pass_ == "wgrad" and _algorithms.takes_krsc(name)
     if pass_ == "dgrad":
         first, second = _nhwc_operand(xp, first), xp.ascontiguousarray(second)
         result = empty_nhwc(xp, result_shape, dtype)
@@ -184,7 +186,7 @@ def _run_nhwc(xp, pass_: str, name: str, result_shape, first, second, spec: Conv
         first, second = _nhwc_operand(xp, first), _nhwc_operand(xp, second)
         result = empty_nhwc(xp, result_shape, dtype) if krsc else xp.empty(result_shape, dtype=dtype)
     env = _plan.current_env(first, second, result)
-    _plan.run_arrays(_registry.prepare(name, pass_, spec, dtype, precision, env, False, "nhwc",
+    _plan.run_arrays(dispatch.prepare(name, pass_, spec, dtype, precision, env, False, "nhwc",
                                        "krsc" if krsc else "kcrs"), first, second, result)
     return result if pass_ == "dgrad" or krsc else nhwc_view(xp, result)
 
@@ -192,20 +194,20 @@ def _run_nhwc(xp, pass_: str, name: str, result_shape, first, second, spec: Conv
 def _run_nchw(xp, on_gpu: bool, pass_: str, result_shape, first, second, spec: ConvSpec, algo: str, precision: str):
     """``pass_`` on C-contiguous operands (copies where they are not) into a new C-contiguous array."""
     dtype = first.dtype
-    name = _registry.resolve(algo, spec, dtype, precision, on_gpu, pass_)
+    name = _select.resolve(algo, spec, dtype, precision, on_gpu, pass_)
     result = xp.empty(result_shape, dtype=dtype)
     first, second = xp.ascontiguousarray(first), xp.ascontiguousarray(second)
     if on_gpu:
         env = _plan.current_env(first, second, result)
 
         def run(algo_name):
-            _plan.run_arrays(_registry.prepare(algo_name, pass_, spec, dtype, precision, env), first, second, result)
+            _plan.run_arrays(dispatch.prepare(algo_name, pass_, spec, dtype, precision, env), first, second, result)
 
         run(autotune.pick(algo, name, spec, dtype, precision, pass_, run))
     elif _degenerate(spec):
         result.fill(0)
     else:
-        getattr(_registry.cpu(), f"{pass_}_cpu")(first, second, spec, result)
+        getattr(_cpu, f"{pass_}_cpu")(first, second, spec, result)
     return result
 
 

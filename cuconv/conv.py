@@ -10,7 +10,9 @@ from typing import NamedTuple
 
 import numpy
 
-from . import _backend, _dtypes, _layout, _plan, autotune, registry as _registry
+from . import _backend, _dtypes, _layout, _plan, dispatch, select as _select
+from .algos import im2col_gemm as _cpu
+from .select import autotune
 from ._config import PRECISIONS, config
 from ._errors import ConvTypeError, ConvValueError
 from .spec import ConvSpec, _plain
@@ -110,7 +112,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     groups : int
         ``C`` and ``K`` must both be divisible by it.
     algo : str
-        ``"auto"`` or one of :func:`cuconv.algorithms`.
+        ``"auto"`` or one of :func:`cuconv.algos`.
     precision : None, ``"ieee"`` or ``"tf32"``
         float32 arithmetic; ``None`` takes ``cuconv.config.precision``. Other dtypes ignore it.
     out : array, optional
@@ -161,10 +163,10 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     # torch's rule for the result's memory format: channels-last where the input or the weight is; on the GPU
     # computed so in place where an algorithm serves channels-last activations for this call's ``algo``
     channels_last = _layout.result_channels_last(x, weight, on_gpu)
-    name = _registry.select_nhwc(algo, spec, x.dtype, precision) if channels_last and on_gpu else None
+    name = _select.select_nhwc(algo, spec, x.dtype, precision) if channels_last and on_gpu else None
     layout = "nchw" if name is None else "nhwc"
     if name is None:
-        name = _registry.resolve(algo, spec, x.dtype, precision, on_gpu)
+        name = _select.resolve(algo, spec, x.dtype, precision, on_gpu)
     result_shape = spec.output_shape[1:] if unbatched else spec.output_shape
     if out is not None:
         _check_out(out, result_shape, x.dtype)
@@ -173,7 +175,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
                     weight, bias, out, algo)
     env = _plan.env(x.data.device_id, config.workspace_limit)
     plan = _Plan(spec, name, precision, result_shape, unbatched, env,
-                 _registry.prepare(name, "fprop", spec, x.dtype, precision, env, bias is not None, layout),
+                 dispatch.prepare(name, "fprop", spec, x.dtype, precision, env, bias is not None, layout),
                  channels_last, layout)
     if key is not None:
         if len(_plans) >= _PLANS_MAX:
@@ -285,7 +287,7 @@ def _run(xp, plan: _Plan, x, weight, bias, out, requested="auto"):
             if spec.crs_per_group == 0:  # no input channels: the sum over an empty set is 0, plus bias
                 y[...] = 0 if bias is None else bias.reshape(1, -1, 1, 1)
             else:
-                _registry.cpu().forward_cpu(x, weight, bias, spec, y)
+                _cpu.forward_cpu(x, weight, bias, spec, y)
         else:
             _run_gpu(plan, requested, x, weight, bias, y)
     if out is None:
@@ -316,11 +318,11 @@ def _overlaps(xp, out, *operands) -> bool:
 
 def _run_gpu(plan: _Plan, requested: str, x, weight, bias, y) -> None:
     """The forward on C-contiguous CuPy arrays: the plan kept for the signature where every pointer is
-    aligned (``_plan.ALIGNMENT``) and nothing is tuned, else the registry's plan for what runs."""
+    aligned (``_plan.ALIGNMENT``) and nothing is tuned, else the plan (``dispatch``) of what runs."""
     name, precision, spec = plan.name, plan.precision, plan.spec
     aligned = _plan.is_aligned(x.data.ptr, weight.data.ptr, 0 if bias is None else bias.data.ptr, y.data.ptr)
     if plan.layout == "nhwc":  # (one channels-last candidate: nothing to time)
-        gpu = plan.gpu if aligned else _registry.prepare(
+        gpu = plan.gpu if aligned else dispatch.prepare(
             name, "fprop", spec, x.dtype, precision, _plan.env(plan.gpu_env.device, plan.gpu_env.workspace_limit,
                                                                False), bias is not None, "nhwc")
         _plan.run_arrays(gpu, x, weight, bias, y)
@@ -329,7 +331,7 @@ def _run_gpu(plan: _Plan, requested: str, x, weight, bias, y) -> None:
         env = _plan.env(plan.gpu_env.device, plan.gpu_env.workspace_limit, aligned)
 
         def run(algo_name):
-            _plan.run_arrays(_registry.prepare(algo_name, "fprop", spec, x.dtype, precision, env, bias is not None),
+            _plan.run_arrays(dispatch.prepare(algo_name, "fprop", spec, x.dtype, precision, env, bias is not None),
                              x, weight, bias, y)
 
         name = autotune.pick(requested, name, spec, x.dtype, precision, "fprop", run)
@@ -337,5 +339,5 @@ def _run_gpu(plan: _Plan, requested: str, x, weight, bias, y) -> None:
         gpu = plan.gpu
     else:
         env = _plan.env(plan.gpu_env.device, plan.gpu_env.workspace_limit, aligned)
-        gpu = _registry.prepare(name, "fprop", spec, x.dtype, precision, env, bias is not None)
+        gpu = dispatch.prepare(name, "fprop", spec, x.dtype, precision, env, bias is not None)
     _plan.run_arrays(gpu, x, weight, bias, y)

@@ -147,18 +147,18 @@ def case_spec(case):
 
 def exact_algo_cases(params, pass_="fprop"):
     """(case, algorithm) pairs for every registered algorithm that serves the case in ``pass_`` and sums
-    integer-valued inputs exactly: all but those whose module says ``EXACT_ON_INTEGERS = False`` (winograd,
-    whose transforms multiply by fractions such as 1/6)."""
-    from cuconv import registry
+    integer-valued inputs exactly: all but those that declare ``exact_on_integers = False`` (winograd, whose
+    transforms multiply by fractions such as 1/6)."""
+    from cuconv import algos, select
 
     out = []
     for param in params:
         case = param.values[0]
         spec = case_spec(case)
-        for algo in registry.algorithms(pass_):
-            if not getattr(registry.get(algo), "EXACT_ON_INTEGERS", True):
+        for algo in algos.names(pass_):
+            if not algos.get(algo).exact_on_integers:
                 continue
-            if registry.reason_unsupported(algo, spec, numpy.float64, pass_) is None:
+            if select.reason_unsupported(algo, spec, numpy.float64, pass_) is None:
                 out.append(pytest.param(case, algo, id=f"{param.id}-{algo}"))
     return out
 
@@ -166,16 +166,16 @@ def exact_algo_cases(params, pass_="fprop"):
 def algo_mode_cases(params, modes, pass_="fprop"):
     """(case, algorithm, mode) triples for every registered algorithm serving the case in ``pass_`` at that
     mode ((dtype name, precision)): tensor-core algorithms serve float32 at "tf32" only, and no float64."""
-    from cuconv import _dtypes, registry
+    from cuconv import _dtypes, select
 
     out = []
     for param in params:
         case = param.values[0]
         spec = case_spec(case)
-        for algo in registry.algorithms(pass_):
+        for algo in select.algorithms(pass_):
             for dtype_name, precision in modes:
                 dtype = _dtypes.by_name(dtype_name)
-                if registry.reason_unsupported(algo, spec, dtype, pass_, precision) is None:
+                if select.reason_unsupported(algo, spec, dtype, pass_, precision) is None:
                     mode_id = f"{dtype_name}-{precision}" if dtype_name == "float32" else dtype_name
                     out.append(pytest.param(case, algo, (dtype_name, precision),
                                             id=f"{param.id}-{algo}-{mode_id}"))
@@ -293,3 +293,31 @@ def assert_forward_equals_cpu_on_integers(case, dtype_name, seed, forward):
     forward(to_gpu(x4, dtype), to_gpu(w, dtype), to_gpu(b, dtype), spec, out)
     numpy.testing.assert_array_equal(cupy.asnumpy(out).astype(numpy.float64).reshape(cpu.shape),
                                      cpu.astype(numpy.float64))
+
+
+def select_auto(spec, dtype, precision, on_gpu, pass_, smem_limit, wgmma, workspace_limit, layout="nchw"):
+    """What ``auto`` runs for this case under these limits (given, never read from a device)."""
+    from cuconv import _plan, select
+    from cuconv.problem import Problem
+
+    return select.algorithm(Problem.of(spec, dtype, precision, pass_, layout),
+                            _plan.Limits(smem_limit, wgmma, workspace_limit))
+
+
+def select_nhwc_auto(algo, spec, dtype, precision, pass_, smem_limit, wgmma, workspace_limit):
+    """The algorithm running this case on channels-last activations in place for ``algo`` under these limits, or
+    None (NCHW copies)."""
+    from cuconv import _plan, select
+    from cuconv.problem import Problem
+
+    return select.algorithm(Problem.of(spec, dtype, precision, pass_, "nhwc"),
+                            _plan.Limits(smem_limit, wgmma, workspace_limit), algo)
+
+
+def reason_under(name, spec, dtype, pass_, precision, smem_limit, wgmma, workspace_limit, layout="nchw"):
+    """Why algorithm ``name`` cannot run this case under these limits, or None."""
+    from cuconv import _plan, algos
+    from cuconv.problem import Problem
+
+    return algos.get(name).can_implement(Problem.of(spec, dtype, precision, pass_, layout),
+                                         _plan.Limits(smem_limit, wgmma, workspace_limit))

@@ -11,7 +11,8 @@ import numpy
 import pytest
 
 import cuconv
-from cuconv import autotune, registry
+from cuconv import select
+from cuconv.select import autotune
 from cuconv.problems import PROBLEMS
 from cases import PROBLEM_CASES, make_inputs, reference, rel_err, tolerance
 
@@ -73,12 +74,12 @@ def test_memoized_choices_follow_the_workspace_limit():
     """The choices are memoized per call signature (host time of small layers) but a smaller
     workspace_limit still changes what may run: implicit_gemm packs a whole sample into it."""
     spec = _P["square_5x9"]
-    assert registry.select_algorithm(spec, _F16, "tf32") == "implicit_gemm"
-    assert registry.reason_unsupported("implicit_gemm", spec, _F16) is None
+    assert select.select_algorithm(spec, _F16, "tf32") == "implicit_gemm"
+    assert select.reason_unsupported("implicit_gemm", spec, _F16) is None
     with cuconv.config(workspace_limit=1 << 20):
-        assert "workspace_limit" in registry.reason_unsupported("implicit_gemm", spec, _F16)
-        assert registry.select_algorithm(spec, _F16, "tf32") != "implicit_gemm"
-    assert registry.select_algorithm(spec, _F16, "tf32") == "implicit_gemm"
+        assert "workspace_limit" in select.reason_unsupported("implicit_gemm", spec, _F16)
+        assert select.select_algorithm(spec, _F16, "tf32") != "implicit_gemm"
+    assert select.select_algorithm(spec, _F16, "tf32") == "implicit_gemm"
 
 
 
@@ -195,7 +196,7 @@ def test_autotune_cache_concurrent_writers_keep_every_entry(tmp_path):
     path = str(tmp_path / "winners.json")
     threads = [threading.Thread(target=lambda i=i: [autotune._store_disk(path, f"t{i}-{j}", "direct")
                                                     for j in range(25)]) for i in range(8)]
-    script = ("import sys; from cuconv import autotune\n"
+    script = ("import sys; from cuconv.select import autotune\n"
               "for j in range(40): autotune._store_disk(sys.argv[1], f'p{sys.argv[2]}-{j}', 'im2col_gemm')")
     procs = [subprocess.Popen([sys.executable, "-c", script, path, str(i)]) for i in range(2)]
     for t in threads:
@@ -226,7 +227,7 @@ def test_autotune_cache_write_follows_no_planted_link(tmp_path):
 def test_benchmark_mode_times_and_remembers_the_fastest(tmp_path):
     import cupy
 
-    from cuconv import autotune
+    from cuconv.select import autotune
 
     case = PROBLEM_CASES[0].values[0]
     x, w, b = make_inputs(case, seed=41)
@@ -251,7 +252,7 @@ def test_benchmark_mode_times_a_signature_once_until_cleared(monkeypatch):
     ``autotune.clear()`` forgets it, and another dtype is another signature."""
     import cupy
 
-    from cuconv import autotune
+    from cuconv.select import autotune
 
     x = cupy.random.standard_normal((2, 8, 12, 12), dtype=numpy.float32)
     w = cupy.random.standard_normal((16, 8, 3, 3), dtype=numpy.float32)

@@ -14,7 +14,7 @@ import torch
 import cuconv
 from cases import (CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, Case, bound, make_inputs, noncontiguous,
                    reference_grads, rel_err, tolerance)
-from cuconv.families.im2col_gemm import chunk_bytes, plan_chunks
+from cuconv.algos.im2col_gemm import chunk_bytes, plan_chunks
 from cuconv.spec import ConvSpec
 
 # torch notes that 'same' with an even kernel may copy the input; the oracle does not care.
@@ -353,7 +353,7 @@ def test_wgrad_is_the_forward_convolution_of_the_transposed_spec(case):
     """implicit_gemm's wgrad: dW (K, C, R, S) is the forward convolution of x with samples and channels swapped
     by dy likewise (``transposed_spec``), its output images being dW's (c, r, s) columns, in float64 against
     torch's conv2d_weight. Negative padding (input rows no output reads) is a crop."""
-    from cuconv.families.implicit_gemm import transposed_spec
+    from cuconv.algos.implicit_gemm import transposed_spec
 
     x, w, _ = make_inputs(case, seed=5)
     x4 = x if x.ndim == 4 else x[None]

@@ -62,8 +62,8 @@ def _grad(pass_, x, w, dy, dtype, precision, algo, kwargs):
 
 
 def test_every_backward_pass_has_algorithms():
-    assert "im2col_gemm" in cuconv.registry.algorithms("dgrad")
-    assert "im2col_gemm" in cuconv.registry.algorithms("wgrad")
+    assert "im2col_gemm" in cuconv.select.algorithms("dgrad")
+    assert "im2col_gemm" in cuconv.select.algorithms("wgrad")
 
 
 @pytest.mark.parametrize("case,algo,mode,pass_", _BACKWARD_MODE_CASES)
@@ -101,7 +101,7 @@ def test_chunked_grads_equal_one_chunk(case, rows):
     """Row chunks (dgrad accumulating halo rows) and sample chunks give the one-chunk gradients."""
     import cupy
 
-    from cuconv.families.im2col_gemm import chunk_bytes, plan_chunks
+    from cuconv.algos.im2col_gemm import chunk_bytes, plan_chunks
 
     case = dataclasses.replace(case, x_shape=(3,) + case.x_shape[1:])
     x, w, dy = _inputs(case, 13, numpy.float32, integer=True)
@@ -125,7 +125,7 @@ def test_wgrad_partial_sums_in_turns_equal_all_at_once(case, dtype_name, monkeyp
     samples: turns of 2, 2, 1) the result is the same, exactly on integers, and equals the CPU path."""
     import cupy
 
-    from cuconv.families import im2col_gemm
+    from cuconv.algos import im2col_gemm
 
     dtype = _dtype(dtype_name)
     case = dataclasses.replace(case, x_shape=(5,) + case.x_shape[1:])

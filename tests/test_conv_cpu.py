@@ -9,7 +9,7 @@ import torch
 import cuconv
 from cases import (CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, make_inputs, noncontiguous, reference, rel_err,
                    tolerance)
-from cuconv.families.im2col_gemm import chunk_bytes, plan_chunks
+from cuconv.algos.im2col_gemm import chunk_bytes, plan_chunks
 from cuconv.spec import ConvSpec
 
 # torch notes that 'same' with an even kernel may copy the input; the oracle does not care.

@@ -8,7 +8,7 @@ import pytest
 
 import cuconv
 from cuconv import _dtypes
-from cuconv.families.im2col_gemm import chunk_bytes, plan_chunks
+from cuconv.algos.im2col_gemm import chunk_bytes, plan_chunks
 from cases import (CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, algo_mode_cases, bound,
                    exact_algo_cases, make_inputs, noncontiguous, reference, rel_err, to_gpu, tolerance)
 
@@ -164,7 +164,7 @@ def test_nonfinite_inputs_spoil_the_outputs_torch_spoils(pass_, dtype_name, prec
     import cupy
     import torch
 
-    from cuconv import registry
+    from cuconv import select
 
     dtype = numpy.dtype(dtype_name)
     rng = numpy.random.default_rng(23)
@@ -180,8 +180,8 @@ def test_nonfinite_inputs_spoil_the_outputs_torch_spoils(pass_, dtype_name, prec
         ref = torch.nn.grad.conv2d_input(x_shape, torch.from_numpy(w), torch.from_numpy(first), padding=padding)
     expected = ~numpy.isfinite(ref.numpy())
     assert 0 < expected.sum() < expected.size / 4
-    served = [name for name in registry.algorithms(pass_)
-              if registry.reason_unsupported(name, spec, dtype, pass_, precision) is None]
+    served = [name for name in select.algorithms(pass_)
+              if select.reason_unsupported(name, spec, dtype, pass_, precision) is None]
     assert len(served) >= 2 and ("winograd" in served or precision == "tf32" or dtype_name == "float16")
     for name in served:
         a, b = cupy.asarray(first.astype(dtype)), cupy.asarray(w.astype(dtype))

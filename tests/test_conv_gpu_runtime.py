@@ -9,7 +9,7 @@ import numpy
 import pytest
 
 import cuconv
-from cuconv.families.im2col_gemm import chunk_bytes, plan_chunks
+from cuconv.algos.im2col_gemm import chunk_bytes, plan_chunks
 from test_errors import MISUSES, _arrays, _conv
 from cases import CASES, PROBLEM_CASES, make_inputs, noncontiguous, reference, rel_err, to_gpu, tolerance
 
@@ -86,7 +86,7 @@ def test_planned_call_follows_the_config(monkeypatch):
     """config.precision and config.workspace_limit take part in the choice: a call after a change runs what
     the heuristic picks under the new values, not the plan made under the old ones."""
     import cupy
-    from cuconv import conv, registry
+    from cuconv import conv, select
     from cuconv.spec import ConvSpec
 
     x = cupy.random.standard_normal((2, 32, 20, 20), dtype=numpy.float32)
@@ -101,9 +101,9 @@ def test_planned_call_follows_the_config(monkeypatch):
         with cuconv.config(precision=precision):
             cuconv.conv2d(x, w, padding=1)
             cuconv.conv2d(x, w, padding=1)
-        expected = registry.select_algorithm(spec, numpy.float32, precision)
+        expected = select.select_algorithm(spec, numpy.float32, precision)
         assert ran[-2:] == [expected, expected], (precision, ran)
-    assert registry.select_algorithm(spec, numpy.float32, "ieee") != registry.select_algorithm(spec, numpy.float32,
+    assert select.select_algorithm(spec, numpy.float32, "ieee") != select.select_algorithm(spec, numpy.float32,
                                                                                                "tf32")
     assert len([k for k in conv._plans if k[1] == x.shape and k[4] == w.shape]) == 2
 
@@ -166,7 +166,7 @@ def test_launch_failure_names_the_kernel_and_leaves_cuda_usable():
     import cupy
 
     from cuconv import _loader
-    from cuconv.families import bias
+    from cuconv.blocks import bias
 
     out = cupy.zeros((1, 2, 3, 3), dtype=numpy.float32)
     launch = _loader.prepare(bias.STEM, bias.NAME_EXPRESSIONS, "bias_fill<float>", (1, 1, 1),

@@ -1,4 +1,4 @@
-"""Every ``kernels_cu/*.cu`` compiles with NVRTC for sm_90 and sm_80 on a machine with no GPU.
+"""Every ``kernels_cu/**/*.cu`` compiles with NVRTC for sm_90 and sm_80 on a machine with no GPU.
 
 CuPy's own compile path asks the device for its architecture, so CI compiles through ``cuda.core`` instead,
 from the source the loader builds (``_loader.kernel_source``) and the options it passes
@@ -24,7 +24,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 REPO_KERNELS = REPO / "kernels_cu"
-KERNEL_STEMS = sorted(p.stem for p in REPO_KERNELS.glob("*.cu"))
+KERNEL_STEMS = sorted(p.relative_to(REPO_KERNELS).with_suffix("").as_posix() for p in REPO_KERNELS.rglob("*.cu"))
 # Hopper (the GPUs we run on) and Ampere (the oldest architecture we promise to build for).
 ARCHS = ("sm_90", "sm_80")
 
@@ -94,14 +94,16 @@ def nvrtc_options(arch: str, name: str):
 
 
 def twin_name_expressions(stem: str) -> tuple:
-    """``NAME_EXPRESSIONS`` of the Python twin ``cuconv.families.<stem>`` of ``kernels_cu/<stem>.cu``."""
-    module = f"cuconv.families.{stem}"
+    """``NAME_EXPRESSIONS`` of the Python twin (``_loader.twin_module``) of ``kernels_cu/<stem>.cu``."""
+    from cuconv import _loader
+
+    module = _loader.twin_module(stem)
     try:
         twin = importlib.import_module(module)
     except ModuleNotFoundError as exc:
         if exc.name != module:
             raise
-        raise AssertionError(f"kernels_cu/{stem}.cu has no Python twin cuconv/families/{stem}.py") from None
+        raise AssertionError(f"kernels_cu/{stem}.cu has no Python twin {module}") from None
     assert getattr(twin, "STEM", None) == stem, f"{module}.STEM should be {stem!r}"
     names = getattr(twin, "NAME_EXPRESSIONS", None)
     assert isinstance(names, tuple) and names and all(isinstance(n, str) for n in names), (
@@ -164,8 +166,8 @@ def test_structs_match_the_kernels():
     import re
 
     from cuconv import _loader
-    from cuconv.families import (col2im, depthwise, dgrad_forward, direct_smem, grouped_direct, grouped_mma,
-                                 implicit_gemm, winograd, winograd_fused)
+    from cuconv.blocks import col2im, dgrad_forward
+    from cuconv.algos import depthwise, direct_smem, grouped_direct, grouped_mma, implicit_gemm, winograd, winograd_fused
 
     types = {"int": numpy.int32, "long long": numpy.int64}
     for stem, dtype, struct in (("implicit_gemm", implicit_gemm.PACK_SHAPE_DTYPE, "PackShape"),
@@ -175,10 +177,10 @@ def test_structs_match_the_kernels():
                                 ("implicit_gemm", implicit_gemm.SWAP_SHAPE_DTYPE, "SwapShape"),
                                 ("implicit_gemm", implicit_gemm.WGRAD_TMA_GEOMETRY_DTYPE, "WgradTmaGeometry"),
                                 ("implicit_gemm", implicit_gemm.BLOCK_DIAGONAL_DTYPE, "BlockDiagonal"),
-                                ("dgrad_forward", dgrad_forward.FLIP_SHAPE_DTYPE, "FlipShape"),
+                                ("blocks/dgrad_forward", dgrad_forward.FLIP_SHAPE_DTYPE, "FlipShape"),
                                 ("depthwise", depthwise.DW_GEOMETRY_DTYPE, "DwGeometry"),
                                 ("depthwise", depthwise.DW_WORK_DTYPE, "DwWork"),
-                                ("col2im", col2im.COL2IM_CHUNK_DTYPE, "Col2imChunk"),
+                                ("blocks/col2im", col2im.COL2IM_CHUNK_DTYPE, "Col2imChunk"),
                                 ("direct_smem", direct_smem.DIRECT_SMEM_TILING_DTYPE, "DirectSmemTiling"),
                                 ("grouped_direct", grouped_direct.GROUPED_TILING_DTYPE, "GroupedTiling"),
                                 ("grouped_mma", grouped_mma.GROUPED_MMA_TILING_DTYPE, "GroupedMmaTiling"),
@@ -236,7 +238,7 @@ def test_arch_specific_families_target_sm_90a_on_hopper_only(nvrtc, arch):
 
     for stem in KERNEL_STEMS:
         flags = [f.decode() for f in nvrtc_options(arch, stem).as_bytes("nvrtc")]
-        specific = stem in _loader.ARCH_SPECIFIC_STEMS and arch == "sm_90"
+        specific = _loader.arch_specific(stem) and arch == "sm_90"
         assert f"-arch={arch}a" in flags if specific else f"-arch={arch}" in flags, (stem, flags)
 
 

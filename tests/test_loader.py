@@ -43,7 +43,7 @@ def test_a_launch_from_a_thread_without_a_current_context():
     import cupy
     import numpy
 
-    from cuconv.families import elementwise
+    from cuconv.blocks import elementwise
 
     a = cupy.full(1000, 7.0, dtype=cupy.float32)
     launch = elementwise.fill(numpy.float32, 1000, 2.5)

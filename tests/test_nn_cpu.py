@@ -167,7 +167,7 @@ def test_cpu_path_multiplies_through_torch_not_numpy(kwargs, monkeypatch):
     spinning beside torch's made a converted model's CPU training step several times slower on two cores."""
     import contextvars
 
-    import cuconv.families.im2col_gemm
+    import cuconv.algos.im2col_gemm
     import cuconv.nn._bridge as bridge
 
     def numpy_blas(a, b):
@@ -175,7 +175,7 @@ def test_cpu_path_multiplies_through_torch_not_numpy(kwargs, monkeypatch):
 
     calls = []
     real = bridge._torch_matmul
-    monkeypatch.setattr(cuconv.families.im2col_gemm, "_matmul", contextvars.ContextVar("t", default=numpy_blas))
+    monkeypatch.setattr(cuconv.algos.im2col_gemm, "_matmul", contextvars.ContextVar("t", default=numpy_blas))
     monkeypatch.setattr(bridge, "_torch_matmul", lambda a, b: calls.append(a.shape) or real(a, b))
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(3, 6, 9, 8, generator=gen, dtype=torch.float64, requires_grad=True)

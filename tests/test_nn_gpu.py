@@ -427,7 +427,7 @@ def test_planned_call_still_refuses_misuse(misuse, exc, message, monkeypatch):
 
 def test_planned_call_repeats_no_checks(monkeypatch):
     """A layer seen before: no geometry validation and no new plan (the host time of the torch path)."""
-    from cuconv import registry, spec as spec_module
+    from cuconv import dispatch, spec as spec_module
 
     x, w, b = _valid_call()
     conv = cuconv.nn.Conv2d(4, 6, 3, padding=1).cuda()
@@ -435,8 +435,8 @@ def test_planned_call_repeats_no_checks(monkeypatch):
     calls = []
     monkeypatch.setattr(spec_module.ConvSpec, "_validated",
                         classmethod(lambda cls, *a: calls.append("validate") or pytest.fail("validated again")))
-    real_prepare = registry.prepare
-    monkeypatch.setattr(registry, "prepare", lambda *a, **k: calls.append("prepare") or real_prepare(*a, **k))
+    real_prepare = dispatch.prepare
+    monkeypatch.setattr(dispatch, "prepare", lambda *a, **k: calls.append("prepare") or real_prepare(*a, **k))
     y1 = conv(x)
     assert calls == [] and torch.equal(y0, y1)
 
@@ -581,7 +581,7 @@ def test_compile_reduce_overhead_equals_eager_on_repeated_calls():
 def test_warmup_makes_the_layers_real_calls_use(low, monkeypatch):
     """After ``warmup`` (threads compiling side by side) a training step and an inference make no layer and no
     plan of their own, and give what an unwarmed twin gives."""
-    from cuconv import registry
+    from cuconv import dispatch
     from cuconv.nn import _bridge
 
     def build():
@@ -612,8 +612,8 @@ def test_warmup_makes_the_layers_real_calls_use(low, monkeypatch):
         assert cuconv.nn.warmup(model, x) == 0  # made already
     made = []
     monkeypatch.setattr(_bridge, "Layer", lambda *a, **k: made.append(a) or pytest.fail("a layer made anew"))
-    real_prepare = registry.prepare
-    monkeypatch.setattr(registry, "prepare", lambda *a, **k: made.append(a) or real_prepare(*a, **k))
+    real_prepare = dispatch.prepare
+    monkeypatch.setattr(dispatch, "prepare", lambda *a, **k: made.append(a) or real_prepare(*a, **k))
     ours = step(model)
     assert made == []
     monkeypatch.undo()

@@ -7,7 +7,9 @@ import numpy
 import pytest
 
 import cuconv
-from cuconv import _dtypes, registry
+from cases import select_auto, select_nhwc_auto, reason_under
+from cuconv.problem import PASSES
+from cuconv import _dtypes, select
 from cuconv.problems import PROBLEMS
 
 _P = {p.name: p.spec() for p in PROBLEMS}
@@ -79,9 +81,9 @@ def test_pointwise_layers_take_a_gemm_except_small_planes_on_wgmma(dtype, precis
     A widening layer (64 -> 256): im2col_gemm's GEMM over the batch would have a short reduction."""
     spec = cuconv.ConvSpec.from_args((32, 64, hw, hw), (256, 64, 1, 1))
     limits = {"smem_limit": 227 << 10, "workspace_limit": cuconv.config.workspace_limit}
-    assert registry._select_algorithm(spec, dtype, precision, True, "fprop", wgmma=wgmma, **limits) == expected
+    assert select_auto(spec, dtype, precision, True, "fprop", wgmma=wgmma, **limits) == expected
     dgrad = (spec, dtype, precision, True, "dgrad")  # a GEMM (few channels x filters: implicit_gemm's slower)
-    assert registry._select_algorithm(*dgrad, wgmma=wgmma, **limits) == "im2col_gemm"
+    assert select_auto(*dgrad, wgmma=wgmma, **limits) == "im2col_gemm"
 
 
 @pytest.mark.parametrize("hw,c,k,expected", [(7, 512, 2048, "im2col_gemm"), (7, 2048, 512, "implicit_gemm"),
@@ -94,7 +96,7 @@ def test_pointwise_dgrad_takes_implicit_gemm_on_small_planes_with_many_weights(h
     spec = cuconv.ConvSpec.from_args((32, c, hw, hw), (k, c, 1, 1))
     limits = {"smem_limit": 227 << 10, "workspace_limit": cuconv.config.workspace_limit}
     for dtype, precision in ((_F16, "ieee"), (_F32, "tf32")):
-        assert registry._select_algorithm(spec, dtype, precision, True, "dgrad", wgmma=True, **limits) == expected
+        assert select_auto(spec, dtype, precision, True, "dgrad", wgmma=True, **limits) == expected
 
 
 @pytest.mark.parametrize("hw,c,k,groups,dtype,expected", [
@@ -142,7 +144,7 @@ def test_strided_pointwise_wgrad_gathers_only_the_pixels_it_reads_on_large_plane
 def test_wgrad_tile_is_wide_for_long_columns_and_reductions(x_shape, k, kernel, expected):
     """wgrad's wgmma tile: 128 filters x 256 of dW's columns where a group has more than 64 filters and both
     C/groups·R·S and N·P·Q reach 2048; 64 x 128 otherwise (the last case: 20 groups of 16)."""
-    from cuconv.families import implicit_gemm
+    from cuconv.algos import implicit_gemm
 
     groups = 20 if x_shape[1] == 320 else 1
     spec = cuconv.ConvSpec.from_args(x_shape, (k, x_shape[1] // groups, kernel, kernel), padding=kernel // 2,
@@ -158,7 +160,7 @@ def test_long_gemms_on_few_pixels_take_128x256_blocks(x_shape, k, expected):
     """Of the cp.async tiles (float32, or no TMA tile): below 16384 output pixels a 3x3 forward of more than 64
     filters takes 64 x 128 blocks, but 128 x 256 ones where the GEMM has 5·10^9 multiply-adds or more (dgrad at
     stride 1 follows: the forward of dy)."""
-    from cuconv.families import implicit_gemm
+    from cuconv.algos import implicit_gemm
 
     spec = cuconv.ConvSpec.from_args(x_shape, (k, x_shape[1], 3, 3), padding=1)
     assert implicit_gemm.choose_tile(spec, _BF16, wgmma=True, nchw=False, tma=False) is implicit_gemm.TILES[expected]
@@ -167,7 +169,7 @@ def test_long_gemms_on_few_pixels_take_128x256_blocks(x_shape, k, expected):
 def test_splits_never_spill_past_one_wave_of_resident_blocks():
     """72 blocks of a tile that fits once an SM: split in two they would take two waves on 132 SMs; they stay
     whole. Tiles of two blocks an SM keep the rounded count (144 of them are resident at once)."""
-    from cuconv.families import implicit_gemm
+    from cuconv.algos import implicit_gemm
 
     tiles, smem = implicit_gemm.TILES, 228 << 10
     assert implicit_gemm.resident_blocks(tiles["wg128x256"], smem) == 1
@@ -185,8 +187,8 @@ def test_tf32_narrowing_pointwise_forward_on_7x7_reads_the_input_once(c, k, expe
     narrow the channels 5 times or more: implicit_gemm's NchwTile, which reads the input once; bf16 stays folded."""
     spec = cuconv.ConvSpec.from_args((32, c, 7, 7), (k, c, 1, 1))
     limits = {"smem_limit": 227 << 10, "workspace_limit": cuconv.config.workspace_limit}
-    assert registry._select_algorithm(spec, _F32, "tf32", True, "fprop", wgmma=True, **limits) == expected
-    assert registry._select_algorithm(spec, _BF16, "ieee", True, "fprop", wgmma=True, **limits) == "im2col_gemm"
+    assert select_auto(spec, _F32, "tf32", True, "fprop", wgmma=True, **limits) == expected
+    assert select_auto(spec, _BF16, "ieee", True, "fprop", wgmma=True, **limits) == "im2col_gemm"
 
 
 @pytest.mark.parametrize("xs,kwargs,pass_,half,tf32", [
@@ -217,13 +219,13 @@ def test_resnet_1x1_256_forward_is_a_gemm_at_every_precision():
         assert cuconv.select_algorithm(_P["resnet_1x1_256"], dtype, precision, True) == "im2col_gemm"
 
 
-@pytest.mark.parametrize("pass_", registry.PASSES)
+@pytest.mark.parametrize("pass_", PASSES)
 @pytest.mark.parametrize("problem", sorted(_P))
 def test_selection_always_serves_the_case(problem, pass_):
     for dtype in (_F16, _F32, _F64):
         for precision in ("ieee", "tf32"):
             name = cuconv.select_algorithm(_P[problem], dtype, precision, True, pass_)
-            assert registry.reason_unsupported(name, _P[problem], dtype, pass_, precision) is None
+            assert select.reason_unsupported(name, _P[problem], dtype, pass_, precision) is None
 
 
 def test_unknown_pass_is_refused():
@@ -259,7 +261,7 @@ _WIDE_1X1 = cuconv.ConvSpec.from_args((2, 64, 9, 9), (256, 64, 1, 1))
     ("stem_7x7_s2", _F32, True, True, "wg64x128s3"),
 ])
 def test_implicit_gemm_tile_choice(problem, dtype, wgmma, nchw, expected):
-    from cuconv.families import implicit_gemm
+    from cuconv.algos import implicit_gemm
 
     spec = _WIDE_1X1 if problem == "wide_1x1" else _P[problem]
     tiles = {**implicit_gemm.TILES, **implicit_gemm.TMA_TILES, **implicit_gemm.TMA_ROWS_TILES}
@@ -267,7 +269,7 @@ def test_implicit_gemm_tile_choice(problem, dtype, wgmma, nchw, expected):
 
 
 def test_implicit_gemm_tiles_fit_and_fall_back():
-    from cuconv.families import implicit_gemm
+    from cuconv.algos import implicit_gemm
 
     tiles = implicit_gemm.TILES
     # past the NchwTile's limits (31 taps, reductions of 2048) a plan for it takes the packed wgmma tile
@@ -288,7 +290,7 @@ def test_implicit_gemm_tiles_fit_and_fall_back():
 
 
 def test_implicit_gemm_reasons():
-    from cuconv.families import implicit_gemm
+    from cuconv.algos import implicit_gemm
     from cuconv.spec import ConvSpec
 
     spec = _P["square_5x9"]
@@ -324,7 +326,7 @@ def test_selection_reads_no_device_state_beyond_its_arguments(monkeypatch):
     """The limits a choice depends on (shared memory, wgmma, workspace limit) are its arguments: with the
     device's own answers made to fail, the memoized selector still decides, and decides by what it is given."""
     from cuconv import _loader
-    from cuconv.families import implicit_gemm
+    from cuconv.algos import implicit_gemm
 
     def asked(*_):
         raise AssertionError("the device was asked")
@@ -332,22 +334,20 @@ def test_selection_reads_no_device_state_beyond_its_arguments(monkeypatch):
     monkeypatch.setattr(_loader, "smem_limit", asked)
     monkeypatch.setattr(implicit_gemm, "wgmma_available", asked)
     monkeypatch.setattr(cuconv._plan, "current_limits", asked)
-    registry._select_algorithm.cache_clear()
-    registry._reason_unsupported.cache_clear()
+    select._clear()
     try:
         for problem in sorted(_P):
-            for pass_ in registry.PASSES:
+            for pass_ in PASSES:
                 for smem_limit, wgmma in ((227 << 10, True), (99 << 10, False), (48 << 10, False)):
-                    name = registry._select_algorithm(_P[problem], numpy.dtype(numpy.float32), "ieee", True, pass_,
+                    name = select_auto(_P[problem], numpy.dtype(numpy.float32), "ieee", True, pass_,
                                                       smem_limit, wgmma, 1 << 30)
-                    assert name in registry.algorithms(pass_)
+                    assert name in select.algorithms(pass_)
         # a workspace limit below what one packed sample needs refuses implicit_gemm, given, not read
-        tight = registry._reason_unsupported("implicit_gemm", _P["square_3x3_1024"], numpy.dtype(numpy.float16),
+        tight = reason_under("implicit_gemm", _P["square_3x3_1024"], numpy.dtype(numpy.float16),
                                              "fprop", "ieee", 227 << 10, True, 1 << 20)
         assert "workspace_limit (1048576)" in tight
     finally:
-        registry._select_algorithm.cache_clear()
-        registry._reason_unsupported.cache_clear()
+        select._clear()
 
 
 def test_resolve_takes_the_workspace_limit_it_is_given():
@@ -355,13 +355,13 @@ def test_resolve_takes_the_workspace_limit_it_is_given():
     limit passed in decides as the block would have."""
     spec, f16 = _P["square_3x3_1024"], numpy.dtype(numpy.float16)
     with cuconv.config(workspace_limit=1 << 20):
-        in_block = registry.resolve("auto", spec, f16, "ieee", True, "fprop")
+        in_block = select.resolve("auto", spec, f16, "ieee", True, "fprop")
         with pytest.raises(NotImplementedError, match="workspace_limit"):
-            registry.resolve("implicit_gemm", spec, f16, "ieee", True, "fprop")
-    assert registry.resolve("auto", spec, f16, "ieee", True, "fprop", 1 << 20) == in_block != "implicit_gemm"
-    assert registry.resolve("auto", spec, f16, "ieee", True, "fprop") == "implicit_gemm"
+            select.resolve("implicit_gemm", spec, f16, "ieee", True, "fprop")
+    assert select.resolve("auto", spec, f16, "ieee", True, "fprop", 1 << 20) == in_block != "implicit_gemm"
+    assert select.resolve("auto", spec, f16, "ieee", True, "fprop") == "implicit_gemm"
     with pytest.raises(NotImplementedError, match="workspace_limit"):
-        registry.resolve("implicit_gemm", spec, f16, "ieee", True, "fprop", 1 << 20)
+        select.resolve("implicit_gemm", spec, f16, "ieee", True, "fprop", 1 << 20)
 
 
 @pytest.mark.parametrize("c,k,hw,expected", [(1024, 512, 14, "implicit_gemm"), (2048, 1024, 14, "implicit_gemm"),
@@ -372,8 +372,8 @@ def test_pointwise_tf32_forward_takes_implicit_gemm_on_14x14_planes_with_large_w
     GEMMs were 1.2-1.5x slower there); the half types keep the GEMM."""
     spec = cuconv.ConvSpec.from_args((32, c, hw, hw), (k, c, 1, 1))
     limits = dict(smem_limit=227 << 10, workspace_limit=1 << 30)
-    assert registry._select_algorithm(spec, _F32, "tf32", True, "fprop", wgmma=True, **limits) == expected
-    assert registry._select_algorithm(spec, _F16, "ieee", True, "fprop", wgmma=True, **limits) == "im2col_gemm"
+    assert select_auto(spec, _F32, "tf32", True, "fprop", wgmma=True, **limits) == expected
+    assert select_auto(spec, _F16, "ieee", True, "fprop", wgmma=True, **limits) == "im2col_gemm"
 
 
 def test_channels_last_passes_read_in_place_or_pack_channels_last_pixels():
@@ -382,7 +382,8 @@ def test_channels_last_passes_read_in_place_or_pack_channels_last_pixels():
     pack channels-last pixels elsewhere (float32's TF32 rounding, channels off whole vectors) within the
     workspace limit; strided dgrads (phases) and wgrad pack from channels-last pixels too."""
     from cuconv import _plan
-    from cuconv.families import dgrad_forward, implicit_gemm
+    from cuconv.blocks import dgrad_forward
+    from cuconv.algos import implicit_gemm
 
     f16, f32 = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
     limits = _plan.Limits(227 << 10, True, 1 << 30)
@@ -406,7 +407,7 @@ def test_channels_last_passes_read_in_place_or_pack_channels_last_pixels():
 def test_pack_swap_divides_by_its_magic_number():
     """pack_swap finds a run element's pixel as (j · m) >> p (``division_magic``): j // C for every j below 2^31,
     at the edges of each quotient, for channel counts from 1 to large ones and powers of two."""
-    from cuconv.families import implicit_gemm
+    from cuconv.algos import implicit_gemm
 
     rng = numpy.random.default_rng(0)
     for d in list(range(1, 600)) + [2**k for k in range(31)] + [2**k + 1 for k in range(30)] + \
@@ -436,7 +437,7 @@ def test_channels_last_wgrad_through_the_column_matrix(x_shape, w_shape, kwargs,
     up to a column matrix of 256 MiB, and for non-overlapping patches in any precision; implicit_gemm elsewhere."""
     spec = cuconv.ConvSpec.from_args(x_shape, w_shape, **kwargs)
     precision = "tf32" if dtype == _F32 else "ieee"
-    assert registry._select_nhwc("auto", spec, dtype, precision, "wgrad", 163 << 10, False,
+    assert select_nhwc_auto("auto", spec, dtype, precision, "wgrad", 163 << 10, False,
                                  cuconv.config.workspace_limit) == expected
 
 
@@ -470,11 +471,11 @@ def test_channels_last_wgrad_takes_the_tma_wgrad_on_wgmma_devices(x_shape, w_sha
     1x1 layers, patches and layers of fewer than 2048 output pixels its column matrix serves stay with im2col_gemm;
     groups of 16, 32 or 64 channels and as many filters take 64 x 64; float32, narrower groups and narrow layers
     stay with the packed wgrad."""
-    from cuconv.families import implicit_gemm
+    from cuconv.algos import implicit_gemm
 
     spec = cuconv.ConvSpec.from_args(x_shape, w_shape, **kwargs)
     precision = "tf32" if dtype == _F32 else "ieee"
-    assert registry._select_nhwc("auto", spec, dtype, precision, "wgrad", 227 << 10, True,
+    assert select_nhwc_auto("auto", spec, dtype, precision, "wgrad", 227 << 10, True,
                                  cuconv.config.workspace_limit) == expected
     assert implicit_gemm.wgrad_tma_tile(spec, dtype) is (None if tile is None else implicit_gemm.WGRAD_TMA_TILES[tile])
 
@@ -490,20 +491,20 @@ def test_channels_last_wgrad_takes_the_tma_wgrad_on_wgmma_devices(x_shape, w_sha
 def test_grouped_forward_through_a_block_diagonal_weight(x_shape, w_shape, kwargs, dtype, expected):
     """A grouped forward of 16, 32 or 64 channels and as many filters a group in the half types runs, on a wgmma
     device's channels-last tensors, as one TMA GEMM through a block-diagonal weight (no GPU needed)."""
-    from cuconv.families import implicit_gemm
+    from cuconv.algos import implicit_gemm
 
     spec = cuconv.ConvSpec.from_args(x_shape, w_shape, **kwargs)
     tile = implicit_gemm.block_diagonal_tile(spec, dtype)
     assert tile is (None if expected is None else implicit_gemm.TMA_TILES[expected])
     if expected is not None:
-        assert registry._select_nhwc("auto", spec, dtype, "ieee", "fprop", 227 << 10, True,
+        assert select_nhwc_auto("auto", spec, dtype, "ieee", "fprop", 227 << 10, True,
                                      cuconv.config.workspace_limit) == "implicit_gemm"
 
 
 def test_split_forwards_take_no_row_band_tile():
     """A forward asked for a split over k takes the TMA tile the row-band tile stands in for (it reduces every tap
     in its block; no GPU needed)."""
-    from cuconv.families import implicit_gemm
+    from cuconv.algos import implicit_gemm
 
     spec = _P["square_5x9"]
     assert implicit_gemm.choose_tile(spec, _F16, wgmma=True, nchw=False) is implicit_gemm.TMA_ROWS_TILES[
@@ -516,7 +517,7 @@ def test_split_forwards_take_no_row_band_tile():
 def test_tma_wgrad_splits_fill_the_sms():
     """The TMA wgrad's pixel ranges: as many as fill the SMs' resident blocks over the dW tiles, each of at least
     four 64-pixel k tiles, the partial sums within the workspace; one where the tiles fill the SMs already."""
-    from cuconv.families import implicit_gemm
+    from cuconv.algos import implicit_gemm
 
     t = implicit_gemm.WGRAD_TMA_TILES
     small = cuconv.ConvSpec.from_args((32, 64, 56, 56), (64, 64, 3, 3), padding=1)  # 9 blocks, 1568 k tiles
@@ -536,7 +537,7 @@ def test_tma_wgrad_splits_fill_the_sms():
 ])
 def test_tma_reason_names_what_the_tma_tiles_do_not_serve(x_shape, w_shape, kwargs, dtype_name, reason):
     """``tma_reason`` refuses what the TMA tiles cannot run, with the reason (no GPU needed)."""
-    from cuconv.families import implicit_gemm
+    from cuconv.algos import implicit_gemm
 
     dtype = _dtypes.by_name(dtype_name)
     spec = cuconv.ConvSpec.from_args(x_shape, w_shape, **kwargs)
@@ -574,7 +575,7 @@ def test_tma_tile_choice(x_shape, w_shape, kwargs, dtype_name, expected):
     256 pixels and more, 90% filled by whole segments, a row-band tile; else the widest that fills the SMs
     (``tma_tile``), k tiles as wide as the channels allow; none for float32, groups, or channels that are not whole
     16s; ``choose_tile`` takes it where the packed path runs."""
-    from cuconv.families import implicit_gemm
+    from cuconv.algos import implicit_gemm
 
     spec = cuconv.ConvSpec.from_args(x_shape, w_shape, **kwargs)
     dtype = _dtypes.by_name(dtype_name)
@@ -589,7 +590,7 @@ def test_tma_tile_choice(x_shape, w_shape, kwargs, dtype_name, expected):
 def test_phased_dgrad_takes_a_tma_tile_every_phase_serves():
     """A strided dgrad's phases share the TMA tile of the phase of most taps; where a phase's geometry refuses it
     (its im2col corners out of range) they share a cp.async tile (no GPU needed)."""
-    from cuconv.families import implicit_gemm
+    from cuconv.algos import implicit_gemm
 
     spec = cuconv.ConvSpec.from_args((32, 96, 56, 56), (192, 96, 3, 3), stride=2, padding=1)
     assert implicit_gemm.phase_tile(spec, _BF16, True) is implicit_gemm.TMA_TILES["tma128x128"]
@@ -602,7 +603,7 @@ def test_tma_wgrad_refuses_unaligned_operands():
     256-byte boundaries, its plan says so before any kernel runs (``auto`` takes the packed wgrad there; no GPU
     needed)."""
     from cuconv import _plan
-    from cuconv.families import implicit_gemm
+    from cuconv.algos import implicit_gemm
 
     spec = cuconv.ConvSpec.from_args((2, 64, 9, 9), (64, 64, 3, 3), padding=1)
     env = _plan.Env(device=0, workspace_limit=1 << 30, smem_limit=227 << 10, wgmma=True, sm_count=132,
@@ -615,7 +616,7 @@ def test_tma_wgrad_refuses_unaligned_operands():
 def test_tma_tiles_refuse_wgrad():
     """The TMA tiles run forward GEMMs only: a wgrad plan asked for one says so (no GPU needed)."""
     from cuconv import _plan
-    from cuconv.families import implicit_gemm
+    from cuconv.algos import implicit_gemm
 
     spec = cuconv.ConvSpec.from_args((2, 64, 9, 9), (64, 64, 3, 3), padding=1)
     env = _plan.Env(device=0, workspace_limit=1 << 30, smem_limit=227 << 10, wgmma=True, sm_count=132,

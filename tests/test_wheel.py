@@ -60,7 +60,7 @@ _SNIPPET = textwrap.dedent("""
         spec = importlib.util.spec_from_file_location("kernel_compile_check", args["helpers"])
         helpers = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(helpers)
-        jobs = [(cu.stem, arch) for cu in sorted(_loader.KERNEL_DIR.glob("*.cu")) for arch in args["archs"]]
+        jobs = [(stem, arch) for stem in _loader.kernel_stems() for arch in args["archs"]]
         for (stem, arch), done in helpers.compile_all(jobs).items():
             report["compiled"][f"{stem}-{arch}"] = done.result()
     print("REPORT", json.dumps(report), flush=True)
@@ -132,7 +132,8 @@ def test_wheel_ships_and_compiles_kernels(tmp_path):
     # 2. It carries the header and every kernel under cuconv/kernels_cu/.
     with zipfile.ZipFile(wheel) as zf:
         shipped = set(zf.namelist())
-    expected = {"cuconv/kernels_cu/common.cuh"} | {f"cuconv/kernels_cu/{p.name}" for p in REPO_KERNELS.glob("*.cu")}
+    expected = {f"cuconv/kernels_cu/{p.relative_to(REPO_KERNELS).as_posix()}"
+                for pattern in ("*.cu", "*.cuh") for p in REPO_KERNELS.rglob(pattern)}
     assert expected <= shipped, f"{wheel.name} lacks {sorted(expected - shipped)}"
 
     # 3. Install it into a fresh venv, offline and alone.

@@ -17,10 +17,12 @@ import threading
 import numpy
 import torch
 
-from .. import _dtypes, _layout, _plan, autotune, backward as _backward, registry as _registry
+from .. import _dtypes, _layout, _plan, algos as _algorithms, backward as _backward, dispatch, select as _select
+from ..problem import PASSES
+from ..select import autotune
 from .._config import config
-from ..families.bias import grad_launch, grad_launch_nhwc
-from ..families.im2col_gemm import cpu_matmul
+from ..blocks.bias import grad_launch, grad_launch_nhwc
+from ..algos.im2col_gemm import cpu_matmul
 from ..conv import _Plan as _ForwardPlan, _run as _run_forward
 from ..spec import ConvSpec
 
@@ -89,7 +91,7 @@ def _as_tensor(a: numpy.ndarray, dtype: torch.dtype) -> torch.Tensor:
 def backward_algo(algo: str, pass_: str) -> str:
     """The algorithm a backward pass runs for a forward forced to ``algo``: the same, where it has that pass,
     else ``auto``."""
-    return algo if algo == "auto" or algo in _registry.algorithms(pass_) else "auto"
+    return algo if algo == "auto" or algo in _algorithms.names(pass_) else "auto"
 
 
 _bias_launches = {}  # (N, K, P·Q, dtype, device index) -> the prepared bias_grad launch
@@ -165,7 +167,7 @@ class Layer:
     (3-D for unbatched input: the data are the same).
 
     ``channels_last``: the call's input or weight is channels-last (torch's rule), so are its results (output,
-    input gradient). A CUDA pass that an algorithm serves on channels-last activations (``registry.select_nhwc``,
+    input gradient). A CUDA pass that an algorithm serves on channels-last activations (``select.select_nhwc``,
     ``nhwc[pass_]``) reads and writes them in place; the others run on NCHW copies, their results copied back to
     channels-last."""
 
@@ -196,18 +198,18 @@ class Layer:
         # channels-last results (4-D calls only: torch treats an unbatched input as NCHW); pass -> the algorithm
         # running it on channels-last activations in place, or None (NCHW copies)
         self.channels_last = channels_last and len(x_shape) == 4
-        self.nhwc = dict.fromkeys(_registry.PASSES)
+        self.nhwc = dict.fromkeys(PASSES)
         if self.channels_last and self.index >= 0:
-            for pass_ in _registry.PASSES:
-                self.nhwc[pass_] = _registry.select_nhwc(algo if pass_ == "fprop" else backward_algo(algo, pass_),
+            for pass_ in PASSES:
+                self.nhwc[pass_] = _select.select_nhwc(algo if pass_ == "fprop" else backward_algo(algo, pass_),
                                                          spec, self.np_dtype, precision, pass_, self.workspace_limit)
         # the memory format the forward takes x in (None: contiguous, the path without keyword arguments)
         self.x_format = torch.channels_last if self.nhwc["fprop"] else None
         # a channels-last weight (not also contiguous: 1x1 and depthwise ones are) read where it is by the passes
-        # whose channels-last plans take it (``registry.takes_krsc``), wgrad's dW written so, as torch's: where
+        # whose channels-last plans take it (``algos.takes_krsc``), wgrad's dW written so, as torch's: where
         # the forward and the dgrad both do, the layer takes w channels-last (``w_format``), else contiguous
         self.krsc = {pass_: bool(self.channels_last and w_channels_last and self.nhwc[pass_]
-                                 and _registry.takes_krsc(self.nhwc[pass_])) for pass_ in _registry.PASSES}
+                                 and _algorithms.takes_krsc(self.nhwc[pass_])) for pass_ in PASSES}
         if not (self.krsc["fprop"] and self.krsc["dgrad"]):
             self.krsc["fprop"] = self.krsc["dgrad"] = False
         self.w_format = torch.channels_last if self.krsc["fprop"] else None
@@ -216,7 +218,7 @@ class Layer:
         self._dx_strides = _layout.nhwc_strides(spec.input_shape)
         if self.index >= 0:  # the forward's algorithm is resolved now: a forced one that cannot serve raises here
             self._bytes = torch.empty(0, dtype=torch.uint8, device=device)
-            name = self.nhwc["fprop"] or _registry.resolve(algo, spec, self.np_dtype, precision, True, "fprop",
+            name = self.nhwc["fprop"] or _select.resolve(algo, spec, self.np_dtype, precision, True, "fprop",
                                                            self.workspace_limit)
             self.fprop = self._prepare("fprop", name, True)
             if not benchmark or self.nhwc["fprop"]:  # (benchmark: the first aligned call times the candidates)
@@ -225,7 +227,7 @@ class Layer:
     # ---- CUDA ------------------------------------------------------------------------------------------------
     def _prepare(self, pass_: str, name: str, aligned: bool) -> "_plan.Plan":
         env = _plan.env(self.index, self.workspace_limit, aligned)
-        return _registry.prepare(name, pass_, self.spec, self.np_dtype, self.precision, env,
+        return dispatch.prepare(name, pass_, self.spec, self.np_dtype, self.precision, env,
                                  self.bias and pass_ == "fprop", "nhwc" if self.nhwc[pass_] else "nchw",
                                  "krsc" if self.krsc[pass_] else "kcrs")
 
@@ -241,7 +243,7 @@ class Layer:
                 plan = plans.get(pass_)
                 if plan is None:
                     algo = self.algo if pass_ == "fprop" else backward_algo(self.algo, pass_)
-                    name = self.nhwc[pass_] or _registry.resolve(algo, self.spec, self.np_dtype, self.precision,
+                    name = self.nhwc[pass_] or _select.resolve(algo, self.spec, self.np_dtype, self.precision,
                                                                  True, pass_, self.workspace_limit)
                     if algo == "auto" and self.benchmark and not self.nhwc[pass_]:
                         name = self._tuned(pass_, name, ptrs, aligned)

@@ -18,7 +18,7 @@ import torch
 from .. import _layout
 from .._config import config
 from .._errors import ConvTypeError, ConvValueError
-from ..registry import algorithms
+from ..select import algorithms
 from ..spec import ConvSpec, _plain, output_size
 from . import _bridge
 

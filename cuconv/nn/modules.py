@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import algorithms
+from ..select import algorithms
 from . import functional as F
 
 __all__ = ["Conv2d", "convert"]
@@ -21,7 +21,7 @@ class Conv2d(torch.nn.Conv2d):
 
     Parameters are torch's: ``in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
     groups=1, bias=True, padding_mode="zeros", device=None, dtype=None``; plus ``algo`` (``"auto"`` or one
-    of :func:`cuconv.algorithms`).
+    of :func:`cuconv.algos`).
 
     Examples
     --------
@@ -76,7 +76,7 @@ def convert(model: torch.nn.Module, *, algo: str = "auto") -> torch.nn.Module:
     TypeError
         ``model`` is not a ``torch.nn.Module``.
     ValueError
-        ``algo`` is not ``"auto"`` or one of :func:`cuconv.algorithms`.
+        ``algo`` is not ``"auto"`` or one of :func:`cuconv.algos`.
 
     Examples
     --------

@@ -22,7 +22,9 @@ import time
 
 import numpy
 
-from .. import _dtypes, autotune, registry
+from .. import _dtypes, select as _select
+from ..problem import PASSES
+from ..select import autotune
 from . import bench_models
 from ..problems import PROBLEMS, SUITES
 
@@ -54,11 +56,11 @@ def _parse(argv):
     unknown = [n for n in names if n not in _BY_NAME]
     if unknown:
         ap.error(f"unknown problem(s) {unknown}; choose from {sorted(_BY_NAME)}")
-    algos = (tuple(dict.fromkeys(n for p in registry.PASSES for n in registry.algorithms(p)))
+    algos = (tuple(dict.fromkeys(n for p in PASSES for n in _select.algorithms(p)))
              if args.algo == "all" else (args.algo,))
     for a in algos:
-        if a != "auto" and a not in registry.algorithms():
-            ap.error(f"unknown algo {a!r}; choose 'auto', 'all' or one of {registry.algorithms()}")
+        if a != "auto" and a not in _select.algorithms():
+            ap.error(f"unknown algo {a!r}; choose 'auto', 'all' or one of {_select.algorithms()}")
     return args, names, algos
 
 
@@ -67,7 +69,7 @@ def _parse(argv):
 # ----------------------------------------------------------------------------------------------------
 def _time_gpu(fn, reps, warmup):
     """Median milliseconds of ``fn()`` over ``reps`` runs, timed with CUDA events on CuPy's stream."""
-    from ..autotune import time_cuda
+    from ..select.autotune import time_cuda
 
     return time_cuda(fn, reps, warmup)
 
@@ -77,7 +79,7 @@ def _time_loop(fn, call_ms, reps=5):
     a layer called in a loop, where the host enqueues the next call while the GPU runs this one. Equal to
     the single-call time for large problems; for small ones it drops the idle GPU time before the launch
     that a single timed call includes (whichever of host and GPU is slower sets it)."""
-    from ..autotune import time_cuda
+    from ..select.autotune import time_cuda
 
     return time_cuda(fn, reps, 1, calls=max(3, min(50, int(20.0 / max(call_ms, 1e-3)))))
 
@@ -255,7 +257,7 @@ def _measure(args, prob, spec, pass_, algos, rate, bandwidth, progress):
         loop_ms = _time_loop(lambda: pass_.ours(algo), ms)
         host_us = _host_overhead_us(lambda: pass_.ours(algo))
         dtype = _dtypes.by_name(args.dtype)
-        auto_algo = registry.select_algorithm(spec, dtype, args.precision, True, pass_.name)
+        auto_algo = _select.select_algorithm(spec, dtype, args.precision, True, pass_.name)
         chosen = auto_algo if algo == "auto" else algo
         row = dict(problem=prob.name, pass_=pass_.name, algo=chosen, auto_algo=auto_algo, dtype=args.dtype,
                    precision=args.precision,

@@ -261,10 +261,10 @@ def _layer_pair(geometry: dict, channels_last: bool):
 
 def _chosen(geometry: dict, shape: tuple, mode: _Mode, channels_last: bool = False) -> dict:
     """The algorithm ``auto`` runs for each pass of this layer in this mode (config.benchmark off); with
-    channels-last activations the one that serves them in place (``registry.select_nhwc``), or, where none
+    channels-last activations the one that serves them in place (``select.select_nhwc``), or, where none
     does, the NCHW choice marked " (copies)"."""
     import cuconv
-    from cuconv import _dtypes, registry
+    from cuconv import _dtypes, select
     from cuconv.spec import ConvSpec
 
     k = geometry["kernel_size"]
@@ -274,7 +274,7 @@ def _chosen(geometry: dict, shape: tuple, mode: _Mode, channels_last: bool = Fal
     precision = "tf32" if mode.name == "tf32" else "ieee"
     chosen = {}
     for p in ("fprop", "dgrad", "wgrad"):
-        nhwc = registry.select_nhwc("auto", spec, dtype, precision, p) if channels_last else None
+        nhwc = select.select_nhwc("auto", spec, dtype, precision, p) if channels_last else None
         copies = " (copies)" if channels_last else ""
         chosen[p] = nhwc or cuconv.select_algorithm(spec, dtype, precision, True, p) + copies
     return chosen

@@ -1,0 +1,107 @@
+"""The contract every algorithm implements, and the plans of problems with nothing to compute.
+
+An algorithm is one object (a subclass of ``Algorithm``, one instance in ``cuconv.algos.ALGORITHMS``) that
+declares what it serves and answers three questions:
+
+- ``can_implement(problem, limits) -> str | None``: why it cannot run ``problem`` (a ``cuconv.problem.Problem``)
+  under ``limits`` (``cuconv._plan.Limits``: shared memory, wgmma, workspace limit), or None. The declared
+  ``passes``, ``layouts``, ``weight_layouts`` and epilogues are checked here, then the algorithm's own
+  ``reason``. Nothing is probed; ``plan`` never refuses what ``can_implement`` accepted.
+- ``knobs(problem, limits) -> tuple of dicts``: the settings of its own choices (tiles, splits, variants) that
+  can run ``problem``, as data: the selector (``cuconv.select``) picks one, ``config.benchmark`` may time them.
+  ``{}`` means "the algorithm's defaults"; an algorithm without knobs has only that.
+- ``plan(problem, env, **knobs) -> cuconv._plan.Plan``: the launches of one pass, made once, run many times.
+
+Problems with nothing to compute are planned here, the same for every algorithm: an empty output, a forward
+with no input channels (the bias or zeros), a backward pass with an empty batch, no filters or no channels
+(zeros).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy
+
+from .. import _plan
+from ..blocks import bias as _bias, elementwise
+from ..problem import ACTIVATIONS, PASSES, Problem
+
+__all__ = ["Algorithm", "degenerate"]
+
+
+class Algorithm:
+    """An algorithm: what it serves (class attributes) and the contract's three methods (see the module)."""
+
+    name: str = ""
+    passes: tuple = PASSES
+    layouts: tuple = ("nchw",)           # activations' layouts it reads and writes in place
+    weight_layouts: tuple = ("kcrs",)    # weight layouts its channels-last plans read (and wgrad writes)
+    activations: tuple = ()              # Epilogue.activation values it applies (of ACTIVATIONS)
+    residual: bool = False               # whether it adds a residual tensor
+    scale: bool = False                  # whether it scales the sum
+    exact_on_integers: bool = True       # integer-valued inputs give exact sums (no fractional transforms)
+
+    def can_implement(self, problem: Problem, limits: "_plan.Limits") -> Optional[str]:
+        """Why this algorithm cannot run ``problem`` under ``limits``, or None."""
+        if problem.pass_ not in self.passes:
+            return f"it implements no {problem.pass_}"
+        if problem.layout not in self.layouts:
+            return "it reads and writes NCHW activations only"
+        if problem.weights not in self.weight_layouts:
+            return f"it reads no {problem.weights!r} weights"
+        ep = problem.epilogue
+        if ep.activation is not None and ep.activation not in self.activations:
+            return f"its epilogue applies no {ep.activation}"
+        if ep.residual is not None and not self.residual:
+            return "its epilogue adds no residual"
+        if ep.scale != 1.0 and not self.scale:
+            return "its epilogue scales no sum"
+        return self.reason(problem, limits)
+
+    def reason(self, problem: Problem, limits: "_plan.Limits") -> Optional[str]:
+        """The algorithm's own limits beyond what it declares (``can_implement`` asks after those)."""
+        return None
+
+    def knobs(self, problem: Problem, limits: "_plan.Limits") -> tuple:
+        """Settings of the algorithm's own choices that can run ``problem`` (dicts of ``plan``'s keywords)."""
+        return ({},)
+
+    def plan(self, problem: Problem, env: "_plan.Env", **knobs) -> "_plan.Plan":
+        """The plan of ``problem`` on ``env.device`` with ``knobs`` (``{}``: the algorithm's defaults)."""
+        nothing = degenerate(self.name, problem, env)
+        if nothing is not None:
+            return nothing
+        return self.build(problem, env, **knobs)
+
+    def build(self, problem: Problem, env: "_plan.Env", **knobs) -> "_plan.Plan":
+        """``plan`` of a problem with something to compute (subclasses)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<algorithm {self.name}>"
+
+
+def degenerate(name: str, problem: Problem, env: "_plan.Env") -> Optional["_plan.Plan"]:
+    """The plan of a problem with nothing to compute (see the module), or None where there is something."""
+    spec, dtype, pass_ = problem.spec, problem.dtype, problem.pass_
+    b = _plan.Builder(pass_, env)
+    if pass_ == "fprop":
+        if spec.n * spec.k * spec.p * spec.q == 0:
+            return b.plan(name)
+        if spec.crs_per_group == 0:
+            if problem.bias:  # NCHW: planes of P·Q pixels per filter; NHWC: N·P·Q "planes" of one pixel per filter
+                n, pq = (spec.n, spec.p * spec.q) if problem.layout == "nchw" else (spec.n * spec.p * spec.q, 1)
+                fill = _bias.fill_launch(dtype, n, spec.k, pq, aligned=b.base_aligned(b.ref("out")))
+                b.launch(fill, b.ref("out"), b.ref("bias"))
+            else:
+                b.launch(elementwise.fill(dtype, spec.n * spec.k * spec.p * spec.q), b.ref("out"))
+            return b.plan(name)
+        return None
+    if spec.n == 0 or spec.k == 0 or spec.crs_per_group == 0:
+        result = spec.input_shape if pass_ == "dgrad" else spec.weight_shape
+        count = int(numpy.prod(result))
+        if count:
+            b.launch(elementwise.fill(dtype, count), b.ref("dx" if pass_ == "dgrad" else "dw"))
+        return b.plan(name)
+    return None

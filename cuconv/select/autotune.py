@@ -1,0 +1,238 @@
+"""``cuconv.config.benchmark``: time every eligible algorithm once per problem and remember the fastest.
+
+Like ``torch.backends.cudnn.benchmark``: the first call with a given signature (device name, dtype,
+precision, pass and the full geometry ``ConvSpec``) runs each algorithm that can serve it on the real
+inputs, timed with CUDA events on the current stream, and every later call with that signature runs the
+winner. Winners live in memory for the process and, where ``cuconv.config.benchmark_cache`` names a file,
+also on disk (JSON), so a later process on the same kind of device skips the timing. The file is a cache, never
+an authority: an entry that names no algorithm able to serve its case is timed afresh, a damaged file is
+rewritten, one that cannot be read is left alone, and writers (threads and processes) lock, merge and replace
+it atomically; a location that cannot be written costs a warning, not the call. Entries carry the
+device name: another device misses and times again. During CUDA-graph capture nothing is timed (that would
+synchronise): a signature timed before runs its winner, one never timed the heuristic choice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import statistics
+import tempfile
+import threading
+import warnings
+from typing import Callable, Dict, Optional
+
+import numpy
+
+from .. import _backend, algos as _algorithms
+from .._config import config
+from ..spec import ConvSpec
+from . import reason_unsupported
+
+__all__ = ["choose", "pick", "signature", "clear", "time_cuda", "winner"]
+
+_winners: Dict[str, str] = {}
+# The winners again by (device, dtype, precision, pass, spec, workspace limit, which decides what may run):
+# a hit costs no text key and no re-validation.
+_chosen: Dict[tuple, str] = {}
+# pick's answers again, by device id (not name) and the dtype as the caller gives it: a tuned layer called again
+# costs one lookup, not the device's name and a key built again (host time on every call of a small layer).
+_picked: Dict[tuple, str] = {}
+_lock = threading.Lock()
+_disk_lock = threading.Lock()  # the cache file's writers in this process (the file lock covers other processes)
+
+
+def signature(device_name: str, dtype, precision: str, pass_: str, spec: ConvSpec) -> str:
+    """The cache key: stable text, the same across processes."""
+    names = sorted(f.name for f in dataclasses.fields(spec))  # the fields only, not cached derived sizes
+    fields = ",".join(f"{name}={getattr(spec, name)}" for name in names)
+    return f"{device_name}|{numpy.dtype(dtype).name}|{precision}|{pass_}|{fields}"
+
+
+def clear() -> None:
+    """Forget every winner held in memory (the disk cache is left alone)."""
+    with _lock:
+        _winners.clear()
+        _chosen.clear()
+        _picked.clear()
+
+
+def _load_disk(path: str) -> Optional[Dict[str, str]]:
+    """The cache file's entries (pairs of strings; anything else in it is dropped): {} where the file is missing or
+    holds no JSON object (a damaged cache heals at the next store); None where it exists but cannot be read (it is
+    then never replaced)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError):  # a directory, no permission, not text
+        return None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):  # malformed, or nested deeper than the parser goes
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+@contextlib.contextmanager
+def _file_lock(path: str):
+    """Exclusive use of the cache file across threads and processes: a lock file beside it (``flock``; opened
+    without following a symbolic link), where the platform has one."""
+    with _disk_lock:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows: threads only
+            yield
+            return
+        fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # (releases the lock)
+
+
+def _store_disk(path: str, key: str, name: str) -> None:
+    """Add one winner to the cache file: read, merge and replace under the file lock, through a fresh temporary
+    file in the same directory (``mkstemp``: a unique name, created exclusively), so that concurrent writers
+    keep each other's entries and readers never see half a file. A location that cannot be written is a
+    warning, not an error: the winner is still used from memory."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        with _file_lock(path):
+            data = _load_disk(path)
+            if data is None:
+                warnings.warn(f"cuconv: the autotune cache {path} cannot be read; it is left as it is and this "
+                              f"process keeps its choices in memory", RuntimeWarning, stacklevel=3)
+                return
+            data[key] = name
+            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    json.dump(data, fh, indent=1, sort_keys=True)
+                os.replace(tmp, path)  # atomic: readers see the old file or the new one
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+    except OSError as exc:
+        warnings.warn(f"cuconv: could not write the autotune cache {path} ({exc}); this process keeps its "
+                      f"choices in memory", RuntimeWarning, stacklevel=3)
+
+
+def time_cuda(run: Callable[[], None], reps: int = 3, warmup: int = 1, calls: int = 1) -> float:
+    """Median milliseconds of ``run`` on CuPy's current stream, timed with CUDA events after warm-up; with
+    ``calls`` > 1, of ``calls`` runs back to back between the two events, per run.
+
+    The one timer of cuconv: the autotuner and ``python -m cuconv bench`` both use it.
+    """
+    import cupy
+
+    stream = cupy.cuda.get_current_stream()
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(reps):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(stream)
+        for _ in range(calls):
+            run()
+        stop.record(stream)
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop) / calls)
+    return statistics.median(times)
+
+
+def _candidate_time(run: Callable[[], None]) -> float:
+    """The autotuner's time of one candidate: after two warm-up calls (compiles, allocations), the median
+    per-call time of calls back to back, as many as fill ~2 ms. A single call of a small layer is mostly
+    host time and its noise: timed one call at a time, the tuner picked algorithms measurably slower than the
+    best (docs/perf-notes.md)."""
+    one = time_cuda(run, reps=1, warmup=2)
+    return time_cuda(run, reps=3, warmup=0, calls=max(1, min(20, int(2.0 / max(one, 1e-3)))))
+
+
+def choose(spec: ConvSpec, dtype, precision: str, pass_: str, run: Callable[[str], None],
+           device_name: str, timer: Optional[Callable[[Callable[[], None]], float]] = None) -> str:
+    """The fastest algorithm for this signature, timing the candidates (``run(name)``) on a miss."""
+    fast_key = (device_name, numpy.dtype(dtype), precision, pass_, spec, config.workspace_limit)
+    name = _chosen.get(fast_key)
+    if name is not None:
+        return name
+    name = _choose(spec, dtype, precision, pass_, run, device_name, timer)
+    with _lock:
+        _chosen[fast_key] = name
+    return name
+
+
+def _choose(spec, dtype, precision, pass_, run, device_name, timer) -> str:
+    key = signature(device_name, dtype, precision, pass_, spec)
+    with _lock:
+        name = _winners.get(key)
+    path = config.benchmark_cache
+    if name is None and path:
+        name = (_load_disk(path) or {}).get(key)
+    # a name from the file is used only if it is an algorithm of this pass that can serve the case
+    if (name is not None and name in _algorithms.names(pass_)
+            and reason_unsupported(name, spec, dtype, pass_, precision) is None):
+        with _lock:
+            _winners[key] = name
+        return name
+    candidates = [a for a in _algorithms.names(pass_)
+                  if reason_unsupported(a, spec, dtype, pass_, precision) is None]
+    timer = timer or _candidate_time
+    timings = {a: timer(lambda a=a: run(a)) for a in candidates}
+    name = min(timings, key=timings.get)
+    with _lock:
+        _winners[key] = name
+    if path:
+        _store_disk(path, key, name)
+    return name
+
+
+def winner(spec: ConvSpec, dtype, precision: str, pass_: str) -> Optional[str]:
+    """The algorithm the autotuner chose for this signature on the current device in this process, or None
+    (nothing timed yet): what ``auto`` runs with ``config.benchmark`` on."""
+    with _lock:
+        return _winners.get(signature(_device_name(), dtype, precision, pass_, spec))
+
+
+_device_names: Dict[int, str] = {}
+
+
+def _device_name() -> str:
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    name = _device_names.get(dev)
+    if name is None:
+        raw = cupy.cuda.runtime.getDeviceProperties(dev)["name"]
+        name = _device_names[dev] = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return name
+
+
+def pick(requested: str, heuristic: str, spec: ConvSpec, dtype, precision: str, pass_: str,
+         run: Callable[[str], None]) -> str:
+    """The algorithm a GPU call runs: ``heuristic`` unless ``auto`` was asked with ``config.benchmark`` on, in
+    which case the timed winner. A signature not timed yet is timed now, unless the stream is being captured
+    into a CUDA graph (timing would synchronise): then the heuristic runs. A winner known already runs inside a
+    capture too: nothing needs timing."""
+    if requested != "auto" or not config.benchmark:
+        return heuristic
+    cupy = _backend.cupy_or_none()
+    key = (cupy.cuda.runtime.getDevice(), dtype, precision, pass_, spec, config.workspace_limit)
+    name = _picked.get(key)
+    if name is not None:
+        return name
+    stream = cupy.cuda.get_current_stream().ptr
+    if stream and cupy.cuda.runtime.streamIsCapturing(stream) != 0:
+        return heuristic
+    name = choose(spec, dtype, precision, pass_, run, _device_name())
+    with _lock:
+        _picked[key] = name
+    return name
