@@ -75,10 +75,16 @@ def algorithm(problem: Problem, limits, algo: str = "auto") -> Optional[str]:
     return _algorithm(problem, _limits(limits), algo)
 
 
+# An algorithm with knobs -> the rule that chooses them (``select/<name>.py``): (problem, env) -> a dict of its
+# ``plan``'s keywords. An algorithm without an entry runs with its defaults.
+_KNOB_RULES = {}
+
+
 def knobs(name: str, problem: Problem, env: "_plan.Env") -> tuple:
-    """The knobs algorithm ``name`` runs ``problem`` with on ``env`` (pairs of ``plan``'s keywords; ``()``: the
-    algorithm's defaults)."""
-    return ()
+    """The knobs algorithm ``name`` runs ``problem`` with on ``env`` (sorted pairs of ``plan``'s keywords; ``()``:
+    the algorithm's defaults)."""
+    rule = _KNOB_RULES.get(name)
+    return () if rule is None else tuple(sorted(rule(problem, env).items()))
 
 
 def choose(problem: Problem, env: "_plan.Env", algo: str = "auto") -> Optional[Choice]:
