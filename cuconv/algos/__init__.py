@@ -28,17 +28,22 @@ ALGORITHMS = (
     winograd_fused.ALGORITHM,
 )
 
-_BY_NAME = {a.name: a for a in ALGORITHMS}
+_by_name = (None, {})  # (the tuple it was made from, name -> algorithm): follows ALGORITHMS if it is replaced
 
 
 def get(name: str) -> Algorithm:
     """The algorithm called ``name`` (``KeyError`` for another name)."""
-    return _BY_NAME[name]
+    global _by_name
+    made_from, table = _by_name
+    if made_from is not ALGORITHMS:
+        table = {a.name: a for a in ALGORITHMS}
+        _by_name = (ALGORITHMS, table)
+    return table[name]
 
 
 def takes_krsc(name: str) -> bool:
     """Whether algorithm ``name``'s channels-last plans read a channels-last weight (and wgrad writes dW so)."""
-    return "krsc" in _BY_NAME[name].weight_layouts
+    return "krsc" in get(name).weight_layouts
 
 
 def names(pass_: str = None) -> tuple:

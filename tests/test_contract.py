@@ -1,0 +1,143 @@
+"""Every registered algorithm honours the contract (``cuconv.algos.base``) on every case of the case table.
+
+Plans are built on a fake device (``fake_device``): nothing runs, but every launch a plan prepares names an
+instance of an existing source, and whatever ``can_implement`` accepts, ``plan`` plans, within the workspace limit.
+A toy algorithm shows what adding one takes: its class and one entry in ``cuconv.algos.ALGORITHMS``.
+"""
+
+from __future__ import annotations
+
+import numpy
+import pytest
+
+import cuconv
+from cases import CASES, PROBLEM_CASES, case_spec, make_inputs, reference, rel_err, to_gpu, tolerance
+from cuconv import _dtypes, _plan, algos, dispatch, select
+from cuconv.algos import direct
+from cuconv.algos.base import Algorithm
+from cuconv.problem import ACTIVATIONS, BIAS, LAYOUTS, PASSES, PLAIN, WEIGHT_LAYOUTS, Epilogue, Problem
+from fake_device import ENVS, fake_device
+
+_DTYPES = [(numpy.float16, "ieee"), (numpy.float32, "tf32"), (numpy.float32, "ieee"), (numpy.float64, "ieee")]
+if _dtypes.bfloat16 is not None:
+    _DTYPES.append((_dtypes.bfloat16, "ieee"))
+_ALL_CASES = [c for c in CASES + PROBLEM_CASES if len(c.values[0].x_shape) == 4]
+
+
+def test_algorithms_declare_what_they_serve():
+    names = [a.name for a in algos.ALGORITHMS]
+    assert len(set(names)) == len(names) and names == list(algos.names())
+    assert cuconv.algorithms("wgrad") == algos.names("wgrad")
+    for a in algos.ALGORITHMS:
+        assert isinstance(a, Algorithm) and algos.get(a.name) is a
+        assert a.passes and set(a.passes) <= set(PASSES)
+        assert "nchw" in a.layouts and set(a.layouts) <= set(LAYOUTS)
+        assert "kcrs" in a.weight_layouts and set(a.weight_layouts) <= set(WEIGHT_LAYOUTS)
+        assert set(a.activations) <= set(ACTIVATIONS)
+
+
+def _problems(case, algorithm):
+    spec = case_spec(case)
+    for pass_ in algorithm.passes:
+        for dtype, precision in _DTYPES:
+            for layout in algorithm.layouts:
+                for weights in ("kcrs", "krsc") if layout == "nhwc" else ("kcrs",):
+                    epilogue = BIAS if pass_ == "fprop" and case.bias else PLAIN
+                    yield Problem.of(spec, dtype, precision, pass_, layout, weights, epilogue)
+
+
+@pytest.mark.parametrize("name", algos.names())
+@pytest.mark.parametrize("case", _ALL_CASES)
+def test_what_can_implement_accepts_plans(monkeypatch, case, name):
+    """On every case, pass, dtype, layout and device: a problem the algorithm accepts plans without raising, each
+    launch an instance of an existing kernel source, the workspace within the limit; one it refuses has a reason."""
+    recorder = fake_device(monkeypatch)
+    algorithm = algos.get(name)
+    accepted = 0
+    for env in ENVS.values():
+        for problem in _problems(case, algorithm):
+            reason = algorithm.can_implement(problem, env)
+            if reason is not None:
+                assert isinstance(reason, str) and reason
+                continue
+            for knobs in algorithm.knobs(problem, env):
+                plan = algorithm.plan(problem, env, **dict(select.knobs(name, problem, env)), **knobs)
+                assert plan.pass_ == problem.pass_ and plan.workspace <= env.workspace_limit, (problem, plan)
+                accepted += 1
+    if name in ("im2col_gemm", "direct"):  # the algorithms that serve every geometry
+        assert accepted
+    assert all(launch[1] for launch in recorder.launches)
+
+
+@pytest.mark.parametrize("name", algos.names())
+def test_epilogues_not_declared_are_refused(name):
+    spec = cuconv.ConvSpec.from_args((2, 16, 8, 8), (16, 16, 3, 3), padding=1)
+    algorithm = algos.get(name)
+    limits = ENVS["sm90"]
+    for epilogue in (Epilogue(activation="relu"), Epilogue(residual="after"), Epilogue(scale=0.5)):
+        problem = Problem.of(spec, numpy.float32, "ieee", "fprop", epilogue=epilogue)
+        if "fprop" in algorithm.passes and not (epilogue.activation in algorithm.activations
+                                                 or epilogue.residual and algorithm.residual
+                                                 or epilogue.scale != 1 and algorithm.scale):
+            assert "epilogue" in algorithm.can_implement(problem, limits)
+
+
+def test_problem_checks_its_fields():
+    spec = cuconv.ConvSpec.from_args((1, 4, 5, 5), (4, 4, 3, 3))
+    with pytest.raises(ValueError, match="unknown pass"):
+        Problem.of(spec, numpy.float32, pass_="forward")
+    with pytest.raises(ValueError, match="'krsc' weights"):
+        Problem.of(spec, numpy.float32, weights="krsc")
+    with pytest.raises(ValueError, match="no epilogue"):
+        Problem.of(spec, numpy.float32, pass_="dgrad", epilogue=BIAS)
+    with pytest.raises(ValueError, match="unknown activation"):
+        Epilogue(activation="tanh")
+    assert Problem.of(spec, "float32") == Problem.of(spec, numpy.float32)  # a cache key: dtype normalised
+
+
+class Toy(Algorithm):
+    """A new algorithm: the forward of float64 layers of one group, through ``direct``'s kernel."""
+
+    name = "toy"
+    passes = ("fprop",)
+
+    def reason(self, problem, limits):
+        if problem.dtype != numpy.float64 or problem.spec.groups != 1:
+            return "it sums float64 layers of one group only"
+        return None
+
+    def build(self, problem, env, **knobs):
+        return direct.prepare("fprop", problem.spec, problem.dtype, problem.precision, env, problem.bias)
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    """``Toy`` registered: one more entry in ``ALGORITHMS`` (the memoized answers forgotten around it)."""
+    monkeypatch.setattr(algos, "ALGORITHMS", algos.ALGORITHMS + (Toy(),))
+    select._clear()
+    dispatch.plan.cache_clear()
+    yield
+    monkeypatch.undo()
+    select._clear()
+    dispatch.plan.cache_clear()
+
+
+def test_a_new_algorithm_is_one_class_and_one_entry(monkeypatch, toy):
+    spec = cuconv.ConvSpec.from_args((2, 3, 8, 8), (4, 3, 3, 3))
+    assert "toy" in cuconv.algorithms("fprop") and "toy" not in cuconv.algorithms("dgrad")
+    assert select.reason_unsupported("toy", spec, numpy.float64) is None
+    assert "float64" in select.reason_unsupported("toy", spec, numpy.float32)
+    assert "no dgrad" in select.reason_unsupported("toy", spec, numpy.float64, "dgrad")
+    recorder = fake_device(monkeypatch)
+    plan = dispatch.plan("toy", Problem.of(spec, numpy.float64), ENVS["sm80"])
+    assert plan.algo == "direct" and [launch[1] for launch in recorder.launches] == ["direct<double>"]
+    x, w, b = make_inputs(CASES[0].values[0])
+    numpy.testing.assert_array_equal(cuconv.conv2d(x, w, b, algo="toy"), cuconv.conv2d(x, w, b))  # CPU path
+
+
+@pytest.mark.gpu
+def test_a_new_algorithm_runs_on_the_gpu(toy):
+    x, w, b = make_inputs(CASES[1].values[0], seed=3)
+    kwargs = CASES[1].values[0].kwargs
+    y = cuconv.conv2d(to_gpu(x, "float64"), to_gpu(w, "float64"), to_gpu(b, "float64"), algo="toy", **kwargs)
+    assert rel_err(y.get(), reference(x, w, b, **kwargs)) <= tolerance(numpy.float64)
