@@ -104,3 +104,14 @@ def test_commits_per_model_and_cudnn_8():
     assert "commit a 1111111, b 2222222;" in report.caption(dict(meta=meta, models={}))
     assert "commit not recorded" in report.caption(dict(meta={}, models={}))
 
+
+def test_readme_table_is_generated_from_the_latest_results():
+    """The README's table and plot link are what the script makes of the latest results file: after a new
+    results file, run ``python -m cuconv.tools.report`` (and commit the README and the plot)."""
+    results = report.latest_results(REPO / "benchmarks" / "results")
+    plot = results.with_suffix(".png")
+    assert plot.is_file(), f"{plot.name} is missing: run python -m cuconv.tools.report"
+    readme = REPO / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    assert report.replace_block(text, report.block_for(results, readme, plot)) == text, (
+        "README.md's benchmark table is not the latest results': run python -m cuconv.tools.report")
