@@ -36,6 +36,22 @@ MODES = ("tf32", "bf16", "fp16")
 _AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}
 
 
+def _commit():
+    """The commit measured: ``CUCONV_COMMIT`` where set (a copy of the tree without its git directory), else the
+    checkout's ``git rev-parse --short HEAD``, else None."""
+    import os
+    import subprocess
+
+    if os.environ.get("CUCONV_COMMIT"):
+        return os.environ["CUCONV_COMMIT"]
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=os.path.dirname(os.path.abspath(__file__)))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
 def add_arguments(ap) -> None:
     """The options of ``--models`` (on ``python -m cuconv bench``'s parser)."""
     g = ap.add_argument_group("models (python -m cuconv bench --models NAME[,NAME...])")
@@ -526,7 +542,7 @@ def run(args) -> dict:
                             cudnn=torch.backends.cudnn.version(), cuconv=cuconv.__version__,
                             date=time.strftime("%Y-%m-%d"), batch=args.batch, infer_batch=args.infer_batch,
                             image=args.image, memory_format="channels_last" if args.channels_last else "nchw",
-                            modes=[m.name for m in modes]), models={})
+                            modes=[m.name for m in modes], commit=_commit()), models={})
     for name in names:
         started = time.perf_counter()
         torch.manual_seed(0)
