@@ -4,6 +4,9 @@
 precision="tf32"): ...`` changes it only in the block's own context (a ``contextvars`` context: its thread, or
 its asyncio task), so blocks in several threads never see each other's values, and leaving a block restores
 what it found there. A new thread starts from the process-wide defaults. Unknown names raise AttributeError.
+
+The public entry points read the settings once per call, ``config.settings()`` (a frozen ``Settings``), and pass
+that value down: nothing below them reads the configuration.
 """
 
 from __future__ import annotations
@@ -11,15 +14,37 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+from typing import NamedTuple, Optional
 
-__all__ = ["config", "PRECISIONS"]
+__all__ = ["config", "PRECISIONS", "Settings"]
 
 PRECISIONS = ("ieee", "tf32")
 _FIELDS = ("precision", "workspace_limit", "benchmark", "benchmark_cache")
 _UNSET = object()
 
-# The current context's overrides by ``with cuconv.config(...)`` blocks: a dict (never mutated once set) or None.
-_overrides = contextvars.ContextVar("cuconv_config_overrides", default=None)
+
+
+class Settings(NamedTuple):
+    """The settings in force for one call (``config.settings()``), as the entry points pass them down."""
+
+    precision: str
+    workspace_limit: int
+    benchmark: bool
+    benchmark_cache: Optional[str]
+
+
+class _Block:
+    """The overrides of the current context's ``with cuconv.config(...)`` blocks (``changes``, never mutated once
+    set) and ``cached``: (the defaults' version, the ``Settings`` they make with it), one attribute so that a
+    reader never pairs one version with another's settings."""
+
+    __slots__ = ("changes", "cached")
+
+    def __init__(self, changes: dict):
+        self.changes, self.cached = changes, (-1, None)
+
+
+_overrides = contextvars.ContextVar("cuconv_config_overrides", default=None)  # a _Block or None
 
 
 def _valid(name: str, value):
@@ -45,15 +70,16 @@ def _valid(name: str, value):
 
 def _field(name: str, doc: str) -> property:
     def get(self):
-        overrides = _overrides.get()
-        if overrides is not None:
-            value = overrides.get(name, _UNSET)
+        block = _overrides.get()
+        if block is not None:
+            value = block.changes.get(name, _UNSET)
             if value is not _UNSET:
                 return value
         return self._defaults[name]
 
     def set_(self, value):
         self._defaults[name] = _valid(name, value)
+        self._refresh()
 
     return property(get, set_, doc=doc)
 
@@ -78,7 +104,7 @@ class _Config:
         precision, pass and geometry (default None: in memory only).
     """
 
-    __slots__ = ("_defaults",)
+    __slots__ = ("_defaults", "_version", "_settings")
 
     precision = _field("precision", "float32 arithmetic when a call passes precision=None: 'ieee' or 'tf32'.")
     workspace_limit = _field("workspace_limit", "Upper bound in bytes on one call's temporary buffers.")
@@ -88,6 +114,26 @@ class _Config:
     def __init__(self):
         object.__setattr__(self, "_defaults", {"precision": "ieee", "workspace_limit": 1 << 30, "benchmark": False,
                                                 "benchmark_cache": None})
+        object.__setattr__(self, "_version", 0)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Rebuild the defaults' ``Settings`` after a change (a new version: blocks rebuild theirs on next read)."""
+        object.__setattr__(self, "_version", self._version + 1)
+        object.__setattr__(self, "_settings", Settings(**self._defaults))
+
+    def settings(self) -> Settings:
+        """The settings in force in this context, as one frozen value (one lookup once made: the entry points'
+        per-call read)."""
+        block = _overrides.get()
+        if block is None:
+            return self._settings
+        version, settings = block.cached
+        if version != self._version:
+            version = self._version
+            settings = Settings(**{**self._defaults, **block.changes})
+            block.cached = (version, settings)
+        return settings
 
     def __setattr__(self, name, value):
         if name not in _FIELDS:
@@ -102,7 +148,8 @@ class _Config:
         if unknown:
             raise TypeError(f"config() got unexpected keyword argument(s) {sorted(unknown)}")
         checked = {name: _valid(name, value) for name, value in changes.items()}
-        token = _overrides.set({**(_overrides.get() or {}), **checked})
+        outer = _overrides.get()
+        token = _overrides.set(_Block({**(outer.changes if outer is not None else {}), **checked}))
         try:
             yield self
         finally:

@@ -6,37 +6,18 @@ run on the CPU path, CuPy arrays on their GPU and CuPy's current stream.
 
 from __future__ import annotations
 
-import numbers
-
 import numpy
 
-from . import _backend, _layout, _plan, algos as _algorithms, dispatch, select as _select
-from .algos import im2col_gemm as _cpu
+from . import _backend, _layout, algos as _algorithms, dispatch, select as _select
+from .checks import array_kind, check_dtypes, check_grad_output, check_same_device, resolve_precision, size
+from .cpu import reference
 from .select import autotune
+from ._config import config
 from ._errors import ConvValueError
-from .conv import _array_kind, _check_same_device, _check_dtypes, _nhwc_operand, _resolve_precision, empty_nhwc, \
-    nhwc_view
+from .dispatch import empty_nhwc, nhwc_operand, nhwc_view
 from .spec import ConvSpec
 
 __all__ = ["conv2d_input", "conv2d_weight", "dgrad_spec", "wgrad_spec"]
-
-
-def _size(value, name: str, ranks=(3, 4)) -> tuple:
-    if not (isinstance(value, (tuple, list)) or type(value).__name__ == "Size") or not all(
-            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value):
-        raise TypeError(f"{name} must be a tuple of non-negative ints, got {value!r}")
-    if any(v < 0 for v in value):
-        raise ValueError(f"{name} must be a tuple of non-negative ints, got {value!r}")
-    if len(value) not in ranks:
-        raise ValueError(f"{name} must have {' or '.join(map(str, ranks))} entries, got {list(value)}")
-    return tuple(int(v) for v in value)
-
-
-def _check_grad_output(grad_output, spec: ConvSpec, unbatched: bool):
-    expected = spec.output_shape[1:] if unbatched else spec.output_shape
-    if tuple(grad_output.shape) != tuple(expected):
-        raise ConvValueError(f"Expected grad_output of size {list(expected)} for this convolution, but got "
-                             f"grad_output of size {list(grad_output.shape)}")
 
 
 def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=1, groups=1, *,
@@ -69,28 +50,30 @@ def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=
     >>> cuconv.conv2d_input((1, 2, 5, 6), w, dy)[0, 0, 2]
     array([12., 24., 36., 36., 24., 12.])
     """
-    kind = _array_kind(grad_output, "grad_output")
-    if _array_kind(weight, "weight") != kind:
+    settings = config.settings()
+    kind = array_kind(grad_output, "grad_output")
+    if array_kind(weight, "weight") != kind:
         raise TypeError("conv2d_input(): weight and grad_output must come from the same library")
-    input_size = _size(input_size, "input_size")
+    input_size = size(input_size, "input_size")
     if weight.ndim != 4:
         raise ConvValueError(f"Expected 4D weight (out_channels, in_channels/groups, kH, kW), but got weight "
                              f"of size: {list(weight.shape)}")
-    _check_dtypes(grad_output, weight, None, first="grad_output")
+    check_dtypes(grad_output, weight, None, first="grad_output")
     unbatched = len(input_size) == 3
     if unbatched:
         input_size = (1,) + input_size
         grad_output = grad_output[None] if grad_output.ndim == 3 else grad_output
     spec = ConvSpec.from_args(input_size, weight.shape, stride, padding, dilation, groups)
-    _check_grad_output(grad_output, spec, False)
-    precision = _resolve_precision(precision)
+    check_grad_output(grad_output, spec, False)
+    precision = resolve_precision(precision, settings.precision)
     result_shape = input_size[1:] if unbatched else input_size
     channels_last = not unbatched and _layout.result_channels_last(grad_output, weight, kind == "cupy")
     if kind == "cupy":
-        _check_same_device(grad_output, "grad_output", weight=weight)
+        check_same_device(grad_output, "grad_output", weight=weight)
         with grad_output.device:
-            return dgrad_spec(weight, grad_output, spec, algo, precision, channels_last).reshape(result_shape)
-    return dgrad_spec(weight, grad_output, spec, algo, precision, channels_last).reshape(result_shape)
+            return dgrad_spec(weight, grad_output, spec, algo, precision, channels_last, settings).reshape(
+                result_shape)
+    return dgrad_spec(weight, grad_output, spec, algo, precision, channels_last, settings).reshape(result_shape)
 
 
 def conv2d_weight(x, weight_size, grad_output, stride=1, padding=0, dilation=1, groups=1, *,
@@ -124,42 +107,43 @@ def conv2d_weight(x, weight_size, grad_output, stride=1, padding=0, dilation=1, 
     >>> cuconv.conv2d_weight(x, (3, 1, 3, 3), dy).shape
     (3, 1, 3, 3)
     """
-    kind = _array_kind(x, "input")
-    if _array_kind(grad_output, "grad_output") != kind:
+    settings = config.settings()
+    kind = array_kind(x, "input")
+    if array_kind(grad_output, "grad_output") != kind:
         raise TypeError("conv2d_weight(): input and grad_output must come from the same library")
-    weight_size = _size(weight_size, "weight_size", ranks=(4,))
+    weight_size = size(weight_size, "weight_size", ranks=(4,))
     if x.ndim not in (3, 4):
         raise ConvValueError(f"Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of "
                              f"size: {list(x.shape)}")
-    _check_dtypes(x, grad_output, None, second="grad_output")
+    check_dtypes(x, grad_output, None, second="grad_output")
     channels_last = x.ndim == 4 and _layout.result_channels_last(x, x, kind == "cupy")
     if x.ndim == 3:
         x = x[None]
         grad_output = grad_output[None] if grad_output.ndim == 3 else grad_output
     spec = ConvSpec.from_args(x.shape, weight_size, stride, padding, dilation, groups)
-    _check_grad_output(grad_output, spec, False)
-    precision = _resolve_precision(precision)
+    check_grad_output(grad_output, spec, False)
+    precision = resolve_precision(precision, settings.precision)
     if kind == "cupy":
-        _check_same_device(x, grad_output=grad_output)
+        check_same_device(x, grad_output=grad_output)
         with x.device:
-            return wgrad_spec(x, grad_output, spec, algo, precision, channels_last)
-    return wgrad_spec(x, grad_output, spec, algo, precision, channels_last)
+            return wgrad_spec(x, grad_output, spec, algo, precision, channels_last, settings)
+    return wgrad_spec(x, grad_output, spec, algo, precision, channels_last, settings)
 
 
-def dgrad_spec(weight, grad_output, spec: ConvSpec, algo: str, precision: str, channels_last: bool = False):
-    """dgrad for validated 4-D arrays of one library whose geometry is ``spec``; returns a new array
-    (channels-last with ``channels_last``)."""
-    return _run_pass("dgrad", spec.input_shape, grad_output, weight, spec, algo, precision, channels_last)
+def dgrad_spec(weight, grad_output, spec: ConvSpec, algo: str, precision: str, channels_last: bool, settings):
+    """dgrad for validated 4-D arrays of one library whose geometry is ``spec``, under ``settings``
+    (``_config.Settings``); returns a new array (channels-last with ``channels_last``)."""
+    return _run_pass("dgrad", spec.input_shape, grad_output, weight, spec, algo, precision, channels_last, settings)
 
 
-def wgrad_spec(x, grad_output, spec: ConvSpec, algo: str, precision: str, channels_last: bool = False):
-    """wgrad for validated 4-D arrays of one library whose geometry is ``spec``; returns a new array
-    (channels-last with ``channels_last``)."""
-    return _run_pass("wgrad", spec.weight_shape, x, grad_output, spec, algo, precision, channels_last)
+def wgrad_spec(x, grad_output, spec: ConvSpec, algo: str, precision: str, channels_last: bool, settings):
+    """wgrad for validated 4-D arrays of one library whose geometry is ``spec``, under ``settings``
+    (``_config.Settings``); returns a new array (channels-last with ``channels_last``)."""
+    return _run_pass("wgrad", spec.weight_shape, x, grad_output, spec, algo, precision, channels_last, settings)
 
 
 def _run_pass(pass_: str, result_shape, first, second, spec: ConvSpec, algo: str, precision: str,
-              channels_last: bool = False):
+              channels_last: bool, settings):
     """Run ``pass_`` (operands ``(first, second, result)``, ``_plan.OPERANDS``) into a new array, channels-last
     with ``channels_last``: on the GPU in place where an algorithm serves the pass on channels-last activations
     (``select.select_nhwc``; wgrad's dW written channels-last by those that can, ``algos.takes_krsc``), else
@@ -167,50 +151,47 @@ def _run_pass(pass_: str, result_shape, first, second, spec: ConvSpec, algo: str
     on_gpu = _backend.is_cupy_array(first)
     xp = _backend.cupy_or_none() if on_gpu else numpy
     dtype = first.dtype
-    nhwc = _select.select_nhwc(algo, spec, dtype, precision, pass_) if channels_last and on_gpu else None
+    limit = settings.workspace_limit
+    nhwc = _select.select_nhwc(algo, spec, dtype, precision, pass_, limit) if channels_last and on_gpu else None
     if nhwc is not None:
-        return _run_nhwc(xp, pass_, nhwc, result_shape, first, second, spec, precision)
-    result = _run_nchw(xp, on_gpu, pass_, result_shape, first, second, spec, algo, precision)
+        return _run_nhwc(xp, pass_, nhwc, result_shape, first, second, spec, precision, limit)
+    result = _run_nchw(xp, on_gpu, pass_, result_shape, first, second, spec, algo, precision, limit)
     return nhwc_view(xp, result) if channels_last else result
 
 
-def _run_nhwc(xp, pass_: str, name: str, result_shape, first, second, spec: ConvSpec, precision: str):
+def _run_nhwc(xp, pass_: str, name: str, result_shape, first, second, spec: ConvSpec, precision: str,
+              workspace_limit: int):
     """``pass_`` by ``name`` on channels-last activations in place (dgrad: dy, dx; wgrad: x, dy), the weight KCRS,
     dW channels-last where ``name`` writes it so."""
     dtype = first.dtype
     krsc = pass_ == "wgrad" and _algorithms.takes_krsc(name)
     if pass_ == "dgrad":
-        first, second = _nhwc_operand(xp, first), xp.ascontiguousarray(second)
+        first, second = nhwc_operand(xp, first), xp.ascontiguousarray(second)
         result = empty_nhwc(xp, result_shape, dtype)
     else:
-        first, second = _nhwc_operand(xp, first), _nhwc_operand(xp, second)
+        first, second = nhwc_operand(xp, first), nhwc_operand(xp, second)
         result = empty_nhwc(xp, result_shape, dtype) if krsc else xp.empty(result_shape, dtype=dtype)
-    env = _plan.current_env(first, second, result)
-    _plan.run_arrays(dispatch.prepare(name, pass_, spec, dtype, precision, env, False, "nhwc",
-                                       "krsc" if krsc else "kcrs"), first, second, result)
+    env = dispatch.array_env((first, second, result), workspace_limit)
+    dispatch.run_arrays(dispatch.prepare(name, pass_, spec, dtype, precision, env, False, "nhwc",
+                                         "krsc" if krsc else "kcrs"), first, second, result)
     return result if pass_ == "dgrad" or krsc else nhwc_view(xp, result)
 
 
-def _run_nchw(xp, on_gpu: bool, pass_: str, result_shape, first, second, spec: ConvSpec, algo: str, precision: str):
+def _run_nchw(xp, on_gpu: bool, pass_: str, result_shape, first, second, spec: ConvSpec, algo: str, precision: str,
+              workspace_limit: int):
     """``pass_`` on C-contiguous operands (copies where they are not) into a new C-contiguous array."""
     dtype = first.dtype
-    name = _select.resolve(algo, spec, dtype, precision, on_gpu, pass_)
+    name = _select.resolve(algo, spec, dtype, precision, on_gpu, pass_, workspace_limit)
     result = xp.empty(result_shape, dtype=dtype)
     first, second = xp.ascontiguousarray(first), xp.ascontiguousarray(second)
     if on_gpu:
-        env = _plan.current_env(first, second, result)
+        env = dispatch.array_env((first, second, result), workspace_limit)
 
         def run(algo_name):
-            _plan.run_arrays(dispatch.prepare(algo_name, pass_, spec, dtype, precision, env), first, second, result)
+            dispatch.run_arrays(dispatch.prepare(algo_name, pass_, spec, dtype, precision, env), first, second,
+                                result)
 
         run(autotune.pick(algo, name, spec, dtype, precision, pass_, run))
-    elif _degenerate(spec):
-        result.fill(0)
     else:
-        getattr(_cpu, f"{pass_}_cpu")(first, second, spec, result)
+        getattr(reference, pass_)(first, second, spec, result, numpy.matmul, workspace_limit)
     return result
-
-
-def _degenerate(spec: ConvSpec) -> bool:
-    """No multiply-adds at all (empty batch, no channels or no filters): every gradient is zero."""
-    return spec.n == 0 or spec.k == 0 or spec.crs_per_group == 0

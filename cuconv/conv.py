@@ -10,87 +10,15 @@ from typing import NamedTuple
 
 import numpy
 
-from . import _backend, _dtypes, _layout, _plan, dispatch, select as _select
-from .algos import im2col_gemm as _cpu
+from . import _backend, _layout, _plan, dispatch, select as _select
+from .checks import check_arrays, check_out, resolve_precision
+from .cpu import reference
 from .select import autotune
-from ._config import PRECISIONS, config
-from ._errors import ConvTypeError, ConvValueError
-from .spec import ConvSpec, _plain
+from ._config import config
+from .dispatch import call_key, empty_nhwc, nhwc_operand, nhwc_view
+from .spec import ConvSpec
 
 __all__ = ["conv2d"]
-
-
-def _shape(a) -> list:
-    return list(a.shape)
-
-
-def _array_kind(a, name: str) -> str:
-    if _backend.is_cupy_array(a):
-        return "cupy"
-    if _backend.is_numpy_array(a):
-        return "numpy"
-    raise TypeError(f"conv2d(): argument '{name}' must be a NumPy or CuPy array, not {type(a).__name__}"
-                    + ("; for torch tensors use cuconv.nn.functional.conv2d" if type(a).__module__
-                       .startswith("torch") else ""))
-
-
-def _resolve_precision(precision) -> str:
-    if precision is None:
-        return config.precision
-    if precision not in PRECISIONS:
-        raise ValueError(f"cuconv: precision must be None or one of {PRECISIONS}, got {precision!r}")
-    return precision
-
-
-def _check_arrays(x, weight, bias, out):
-    """Types, ranks, dtypes and devices, in the order torch checks them. Returns the backend name."""
-    kind = _array_kind(x, "input")
-    for name, a in (("weight", weight), ("bias", bias), ("out", out)):
-        if a is None and name != "weight":
-            continue
-        other = _array_kind(a, name)
-        if other != kind:
-            raise TypeError(f"conv2d(): input is a {kind} array but {name} is a {other} array; "
-                            f"all arrays must come from the same library")
-    if x.ndim not in (3, 4):
-        raise ConvValueError(f"Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of "
-                             f"size: {_shape(x)}")
-    if weight.ndim != 4:
-        raise ConvValueError(f"Expected 4D weight (out_channels, in_channels/groups, kH, kW) for conv2d, but "
-                             f"got weight of size: {_shape(weight)}")
-    _check_dtypes(x, weight, bias)
-    if bias is not None and (bias.ndim != 1 or bias.shape[0] != weight.shape[0]):
-        raise ConvValueError(f"Given weight of size {_shape(weight)}, expected bias to be 1-dimensional "
-                             f"with {weight.shape[0]} elements, but got bias of size {_shape(bias)} instead")
-    if kind == "cupy":
-        _check_same_device(x, weight=weight, bias=bias, out=out)
-    return kind
-
-
-def _check_dtypes(first_array, second_array, bias, first="Input", second="weight"):
-    """A supported float dtype, the same for every array (torch's "Input type ... and weight type ...")."""
-    _dtypes.check_float_dtype(first_array.dtype, first.lower() if first == "Input" else first)
-    if second_array.dtype != first_array.dtype:
-        raise ConvTypeError(f"{first} type ({first_array.dtype}) and {second} type ({second_array.dtype}) "
-                            f"should be the same")
-    if bias is not None and bias.dtype != first_array.dtype:
-        raise ConvTypeError(f"{first} type ({first_array.dtype}) and bias type ({bias.dtype}) should be the same")
-
-
-def _check_same_device(reference, reference_name="input", **others):
-    dev = reference.data.device_id  # an int attribute: ``.device`` builds a Device object (host time)
-    for name, a in others.items():
-        if a is not None and a.data.device_id != dev:
-            raise ConvValueError(f"Expected all arrays to be on the same device, but found {reference_name} on "
-                                 f"cuda:{dev} and {name} on cuda:{a.data.device_id}")
-
-
-def _check_out(out, shape, dtype):
-    if out.dtype != dtype:
-        raise TypeError(f"conv2d(): expected out to have dtype {dtype}, but got {out.dtype}")
-    if tuple(out.shape) != tuple(shape):
-        raise ValueError(f"conv2d(): expected out of size {list(shape)}, but got out of size "
-                         f"{_shape(out)}")
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algo="auto",
@@ -142,11 +70,16 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     >>> cuconv.conv2d(x, w, padding=(1, 0), stride=(2, 1)).shape
     (1, 4, 3, 4)
     """
-    key = _call_key(x, weight, bias, out, stride, padding, dilation, groups, algo, precision)
+    settings = config.settings()  # (the one read of the configuration: passed down from here)
+    operands = _operands(x, weight, bias, out)
+    key = (call_key(operands, stride, padding, dilation, groups, algo,
+                    (precision, settings.precision, settings.workspace_limit))
+           if operands is not None and (precision is None or type(precision) is str) else None)
     plan = _plans.get(key) if key is not None else None
     if plan is not None:  # a GPU call whose signature was checked before: nothing to check or choose again
-        return _run(_backend.cupy_or_none(), plan, x[None] if plan.unbatched else x, weight, bias, out, algo)
-    kind = _check_arrays(x, weight, bias, out)
+        return _run(_backend.cupy_or_none(), plan, x[None] if plan.unbatched else x, weight, bias, out, algo,
+                    settings)
+    kind = check_arrays(x, weight, bias, out)
     if kind == "cupy":
         import cupy
 
@@ -158,22 +91,24 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     if unbatched:
         x = x[None]
     spec = ConvSpec.from_args(x.shape, weight.shape, stride, padding, dilation, groups)
-    precision = _resolve_precision(precision)
+    precision = resolve_precision(precision, settings.precision)
+    workspace_limit = settings.workspace_limit
     on_gpu = kind == "cupy"
     # torch's rule for the result's memory format: channels-last where the input or the weight is; on the GPU
     # computed so in place where an algorithm serves channels-last activations for this call's ``algo``
     channels_last = _layout.result_channels_last(x, weight, on_gpu)
-    name = _select.select_nhwc(algo, spec, x.dtype, precision) if channels_last and on_gpu else None
+    name = (_select.select_nhwc(algo, spec, x.dtype, precision, "fprop", workspace_limit) if channels_last and on_gpu
+            else None)
     layout = "nchw" if name is None else "nhwc"
     if name is None:
-        name = _select.resolve(algo, spec, x.dtype, precision, on_gpu)
+        name = _select.resolve(algo, spec, x.dtype, precision, on_gpu, "fprop", workspace_limit)
     result_shape = spec.output_shape[1:] if unbatched else spec.output_shape
     if out is not None:
-        _check_out(out, result_shape, x.dtype)
+        check_out(out, result_shape, x.dtype)
     if not on_gpu:
         return _run(numpy, _Plan(spec, name, precision, result_shape, unbatched, channels_last=channels_last), x,
-                    weight, bias, out, algo)
-    env = _plan.env(x.data.device_id, config.workspace_limit)
+                    weight, bias, out, algo, settings)
+    env = _plan.env(x.data.device_id, workspace_limit)
     plan = _Plan(spec, name, precision, result_shape, unbatched, env,
                  dispatch.prepare(name, "fprop", spec, x.dtype, precision, env, bias is not None, layout),
                  channels_last, layout)
@@ -181,14 +116,15 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
         if len(_plans) >= _PLANS_MAX:
             _plans.clear()
         _plans[key] = plan
-    return _run(_backend.cupy_or_none(), plan, x, weight, bias, out, algo)  # the input's device is current (above)
+    # (the input's device is current: above)
+    return _run(_backend.cupy_or_none(), plan, x, weight, bias, out, algo, settings)
 
 
 class _Plan(NamedTuple):
     """What checking a call's arguments decided; the same for every call of the same signature."""
 
     spec: ConvSpec
-    name: str  # the algorithm; for "auto" the heuristic's choice (config.benchmark may time another)
+    name: str  # the algorithm; for "auto" the heuristic's choice (the benchmark setting may time another)
     precision: str  # resolved: never None
     result_shape: tuple  # spec.output_shape, without the batch axis for unbatched input
     unbatched: bool
@@ -198,19 +134,18 @@ class _Plan(NamedTuple):
     layout: str = "nchw"         # the activations as the plan reads and writes them ("nhwc": channels-last)
 
 
-# A GPU call's signature (``_call_key``) -> its _Plan. The checks, the spec and the choice of algorithm cost as
-# much host time as the launch they precede on a small layer; a layer called again skips them. Bounded: cleared
-# when full, like ConvSpec's memo.
+# A GPU call's signature (``dispatch.call_key`` of ``_operands``) -> its _Plan. The checks, the spec and the choice
+# of algorithm cost as much host time as the launch they precede on a small layer; a layer called again skips them.
+# Bounded: cleared when full, like ConvSpec's memo.
 _plans: dict = {}
 _PLANS_MAX = 4096
 
 
-def _call_key(x, weight, bias, out, stride, padding, dilation, groups, algo, precision):
-    """The signature of a call on CuPy arrays on the current device: everything the checks and the choice of
-    algorithm read (shapes, strides, dtypes, devices, plain geometry arguments, algo, precision and the config
-    values they depend on); None for any other call, which is checked in full. The strides decide the memory
-    format of the result and of the computation. Only ``cupy.ndarray`` itself is admitted (subclasses are
-    checked)."""
+def _operands(x, weight, bias, out):
+    """What the signature of a call on CuPy arrays on the current device reads of its arrays (``call_key``'s
+    operands: shapes, strides, dtypes, devices), None for any other call, which is checked in full. The strides
+    decide the memory format of the result and of the computation. Only ``cupy.ndarray`` itself is admitted
+    (subclasses are checked)."""
     cupy = _backend.cupy_or_none()
     if cupy is None:
         return None
@@ -220,7 +155,7 @@ def _call_key(x, weight, bias, out, stride, padding, dilation, groups, algo, pre
     device = x.data.device_id
     if device != cupy.cuda.runtime.getDevice() or weight.data.device_id != device:
         return None
-    optional = []  # bias and out: absent, or (shape, dtype) of an array on the same device
+    optional = []  # bias and out: absent, or (shape, dtype, strides) of an array on the same device
     for a in (bias, out):
         if a is None:
             optional.append(None)
@@ -228,41 +163,12 @@ def _call_key(x, weight, bias, out, stride, padding, dilation, groups, algo, pre
             optional.append((a.shape, a.dtype, a.strides))
         else:
             return None
-    # _plain: values of exact types only, so that 1, 1.0 and True (equal as keys) never share a plan
-    if not (_plain(stride) and _plain(padding) and _plain(dilation) and type(groups) is int):
-        return None
-    if (precision is not None and type(precision) is not str) or type(algo) is not str:
-        return None
-    return (device, x.shape, x.strides, x.dtype, weight.shape, weight.strides, weight.dtype, *optional, stride,
-            padding, dilation, groups, algo, precision, config.precision, config.workspace_limit)
+    return (device, x.shape, x.strides, x.dtype, weight.shape, weight.strides, weight.dtype, *optional)
 
 
-def nhwc_view(xp, a):
-    """``a`` (N, C, H, W) as a dense channels-last array of the same shape: itself where it already lies so,
-    else a copy."""
-    if _layout.dense_nhwc(a.shape, _layout.element_strides(a) or ()):
-        return a
-    return xp.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
-
-
-def _nhwc_operand(xp, a):
-    """``a`` (a CuPy array) as a dense channels-last array on a ``_layout.VECTOR_ALIGNMENT`` boundary, as the
-    in-place channels-last passes read it: itself where it lies so, else a copy."""
-    a = nhwc_view(xp, a)
-    if a.data.ptr % _layout.VECTOR_ALIGNMENT:
-        a = a.transpose(0, 2, 3, 1).copy().transpose(0, 3, 1, 2)
-    return a
-
-
-def empty_nhwc(xp, shape, dtype):
-    """A new dense channels-last array of shape (N, C, H, W)."""
-    n, c, h, w = shape
-    return xp.empty((n, h, w, c), dtype=dtype).transpose(0, 3, 1, 2)
-
-
-def _run(xp, plan: _Plan, x, weight, bias, out, requested="auto"):
-    """Run ``plan`` on 4-D ``x``: into ``out`` (of the plan's result shape) when given, else a new array
-    (channels-last where ``plan.channels_last``)."""
+def _run(xp, plan: _Plan, x, weight, bias, out, requested: str, settings):
+    """Run ``plan`` on 4-D ``x`` under ``settings`` (``_config.Settings``): into ``out`` (of the plan's result
+    shape) when given, else a new array (channels-last where ``plan.channels_last``)."""
     spec = plan.spec
     nhwc = plan.layout == "nhwc"
     # Compute into `out` directly when it lies as the plan writes (C-contiguous, or dense channels-last for a
@@ -281,15 +187,12 @@ def _run(xp, plan: _Plan, x, weight, bias, out, requested="auto"):
     if y.size:
         if bias is not None:
             bias = xp.ascontiguousarray(bias)
-        x = _nhwc_operand(xp, x) if nhwc else xp.ascontiguousarray(x)
+        x = nhwc_operand(xp, x) if nhwc else xp.ascontiguousarray(x)
         weight = xp.ascontiguousarray(weight)
         if xp is numpy:
-            if spec.crs_per_group == 0:  # no input channels: the sum over an empty set is 0, plus bias
-                y[...] = 0 if bias is None else bias.reshape(1, -1, 1, 1)
-            else:
-                _cpu.forward_cpu(x, weight, bias, spec, y)
+            reference.forward(x, weight, bias, spec, y, numpy.matmul, settings.workspace_limit)
         else:
-            _run_gpu(plan, requested, x, weight, bias, y)
+            _run_gpu(plan, requested, x, weight, bias, y, settings.benchmark)
     if out is None:
         if plan.channels_last and not nhwc:  # (an NCHW computation of a channels-last result)
             y = nhwc_view(xp, y)
@@ -316,23 +219,24 @@ def _overlaps(xp, out, *operands) -> bool:
     return any(a is not None and xp.may_share_memory(out, a) for a in operands)
 
 
-def _run_gpu(plan: _Plan, requested: str, x, weight, bias, y) -> None:
+def _run_gpu(plan: _Plan, requested: str, x, weight, bias, y, benchmark: bool) -> None:
     """The forward on C-contiguous CuPy arrays: the plan kept for the signature where every pointer is
-    aligned (``_plan.ALIGNMENT``) and nothing is tuned, else the plan (``dispatch``) of what runs."""
+    aligned (``_plan.ALIGNMENT``) and nothing is tuned (``benchmark``: the settings'), else the plan
+    (``dispatch``) of what runs."""
     name, precision, spec = plan.name, plan.precision, plan.spec
     aligned = _plan.is_aligned(x.data.ptr, weight.data.ptr, 0 if bias is None else bias.data.ptr, y.data.ptr)
     if plan.layout == "nhwc":  # (one channels-last candidate: nothing to time)
         gpu = plan.gpu if aligned else dispatch.prepare(
             name, "fprop", spec, x.dtype, precision, _plan.env(plan.gpu_env.device, plan.gpu_env.workspace_limit,
                                                                False), bias is not None, "nhwc")
-        _plan.run_arrays(gpu, x, weight, bias, y)
+        dispatch.run_arrays(gpu, x, weight, bias, y)
         return
-    if requested == "auto" and config.benchmark:
+    if requested == "auto" and benchmark:
         env = _plan.env(plan.gpu_env.device, plan.gpu_env.workspace_limit, aligned)
 
         def run(algo_name):
-            _plan.run_arrays(dispatch.prepare(algo_name, "fprop", spec, x.dtype, precision, env, bias is not None),
-                             x, weight, bias, y)
+            dispatch.run_arrays(dispatch.prepare(algo_name, "fprop", spec, x.dtype, precision, env,
+                                                 bias is not None), x, weight, bias, y)
 
         name = autotune.pick(requested, name, spec, x.dtype, precision, "fprop", run)
     if name == plan.name and aligned:
@@ -340,4 +244,4 @@ def _run_gpu(plan: _Plan, requested: str, x, weight, bias, y) -> None:
     else:
         env = _plan.env(plan.gpu_env.device, plan.gpu_env.workspace_limit, aligned)
         gpu = dispatch.prepare(name, "fprop", spec, x.dtype, precision, env, bias is not None)
-    _plan.run_arrays(gpu, x, weight, bias, y)
+    dispatch.run_arrays(gpu, x, weight, bias, y)

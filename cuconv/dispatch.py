@@ -1,17 +1,31 @@
 """What the three front doors share (``cuconv.conv2d``, ``cuconv.conv2d_input`` / ``conv2d_weight`` and the torch
-bridge): a problem's plan, made once per (algorithm, problem, environment, knobs) and kept.
+bridge): the key of a call's signature, a problem's plan, made once per (algorithm, problem, environment, knobs)
+and kept, and running a plan on arrays.
 
-A plan (``cuconv._plan.Plan``) only launches: ``plan.run(ptrs, stream, workspace)``.
+A plan (``cuconv._plan.Plan``) only launches: ``plan.run(ptrs, stream, workspace)``. Nothing here reads the
+configuration: the doors pass its values (``cuconv._config.Settings``) in.
 """
 
 from __future__ import annotations
 
 import functools
 
-from . import _plan, algos as _algorithms, select as _select
+from . import _layout, _plan, algos as _algorithms, select as _select
 from .problem import BIAS, PLAIN, Problem
+from .spec import _plain
 
-__all__ = ["plan", "prepare", "choose_and_plan"]
+__all__ = ["call_key", "plan", "prepare", "choose_and_plan", "run_arrays", "array_env", "nhwc_view", "nhwc_operand",
+           "empty_nhwc"]
+
+
+def call_key(operands: tuple, stride, padding, dilation, groups, algo, settings: tuple):
+    """The key of a door's call seen before: ``operands`` (what the door reads of its arrays or tensors: shapes,
+    strides, dtypes, devices), the geometry arguments, ``algo`` and ``settings`` (the precision and configuration
+    values the checks and the choice read); None where a geometry argument or ``algo`` is not of a plain type
+    (``spec._plain``: values of exact types only, so that 1, 1.0 and True, equal as keys, never share a plan)."""
+    if not (_plain(stride) and _plain(padding) and _plain(dilation) and type(groups) is int and type(algo) is str):
+        return None
+    return (*operands, stride, padding, dilation, groups, algo, *settings)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -41,3 +55,35 @@ def choose_and_plan(problem: Problem, env: "_plan.Env", algo: str = "auto"):
     if choice is None:
         return None
     return choice.name, plan(choice.name, problem, env, choice.knobs)
+
+
+# ---- plans on CuPy arrays (the array doors) ---------------------------------------------------------------------
+run_arrays = _plan.run_arrays  # (plan, *arrays): on CuPy's current stream, a workspace from CuPy's pool
+
+
+def array_env(arrays, workspace_limit: int) -> "_plan.Env":
+    """The environment of a call on CuPy ``arrays`` (None entries ignored) on the current device."""
+    return _plan.current_env(*arrays, workspace_limit=workspace_limit)
+
+
+def nhwc_view(xp, a):
+    """``a`` (N, C, H, W) as a dense channels-last array of the same shape: itself where it already lies so,
+    else a copy."""
+    if _layout.dense_nhwc(a.shape, _layout.element_strides(a) or ()):
+        return a
+    return xp.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+
+
+def nhwc_operand(xp, a):
+    """``a`` (a CuPy array) as a dense channels-last array on a ``_layout.VECTOR_ALIGNMENT`` boundary, as the
+    in-place channels-last passes read it: itself where it lies so, else a copy."""
+    a = nhwc_view(xp, a)
+    if a.data.ptr % _layout.VECTOR_ALIGNMENT:
+        a = a.transpose(0, 2, 3, 1).copy().transpose(0, 3, 1, 2)
+    return a
+
+
+def empty_nhwc(xp, shape, dtype):
+    """A new dense channels-last array of shape (N, C, H, W)."""
+    n, c, h, w = shape
+    return xp.empty((n, h, w, c), dtype=dtype).transpose(0, 3, 1, 2)

@@ -216,7 +216,7 @@ def test_cupy_channels_last_arrays_run_in_place(dtype_name):
     import cupy
 
     import cuconv
-    from cuconv import _dtypes, conv
+    from cuconv import _dtypes, conv, dispatch
 
     dtype = _dtypes.by_name(dtype_name)
     rng = numpy.random.default_rng(5)
@@ -227,7 +227,8 @@ def test_cupy_channels_last_arrays_run_in_place(dtype_name):
         b = cupy.asarray(rng.standard_normal(w_shape[0]).astype(dtype))
         y = cuconv.conv2d(x, w, b, precision="ieee", **kwargs)
         assert is_channels_last(y)
-        key = conv._call_key(x, w, b, None, 1, kwargs.get("padding", 0), 1, 1, "auto", "ieee")
+        key = dispatch.call_key(conv._operands(x, w, b, None), 1, kwargs.get("padding", 0), 1, 1, "auto",
+                                ("ieee", cuconv.config.precision, cuconv.config.workspace_limit))
         assert (conv._plans[key].layout == "nhwc") == in_place
         nchw = cuconv.conv2d(cupy.ascontiguousarray(x), w, b, precision="ieee", **kwargs)
         numpy.testing.assert_allclose(cupy.asnumpy(y).astype(numpy.float64), cupy.asnumpy(nchw).astype(numpy.float64),

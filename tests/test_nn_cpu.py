@@ -144,17 +144,19 @@ def test_forward_mode_ad_matches_torch(x_shape, w_shape, bias, kwargs):
 @pytest.mark.parametrize("needs", [(True, False, False), (False, True, False), (False, False, True),
                                    (True, True, False)], ids=["x", "w", "b", "x_w"])
 def test_backward_runs_only_needed_grads(needs, monkeypatch):
+    import cuconv.cpu.reference
+
     calls = []
-    for name in ("dgrad_spec", "wgrad_spec"):
-        real = getattr(cuconv.backward, name)
-        monkeypatch.setattr(cuconv.backward, name,
+    for name in ("dgrad", "wgrad"):
+        real = getattr(cuconv.cpu.reference, name)
+        monkeypatch.setattr(cuconv.cpu.reference, name,
                             lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
     gen = torch.Generator().manual_seed(13)
     x, w, b = (torch.randn(shape, generator=gen, dtype=torch.float64).requires_grad_(need)
                for shape, need in zip(((2, 3, 6, 5), (4, 3, 3, 3), (4,)), needs))
     y = F.conv2d(x, w, b, padding=1)
     y.backward(_grad_output(y))
-    assert calls == [name for name, need in zip(("dgrad_spec", "wgrad_spec"), needs) if need]
+    assert calls == [name for name, need in zip(("dgrad", "wgrad"), needs) if need]
     assert [t.grad is not None for t in (x, w, b)] == list(needs)
     _assert_all_close([t.grad for t in (x, w, b) if t.requires_grad],
                       _forward_and_grads(torch.nn.functional.conv2d, (x, w, b), dict(padding=1),
@@ -165,9 +167,6 @@ def test_backward_runs_only_needed_grads(needs, monkeypatch):
 def test_cpu_path_multiplies_through_torch_not_numpy(kwargs, monkeypatch):
     """Every GEMM of the CPU path under cuconv.nn runs as torch's matmul (on torch's threads): NumPy's BLAS threads
     spinning beside torch's made a converted model's CPU training step several times slower on two cores."""
-    import contextvars
-
-    import cuconv.algos.im2col_gemm
     import cuconv.nn._bridge as bridge
 
     def numpy_blas(a, b):
@@ -175,7 +174,7 @@ def test_cpu_path_multiplies_through_torch_not_numpy(kwargs, monkeypatch):
 
     calls = []
     real = bridge._torch_matmul
-    monkeypatch.setattr(cuconv.algos.im2col_gemm, "_matmul", contextvars.ContextVar("t", default=numpy_blas))
+    monkeypatch.setattr(numpy, "matmul", numpy_blas)
     monkeypatch.setattr(bridge, "_torch_matmul", lambda a, b: calls.append(a.shape) or real(a, b))
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(3, 6, 9, 8, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -677,7 +676,7 @@ def test_warmup_keys_are_the_keys_real_calls_look_up():
             for stride, padding in (((2, 1), (1, 0)), (1, "same"), (2, 0)):
                 if padding == "same" and stride != 1:
                     continue
-                real = F._signature(x, w, bias, stride, padding, (1, 1), 1, "auto")
+                real = F._signature(x, w, bias, stride, padding, (1, 1), 1, "auto", cuconv.config.settings())
                 made = F._signature_of(x.shape, x.stride(), x.dtype, -1, w.shape, w.stride(),
                                        bias is not None and bias.shape, stride, padding, (1, 1), 1, "auto",
                                        cuconv.config.workspace_limit, cuconv.config.benchmark)

@@ -5,9 +5,9 @@ For each sample n and group g (row-major shapes)::
     out[n, g] (K/g, P·Q) = W[g] (K/g, C/g·R·S) @ col[n, g] (C/g·R·S, P·Q)
 
 written straight into the NCHW output: no transpose pass. The column buffer is bounded by
-``cuconv.config.workspace_limit``: chunks of whole samples when a sample fits, else chunks of output rows
-of one sample (``plan_chunks``). A 1x1 stride-1 unpadded convolution needs no gather at all: each sample's
-input planes already are its column matrix. The CPU path is the same structure in NumPy.
+the workspace limit (``Env.workspace_limit``): chunks of whole samples when a sample fits, else chunks of output
+rows of one sample (``plan_chunks``). A 1x1 stride-1 unpadded convolution needs no gather at all: each sample's
+input planes already are its column matrix. The CPU path is the same structure in NumPy (``cuconv.cpu.reference``).
 
 Backward, same family (names as CUDA engineers use them)::
 
@@ -22,14 +22,11 @@ Half-precision dgrad keeps its column matrix in fp32 and wgrad accumulates in fp
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import functools
 
 import numpy
 
-from .._config import config
 from ..spec import ConvSpec
 from ..problem import PASSES, Problem
 from .base import Algorithm
@@ -41,9 +38,8 @@ from ..blocks.bias import fill_launch as bias_fill_launch
 from ..blocks.im2col import row_pitch
 
 __all__ = ["ALGORITHM", "Im2colGemm", "ChunkPlan", "plan_chunks", "chunk_bytes", "wgrad_partial_samples", "pixel_folded", "batch_foldable",
-           "batch_folded", "BATCH_FOLD_MAX_PIXELS", "prepare", "forward_gpu", "forward_cpu", "dgrad_gpu", "dgrad_cpu",
-           "wgrad_gpu", "wgrad_cpu", "cpu_matmul", "pointwise_nhwc", "strided_pointwise_nhwc", "columns_wgrad_nhwc",
-           "reason_unsupported_nhwc"]
+           "batch_folded", "BATCH_FOLD_MAX_PIXELS", "prepare", "forward_gpu", "dgrad_gpu", "wgrad_gpu", "pointwise_nhwc",
+           "strided_pointwise_nhwc", "columns_wgrad_nhwc", "reason_unsupported_nhwc"]
 
 
 # Below this many column-buffer bytes a problem runs as one chunk: splitting it would cost more in
@@ -114,59 +110,6 @@ def _balanced(total: int, at_most: int) -> int:
     return -(-total // parts)
 
 
-def _compute_dtype(dtype: numpy.dtype) -> numpy.dtype:
-    # Half precisions accumulate in float32, as on the GPU; float32 and float64 compute in themselves.
-    return numpy.dtype(numpy.float64) if dtype == numpy.float64 else numpy.dtype(numpy.float32)
-
-
-# The GEMMs of the CPU path: NumPy's, unless a caller brings its framework's own (``cpu_matmul``). The torch bridge
-# brings torch's for CPU tensors: NumPy's BLAS threads and torch's thread pool, each spinning after its work, would
-# take turns starving each other on the same cores (docs/perf-notes.md).
-_matmul = contextvars.ContextVar("cuconv_cpu_matmul", default=numpy.matmul)
-
-
-@contextlib.contextmanager
-def cpu_matmul(fn):
-    """Within the block (this thread or task), the CPU path multiplies with ``fn(a, b)``, which must act as
-    ``numpy.matmul`` on float32/float64 arrays (broadcast batch dimensions included)."""
-    token = _matmul.set(fn)
-    try:
-        yield
-    finally:
-        _matmul.reset(token)
-
-
-def _samples_matmul(matmul, w: numpy.ndarray, x: numpy.ndarray) -> numpy.ndarray:
-    """(nb, g, M, L) = w (g, M, D) @ x (nb, g, D, L). Where M > L (deep layers, small planes) the samples are
-    folded into one GEMM per group, (g, M, D) @ (g, D, nb·L): broadcasting w over the samples would copy it
-    nb times (torch's matmul does) for GEMMs of L columns each; the fold copies x and the result instead,
-    which are the smaller ones there."""
-    nb, g, d, length = x.shape
-    m = w.shape[1]
-    if nb > 1 and m > length:
-        folded = matmul(w, x.transpose(1, 2, 0, 3).reshape(g, d, nb * length))
-        return folded.reshape(g, m, nb, length).transpose(2, 0, 1, 3)
-    return matmul(w, x)
-
-
-def forward_cpu(x: numpy.ndarray, w: numpy.ndarray, bias, spec: ConvSpec, out: numpy.ndarray) -> None:
-    """NumPy twin of :func:`forward_gpu` (``precision`` has no effect: float32 is always IEEE here)."""
-    cdt = _compute_dtype(x.dtype)
-    g, kg, crs_g = spec.groups, spec.k_per_group, spec.crs_per_group
-    w_g = w.reshape(g, kg, crs_g).astype(cdt, copy=False)
-    out_v = out.reshape(spec.n, g, kg, spec.p, spec.q)
-    plan = plan_chunks(spec, numpy.dtype(cdt).itemsize, config.workspace_limit)
-    matmul = _matmul.get()
-    for n0, nb, p0, rows in plan.chunks(spec):
-        col = _im2col.im2col_cpu(x[n0:n0 + nb], spec, p0, rows).astype(cdt, copy=False)
-        col = col.reshape(nb, g, crs_g, rows * spec.q)
-        # (nb, g, K/g, L) = (g, K/g, CRS/g) @ (nb, g, CRS/g, L)
-        res = _samples_matmul(matmul, w_g, col)
-        if bias is not None:  # added before the one rounding to out.dtype, as on the GPU
-            res += bias.astype(cdt).reshape(1, g, kg, 1)
-        out_v[n0:n0 + nb, :, :, p0:p0 + rows, :] = res.reshape(nb, g, kg, rows, spec.q)
-
-
 def _accumulation_dtype(dtype) -> numpy.dtype:
     """dtype in which backward sums partial results: fp32 for half precisions, else the dtype itself."""
     dtype = numpy.dtype(dtype)
@@ -181,16 +124,15 @@ _WGRAD_PARTIALS_BYTES = 64 << 20
 _WGRAD_PARTIALS_MAX_OUTPUTS = 1 << 21
 
 
-def wgrad_partial_samples(spec: ConvSpec, plan: ChunkPlan, acc_itemsize: int, col_bytes: int,
-                          limit: int = None) -> int:
+def wgrad_partial_samples(spec: ConvSpec, plan: ChunkPlan, acc_itemsize: int, col_bytes: int, limit: int) -> int:
     """How many samples' partial sums one-group wgrad keeps at a time, or 0 where batching the samples' GEMMs
     does not pay or does not fit: several groups, K x CRS above ``_WGRAD_PARTIALS_MAX_OUTPUTS``, or room for
-    fewer than two samples in ``_WGRAD_PARTIALS_BYTES`` and what the workspace limit (default
-    ``cuconv.config.workspace_limit``) leaves beside the column buffer (``col_bytes``)."""
+    fewer than two samples in ``_WGRAD_PARTIALS_BYTES`` and what the workspace limit (``limit``) leaves beside the
+    column buffer (``col_bytes``)."""
     outputs = spec.k * spec.crs
     if spec.groups != 1 or plan.samples < 2 or not 0 < outputs <= _WGRAD_PARTIALS_MAX_OUTPUTS:
         return 0
-    budget = min(_WGRAD_PARTIALS_BYTES, (config.workspace_limit if limit is None else limit) - col_bytes)
+    budget = min(_WGRAD_PARTIALS_BYTES, limit - col_bytes)
     samples = min(plan.samples, budget // (outputs * acc_itemsize))
     return samples if samples >= 2 else 0
 
@@ -741,40 +683,6 @@ def dgrad_gpu(dy, w, spec: ConvSpec, dx, precision: str) -> None:
 def wgrad_gpu(x, dy, spec: ConvSpec, dw, precision: str) -> None:
     """dw = conv2d_weight(x, dy) into C-contiguous CuPy ``dw`` (K, C/g, R, S), on CuPy's current stream."""
     _plan.run_on_arrays(prepare, "wgrad", spec, precision, x, dy, dw)
-
-
-def dgrad_cpu(dy: numpy.ndarray, w: numpy.ndarray, spec: ConvSpec, dx: numpy.ndarray) -> None:
-    """NumPy twin of :func:`dgrad_gpu`."""
-    cdt = _compute_dtype(dx.dtype)
-    g, kg, crs_g = spec.groups, spec.k_per_group, spec.crs_per_group
-    w_t = w.reshape(g, kg, crs_g).transpose(0, 2, 1).astype(cdt, copy=False)  # (g, CRS/g, K/g)
-    acc = numpy.zeros(spec.input_shape, dtype=cdt)
-    plan = plan_chunks(spec, numpy.dtype(cdt).itemsize, config.workspace_limit, overlap=False)
-    matmul = _matmul.get()
-    for n0, nb, p0, rows in plan.chunks(spec):
-        d = dy[n0:n0 + nb, :, p0:p0 + rows, :].astype(cdt).reshape(nb, g, kg, rows * spec.q)
-        col = _samples_matmul(matmul, w_t, d)  # (nb, g, CRS/g, L) = (g, CRS/g, K/g) @ (nb, g, K/g, L)
-        _col2im.col2im_cpu(col.reshape(nb, spec.crs, rows * spec.q), spec, p0, rows, acc[n0:n0 + nb])
-    dx[...] = acc
-
-
-def wgrad_cpu(x: numpy.ndarray, dy: numpy.ndarray, spec: ConvSpec, dw: numpy.ndarray) -> None:
-    """NumPy twin of :func:`wgrad_gpu`."""
-    cdt = _compute_dtype(x.dtype)
-    g, kg, crs_g = spec.groups, spec.k_per_group, spec.crs_per_group
-    acc = numpy.zeros((g, kg, crs_g), dtype=cdt)
-    plan = plan_chunks(spec, numpy.dtype(cdt).itemsize, config.workspace_limit, overlap=False)
-    matmul = _matmul.get()
-    for n0, nb, p0, rows in plan.chunks(spec):
-        col = _im2col.im2col_cpu(x[n0:n0 + nb], spec, p0, rows).astype(cdt, copy=False)
-        length = rows * spec.q
-        # samples interleaved, as on the GPU: (g, K/g, nb·L) @ (g, nb·L, CRS/g), one GEMM per group reducing over
-        # samples and positions together (per-sample GEMMs and a sum were several times slower through torch's
-        # batched matmul; einsum contracts without BLAS)
-        col = col.reshape(nb, g, crs_g, length).transpose(1, 0, 3, 2).reshape(g, nb * length, crs_g)
-        d = dy[n0:n0 + nb, :, p0:p0 + rows, :].astype(cdt).reshape(nb, g, kg, length)
-        acc += matmul(d.transpose(1, 2, 0, 3).reshape(g, kg, nb * length), col)
-    dw[...] = acc.reshape(dw.shape)
 
 
 class Im2colGemm(Algorithm):

@@ -6,8 +6,8 @@ context managers on the way. That keeps a layer called again within torch's own 
 makes every call capturable in a CUDA graph (outputs and workspaces come from the graph's pool).
 
 CPU tensors cross as zero-copy NumPy views (bfloat16 as int16 storage reinterpreted as
-``ml_dtypes.bfloat16``) and run cuconv's CPU path, its GEMMs through torch's (``im2col_gemm.cpu_matmul``): on
-torch's threads, none of NumPy's BLAS threads spinning beside them.
+``ml_dtypes.bfloat16``) and run cuconv's CPU path (``cuconv.cpu.reference``), its GEMMs through torch's
+(``_torch_matmul``): on torch's threads, none of NumPy's BLAS threads spinning beside them.
 """
 
 from __future__ import annotations
@@ -17,13 +17,11 @@ import threading
 import numpy
 import torch
 
-from .. import _dtypes, _layout, _plan, algos as _algorithms, backward as _backward, dispatch, select as _select
+from .. import _dtypes, _layout, _plan, algos as _algorithms, dispatch, select as _select
 from ..problem import PASSES
 from ..select import autotune
-from .._config import config
 from ..blocks.bias import grad_launch, grad_launch_nhwc
-from ..algos.im2col_gemm import cpu_matmul
-from ..conv import _Plan as _ForwardPlan, _run as _run_forward
+from ..cpu import reference
 from ..spec import ConvSpec
 
 __all__ = ["Layer", "as_array", "raw_stream", "bias_grad", "backward_algo"]
@@ -177,8 +175,8 @@ class Layer:
                  "krsc", "w_format", "_dw_strides")
 
     def __init__(self, spec: ConvSpec, dtype: torch.dtype, device: torch.device, precision: str, algo: str,
-                 bias: bool, x_shape: tuple, benchmark: bool = False, workspace_limit: int = None,
-                 channels_last: bool = False, w_channels_last: bool = False):
+                 bias: bool, x_shape: tuple, benchmark: bool, workspace_limit: int, channels_last: bool = False,
+                 w_channels_last: bool = False):
         self.spec, self.dtype, self.device, self.precision, self.algo, self.bias = (spec, dtype, device, precision,
                                                                                     algo, bias)
         self.np_dtype = _NUMPY_DTYPES[dtype]
@@ -188,7 +186,7 @@ class Layer:
         self.benchmark = benchmark
         # the workspace limit of the call that made the layer (part of its signature): its backward passes, which
         # autograd may run in another thread (outside a ``with cuconv.config`` block), choose and plan with it
-        self.workspace_limit = config.workspace_limit if workspace_limit is None else workspace_limit
+        self.workspace_limit = workspace_limit
         # pass -> plan, for operands all on 256-byte boundaries / for any others
         self._aligned, self._unaligned = {}, {}
         self._bias_grad = self._bias_grad_nhwc = None
@@ -360,10 +358,9 @@ class Layer:
     def _backward_nchw(self, dy, x, w, need_x: bool, need_w: bool, need_b: bool, eager: bool) -> tuple:
         """``backward`` on contiguous dy, x and w, with the passes' NCHW plans."""
         if self.index < 0:
-            with cpu_matmul(_torch_matmul):
-                return (self._backward_cpu("dgrad", dy, w) if need_x else None,
-                        self._backward_cpu("wgrad", x, dy) if need_w else None,
-                        self.bias_grad(dy) if need_b else None)
+            return (self._backward_cpu("dgrad", dy, w) if need_x else None,
+                    self._backward_cpu("wgrad", x, dy) if need_w else None,
+                    self.bias_grad(dy) if need_b else None)
         dx = dw = dgrad = wgrad = None
         dy_ptr = dy.data_ptr()
         nbytes = 0
@@ -470,20 +467,21 @@ class Layer:
 
     # ---- CPU -----------------------------------------------------------------------------------------------
     def _forward_cpu(self, x, w, b, out):
-        plan = _ForwardPlan(self.spec, "im2col_gemm", self.precision, self.spec.output_shape, False)
-        with cpu_matmul(_torch_matmul):
-            _run_forward(numpy, plan, as_array(x).reshape(self.spec.input_shape), as_array(w),
-                         None if b is None else as_array(b), as_array(out).reshape(self.spec.output_shape))
+        spec = self.spec
+        reference.forward(as_array(x).reshape(spec.input_shape), as_array(w), None if b is None else as_array(b),
+                          spec, as_array(out).reshape(spec.output_shape), _torch_matmul, self.workspace_limit)
         return out
 
     def _backward_cpu(self, pass_: str, first, second):
-        """One backward pass on the CPU path (inside ``backward``'s ``cpu_matmul`` block); operands as
-        ``_plan.OPERANDS`` (dgrad: dy, w; wgrad: x, dy)."""
+        """One backward pass on the CPU path; operands as ``_plan.OPERANDS`` (dgrad: dy, w; wgrad: x, dy)."""
+        spec = self.spec
         if pass_ == "dgrad":
-            result = _backward.dgrad_spec(as_array(second), as_array(first).reshape(self.spec.output_shape),
-                                          self.spec, "auto", self.precision).reshape(self.x_shape)
+            result = numpy.empty(spec.input_shape, dtype=self.np_dtype)
+            reference.dgrad(as_array(first).reshape(spec.output_shape), as_array(second), spec, result, _torch_matmul,
+                            self.workspace_limit)
+            result = result.reshape(self.x_shape)
         else:
-            result = _backward.wgrad_spec(as_array(first).reshape(self.spec.input_shape),
-                                          as_array(second).reshape(self.spec.output_shape), self.spec, "auto",
-                                          self.precision)
+            result = numpy.empty(spec.weight_shape, dtype=self.np_dtype)
+            reference.wgrad(as_array(first).reshape(spec.input_shape), as_array(second).reshape(spec.output_shape),
+                            spec, result, _torch_matmul, self.workspace_limit)
         return _as_tensor(result, self.dtype)

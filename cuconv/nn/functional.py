@@ -18,8 +18,9 @@ import torch
 from .. import _layout
 from .._config import config
 from .._errors import ConvTypeError, ConvValueError
+from ..dispatch import call_key
 from ..select import algorithms
-from ..spec import ConvSpec, _plain, output_size
+from ..spec import ConvSpec, output_size
 from . import _bridge
 
 __all__ = ["conv2d", "torch_precision"]
@@ -29,6 +30,7 @@ _Tensor = torch.Tensor
 _PARAMETER = torch.nn.Parameter
 # (module-level names for what a call seen before asks: each attribute lookup on ``torch`` is host time)
 _is_compiling = torch.compiler.is_compiling
+_settings = config.settings  # (the one read of the configuration per call: passed down from the entry points)
 _autocast_enabled = torch.is_autocast_enabled
 _grad_enabled = torch.is_grad_enabled
 _forward_ad = torch.autograd.forward_ad  # (its ``_current_level``: the innermost open dual level, -1 if none)
@@ -86,34 +88,35 @@ def _plain_tensor(t) -> bool:
     return type(t) in _PLAIN_TYPES
 
 
-def _signature(x, w, b, stride, padding, dilation, groups, algo):
-    """The key of a CUDA call whose arguments are all plain (``spec._plain``), else None."""
-    if not (_plain(stride) and _plain(padding) and _plain(dilation) and type(groups) is int and type(algo) is str):
-        return None
+def _signature(x, w, b, stride, padding, dilation, groups, algo, settings):
+    """The key of a CUDA call (``dispatch.call_key`` of its tensors' shapes, strides, dtypes and devices, and of
+    the float32 precision and ``settings``' values its layer depends on) whose arguments are all plain, else
+    None."""
     dtype = x.dtype
-    return (x.shape, x.stride(), dtype, x.get_device(), w.shape, w.stride(), w.dtype, w.get_device(),
-            None if b is None else (b.shape, b.dtype, b.get_device()), stride, padding, dilation, groups, algo,
-            torch_precision() if dtype is torch.float32 else None, config.workspace_limit, config.benchmark)
+    return call_key((x.shape, x.stride(), dtype, x.get_device(), w.shape, w.stride(), w.dtype, w.get_device(),
+                     None if b is None else (b.shape, b.dtype, b.get_device())), stride, padding, dilation, groups,
+                    algo, (torch_precision() if dtype is torch.float32 else None, settings.workspace_limit,
+                           settings.benchmark))
 
 
 def _signature_of(x_shape, x_stride, dtype, index: int, w_shape, w_stride, b_shape, stride, padding, dilation,
                   groups, algo, workspace_limit: int, benchmark: bool):
     """``_signature`` of a call on CUDA device ``index`` with tensors of these shapes and strides, all of
     ``dtype`` (``b_shape`` False: no bias): the key ``warmup`` keeps a layer under."""
-    if not (_plain(stride) and _plain(padding) and _plain(dilation) and type(groups) is int and type(algo) is str):
-        return None
-    return (torch.Size(x_shape), tuple(x_stride), dtype, index, torch.Size(w_shape), tuple(w_stride), dtype, index,
-            None if b_shape is False else (torch.Size(b_shape), dtype, index), stride, padding, dilation, groups,
-            algo, torch_precision() if dtype is torch.float32 else None, workspace_limit, benchmark)
+    return call_key((torch.Size(x_shape), tuple(x_stride), dtype, index, torch.Size(w_shape), tuple(w_stride), dtype,
+                     index, None if b_shape is False else (torch.Size(b_shape), dtype, index)), stride, padding,
+                    dilation, groups, algo,
+                    (torch_precision() if dtype is torch.float32 else None, workspace_limit, benchmark))
 
 
-def _layer(x, w, b, spec: ConvSpec, algo: str, precision: str) -> "_bridge.Layer":
+def _layer(x, w, b, spec: ConvSpec, algo: str, precision: str, settings) -> "_bridge.Layer":
     """A new layer for validated tensors, made on the input's device."""
     device = x.device
     if device.type == "cuda" and device.index != torch.cuda.current_device():
         with torch.cuda.device(device.index):
-            return _layer(x, w, b, spec, algo, precision)
-    return _bridge.Layer(spec, x.dtype, device, precision, algo, b is not None, tuple(x.shape), config.benchmark,
+            return _layer(x, w, b, spec, algo, precision, settings)
+    return _bridge.Layer(spec, x.dtype, device, precision, algo, b is not None, tuple(x.shape), settings.benchmark,
+                         settings.workspace_limit,
                          channels_last=_layout.result_channels_last(x, w, device.type == "cuda"),
                          w_channels_last=_only_channels_last(w))
 
@@ -280,16 +283,19 @@ def _traced_layer(x, w, has_bias, stride, padding, dilation, groups, algo, preci
     x_shape = tuple(x.shape) if x_shape is None else tuple(x_shape)
     w_shape = tuple(w) if isinstance(w, (list, tuple)) else tuple(w.shape)
     dtype = x.dtype if isinstance(x, _Tensor) else w.dtype
-    key = ("traced", x_shape, dtype, str(x.device), w_shape, has_bias, tuple(stride), tuple(padding), tuple(dilation),
-           groups, algo, precision, config.workspace_limit, config.benchmark, channels_last, w_channels_last)
-    layer = _layers.get(key)
+    settings = _settings()  # (a custom op is an entry point: it reads the configuration once)
+    stride, padding, dilation = tuple(stride), tuple(padding), tuple(dilation)
+    key = call_key(("traced", x_shape, dtype, str(x.device), w_shape, has_bias), stride, padding, dilation, groups,
+                   algo, (precision, settings.workspace_limit, settings.benchmark, channels_last, w_channels_last))
+    layer = _layers.get(key) if key is not None else None
     if layer is None:
         n, c, h, wd = x_shape
         k, _, r, s = w_shape
-        spec = ConvSpec(n, c, h, wd, k, r, s, tuple(stride), tuple(padding), tuple(dilation), groups)
-        layer = _bridge.Layer(spec, dtype, x.device, precision, algo, has_bias, x_shape, config.benchmark,
-                              channels_last=channels_last, w_channels_last=w_channels_last)
-        _remember(key, layer)
+        spec = ConvSpec(n, c, h, wd, k, r, s, stride, padding, dilation, groups)
+        layer = _bridge.Layer(spec, dtype, x.device, precision, algo, has_bias, x_shape, settings.benchmark,
+                              settings.workspace_limit, channels_last=channels_last, w_channels_last=w_channels_last)
+        if key is not None:
+            _remember(key, layer)
     return layer
 
 
@@ -521,19 +527,22 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     """
     if type(input) is _Tensor and input.is_cuda and not _is_compiling():
         # the path of a layer seen before: its signature, one lookup, its launches
+        settings = _settings()
         if _autocast_enabled("cuda"):
             input, weight, bias = _autocast(input, weight, bias, "cuda")
         if type(weight) in _PLAIN_TYPES and (bias is None or type(bias) in _PLAIN_TYPES):
-            key = _signature(input, weight, bias, stride, padding, dilation, groups, algo)
+            key = _signature(input, weight, bias, stride, padding, dilation, groups, algo, settings)
             layer = _layers.get(key) if key is not None else None
             if layer is not None:
                 return _run_layer(layer, input, weight, bias)
-        return _checked(input, weight, bias, stride, padding, dilation, groups, algo, autocast_done=True)
-    return _checked(input, weight, bias, stride, padding, dilation, groups, algo)
+        return _checked(input, weight, bias, stride, padding, dilation, groups, algo, settings, autocast_done=True)
+    return _checked(input, weight, bias, stride, padding, dilation, groups, algo, None)
 
 
-def _checked(input, weight, bias, stride, padding, dilation, groups, algo, autocast_done=False):
-    """Every check of torch's, in its wording, then the layer (made and kept for CUDA tensors)."""
+def _checked(input, weight, bias, stride, padding, dilation, groups, algo, settings, autocast_done=False):
+    """Every check of torch's, in its wording, then the layer (made and kept for CUDA tensors) under ``settings``
+    (``_config.Settings``; None: read here, past the traced path, which reads none: a custom op reads them when it
+    runs)."""
     for name, t in (("input", input), ("weight", weight), ("bias", bias)):
         if not isinstance(t, _Tensor) and not (name == "bias" and t is None):
             raise TypeError(f"conv2d(): argument '{name}' must be Tensor, not {type(t).__name__}")
@@ -575,9 +584,11 @@ def _checked(input, weight, bias, stride, padding, dilation, groups, algo, autoc
         y = torch.ops.cuconv.conv2d(x, weight, bias, list(spec.stride), list(spec.pad), list(spec.dilation),
                                     spec.groups, algo, precision)
         return y.squeeze(0) if unbatched else y
-    layer = _layer(input, weight, bias, spec, algo, precision)
+    if settings is None:
+        settings = _settings()
+    layer = _layer(input, weight, bias, spec, algo, precision, settings)
     if input.is_cuda and _plain_tensor(weight) and (bias is None or _plain_tensor(bias)):
-        key = _signature(input, weight, bias, stride, padding, dilation, groups, algo)
+        key = _signature(input, weight, bias, stride, padding, dilation, groups, algo, settings)
         if key is not None:
             _remember(key, layer)
     return _run_layer(layer, input, weight, bias)

@@ -175,28 +175,26 @@ def test_wgrad_batches_samples_into_partial_sums_where_few_outputs(name, samples
 
     spec = _problem(name).spec()
     plan = plan_chunks(spec, 4, 1 << 30, overlap=False)
-    assert wgrad_partial_samples(spec, plan, 4, chunk_bytes(spec, plan.samples, plan.rows, 4)) == samples
+    assert wgrad_partial_samples(spec, plan, 4, chunk_bytes(spec, plan.samples, plan.rows, 4), 1 << 30) == samples
 
 
 def test_wgrad_partial_sums_stay_within_their_budget_and_the_workspace_limit(monkeypatch):
-    from cuconv import config
     from cuconv.algos import im2col_gemm
     from cuconv.algos.im2col_gemm import wgrad_partial_samples
 
     one = ConvSpec.from_args((32, 64, 56, 56), (64, 64, 3, 3), padding=1)  # 64 x 576 outputs: 147 KB a sample
     per = 64 * 576 * 4
     plan = ChunkPlan(32, 56, 1)
-    assert wgrad_partial_samples(one, plan, 4, 0) == 32
+    assert wgrad_partial_samples(one, plan, 4, 0, GiB) == 32
     monkeypatch.setattr(im2col_gemm, "_WGRAD_PARTIALS_BYTES", 5 * per + 1)
-    assert wgrad_partial_samples(one, plan, 4, 0) == 5
-    with config(workspace_limit=100 * per):
-        assert wgrad_partial_samples(one, plan, 4, 97 * per) == 3  # what the column buffer leaves
-        assert wgrad_partial_samples(one, plan, 4, 99 * per) == 0  # room for one: no batching
-    assert wgrad_partial_samples(one, ChunkPlan(1, 56, 1), 4, 0) == 0
+    assert wgrad_partial_samples(one, plan, 4, 0, GiB) == 5
+    assert wgrad_partial_samples(one, plan, 4, 97 * per, 100 * per) == 3  # what the column buffer leaves
+    assert wgrad_partial_samples(one, plan, 4, 99 * per, 100 * per) == 0  # room for one: no batching
+    assert wgrad_partial_samples(one, ChunkPlan(1, 56, 1), 4, 0, GiB) == 0
     grouped = ConvSpec.from_args((32, 64, 56, 56), (64, 32, 3, 3), padding=1, groups=2)
-    assert wgrad_partial_samples(grouped, plan, 4, 0) == 0
+    assert wgrad_partial_samples(grouped, plan, 4, 0, GiB) == 0
     wide = ConvSpec.from_args((8, 1024, 14, 14), (1024, 1024, 3, 3), padding=1)  # 9.4 M outputs
-    assert wgrad_partial_samples(wide, ChunkPlan(8, 14, 1), 4, 0) == 0
+    assert wgrad_partial_samples(wide, ChunkPlan(8, 14, 1), 4, 0, GiB) == 0
 
 
 # ----- the GEMMs of a plan, run on the CPU: cuBLAS's column-major GEMM emulated in NumPy on host memory --------

@@ -1,0 +1,1 @@
+"""cuconv's CPU path: the NumPy reference of every pass (``reference``)."""
