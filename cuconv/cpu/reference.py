@@ -45,9 +45,19 @@ def _samples_matmul(matmul, w: numpy.ndarray, x: numpy.ndarray) -> numpy.ndarray
     return matmul(w, x)
 
 
-def _degenerate(spec: ConvSpec) -> bool:
-    """No multiply-adds at all (empty batch, no channels or no filters): every gradient is zero."""
-    return spec.n == 0 or spec.k == 0 or spec.crs_per_group == 0
+def _chunks(spec: ConvSpec, cdt: numpy.dtype, workspace_limit: int, overlap: bool):
+    """(first sample, samples, first output row, rows) of each chunk whose column matrix in ``cdt`` stays within
+    ``workspace_limit`` (im2col_gemm's ``plan_chunks``; ``overlap``: the forward's chunking)."""
+    return plan_chunks(spec, cdt.itemsize, workspace_limit, overlap).chunks(spec)
+
+
+def _zero_if_degenerate(spec: ConvSpec, grad: numpy.ndarray) -> bool:
+    """Whether the pass has no multiply-adds at all (empty batch, no channels or no filters), ``grad`` then zeroed:
+    every gradient is zero."""
+    if spec.n == 0 or spec.k == 0 or spec.crs_per_group == 0:
+        grad.fill(0)
+        return True
+    return False
 
 
 def forward(x: numpy.ndarray, w: numpy.ndarray, bias, spec: ConvSpec, out: numpy.ndarray, matmul,
@@ -62,8 +72,7 @@ def forward(x: numpy.ndarray, w: numpy.ndarray, bias, spec: ConvSpec, out: numpy
     g, kg, crs_g = spec.groups, spec.k_per_group, spec.crs_per_group
     w_g = w.reshape(g, kg, crs_g).astype(cdt, copy=False)
     out_v = out.reshape(spec.n, g, kg, spec.p, spec.q)
-    plan = plan_chunks(spec, numpy.dtype(cdt).itemsize, workspace_limit)
-    for n0, nb, p0, rows in plan.chunks(spec):
+    for n0, nb, p0, rows in _chunks(spec, cdt, workspace_limit, True):
         col = im2col_cpu(x[n0:n0 + nb], spec, p0, rows).astype(cdt, copy=False)
         col = col.reshape(nb, g, crs_g, rows * spec.q)
         # (nb, g, K/g, L) = (g, K/g, CRS/g) @ (nb, g, CRS/g, L)
@@ -76,15 +85,13 @@ def forward(x: numpy.ndarray, w: numpy.ndarray, bias, spec: ConvSpec, out: numpy
 def dgrad(dy: numpy.ndarray, w: numpy.ndarray, spec: ConvSpec, dx: numpy.ndarray, matmul,
           workspace_limit: int) -> None:
     """dx (N, C, H, W) = conv2d_input(dy, w) on C-contiguous arrays."""
-    if _degenerate(spec):
-        dx.fill(0)
+    if _zero_if_degenerate(spec, dx):
         return
     cdt = _compute_dtype(dx.dtype)
     g, kg, crs_g = spec.groups, spec.k_per_group, spec.crs_per_group
     w_t = w.reshape(g, kg, crs_g).transpose(0, 2, 1).astype(cdt, copy=False)  # (g, CRS/g, K/g)
     acc = numpy.zeros(spec.input_shape, dtype=cdt)
-    plan = plan_chunks(spec, numpy.dtype(cdt).itemsize, workspace_limit, overlap=False)
-    for n0, nb, p0, rows in plan.chunks(spec):
+    for n0, nb, p0, rows in _chunks(spec, cdt, workspace_limit, False):
         d = dy[n0:n0 + nb, :, p0:p0 + rows, :].astype(cdt).reshape(nb, g, kg, rows * spec.q)
         col = _samples_matmul(matmul, w_t, d)  # (nb, g, CRS/g, L) = (g, CRS/g, K/g) @ (nb, g, K/g, L)
         col2im_cpu(col.reshape(nb, spec.crs, rows * spec.q), spec, p0, rows, acc[n0:n0 + nb])
@@ -94,14 +101,12 @@ def dgrad(dy: numpy.ndarray, w: numpy.ndarray, spec: ConvSpec, dx: numpy.ndarray
 def wgrad(x: numpy.ndarray, dy: numpy.ndarray, spec: ConvSpec, dw: numpy.ndarray, matmul,
           workspace_limit: int) -> None:
     """dw (K, C/g, R, S) = conv2d_weight(x, dy) on C-contiguous arrays."""
-    if _degenerate(spec):
-        dw.fill(0)
+    if _zero_if_degenerate(spec, dw):
         return
     cdt = _compute_dtype(x.dtype)
     g, kg, crs_g = spec.groups, spec.k_per_group, spec.crs_per_group
     acc = numpy.zeros((g, kg, crs_g), dtype=cdt)
-    plan = plan_chunks(spec, numpy.dtype(cdt).itemsize, workspace_limit, overlap=False)
-    for n0, nb, p0, rows in plan.chunks(spec):
+    for n0, nb, p0, rows in _chunks(spec, cdt, workspace_limit, False):
         col = im2col_cpu(x[n0:n0 + nb], spec, p0, rows).astype(cdt, copy=False)
         length = rows * spec.q
         # samples interleaved, as on the GPU: (g, K/g, nb·L) @ (g, nb·L, CRS/g), one GEMM per group reducing over
