@@ -1,17 +1,19 @@
-"""depthwise: its plans (CPU) - which cases take ``depthwise_fwd_plane`` (``plane_plan``: a whole padded plane in
-shared memory) or ``depthwise_fwd_strips`` (``strips_plan``), and how a plane is cut - and on the GPU every forward
-kernel bit for bit against the CPU path on integers, the rows kernel's fallback on misaligned tensors and a
-deterministic wgrad over many chunks. The case table runs it with every algorithm in test_conv_gpu.py and
-test_backward_gpu.py."""
+"""depthwise's forward kernels on NCHW activations (``cuconv.algos.depthwise.nchw_fwd``): their plans (CPU) -
+which cases take ``depthwise_fwd_plane`` (``plane_plan``: a whole padded plane in shared memory),
+``depthwise_fwd_strips`` (``strips_plan``) or ``depthwise_fwd_rows`` (``rows_layout``, ``rows_strips``), and how a
+plane is cut - and on the GPU every forward kernel bit for bit against the CPU path on integers (also as the
+stride-1 dgrad reading the weight flipped) and the rows kernel's fallback on misaligned tensors. The case table runs
+the algorithm in test_conv_gpu.py and test_backward_gpu.py."""
 
 import numpy
 import pytest
 
 import cuconv
 from cases import (CASES, EXACT_DTYPES, PROBLEM_CASES, TILING_CASES, assert_forward_equals_cpu_on_integers,
-                   case_spec, make_inputs, reference, rel_err, tolerance)
+                   case_spec, make_inputs)
 from cuconv import _dtypes
 from cuconv.algos import depthwise
+from cuconv.algos.depthwise import nchw_fwd
 from cuconv.problems import PROBLEMS
 from cuconv.spec import ConvSpec
 
@@ -39,7 +41,7 @@ def test_strips_only_for_unit_stride_and_dilation_and_compiled_kernels():
 def test_strips_pack_small_planes_flat(hw, flat):
     """Planes up to 14x14 outputs: the strips of all planes flat over the blocks; larger: a block row per plane."""
     spec = ConvSpec.from_args((32, 96, hw, hw), (96, 1, 5, 5), groups=96, padding=2)
-    name, grid, _, _, geometry = depthwise._forward_launch(spec, numpy.dtype(numpy.float32), False, False, 0, 0,
+    name, grid, _, _, geometry = nchw_fwd._forward_launch(spec, numpy.dtype(numpy.float32), False, False, 0, 0,
                                                            "strips")
     rows, strips = depthwise.strips_plan(spec)
     assert name == f"depthwise_fwd_strips<float,5,5,{'true' if flat else 'false'}>"
@@ -97,8 +99,6 @@ def test_depthwise_problem_is_staged_whole():
         rows, strips, lead, pitch, stages, smem = depthwise.plane_plan(spec, dtype)
         assert (rows, strips) == (14, 4) and stages >= 3 and smem <= 48 << 10
 
-
-# ---- depthwise_fwd_rows: 16-byte (or, in the 16-bit types, 8-byte) vectors of rows ----------------------
 
 @pytest.mark.parametrize("dtype,w,want", [
     (numpy.float32, 56, (1, 14, 2)), (numpy.float16, 56, (1, 7, 4)), (numpy.float64, 56, (1, 28, 1)),
@@ -166,89 +166,6 @@ def test_forward_kernels_by_preference_and_alignment():
     assert depthwise.forward_kernels(rect, numpy.float32) == ("tiles",)  # gather: 3x3, 5x5, 7x7 only
 
 
-@pytest.mark.parametrize("stride,dilation,kernel,want", [
-    (2, 1, 3, "depthwise_dgrad_s2<float,3,3>"), (2, 1, 7, "depthwise_dgrad_s2<float,7,7>"),
-    ((2, 1), 1, 3, "depthwise_dgrad<"), (2, 2, 3, "depthwise_dgrad<"), (3, 1, 3, "depthwise_dgrad<"),
-    (2, 1, 4, "depthwise_dgrad<")])
-def test_strided_dgrad_takes_the_quad_kernel_at_stride_2(stride, dilation, kernel, want, monkeypatch):
-    """depthwise_dgrad_s2 (a thread per 2x2 quad of dx) at stride 2x2, dilation 1, 3x3/5x5/7x7; the gather
-    per dx element elsewhere. The launch's kernel name, read without a GPU."""
-    names = []
-    monkeypatch.setattr(depthwise, "_fn", lambda name: None)
-    monkeypatch.setattr(depthwise._loader, "PreparedLaunch", lambda fn, name, *args, **kwargs: names.append(name))
-    spec = ConvSpec.from_args((2, 4, 20, 31), (4, 1, kernel, kernel), groups=4, padding=1, stride=stride,
-                              dilation=dilation)
-    depthwise._dgrad_launch(spec, numpy.dtype(numpy.float32))
-    assert len(names) == 1 and names[0].startswith(want)
-
-
-@pytest.mark.parametrize("shape,r,stride", [((32, 960, 7, 7), 5, 1), ((32, 96, 112, 112), 3, 2), ((1, 4, 3, 300), 7, 1),
-                                             ((16, 4, 130, 70), 5, 1), ((2, 3, 9, 9), 3, (2, 1))])
-def test_wgrad_strips_cover_every_item_once(shape, r, stride):
-    """depthwise_wgrad_strips: strips of at most 16 rows cover each plane; blocks of whole passes of 256
-    threads cover a channel's (sample, strip, column) items; about eight blocks per SM over the channels."""
-    spec = ConvSpec.from_args(shape, (shape[1], 1, r, r), groups=shape[1], padding=r // 2, stride=stride)
-    rows, strips, chunk, blocks = depthwise.wgrad_strips_plan(spec, 132)
-    assert rows <= 16 and (strips - 1) * rows < spec.p <= strips * rows
-    items = spec.n * strips * spec.q
-    assert chunk % _THREADS == 0 and (blocks - 1) * chunk < items <= blocks * chunk
-    assert spec.k * blocks <= max(spec.k, 8 * 132 + spec.k)
-
-
-def test_wgrad_strips_only_for_compiled_kernels_dilation_1_and_row_strides_1_2():
-    shapes = ((2, 4, 20, 20), (4, 1, 3, 3))
-    for kwargs in (dict(dilation=2), dict(stride=3), dict(stride=(3, 1))):
-        assert depthwise.wgrad_strips_plan(ConvSpec.from_args(*shapes, groups=4, **kwargs), 132) is None
-    assert depthwise.wgrad_strips_plan(ConvSpec.from_args(*shapes, groups=4, stride=(1, 3)), 132) is not None
-    assert depthwise.wgrad_strips_plan(ConvSpec.from_args((2, 4, 20, 20), (4, 1, 3, 5), groups=4), 132) is None
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype_name", ["float64", "float32"])
-@pytest.mark.parametrize("shape,r,stride", [((16, 4, 130, 70), 5, 1), ((32, 8, 61, 45), 3, 2),
-                                             ((16, 2, 66, 80), 7, 2)])
-def test_depthwise_wgrad_strips_over_many_blocks_equal_cpu_and_repeat(shape, r, stride, dtype_name):
-    """Several blocks per channel (strips' partial sums, then the ordered reduce): integer inputs give the CPU
-    path's sums exactly, and two runs agree bit for bit."""
-    import cupy
-
-    dtype = numpy.dtype(dtype_name)
-    c = shape[1]
-    kwargs = dict(stride=stride, padding=r // 2, groups=c)
-    spec = ConvSpec.from_args(shape, (c, 1, r, r), **kwargs)
-    assert depthwise.wgrad_strips_plan(spec, 132)[3] > 1
-    rng = numpy.random.default_rng(41)
-    x = rng.integers(-3, 4, size=shape).astype(dtype)
-    dy = rng.integers(-3, 4, size=spec.output_shape).astype(dtype)
-    want = cuconv.conv2d_weight(x, spec.weight_shape, dy, **kwargs)
-    runs = [cupy.asnumpy(cuconv.conv2d_weight(cupy.asarray(x), spec.weight_shape, cupy.asarray(dy), algo="depthwise",
-                                              **kwargs)) for _ in range(2)]
-    numpy.testing.assert_array_equal(runs[0], want)
-    numpy.testing.assert_array_equal(runs[1], want)
-
-
-@pytest.mark.gpu
-def test_depthwise_wgrad_many_chunks_and_big_taps_is_deterministic():
-    """The wgrad partial sums split N·P·Q into many chunks; two runs agree bit for bit, and with the oracle."""
-    import cupy
-
-    from cases import Case
-
-    case = Case((6, 4, 40, 37), (8, 1, 7, 5), dict(padding=(3, 2), dilation=(1, 2), groups=4), False)
-    x, w, _ = make_inputs(case, seed=31)
-    ref_out = reference(x, w, **case.kwargs)
-    dy = numpy.random.default_rng(32).standard_normal(ref_out.shape)
-    import torch
-
-    xt, wt = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
-    torch.nn.functional.conv2d(xt, wt, **case.kwargs).backward(torch.from_numpy(dy))
-    runs = [cupy.asnumpy(cuconv.conv2d_weight(cupy.asarray(x), w.shape, cupy.asarray(dy), algo="depthwise",
-                                              **case.kwargs)) for _ in range(2)]
-    numpy.testing.assert_array_equal(runs[0], runs[1])
-    assert rel_err(runs[0], wt.grad.numpy()) <= tolerance(numpy.float64)
-
-
-
 @pytest.mark.gpu
 def _depthwise_kernel_cases():
     from cuconv.algos import depthwise
@@ -265,7 +182,6 @@ def _depthwise_kernel_cases():
     return out
 
 
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("case,kernel,dtype_name", _depthwise_kernel_cases())
 def test_depthwise_forward_kernels_equal_cpu_exactly_on_integers(case, kernel, dtype_name):
@@ -277,7 +193,6 @@ def test_depthwise_forward_kernels_equal_cpu_exactly_on_integers(case, kernel, d
     assert_forward_equals_cpu_on_integers(
         case, dtype_name, 21, lambda x, w, b, spec, out: depthwise.forward_gpu(x, w, b, spec, out, "ieee",
                                                                                kernel=kernel))
-
 
 
 def _flipped_dgrad_cases():
@@ -308,7 +223,6 @@ def test_depthwise_dgrad_reads_the_weight_flipped_in_every_forward_kernel(case, 
     place: each kernel, on integer inputs, equals the CPU path's dgrad bit for bit, into a NaN-poisoned dx."""
     import cupy
 
-    from cuconv.algos import depthwise
     from cuconv.blocks import dgrad_forward
 
     x, w, _ = make_inputs(case, seed=31, integer=True)
@@ -317,8 +231,8 @@ def test_depthwise_dgrad_reads_the_weight_flipped_in_every_forward_kernel(case, 
     spec = cuconv.ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
     dy = numpy.random.default_rng(32).integers(-3, 4, spec.output_shape).astype(dtype)
     want = cuconv.conv2d_input(x4.shape, w.astype(dtype), dy, **case.kwargs)
-    launch = depthwise._forward_prepared(dgrad_forward.forward_spec(spec), numpy.dtype(dtype), True, True,
-                                         depthwise._loader.smem_limit(), cupy.cuda.runtime.getDevice(), kernel, True)
+    launch = nchw_fwd._forward_prepared(dgrad_forward.forward_spec(spec), numpy.dtype(dtype), True, True,
+                                         nchw_fwd._loader.smem_limit(), cupy.cuda.runtime.getDevice(), kernel, True)
     dx = cupy.full(spec.input_shape, numpy.nan, dtype=dtype)
     wg, dyg = cupy.asarray(w.astype(dtype)), cupy.asarray(dy)
     launch(cupy.cuda.get_current_stream().ptr, dyg.data.ptr, wg.data.ptr, 0, dx.data.ptr)
@@ -348,105 +262,3 @@ def test_depthwise_rows_fall_back_on_misaligned_tensors(dtype_name):
         assert (xg.data.ptr % 16 != 0) or (out.data.ptr % 16 != 0)
         cuconv.conv2d(xg, cupy.asarray(w.astype(dtype)), groups=2, padding=(2, 1), out=out, algo="depthwise")
         numpy.testing.assert_array_equal(cupy.asnumpy(out), want)
-
-
-
-# ---- channels-last activations (depthwise_nhwc_*) -----------------------------------------------------------
-# (x shape, kernel, conv2d keywords): unrolled 3x3/5x5/7x7 and run-time R x S taps, strides, dilation, asymmetric
-# and wide padding, batch 1, 16 to 48 channels (2 to 6 vectors of 16 bytes in halves, 8 to 24 in double), a bias
-_NHWC_CASES = [
-    pytest.param((2, 16, 9, 11), (3, 3), dict(padding=1), id="3x3"),
-    pytest.param((1, 16, 13, 10), (5, 5), dict(padding=2, stride=2), id="5x5_s2_n1"),
-    pytest.param((2, 32, 12, 12), (7, 7), dict(padding=3), id="7x7"),
-    pytest.param((2, 16, 11, 9), (3, 3), dict(padding=(2, 1), dilation=2), id="3x3_dil2"),
-    pytest.param((2, 16, 8, 15), (1, 3), dict(padding=(0, 2), stride=(1, 2)), id="1x3_runtime_taps"),
-    pytest.param((3, 48, 7, 7), (3, 3), dict(padding=0), id="valid_7x7_plane"),
-    pytest.param((2, 16, 10, 10), (5, 5), dict(padding=(1, 3)), id="5x5_asym_pad"),
-    pytest.param((2, 24, 15, 14), (3, 3), dict(padding=1, stride=2), id="3x3_s2_odd"),
-    pytest.param((1, 16, 12, 13), (7, 7), dict(padding=3, stride=2), id="7x7_s2"),
-    pytest.param((2, 16, 11, 12), (3, 3), dict(padding=(0, 1), stride=(2, 3), dilation=(2, 1)), id="3x3_s2x3_dil"),
-    pytest.param((3, 16, 9, 9), (5, 5), dict(padding=4), id="5x5_pad_wider_than_kernel"),
-    pytest.param((2, 16, 8, 9), (2, 4), dict(padding=(1, 2), stride=(2, 1)), id="2x4_runtime_width_s2"),
-    pytest.param((1, 16, 7, 12), (3, 1), dict(padding=(1, 0)), id="3x1_runtime_width"),
-    pytest.param((2, 16, 6, 11), (1, 8), dict(padding=(0, 3)), id="1x8_widest_wgrad"),
-    pytest.param((4, 80, 17, 23), (5, 5), dict(padding=2), id="5x5_partial_channel_block_many_rows"),
-    pytest.param((3, 16, 9, 21), (3, 3), dict(padding=(1, 0), stride=2), id="3x3_s2_unread_last_column"),
-    # several tiles of depthwise_nhwc_fwd_tile (8 rows x 16 or 8 columns, 32 channels) and partial ones
-    pytest.param((2, 40, 23, 37), (3, 3), dict(padding=1), id="3x3_tiles_c40"),
-    pytest.param((1, 64, 19, 30), (7, 7), dict(padding=3), id="7x7_tiles_c64"),
-    pytest.param((2, 72, 29, 31), (5, 5), dict(padding=2, stride=2), id="5x5_s2_tiles_c72"),
-    pytest.param((2, 96, 17, 18), (7, 7), dict(padding=(3, 2), stride=2), id="7x7_s2_tiles_asym"),
-]
-
-
-def test_nhwc_reasons():
-    """Channels-last in place: multiplier 1, channels in whole 16-byte vectors, every pass (wgrad for kernels of
-    up to 8 columns); everything else refused with its reason (the bridge runs it on NCHW copies)."""
-    f16, f32 = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
-    spec = ConvSpec.from_args((2, 16, 9, 9), (16, 1, 3, 3), groups=16, padding=1)
-    for pass_ in ("fprop", "dgrad", "wgrad"):
-        assert depthwise.reason_unsupported_nhwc(spec, f16, pass_) is None
-    assert "columns" in depthwise.reason_unsupported_nhwc(
-        ConvSpec.from_args((2, 16, 9, 19), (16, 1, 1, 9), groups=16), f16, "wgrad")
-    assert "16-byte" in depthwise.reason_unsupported_nhwc(
-        ConvSpec.from_args((2, 12, 9, 9), (12, 1, 3, 3), groups=12, padding=1), f16)
-    assert depthwise.reason_unsupported_nhwc(
-        ConvSpec.from_args((2, 12, 9, 9), (12, 1, 3, 3), groups=12, padding=1), f32) is None
-    assert "multiplier" in depthwise.reason_unsupported_nhwc(
-        ConvSpec.from_args((2, 16, 9, 9), (32, 1, 3, 3), groups=16, padding=1), f16)
-    strided = ConvSpec.from_args((2, 16, 9, 9), (16, 1, 3, 3), groups=16, padding=1, stride=2)
-    for pass_ in ("fprop", "dgrad", "wgrad"):
-        assert depthwise.reason_unsupported_nhwc(strided, f16, pass_) is None
-
-
-def _nhwc(a):
-    import cupy
-
-    return cupy.ascontiguousarray(cupy.asarray(a).transpose(0, 2, 3, 1))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fwd_kernel", ["nhwc", "nhwc_q", "nhwc_tile"])
-@pytest.mark.parametrize("dtype_name", EXACT_DTYPES)
-@pytest.mark.parametrize("x_shape,kernel,kwargs", _NHWC_CASES)
-def test_nhwc_passes_equal_cpu_exactly_on_integers(x_shape, kernel, kwargs, dtype_name, fwd_kernel):
-    """x, out, dy and dx channels-last in memory: the forward (with a bias), the dgrad (at stride 1 the forward of
-    dy with the weight transposed and flipped, else the gather) and wgrad (slices of dy's rows, then their ordered
-    sum) bit for bit the CPU path's on integers, into NaN-poisoned outputs; the forward and stride-1 dgrad through
-    each forward kernel (``nhwc_q``: several output pixels a thread, for square 3x3, 5x5 and 7x7 kernels;
-    ``nhwc_tile``: a tile's input window staged in shared memory, the 16-bit types' square kernels at stride 1
-    or 2)."""
-    import cupy
-
-    from cuconv import _plan
-
-    dtype = _dtypes.by_name(dtype_name)
-    c = x_shape[1]
-    rng = numpy.random.default_rng(51)
-    x = rng.integers(-3, 4, x_shape).astype(dtype)
-    w = rng.integers(-3, 4, (c, 1) + kernel).astype(dtype)
-    b = rng.integers(-3, 4, c).astype(dtype)
-    spec = ConvSpec.from_args(x.shape, w.shape, groups=c, **kwargs)
-    assert depthwise.reason_unsupported_nhwc(spec, dtype, "fprop") is None
-    want = cuconv.conv2d(x, w, b, groups=c, **kwargs)
-    xg, wg, bg = _nhwc(x), cupy.asarray(w), cupy.asarray(b)
-    out = cupy.full((spec.n, spec.p, spec.q, spec.k), numpy.nan, dtype=dtype)
-    plan = depthwise.prepare("fprop", spec, dtype, "ieee", _plan.current_env(xg, wg, bg, out), True, kernel=fwd_kernel,
-                             layout="nhwc")
-    _plan.run_arrays(plan, xg, wg, bg, out)
-    numpy.testing.assert_array_equal(cupy.asnumpy(out.transpose(0, 3, 1, 2)).astype(numpy.float64),
-                                     want.astype(numpy.float64))
-    dy = rng.integers(-3, 4, spec.output_shape).astype(dtype)
-    want = cuconv.conv2d_input(x.shape, w, dy, groups=c, **kwargs)
-    dyg = _nhwc(dy)
-    dx = cupy.full((spec.n, spec.h, spec.w, spec.c), numpy.nan, dtype=dtype)
-    plan = depthwise.prepare("dgrad", spec, dtype, "ieee", _plan.current_env(dyg, wg, dx), kernel=fwd_kernel,
-                             layout="nhwc")
-    _plan.run_arrays(plan, dyg, wg, dx)
-    numpy.testing.assert_array_equal(cupy.asnumpy(dx.transpose(0, 3, 1, 2)).astype(numpy.float64),
-                                     want.astype(numpy.float64))
-    want = cuconv.conv2d_weight(x, w.shape, dy, groups=c, **kwargs)
-    dw = cupy.full(w.shape, numpy.nan, dtype=dtype)
-    plan = depthwise.prepare("wgrad", spec, dtype, "ieee", _plan.current_env(xg, dyg, dw), layout="nhwc")
-    _plan.run_arrays(plan, xg, dyg, dw)
-    numpy.testing.assert_array_equal(cupy.asnumpy(dw).astype(numpy.float64), want.astype(numpy.float64))
