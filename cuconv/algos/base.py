@@ -41,6 +41,10 @@ class Algorithm:
     residual: bool = False               # whether it adds a residual tensor
     scale: bool = False                  # whether it scales the sum
     exact_on_integers: bool = True       # integer-valued inputs give exact sums (no fractional transforms)
+    # The family's own limits, ``check(spec, dtype, pass_, precision, limits) -> reason | None``: on any activations,
+    # and (asked first) on channels-last ones; None: none beyond the declarations.
+    nchw_limits = None
+    nhwc_limits = None
 
     def can_implement(self, problem: Problem, limits: "_plan.Limits") -> Optional[str]:
         """Why this algorithm cannot run ``problem`` under ``limits``, or None."""
@@ -60,7 +64,14 @@ class Algorithm:
         return self.reason(problem, limits)
 
     def reason(self, problem: Problem, limits: "_plan.Limits") -> Optional[str]:
-        """The algorithm's own limits beyond what it declares (``can_implement`` asks after those)."""
+        """The algorithm's own limits beyond what it declares (``can_implement`` asks after those): its
+        ``nhwc_limits`` on channels-last activations, then its ``nchw_limits``."""
+        checks = (self.nhwc_limits, self.nchw_limits) if problem.layout == "nhwc" else (self.nchw_limits,)
+        for check in checks:
+            if check is not None:
+                reason = check(problem.spec, problem.dtype, problem.pass_, problem.precision, limits)
+                if reason is not None:
+                    return reason
         return None
 
     def knobs(self, problem: Problem, limits: "_plan.Limits") -> tuple:

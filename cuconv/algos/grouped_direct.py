@@ -111,11 +111,7 @@ class GroupedDirect(Algorithm):
 
     name = "grouped_direct"
     passes = ("fprop", "dgrad")
-    layouts = ("nchw",)
-    weight_layouts = ("kcrs",)
-
-    def reason(self, p: Problem, limits: "_plan.Limits"):
-        return reason_unsupported(p.spec, p.dtype, p.pass_, p.precision, limits)
+    nchw_limits = staticmethod(reason_unsupported)
 
     def build(self, p: Problem, env: "_plan.Env", **knobs) -> "_plan.Plan":
         return prepare(p.pass_, p.spec, p.dtype, p.precision, env, p.bias)

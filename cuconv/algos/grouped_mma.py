@@ -148,14 +148,6 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     return b.plan(STEM)
 
 
-def _reason(p: "Problem", limits: "_plan.Limits"):
-    """On channels-last activations the NCHW limits apply too, after their own."""
-    if p.layout == "nhwc":
-        reason = reason_unsupported_nhwc(p.spec, p.dtype, p.pass_, p.precision, limits)
-        if reason is not None:
-            return reason
-    return reason_unsupported(p.spec, p.dtype, p.pass_, p.precision, limits)
-
 
 class GroupedMma(Algorithm):
     """``grouped_mma`` behind the algorithm contract (``cuconv.algos.base``)."""
@@ -164,9 +156,8 @@ class GroupedMma(Algorithm):
     passes = ("fprop", "dgrad")
     layouts = ("nchw", "nhwc")
     weight_layouts = ("kcrs", "krsc")
-
-    def reason(self, p: Problem, limits: "_plan.Limits"):
-        return _reason(p, limits)
+    nchw_limits = staticmethod(reason_unsupported)
+    nhwc_limits = staticmethod(reason_unsupported_nhwc)
 
     def build(self, p: Problem, env: "_plan.Env", **knobs) -> "_plan.Plan":
         return prepare(p.pass_, p.spec, p.dtype, p.precision, env, p.bias, p.layout, p.weights)

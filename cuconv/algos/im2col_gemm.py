@@ -692,9 +692,7 @@ class Im2colGemm(Algorithm):
     passes = PASSES
     layouts = ("nchw", "nhwc")
     weight_layouts = ("kcrs", "krsc")
-
-    def reason(self, p: Problem, limits: "_plan.Limits"):
-        return reason_unsupported_nhwc(p.spec, p.dtype, p.pass_, p.precision, limits) if p.layout == "nhwc" else None
+    nhwc_limits = staticmethod(reason_unsupported_nhwc)
 
     def build(self, p: Problem, env: "_plan.Env", **knobs) -> "_plan.Plan":
         return prepare(p.pass_, p.spec, p.dtype, p.precision, env, p.bias, p.layout, p.weights)

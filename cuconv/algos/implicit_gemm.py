@@ -1858,14 +1858,6 @@ def wgrad_gpu(x, dy, spec: ConvSpec, dw, precision: str, tile: Tile = None, spli
     _plan.run_on_arrays(prepare, "wgrad", spec, precision, x, dy, dw, tile=tile, splits=splits)
 
 
-def _reason(p: "Problem", limits: "_plan.Limits"):
-    """On channels-last activations the NCHW limits apply too, after their own."""
-    if p.layout == "nhwc":
-        reason = reason_unsupported_nhwc(p.spec, p.dtype, p.pass_, p.precision, limits)
-        if reason is not None:
-            return reason
-    return reason_unsupported(p.spec, p.dtype, p.pass_, p.precision, limits)
-
 
 class ImplicitGemm(Algorithm):
     """``implicit_gemm`` behind the algorithm contract (``cuconv.algos.base``)."""
@@ -1874,9 +1866,8 @@ class ImplicitGemm(Algorithm):
     passes = PASSES
     layouts = ("nchw", "nhwc")
     weight_layouts = ("kcrs", "krsc")
-
-    def reason(self, p: Problem, limits: "_plan.Limits"):
-        return _reason(p, limits)
+    nchw_limits = staticmethod(reason_unsupported)
+    nhwc_limits = staticmethod(reason_unsupported_nhwc)
 
     def build(self, p: Problem, env: "_plan.Env", **knobs) -> "_plan.Plan":
         return prepare(p.pass_, p.spec, p.dtype, p.precision, env, p.bias, layout=p.layout, weights=p.weights, **knobs)

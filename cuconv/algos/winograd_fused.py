@@ -203,12 +203,8 @@ class WinogradFused(Algorithm):
 
     name = "winograd_fused"
     passes = ("fprop", "dgrad")
-    layouts = ("nchw",)
-    weight_layouts = ("kcrs",)
     exact_on_integers = EXACT_ON_INTEGERS
-
-    def reason(self, p: Problem, limits: "_plan.Limits"):
-        return reason_unsupported(p.spec, p.dtype, p.pass_, p.precision, limits)
+    nchw_limits = staticmethod(reason_unsupported)
 
     def build(self, p: Problem, env: "_plan.Env", **knobs) -> "_plan.Plan":
         return prepare(p.pass_, p.spec, p.dtype, p.precision, env, p.bias, **knobs)
