@@ -167,16 +167,17 @@ def test_structs_match_the_kernels():
 
     from cuconv import _loader
     from cuconv.blocks import col2im, dgrad_forward
-    from cuconv.algos import depthwise, direct_smem, grouped_direct, grouped_mma, implicit_gemm, winograd, winograd_fused
+    from cuconv.algos import depthwise, direct_smem, grouped_direct, grouped_mma, winograd, winograd_fused
+    from cuconv.algos.implicit_gemm import launch, pack, wgrad_tma
 
     types = {"int": numpy.int32, "long long": numpy.int64}
-    for stem, dtype, struct in (("implicit_gemm", implicit_gemm.PACK_SHAPE_DTYPE, "PackShape"),
-                                ("implicit_gemm", implicit_gemm.GEOMETRY_DTYPE, "Geometry"),
-                                ("implicit_gemm", implicit_gemm.SPLIT_SUM_DTYPE, "SplitSum"),
-                                ("implicit_gemm", implicit_gemm.PHASE_WEIGHTS_DTYPE, "PhaseWeights"),
-                                ("implicit_gemm", implicit_gemm.SWAP_SHAPE_DTYPE, "SwapShape"),
-                                ("implicit_gemm", implicit_gemm.WGRAD_TMA_GEOMETRY_DTYPE, "WgradTmaGeometry"),
-                                ("implicit_gemm", implicit_gemm.BLOCK_DIAGONAL_DTYPE, "BlockDiagonal"),
+    for stem, dtype, struct in (("implicit_gemm/pack", pack.PACK_SHAPE_DTYPE, "PackShape"),
+                                ("implicit_gemm/igemm.cuh", launch.GEOMETRY_DTYPE, "Geometry"),
+                                ("implicit_gemm/pack", pack.SPLIT_SUM_DTYPE, "SplitSum"),
+                                ("implicit_gemm/pack", pack.PHASE_WEIGHTS_DTYPE, "PhaseWeights"),
+                                ("implicit_gemm/pack", pack.SWAP_SHAPE_DTYPE, "SwapShape"),
+                                ("implicit_gemm/wgrad_tma", wgrad_tma.WGRAD_TMA_GEOMETRY_DTYPE, "WgradTmaGeometry"),
+                                ("implicit_gemm/pack", pack.BLOCK_DIAGONAL_DTYPE, "BlockDiagonal"),
                                 ("blocks/dgrad_forward", dgrad_forward.FLIP_SHAPE_DTYPE, "FlipShape"),
                                 ("depthwise/depthwise.cuh", depthwise.DW_GEOMETRY_DTYPE, "DwGeometry"),
                                 ("depthwise/depthwise.cuh", depthwise.DW_WORK_DTYPE, "DwWork"),

@@ -275,7 +275,7 @@ def test_implicit_gemm_tiles_fit_and_fall_back():
     # past the NchwTile's limits (31 taps, reductions of 2048) a plan for it takes the packed wgmma tile
     stem, rect = _P["stem_7x7_s2"], _P["rect_5x7"]
     assert not implicit_gemm.nchw_fits(stem, _F32) and not implicit_gemm.nchw_fits(rect, _F32)
-    assert implicit_gemm.plan(rect, _F32, tiles["nchw128"]).tile is tiles["wg128x256"]
+    assert implicit_gemm.plan(rect, _F32, tiles["nchw128"], 1 << 30).tile is tiles["wg128x256"]
     assert implicit_gemm.choose_tile(_P["square_5x9"], _F32) is implicit_gemm.choose_tile(  # the device's
         _P["square_5x9"], _F32, wgmma=implicit_gemm.wgmma_available())
     for tile in tiles.values():  # every tile fits the device; an mma.sync epilogue fits the pipeline
@@ -327,12 +327,14 @@ def test_selection_reads_no_device_state_beyond_its_arguments(monkeypatch):
     device's own answers made to fail, the memoized selector still decides, and decides by what it is given."""
     from cuconv import _loader
     from cuconv.algos import implicit_gemm
+    from cuconv.algos.implicit_gemm import forward
 
     def asked(*_):
         raise AssertionError("the device was asked")
 
     monkeypatch.setattr(_loader, "smem_limit", asked)
     monkeypatch.setattr(implicit_gemm, "wgmma_available", asked)
+    monkeypatch.setattr(forward, "wgmma_available", asked)  # (where choose_tile asks)
     monkeypatch.setattr(cuconv._plan, "current_limits", asked)
     select._clear()
     try:
