@@ -44,7 +44,7 @@
 // global reads, conflict-free shared stores);
 // out (N, K, P, Q); bias (K,) or a null pointer. Dynamic shared memory holds `stages` buffers, each ws
 // (ct_max*R*S*TK) then xs (ct_max*x_rows rows of stride_w*x_phase_cols, padded to 16 bytes), all Acc;
-// cuconv/families/direct_smem.py sizes it and passes ct_max, stages, stage_elems (one buffer), x_rows, x_cols and
+// cuconv/algos/direct_smem.py sizes it and passes ct_max, stages, stage_elems (one buffer), x_rows, x_cols and
 // x_phase_cols. Plane and output offsets are 64-bit;
 // positions inside a plane and shared-memory indices are int.
 #include "common.cuh"
@@ -127,12 +127,12 @@ __device__ __forceinline__ void row_of_taps(Acc (&acc)[KT][QT], const Acc* x_row
 }  // namespace
 
 // The plan's tiling, passed by value beside the ConvGeometry (DIRECT_SMEM_TILING_DTYPE in
-// cuconv/families/direct_smem.py has this layout).
+// cuconv/algos/direct_smem.py has this layout).
 struct DirectSmemTiling {
     long long tiles_p, tiles_q, tiles_k, ct_max, stages, stage_elems, x_rows, x_cols, x_phase_cols;
 };
 static_assert(sizeof(DirectSmemTiling) == 72,
-              "DIRECT_SMEM_TILING_DTYPE in cuconv/families/direct_smem.py has this layout");
+              "DIRECT_SMEM_TILING_DTYPE in cuconv/algos/direct_smem.py has this layout");
 
 template <typename T, int KT, int QT, int WK, int MIN_BLOCKS>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)

@@ -22,7 +22,7 @@
 
 using cuconv::i64;
 
-// The launch's tiling (GROUPED_TILING_DTYPE in cuconv/families/grouped_direct.py has this layout).
+// The launch's tiling (GROUPED_TILING_DTYPE in cuconv/algos/grouped_direct.py has this layout).
 struct GroupedTiling {
     int rows;           // output rows per block
     int col_blocks;     // ceil(Q / PX)
@@ -31,7 +31,7 @@ struct GroupedTiling {
     int in_rows;        // input rows of a band: (rows - 1)·stride_h + (R - 1)·dil_h + 1
     int in_cols;        // input columns of a band: (col_blocks·PX - 1)·stride_w + (S - 1)·dil_w + 1
 };
-static_assert(sizeof(GroupedTiling) == 24, "GROUPED_TILING_DTYPE in cuconv/families/grouped_direct.py");
+static_assert(sizeof(GroupedTiling) == 24, "GROUPED_TILING_DTYPE in cuconv/algos/grouped_direct.py");
 
 template <typename A, int FK>
 __device__ __forceinline__ void load_filters(const A* __restrict__ src, A (&dst)[FK]) {

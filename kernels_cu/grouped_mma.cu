@@ -32,7 +32,7 @@
 
 using cuconv::i64;
 
-// The launch's tiling (GROUPED_MMA_TILING_DTYPE in cuconv/families/grouped_mma.py has this layout).
+// The launch's tiling (GROUPED_MMA_TILING_DTYPE in cuconv/algos/grouped_mma.py has this layout).
 struct GroupedMmaTiling {
     int rows;             // output rows per block
     int halo_rows;        // input rows a block stages: (rows - 1)·stride_h + (R - 1)·dil_h + 1
@@ -41,7 +41,7 @@ struct GroupedMmaTiling {
     int plane;            // words between two channel-pair planes (>= halo_rows·stride_w·phase_cols, 8 mod 32)
     int m_tiles;          // 16-pixel tiles of the rows·Q outputs
 };
-static_assert(sizeof(GroupedMmaTiling) == 24, "GROUPED_MMA_TILING_DTYPE in cuconv/families/grouped_mma.py");
+static_assert(sizeof(GroupedMmaTiling) == 24, "GROUPED_MMA_TILING_DTYPE in cuconv/algos/grouped_mma.py");
 
 namespace {
 

@@ -30,12 +30,12 @@
 
 using cuconv::i64;
 
-// A launch's chunk of tiles (see "Tiles" above; WINO_CHUNK_DTYPE in cuconv/families/winograd.py has this layout):
+// A launch's chunk of tiles (see "Tiles" above; WINO_CHUNK_DTYPE in cuconv/algos/winograd.py has this layout):
 // the tile rows and columns of a sample, the chunk's first tile row, its tiles, and V's and M's row length.
 struct WinoChunk {
     long long tiles_h, tiles_w, row0, tiles, ld;
 };
-static_assert(sizeof(WinoChunk) == 40, "WINO_CHUNK_DTYPE in cuconv/families/winograd.py has this layout");
+static_assert(sizeof(WinoChunk) == 40, "WINO_CHUNK_DTYPE in cuconv/algos/winograd.py has this layout");
 
 namespace wino {
 

@@ -94,12 +94,12 @@ winograd_fused_weight(const float* __restrict__ w, float* __restrict__ u, i64 K,
 
 // The launch's padded channel and filter counts of U, its grid's tile rows of a sample, tile column blocks and
 // filter blocks, and its work items (a block's worth: tile rows x column blocks x filter blocks x samples)
-// (FUSED_TILES_DTYPE in cuconv/families/winograd_fused.py has this layout).
+// (FUSED_TILES_DTYPE in cuconv/algos/winograd_fused.py has this layout).
 struct FusedTiles {
     long long c_pad, k_pad;
     int tiles_h, col_blocks, k_blocks, items;
 };
-static_assert(sizeof(FusedTiles) == 32, "FUSED_TILES_DTYPE in cuconv/families/winograd_fused.py has this layout");
+static_assert(sizeof(FusedTiles) == 32, "FUSED_TILES_DTYPE in cuconv/algos/winograd_fused.py has this layout");
 
 namespace wfused {
 

@@ -27,14 +27,14 @@
 
 using cuconv::i64;
 
-// The launch's chunk, passed by value beside the ConvGeometry (COL2IM_CHUNK_DTYPE in cuconv/families/col2im.py
+// The launch's chunk, passed by value beside the ConvGeometry (COL2IM_CHUNK_DTYPE in cuconv/blocks/col2im.py
 // has this layout): the dx elements the launch covers, the chunk's output rows and column pitch, the input rows
 // it can touch.
 struct Col2imChunk {
     long long total, p0, rows, ld, h0, h_rows;
     int accumulate, unused;
 };
-static_assert(sizeof(Col2imChunk) == 56, "COL2IM_CHUNK_DTYPE in cuconv/families/col2im.py has this layout");
+static_assert(sizeof(Col2imChunk) == 56, "COL2IM_CHUNK_DTYPE in cuconv/blocks/col2im.py has this layout");
 
 template <typename Tcol, typename T, bool kUnitStride, typename Index>
 __global__ void __launch_bounds__(256)

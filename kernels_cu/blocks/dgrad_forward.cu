@@ -19,7 +19,7 @@
 struct FlipShape {
     int groups, kg, cg, rs, c_tiles, unused;
 };
-static_assert(sizeof(FlipShape) == 24, "FLIP_SHAPE_DTYPE in cuconv/families/dgrad_forward.py has this layout");
+static_assert(sizeof(FlipShape) == 24, "FLIP_SHAPE_DTYPE in cuconv/blocks/dgrad_forward.py has this layout");
 
 template <typename T>
 __global__ void __launch_bounds__(256) flip_weight(const T* __restrict__ w, T* __restrict__ wf, const FlipShape fs) {
