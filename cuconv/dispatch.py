@@ -14,7 +14,7 @@ from . import _layout, _plan, algos as _algorithms, select as _select
 from .problem import BIAS, PLAIN, Problem
 from .spec import _plain
 
-__all__ = ["call_key", "plan", "prepare", "choose_and_plan", "run_arrays", "array_env", "nhwc_view", "nhwc_operand",
+__all__ = ["call_key", "plan", "prepare", "run_arrays", "array_env", "nhwc_view", "nhwc_operand",
            "empty_nhwc"]
 
 
@@ -47,14 +47,6 @@ def prepare(name: str, pass_: str, spec, dtype, precision: str, env: "_plan.Env"
         raise ValueError(f"cuconv: {name} takes no {weights!r} weights with {layout!r} activations")
     return plan(name, problem, env)
 
-
-def choose_and_plan(problem: Problem, env: "_plan.Env", algo: str = "auto"):
-    """(the name, the plan) of what runs ``problem`` on ``env`` for ``algo`` (``select.choose``), or None where no
-    algorithm serves a channels-last problem in place."""
-    choice = _select.choose(problem, env, algo)
-    if choice is None:
-        return None
-    return choice.name, plan(choice.name, problem, env, choice.knobs)
 
 
 # ---- plans on CuPy arrays (the array doors) ---------------------------------------------------------------------

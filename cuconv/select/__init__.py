@@ -111,7 +111,6 @@ def reason_unsupported(name: str, spec: ConvSpec, dtype, pass_: str = "fprop", p
                        workspace_limit: int = None, layout: str = "nchw") -> Optional[str]:
     """Why algorithm ``name`` cannot run this case (float32 at ``precision``, activations in ``layout``) on the
     current device under ``workspace_limit`` (default ``cuconv.config.workspace_limit``), or None."""
-    _check_pass(pass_)
     return can_implement(name, Problem.of(spec, dtype, precision, pass_, layout),
                          _plan.current_limits(workspace_limit))
 
@@ -121,7 +120,6 @@ def select_algorithm(spec: ConvSpec, dtype, precision: str = "ieee", on_gpu: boo
     """The algorithm ``algo="auto"`` runs for this problem and pass on NCHW arrays: a pure function of its
     arguments and of the current device's limits and ``workspace_limit`` (default
     ``cuconv.config.workspace_limit``)."""
-    _check_pass(pass_)
     return algorithm(Problem.of(spec, dtype, precision, pass_), _plan.current_limits(workspace_limit))
 
 
@@ -130,7 +128,6 @@ def select_nhwc(algo: str, spec: ConvSpec, dtype, precision: str = "ieee", pass_
     """The algorithm that runs ``pass_`` on channels-last activations in place for a call asking for ``algo``
     (``"auto"``: the first of ``rules.preference_nhwc`` that serves it; a forced name: itself where it serves
     it), or None: the call then runs ``algo`` on NCHW copies."""
-    _check_pass(pass_)
     if algo != "auto" and algo not in _algorithms.names():
         return None
     return algorithm(Problem.of(spec, dtype, precision, pass_, "nhwc"), _plan.current_limits(workspace_limit), algo)
@@ -146,7 +143,6 @@ def resolve(algo: str, spec: ConvSpec, dtype, precision: str, on_gpu: bool, pass
         raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {_algorithms.names()}")
     if algo != "auto" and not on_gpu:
         return algo  # the CPU path serves every algorithm name
-    _check_pass(pass_)
     return algorithm(Problem.of(spec, dtype, precision, pass_), _plan.current_limits(workspace_limit), algo)
 
 
