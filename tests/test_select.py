@@ -11,6 +11,7 @@ from cases import select_auto, select_nhwc_auto, reason_under
 from cuconv.problem import PASSES
 from cuconv import _dtypes, select
 from cuconv.problems import PROBLEMS
+from cuconv.select import implicit_gemm as choice
 
 _P = {p.name: p.spec() for p in PROBLEMS}
 _F32, _F16, _F64 = numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), numpy.dtype(numpy.float64)
@@ -149,7 +150,7 @@ def test_wgrad_tile_is_wide_for_long_columns_and_reductions(x_shape, k, kernel, 
     groups = 20 if x_shape[1] == 320 else 1
     spec = cuconv.ConvSpec.from_args(x_shape, (k, x_shape[1] // groups, kernel, kernel), padding=kernel // 2,
                                      groups=groups)
-    assert implicit_gemm.wgrad_tile(spec, _F16, True) is implicit_gemm.TILES[expected]
+    assert choice.wgrad_tile(spec, _F16, True) is implicit_gemm.TILES[expected]
 
 
 @pytest.mark.parametrize("x_shape,k,expected", [
@@ -163,7 +164,7 @@ def test_long_gemms_on_few_pixels_take_128x256_blocks(x_shape, k, expected):
     from cuconv.algos import implicit_gemm
 
     spec = cuconv.ConvSpec.from_args(x_shape, (k, x_shape[1], 3, 3), padding=1)
-    assert implicit_gemm.choose_tile(spec, _BF16, wgmma=True, nchw=False, tma=False) is implicit_gemm.TILES[expected]
+    assert choice.choose_tile(spec, _BF16, wgmma=True, nchw=False, tma=False) is implicit_gemm.TILES[expected]
 
 
 def test_splits_never_spill_past_one_wave_of_resident_blocks():
@@ -174,9 +175,9 @@ def test_splits_never_spill_past_one_wave_of_resident_blocks():
     tiles, smem = implicit_gemm.TILES, 228 << 10
     assert implicit_gemm.resident_blocks(tiles["wg128x256"], smem) == 1
     assert implicit_gemm.resident_blocks(tiles["wg64x128"], smem) == 2
-    assert implicit_gemm.splits_for(18 * 256, 4 * 128, tiles["wg128x256"], 98, 132, smem, 1 << 30) == 1
-    assert implicit_gemm.splits_for(9 * 256, 2 * 128, tiles["wg128x256"], 98, 132, smem, 1 << 30) == 7
-    assert implicit_gemm.splits_for(36 * 128, 2 * 64, tiles["wg64x128"], 98, 132, smem, 1 << 30) == 2
+    assert choice.splits_for(18 * 256, 4 * 128, tiles["wg128x256"], 98, 132, smem, 1 << 30) == 1
+    assert choice.splits_for(9 * 256, 2 * 128, tiles["wg128x256"], 98, 132, smem, 1 << 30) == 7
+    assert choice.splits_for(36 * 128, 2 * 64, tiles["wg64x128"], 98, 132, smem, 1 << 30) == 2
 
 
 @pytest.mark.parametrize("c,k,expected", [(1152, 192, "implicit_gemm"), (960, 160, "implicit_gemm"),
@@ -265,7 +266,7 @@ def test_implicit_gemm_tile_choice(problem, dtype, wgmma, nchw, expected):
 
     spec = _WIDE_1X1 if problem == "wide_1x1" else _P[problem]
     tiles = {**implicit_gemm.TILES, **implicit_gemm.TMA_TILES, **implicit_gemm.TMA_ROWS_TILES}
-    assert implicit_gemm.choose_tile(spec, dtype, wgmma=wgmma, nchw=nchw) is tiles[expected]
+    assert choice.choose_tile(spec, dtype, wgmma=wgmma, nchw=nchw) is tiles[expected]
 
 
 def test_implicit_gemm_tiles_fit_and_fall_back():
@@ -276,7 +277,7 @@ def test_implicit_gemm_tiles_fit_and_fall_back():
     stem, rect = _P["stem_7x7_s2"], _P["rect_5x7"]
     assert not implicit_gemm.nchw_fits(stem, _F32) and not implicit_gemm.nchw_fits(rect, _F32)
     assert implicit_gemm.plan(rect, _F32, tiles["nchw128"], 1 << 30).tile is tiles["wg128x256"]
-    assert implicit_gemm.choose_tile(_P["square_5x9"], _F32) is implicit_gemm.choose_tile(  # the device's
+    assert choice.choose_tile(_P["square_5x9"], _F32) is choice.choose_tile(  # the device's
         _P["square_5x9"], _F32, wgmma=implicit_gemm.wgmma_available())
     for tile in tiles.values():  # every tile fits the device; an mma.sync epilogue fits the pipeline
         assert tile.smem_bytes <= 227 << 10
@@ -327,14 +328,13 @@ def test_selection_reads_no_device_state_beyond_its_arguments(monkeypatch):
     device's own answers made to fail, the memoized selector still decides, and decides by what it is given."""
     from cuconv import _loader
     from cuconv.algos import implicit_gemm
-    from cuconv.algos.implicit_gemm import forward
 
     def asked(*_):
         raise AssertionError("the device was asked")
 
     monkeypatch.setattr(_loader, "smem_limit", asked)
     monkeypatch.setattr(implicit_gemm, "wgmma_available", asked)
-    monkeypatch.setattr(forward, "wgmma_available", asked)  # (where choose_tile asks)
+    monkeypatch.setattr(choice, "wgmma_available", asked)  # (where choose_tile asks)
     monkeypatch.setattr(cuconv._plan, "current_limits", asked)
     select._clear()
     try:
@@ -479,7 +479,7 @@ def test_channels_last_wgrad_takes_the_tma_wgrad_on_wgmma_devices(x_shape, w_sha
     precision = "tf32" if dtype == _F32 else "ieee"
     assert select_nhwc_auto("auto", spec, dtype, precision, "wgrad", 227 << 10, True,
                                  cuconv.config.workspace_limit) == expected
-    assert implicit_gemm.wgrad_tma_tile(spec, dtype) is (None if tile is None else implicit_gemm.WGRAD_TMA_TILES[tile])
+    assert choice.wgrad_tma_tile(spec, dtype) is (None if tile is None else implicit_gemm.WGRAD_TMA_TILES[tile])
 
 
 @pytest.mark.parametrize("x_shape,w_shape,kwargs,dtype,expected", [
@@ -509,11 +509,10 @@ def test_split_forwards_take_no_row_band_tile():
     from cuconv.algos import implicit_gemm
 
     spec = _P["square_5x9"]
-    assert implicit_gemm.choose_tile(spec, _F16, wgmma=True, nchw=False) is implicit_gemm.TMA_ROWS_TILES[
+    assert choice.choose_tile(spec, _F16, wgmma=True, nchw=False) is implicit_gemm.TMA_ROWS_TILES[
         "rows64x256_k32"]
-    assert implicit_gemm.choose_tile(spec, _F16, wgmma=True, nchw=False, rows=False) is implicit_gemm.TMA_TILES[
+    assert choice.choose_tile(spec, _F16, wgmma=True, nchw=False, rows=False) is implicit_gemm.TMA_TILES[
         "tma64x256_k64"]
-    assert implicit_gemm._unsplit(None) and implicit_gemm._unsplit(1) and not implicit_gemm._unsplit(3)
 
 
 def test_tma_wgrad_splits_fill_the_sms():
@@ -523,12 +522,12 @@ def test_tma_wgrad_splits_fill_the_sms():
 
     t = implicit_gemm.WGRAD_TMA_TILES
     small = cuconv.ConvSpec.from_args((32, 64, 56, 56), (64, 64, 3, 3), padding=1)  # 9 blocks, 1568 k tiles
-    assert implicit_gemm.wgrad_tma_splits(small, t["wt64x64"], 132, 228 << 10, 1 << 30) == 264 // 9
-    assert implicit_gemm.wgrad_tma_splits(small, t["wt64x64"], 132, 228 << 10, 4 * 64 * 576 * 5) == 5
+    assert choice.wgrad_tma_splits(small, t["wt64x64"], 132, 228 << 10, 1 << 30) == 264 // 9
+    assert choice.wgrad_tma_splits(small, t["wt64x64"], 132, 228 << 10, 4 * 64 * 576 * 5) == 5
     short = cuconv.ConvSpec.from_args((2, 64, 7, 7), (64, 64, 3, 3), padding=1)  # 2 k tiles
-    assert implicit_gemm.wgrad_tma_splits(short, t["wt64x64"], 132, 228 << 10, 1 << 30) == 1
+    assert choice.wgrad_tma_splits(short, t["wt64x64"], 132, 228 << 10, 1 << 30) == 1
     wide = cuconv.ConvSpec.from_args((32, 512, 28, 28), (512, 512, 3, 3), padding=1)  # 144 blocks of one an SM
-    assert implicit_gemm.wgrad_tma_splits(wide, t["wt128x256"], 132, 228 << 10, 1 << 30) == 1
+    assert choice.wgrad_tma_splits(wide, t["wt128x256"], 132, 228 << 10, 1 << 30) == 1
 
 
 @pytest.mark.parametrize("x_shape,w_shape,kwargs,dtype_name,reason", [
@@ -581,12 +580,12 @@ def test_tma_tile_choice(x_shape, w_shape, kwargs, dtype_name, expected):
 
     spec = cuconv.ConvSpec.from_args(x_shape, w_shape, **kwargs)
     dtype = _dtypes.by_name(dtype_name)
-    tile = implicit_gemm.tma_tile(spec, dtype)
+    tile = choice.tma_tile(spec, dtype)
     tiles = {**implicit_gemm.TMA_TILES, **implicit_gemm.TMA_ROWS_TILES}
     assert tile is (None if expected is None else tiles[expected])
     if tile is not None:
-        assert implicit_gemm.choose_tile(spec, dtype, wgmma=True, nchw=False) is tile
-        assert implicit_gemm.choose_tile(spec, dtype, wgmma=False) is not tile
+        assert choice.choose_tile(spec, dtype, wgmma=True, nchw=False) is tile
+        assert choice.choose_tile(spec, dtype, wgmma=False) is not tile
 
 
 def test_phased_dgrad_takes_a_tma_tile_every_phase_serves():
@@ -595,9 +594,9 @@ def test_phased_dgrad_takes_a_tma_tile_every_phase_serves():
     from cuconv.algos import implicit_gemm
 
     spec = cuconv.ConvSpec.from_args((32, 96, 56, 56), (192, 96, 3, 3), stride=2, padding=1)
-    assert implicit_gemm.phase_tile(spec, _BF16, True) is implicit_gemm.TMA_TILES["tma128x128"]
+    assert choice.phase_tile(spec, _BF16, True) is implicit_gemm.TMA_TILES["tma128x128"]
     wide = cuconv.ConvSpec.from_args((2, 64, 20, 20), (64, 64, 3, 3), stride=2, padding=260)
-    assert not implicit_gemm.phase_tile(wide, _BF16, True).tma
+    assert not choice.phase_tile(wide, _BF16, True).tma
 
 
 def test_tma_wgrad_refuses_unaligned_operands():

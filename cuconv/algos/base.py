@@ -25,7 +25,7 @@ import numpy
 
 from .. import _plan
 from ..blocks import bias as _bias, elementwise
-from ..problem import ACTIVATIONS, PASSES, Problem
+from ..problem import PASSES, Problem
 
 __all__ = ["Algorithm", "degenerate"]
 

@@ -12,6 +12,7 @@ import numpy
 
 from .. import algos as _algorithms
 from ..algos import grouped_mma, im2col_gemm, implicit_gemm
+from . import implicit_gemm as implicit_gemm_knobs
 from ..spec import ConvSpec
 
 __all__ = ["preference", "preference_nhwc"]
@@ -54,7 +55,7 @@ def _wgrad_by_tma(spec: ConvSpec, dtype) -> bool:
         return False
     if spec.n * spec.p * spec.q < _WGRAD_TMA_MIN_PIXELS and im2col_gemm.columns_wgrad_nhwc(spec, dtype):
         return False
-    return implicit_gemm.wgrad_tma_tile(spec, dtype) is not None
+    return implicit_gemm_knobs.wgrad_tma_tile(spec, dtype) is not None
 
 
 # The rules of _preference and their thresholds were drawn between measured points; the measurements are in

@@ -45,30 +45,28 @@ from ...spec import ConvSpec
 from ..base import Algorithm
 from .tiles import (
     NchwTile, Plan, TILES, TMA_ROWS_TILES, TMA_TILES, Tile, WGRAD_TMA_TILES, WgmmaTile, WgmmaTmaRowsTile,
-    WgmmaTmaTile, WgradTmaTile, _INT_MAX, _MAX_GRID_Y, resident_blocks, splits_for, wgmma_available)
-from .launch import GEOMETRY_DTYPE, kernel_stem
+    WgmmaTmaTile, WgradTmaTile, _INT_MAX, _MAX_GRID_Y, resident_blocks, wgmma_available)
+from .launch import GEOMETRY_DTYPE, choice, kernel_stem
 from .pack import (
     BLOCK_DIAGONAL_DTYPE, PACK_SHAPE_DTYPE, PHASE_WEIGHTS_DTYPE, SPLIT_SUM_DTYPE, SWAP_SHAPE_DTYPE, division_magic,
     pack_operands)
-from .mma_sync import PHASE_GEMMS_DTYPE, narrow_group_tile
-from .wgmma_nchw import nchw_fits, prefers_nchw
-from .wgmma_tma import block_diagonal_tile, rows_reason, tma_reason, tma_tile
-from .wgrad_tma import WGRAD_TMA_GEOMETRY_DTYPE, wgrad_tma_reason, wgrad_tma_splits, wgrad_tma_tile
+from .mma_sync import PHASE_GEMMS_DTYPE
+from .wgmma_nchw import nchw_fits
+from .wgmma_tma import block_diagonal_tile, rows_reason, tma_reason
+from .wgrad_tma import WGRAD_TMA_GEOMETRY_DTYPE, wgrad_tma_reason
 from .forward import (
-    _arithmetic_reason, _forward_plan, _forward_reason, _nhwc_forward_plan, _nhwc_forward_spec, _unsplit,
-    choose_tile, nhwc_in_place, persistent_tile, plan)
-from .wgrad import _wgrad_prepare, _wgrad_reason, _wgrad_sizes, transposed_spec, wgrad_splits, wgrad_tile
-from .dgrad_phases import _phases_prepare, _phases_reason, phase_specs, phase_tile
+    _arithmetic_reason, _forward_plan, _forward_reason, _nhwc_forward_plan, _nhwc_forward_spec,
+    nhwc_in_place, plan)
+from .wgrad import _wgrad_prepare, _wgrad_reason, _wgrad_sizes, transposed_spec
+from .dgrad_phases import _phases_prepare, _phases_reason, phase_specs
 
-__all__ = ["ALGORITHM", "ImplicitGemm", "forward_gpu", "dgrad_gpu", "wgrad_gpu", "wgrad_tma_tile",
-           "wgrad_tma_reason", "wgrad_tma_splits", "WgradTmaTile", "WGRAD_TMA_TILES", "block_diagonal_tile",
-           "reason_unsupported", "reason_unsupported_nhwc", "nhwc_in_place", "Tile", "WgmmaTile", "WgmmaTmaTile",
-           "WgmmaTmaRowsTile", "NchwTile", "TILES", "TMA_TILES", "TMA_ROWS_TILES", "tma_reason", "tma_tile", "rows_reason",
-           "persistent_tile", "transposed_spec", "phase_specs", "phase_tile", "wgrad_tile", "wgrad_splits",
-           "splits_for", "resident_blocks", "wgmma_available", "choose_tile", "prefers_nchw", "nchw_fits",
-           "narrow_group_tile", "Plan", "plan", "pack_operands", "prepare", "division_magic",
-           "PACK_SHAPE_DTYPE", "GEOMETRY_DTYPE", "SPLIT_SUM_DTYPE", "PHASE_WEIGHTS_DTYPE", "PHASE_GEMMS_DTYPE",
-           "SWAP_SHAPE_DTYPE", "WGRAD_TMA_GEOMETRY_DTYPE", "BLOCK_DIAGONAL_DTYPE", "kernel_stem"]
+__all__ = ["ALGORITHM", "ImplicitGemm", "forward_gpu", "dgrad_gpu", "wgrad_gpu", "wgrad_tma_reason", "WgradTmaTile",
+           "WGRAD_TMA_TILES", "block_diagonal_tile", "reason_unsupported", "reason_unsupported_nhwc", "nhwc_in_place",
+           "Tile", "WgmmaTile", "WgmmaTmaTile", "WgmmaTmaRowsTile", "NchwTile", "TILES", "TMA_TILES", "TMA_ROWS_TILES",
+           "tma_reason", "rows_reason", "transposed_spec", "phase_specs", "resident_blocks", "wgmma_available",
+           "nchw_fits", "Plan", "plan", "pack_operands", "prepare", "division_magic", "PACK_SHAPE_DTYPE",
+           "GEOMETRY_DTYPE", "SPLIT_SUM_DTYPE", "PHASE_WEIGHTS_DTYPE", "PHASE_GEMMS_DTYPE", "SWAP_SHAPE_DTYPE",
+           "WGRAD_TMA_GEOMETRY_DTYPE", "BLOCK_DIAGONAL_DTYPE", "kernel_stem", "choice"]
 
 
 def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee",
@@ -111,12 +109,12 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
         fspec = dgrad_forward.forward_spec(spec)
         if fspec is None:
             return _phases_prepare(spec, dtype, env, tile)
-        tile = tile or choose_tile(fspec, numpy.dtype(dtype), env.wgmma, rows=_unsplit(splits))
+        tile = tile or choice().tile_for(pass_, spec, dtype, False, env, splits)
         if tile.nchw:
             return dgrad_forward.prepare(prepare, spec, dtype, precision, env, tile=tile, splits=splits)
         return _forward_plan(pass_, fspec, numpy.dtype(dtype), env, tile, splits, ("dy", "w", None, "dx"))
     return _forward_plan(pass_, spec, numpy.dtype(dtype), env,
-                         tile or choose_tile(spec, dtype, env.wgmma, rows=_unsplit(splits)), splits,
+                         tile or choice().tile_for(pass_, spec, dtype, False, env, splits), splits,
                          ("x", "w", "bias", "out"))
 
 
@@ -133,13 +131,13 @@ def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precisi
         if fspec.n * fspec.p * fspec.q * fspec.k >= _INT_MAX or fspec.n * fspec.h * fspec.w * fspec.c >= _INT_MAX:
             return "its channels-last GEMM reading its input in place indexes its input and output in 32 bits"
     elif fspec is not None and _arithmetic_reason(dtype, precision) is None:
-        pl = plan(fspec, dtype, choose_tile(fspec, dtype, limits.wgmma, nchw=False), limits.workspace_limit)
+        pl = plan(fspec, dtype, choice().choose_tile(fspec, dtype, limits.wgmma, nchw=False), limits.workspace_limit)
         need = pl.sample_bytes(fspec, dtype.itemsize) + pl.weight_bytes(dtype.itemsize)
         if need > limits.workspace_limit:
             return (f"one sample packed from channels-last pixels and the packed weight need {need} bytes, more "
                     f"than cuconv.config.workspace_limit ({limits.workspace_limit})")
     if pass_ == "wgrad":
-        tile = wgrad_tile(spec, dtype, limits.wgmma)
+        tile = choice().wgrad_tile(spec, dtype, limits.wgmma)
         pl = _wgrad_sizes(spec, dtype, tile, 1)[0]
         if -(-pl.cp // 32) > _MAX_GRID_Y:
             return f"its channels-last packs run 32 samples per grid y (at most {_MAX_GRID_Y})"

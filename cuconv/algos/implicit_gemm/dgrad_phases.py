@@ -11,12 +11,12 @@ import numpy
 from ... import _dtypes, _loader, _plan, _tma
 from ...blocks import elementwise
 from ...spec import ConvSpec
-from .tiles import Plan, TILES, Tile, _INT_MAX, _MAX_GRID_Z, _MAX_SIDE, _padded_channels, _tf32
-from .launch import NAME, _fn, _gemm_geometry, _kernel
+from .tiles import Plan, Tile, _INT_MAX, _MAX_GRID_Z, _MAX_SIDE, _padded_channels, _tf32
+from .launch import NAME, _fn, _gemm_geometry, _kernel, choice
 from .pack import PHASE_WEIGHTS_DTYPE, _pack_launch
 from .mma_sync import PHASE_GEMMS_DTYPE
 from .wgmma_tma import _tma_gemm_maps, _twin, tma_reason
-from .forward import _arithmetic_reason, _gemm_launch, choose_tile
+from .forward import _arithmetic_reason, _gemm_launch
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -71,28 +71,6 @@ class PhaseLaunches:
     w_bytes: int
 
 
-# A phase's GEMM has a stride² share of dgrad's rows and of its taps: with more than 64 filters, 128 x 128
-# blocks (two per SM) where a phase has many rows, else 64 x 128 ones (more blocks: the fastest of the packed
-# tiles on the strided layers of five torchvision models, docs/perf-notes.md)
-_PHASE_WIDE_TILE_MIN_ROWS = 16384
-
-
-def phase_tile(spec: ConvSpec, dtype, wgmma: bool):
-    """The tile of every phase of a phased dgrad: ``choose_tile``'s for the phase of most taps where that is a TMA
-    tile every phase's geometry takes (``tma_reason``); else, where it would take a wgmma tile of 128 filters, the
-    64 x 128 one unless a phase has ``_PHASE_WIDE_TILE_MIN_ROWS`` rows."""
-    phases = phase_specs(spec)
-    widest = max(phases, key=lambda ph: ph[1])[2]
-    tile = choose_tile(widest, dtype, wgmma, nchw=False)
-    if tile.tma:
-        cp, kp, w_row, _ = _phase_plan(spec, dtype, tile)
-        if all(tma_reason(fs, dtype, Plan(tile, cp, 1, w_row, kp, spec.n)) is None for _, taps, fs in phases if taps):
-            return tile
-        tile = choose_tile(widest, dtype, wgmma, nchw=False, tma=False)
-    if tile.wgmma and tile.bn > 64:
-        rows = max(fs.n * fs.p * fs.q for _, _, fs in phases)
-        return TILES["wg128x128r" if rows >= _PHASE_WIDE_TILE_MIN_ROWS else "wg64x128"]
-    return tile
 
 
 def _phase_plan(spec: ConvSpec, dtype, tile) -> tuple:
@@ -211,7 +189,7 @@ def _phases_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"
         return f"its packing runs one sample, and one kernel tap, per grid z (at most {_MAX_GRID_Z})"
     if spec.n * spec.c * spec.h * spec.w == 0:
         return None
-    cp, kp, w_row, phases = _phase_plan(spec, dtype, phase_tile(spec, dtype, limits.wgmma))
+    cp, kp, w_row, phases = _phase_plan(spec, dtype, choice().phase_tile(spec, dtype, limits.wgmma))
     if max(max(abs(p) for p in fs.pad) + max(spec.p, spec.q) for _, _, fs in phases) > _MAX_SIDE:
         return "its padded grad_output exceeds the kernel's 16-bit pixel coordinates"
     dy_elements = spec.n * spec.p * spec.q * spec.groups * cp
@@ -233,7 +211,7 @@ def _phases_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, nhwc: bo
         return b.plan(NAME)
     if tile is not None and tile.nchw:
         raise ValueError(f"implicit_gemm: a phased dgrad reads packed operands; {tile} gathers NCHW ones")
-    tile = tile or phase_tile(spec, dtype, env.wgmma)
+    tile = tile or choice().phase_tile(spec, dtype, env.wgmma)
     if tile.wgmma and not env.wgmma:
         raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
     ls = _phase_launches(spec, numpy.dtype(dtype), tile, env.device, nhwc, krsc)

@@ -11,85 +11,23 @@ from ... import _dtypes, _loader, _plan, _tma
 from ...blocks import dgrad_forward
 from ...spec import ConvSpec
 from .tiles import (
-    Plan, TILES, TMA_TILES, Tile, WgmmaTile, _INT_MAX, _MAX_GRID_Z, _MAX_SIDE, _TENSOR_CORE_TYPES, _packed_k_tiles,
-    _padded_channels, _rows_band, _rows_box, splits_for, wgmma_available)
-from .launch import NAME, _fn, _gemm_geometry, _kernel
+    Plan, Tile, _INT_MAX, _MAX_GRID_Z, _MAX_SIDE, _TENSOR_CORE_TYPES, _packed_k_tiles, _padded_channels, _rows_band,
+    _rows_box)
+from .launch import NAME, _fn, _gemm_geometry, _kernel, choice
 from .pack import _pack_kernel, _sum_kernel
-from .mma_sync import narrow_group_tile
-from .wgmma_nchw import nchw_fits, prefers_nchw
+from .wgmma_nchw import nchw_fits
 from .wgmma_tma import (
-    _PERSISTENT, _PERSISTENT_MIN_PIXELS, _PERSISTENT_MIN_WAVES, _TMA_STORE, _block_diagonal_plan, _check_tma_store,
-    _persistent_blocks, _persistent_per_sm, _tma_gemm_maps, _twin, _weight_map, block_diagonal_tile, tma_reason,
-    tma_tile)
-
-
-# Measured per tile on the layers of five torchvision models (H100, docs/perf-notes.md): an NchwTile reduces
-# every k tile in its block (no split-K), so where its reduction is longer than _NCHW_MAX_SHORT_K_TILES tiles
-# of 32 k and more than 3/4 of such a tile per block of its grid (7x7 planes with few filters, squeeze-excitation's 1x1)
-# the packed tiles, split over k, win (2-3x on squeeze-excitation layers); on one row of pixel blocks 64
-# filters a block win. Above 64 filters a wgmma block of 64 filters wins below _WIDE_TILE_MIN_M output pixels
-# (more blocks: 10-25% on 14x14 and 7x7 layers) unless the GEMM has _LONG_TILE_MIN_MACS multiply-adds or more:
-# there 128 x 256 blocks, one an SM, win by 10-30% (14x14 and 7x7 planes of 512 and 1024 channels, batch 64,
-# detection heads' 256 channels at 50x76), and lose by 50% at 7.4 GFLOP (256 channels at 14x14, batch 32).
-_NCHW_MAX_SHORT_K_TILES = 4
-_WIDE_TILE_MIN_M = 16384
-_LONG_TILE_MIN_MACS = 5 * 10**9
-
-
-def choose_tile(spec: ConvSpec, dtype, wgmma: bool = None, nchw: bool = None, tma: bool = True,
-                rows: bool = True):
-    """``wgmma`` defaults to whether the current device has it (compute capability 9.0), ``nchw`` to
-    ``prefers_nchw`` but for long reductions over few blocks (``_NCHW_MAX_SHORT_K_TILES``). Several
-    groups of up to 32 filters take ``narrow_group_tile`` on any device. Else, on a wgmma device: an NchwTile
-    where it is preferred and fits (64 filters per block up to 64 filters or on one row of pixel blocks, else
-    128); otherwise, where ``tma`` allows, the TMA tile ``tma_tile`` picks (the 16-bit types, one group, channels
-    in whole 16s); otherwise 64 filters per block where K/groups <= 64, with four slots for float32 reductions of 16 k
-    tiles or more and three (three blocks per SM) otherwise; above 64 filters, 64 x 128 blocks below
-    ``_WIDE_TILE_MIN_M`` output pixels (128 x 256 ones where the GEMM has ``_LONG_TILE_MIN_MACS``
-    multiply-adds or more), else 128 x 256 blocks for float32 reductions of 32 k tiles or more and 128 x 128 ones
-    (two per SM) otherwise. Elsewhere (mma.sync): 128 filters per block where
-    K/groups > 64; else 64, with 128-byte k tiles where the reduction (R·S·C/groups bytes) spans at least
-    32 of them and 64-byte tiles (more blocks per SM) below."""
-    if wgmma is None:
-        wgmma = wgmma_available()
-    itemsize = numpy.dtype(dtype).itemsize
-    narrow = narrow_group_tile(spec)
-    if narrow is not None:
-        return narrow
-    if wgmma:
-        m = spec.n * spec.p * spec.q
-        m_blocks = -(-m // 128)
-        nchw_tile = TILES["nchw64" if spec.k_per_group <= 64 or m_blocks == 1 else "nchw128"]
-        if nchw is None:
-            k_tiles = -(-spec.crs_per_group // 32)  # float32 k tiles: a gather costs per element, not per byte
-            blocks = m_blocks * -(-spec.k_per_group // nchw_tile.bn)
-            nchw = prefers_nchw(spec, dtype) and not (k_tiles > _NCHW_MAX_SHORT_K_TILES and 4 * k_tiles > 3 * blocks)
-        if nchw and nchw_fits(spec, dtype):
-            return nchw_tile
-        tma_choice = tma_tile(spec, dtype, rows) if tma else None
-        if tma_choice is not None:
-            return tma_choice
-        k_tiles = _packed_k_tiles(spec, itemsize, WgmmaTile.kbytes)
-        long_fp32 = itemsize == 4 and k_tiles >= (16 if spec.k_per_group <= 64 else 32)
-        if spec.k_per_group <= 64:
-            return TILES["wg64x128" if long_fp32 else "wg64x128s3"]
-        if m < _WIDE_TILE_MIN_M:
-            long_gemm = m * spec.k_per_group * spec.crs_per_group >= _LONG_TILE_MIN_MACS
-            return TILES["wg128x256" if long_gemm else "wg64x128"]
-        return TILES["wg128x256" if long_fp32 else "wg128x128r"]
-    if spec.k_per_group > 64:
-        return TILES["128x128"]
-    reduction = spec.r * spec.s * spec.c_per_group * itemsize
-    return TILES["128x64"] if reduction >= 4096 else TILES["128x64_k64"]
+    _TMA_STORE, _block_diagonal_plan, _check_tma_store, _persistent_blocks, _tma_gemm_maps, _twin, _weight_map,
+    block_diagonal_tile, tma_reason)
 
 
 def plan(spec: ConvSpec, dtype, tile: Tile, workspace_limit: int) -> Plan:
     """The plan of ``tile`` (None: ``choose_tile``'s), its chunks of samples within ``workspace_limit``; an NchwTile
     that cannot serve the problem (``nchw_fits``) gives way to the packed wgmma tile ``choose_tile`` picks."""
     itemsize = numpy.dtype(dtype).itemsize
-    tile = tile or choose_tile(spec, dtype)
+    tile = tile or choice().choose_tile(spec, dtype)
     if tile.nchw and not nchw_fits(spec, dtype):  # (an NchwTile runs wgmma: so does its stand-in)
-        tile = choose_tile(spec, dtype, wgmma=True, nchw=False)
+        tile = choice().choose_tile(spec, dtype, wgmma=True, nchw=False)
     tile_k = tile.kbytes // itemsize
     kp = -(-spec.k_per_group // tile.bn) * tile.bn
     if tile.nchw:  # int offsets in the kernel: a chunk's input and its GEMM rows stay below 2^31
@@ -127,7 +65,7 @@ def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits
                 f"of {16 // dtype.itemsize} in {dtype})")
     if max(*spec.stride, *spec.dilation, *spec.pad, spec.p, spec.q) > _INT_MAX:
         return "its geometry struct holds strides, dilations, paddings and output sizes in 32 bits"
-    pl = plan(spec, dtype, choose_tile(spec, dtype, limits.wgmma), limits.workspace_limit)
+    pl = plan(spec, dtype, choice().choose_tile(spec, dtype, limits.wgmma), limits.workspace_limit)
     padded_h, padded_w = spec.h + spec.pad[0] + spec.pad[1], spec.w + spec.pad[2] + spec.pad[3]
     if max(padded_h, padded_w) > _MAX_SIDE:
         return f"its padded image ({padded_h} x {padded_w}) exceeds the kernel's 16-bit pixel coordinates"
@@ -213,7 +151,7 @@ def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int, sm
     packed = pl.weight_bytes(itemsize) + pl.samples * pl.sample_bytes(spec, itemsize)
     m = pl.samples * spec.p * spec.q
     if splits is None:
-        splits = splits_for(m, spec.k, pl.tile, pl.k_tiles, sm_count, smem_per_sm, workspace_limit - packed,
+        splits = choice().splits_for(m, spec.k, pl.tile, pl.k_tiles, sm_count, smem_per_sm, workspace_limit - packed,
                             spec.groups)
     split_tiles = -(-pl.k_tiles // splits)
     splits = -(-pl.k_tiles // split_tiles)  # (no empty range)
@@ -287,33 +225,6 @@ def _packed_as_krsc(spec: ConvSpec, dtype, pl: Plan) -> bool:
             and pl.w_row == spec.r * spec.s * spec.c_per_group)
 
 
-def persistent_tile(spec: ConvSpec, dtype, env: "_plan.Env"):
-    """The persistent tile (``implicit_gemm_wgmma_tma_pst``) auto runs ``spec``'s channels-last GEMM on, its output
-    stored through the TMA, or None: k tiles of 32 bytes where a tap's padded channels are an odd number of 16s,
-    else of 64; 64 filters a block up to 64, else 128; of those tiles, one whose block's weight (every k tile) fits
-    (``_persistent_per_sm``) and that holds the most pixels an SM (``_PERSISTENT_MIN_PIXELS`` at least), then the
-    most blocks; where its tiles fill ``_PERSISTENT_MIN_WAVES`` waves of the blocks it runs."""
-    itemsize = numpy.dtype(dtype).itemsize
-    if not (_PERSISTENT and env.wgmma) or itemsize != 2 or spec.groups != 1:
-        return None
-    kbytes = 32 if _padded_channels(spec, itemsize) * itemsize % 64 else 64
-    bn, m = 64 if spec.k <= 64 else 128, spec.n * spec.p * spec.q
-    best, best_key = None, None
-    for t in TMA_TILES.values():
-        if not t.persistent or t.kbytes != kbytes or t.bn != bn:
-            continue
-        pl = plan(spec, dtype, t, env.workspace_limit)  # (its k tiles and filters: the limit does not matter)
-        per_sm = _persistent_per_sm(t, pl.k_tiles, env)
-        if not per_sm or tma_reason(spec, dtype, pl) is not None:
-            continue
-        tiles = -(-m // t.bm) * (pl.kp // t.bn)
-        key = (per_sm * t.bm, per_sm)
-        if (key[0] >= _PERSISTENT_MIN_PIXELS and tiles >= _PERSISTENT_MIN_WAVES * env.sm_count * per_sm
-                and (best_key is None or key > best_key)):
-            best, best_key = t, key
-    return best
-
-
 def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, bias: bool,
                        krsc: bool = False, splits: int = None) -> "_plan.Plan":
     """A forward or stride-1 dgrad on channels-last activations (the forward of dy into dx, the pack reading the
@@ -328,12 +239,11 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
     b = _plan.Builder(pass_, env)
     if spec.n * spec.k * spec.p * spec.q == 0 or fspec.n * fspec.k * fspec.p * fspec.q == 0:
         return b.plan(NAME)
+    tile = tile or choice().tile_for(pass_, spec, dtype, True, env, splits)
     if pass_ == "fprop" and spec.groups != 1:
         diagonal = block_diagonal_tile(spec, dtype)
-        if diagonal is not None and (tile is diagonal or (tile is None and env.wgmma)):
+        if diagonal is not None and tile is diagonal:
             return _block_diagonal_plan(spec, dtype, env, bias, krsc)
-    auto = tile is None
-    tile = tile or choose_tile(fspec, dtype, env.wgmma, nchw=False, rows=_unsplit(splits))
     if tile.nchw:
         raise ValueError(f"implicit_gemm: tile {tile} gathers NCHW; channels-last inputs take a packed tile")
     if tile.wgmma and not env.wgmma:
@@ -344,8 +254,6 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
         return _forward_plan(pass_, fspec, dtype, env, tile, splits, operands, nhwc=True, krsc=krsc)
     x, _, bias_operand, out = operands
     dense_out = _TMA_STORE and fspec.k % 8 == 0 and b.base_aligned(b.ref(out))  # (what a TMA store takes)
-    if auto and dense_out:
-        tile = persistent_tile(fspec, dtype, env) or tile
     pl = plan(fspec, dtype, tile, env.workspace_limit)
     m = fspec.n * fspec.p * fspec.q
     if m * fspec.k >= _INT_MAX or fspec.n * fspec.h * fspec.w * fspec.c >= _INT_MAX:
@@ -362,8 +270,3 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
                         store_tma=store_tma, resident=_persistent_blocks(tile, pl, m, env) if store_tma else 0)
     b.launch(gemm, b.ref(x), packed_w, _plan.NULL if bias_operand is None else b.ref(bias_operand), b.ref(out))
     return b.plan(NAME)
-
-
-def _unsplit(splits) -> bool:
-    """Whether a plan asked for ``splits`` may take a row-band tile (which reduces every tap in its block)."""
-    return splits is None or splits == 1

@@ -30,6 +30,15 @@ _KERNEL_STEMS = {
 }
 
 
+def choice():
+    """``cuconv.select.implicit_gemm``, the rules that choose the tiles and splits auto runs: asked where a plan or a
+    check depends on that choice (a plan given no tile, the workspace a reason counts, a GEMM's split). Imported on
+    first use, since the selector imports the algorithms."""
+    from ...select import implicit_gemm
+
+    return implicit_gemm
+
+
 def kernel_stem(name: str) -> str:
     """The stem of the ``.cu`` that holds kernel ``name`` (a template instance, ``kernel<args>``)."""
     return _KERNEL_STEMS[name.partition("<")[0]]

@@ -383,31 +383,9 @@ class Plan:
         return 0 if self.tile.nchw else self.groups * self.kp * self.w_row * itemsize
 
 
-# Split-K: about one block per SM over the device (the measured best from 1 to 16 splits followed SMs / blocks,
-# rounded, on every wgrad layer of the sweep in docs/perf-notes.md), each split at least this many k tiles, at
-# most this many splits.
-_SPLIT_MIN_TILES = 4
-_MAX_SPLITS = 128
-
-
 def resident_blocks(tile, smem_per_sm: int) -> int:
     """Blocks of ``tile`` an SM holds at once as their shared memory goes (1 KB a block is reserved)."""
     return max(1, smem_per_sm // (tile.smem_bytes + 1024))
-
-
-def splits_for(m: int, filters: int, tile, k_tiles: int, sm_count: int, smem_per_sm: int, room: int,
-               groups: int = 1) -> int:
-    """How many k ranges a GEMM of ``m`` rows and ``filters`` filters in ``groups`` groups (``k_tiles`` k tiles) on
-    ``tile`` is split into on a device of ``sm_count`` SMs of ``smem_per_sm`` bytes of shared memory, with
-    ``room`` bytes for the fp32 partial sums of m x filters outputs each; 1 for an NchwTile (its kernel reduces
-    every k tile itself). Never more blocks than the SMs hold at once: for a tile of one block an SM, 144
-    blocks on 132 SMs would run a second wave as long as the first (1.2x slower than 72 unsplit ones)."""
-    if tile.nchw or getattr(tile, "rows", False):
-        return 1
-    blocks = -(-m // tile.bm) * groups * -(-filters // groups // tile.bn)
-    splits = min(round(sm_count / blocks), sm_count * resident_blocks(tile, smem_per_sm) // blocks,
-                 k_tiles // _SPLIT_MIN_TILES, _MAX_SPLITS, room // max(1, 4 * m * filters))
-    return splits if splits >= 2 else 1
 
 
 _MAX_GRID_Y = 65535

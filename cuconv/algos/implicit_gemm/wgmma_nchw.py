@@ -13,24 +13,6 @@ NAME_EXPRESSIONS = tuple(t.kernel_name(c) for c in _TENSOR_CORE_TYPES for t in T
                          if type(t) is NchwTile)
 
 
-# An NchwTile instead of packing where the pack costs as much as the gather it saves (docs/perf-notes.md, v6):
-# the pack moves the input twice, the GEMM reads it K·R·S / (tile) times more, so the pack weighs most where
-# K·R·S is small: 1x1 layers, and float32 up to K·R·S = 576 (one launch and no allocation fewer); float16
-# gathers two bytes per load and loses on 3x3.
-_NCHW_MAX_FILTER_TAPS_FP32 = 576
-
-
-def prefers_nchw(spec: ConvSpec, dtype) -> bool:
-    """Whether ``choose_tile`` takes an NchwTile (where it fits) on a wgmma device: layers whose windows do not
-    overlap (1x1, patchify: the pack would copy what the GEMM reads once), float32 with few filters and taps,
-    and inputs of fewer channels than one 16-byte vector (a stem's 3: packed, each pixel would take a whole
-    vector)."""
-    taps, itemsize = spec.r * spec.s, numpy.dtype(dtype).itemsize
-    disjoint = all(st >= d * (k - 1) + 1 for st, d, k in zip(spec.stride, spec.dilation, (spec.r, spec.s)))
-    return (taps == 1 or disjoint or (itemsize == 4 and spec.k_per_group * taps <= _NCHW_MAX_FILTER_TAPS_FP32)
-            or spec.c_per_group * itemsize < 16)
-
-
 # An NchwTile's k table (8 bytes per k in shared memory) up to this many k: reductions up to C·R·S = 2048
 # (16 KB), past which the pack is a small part of the time anyway; and kernels of up to 31 taps (one bit each
 # in a 32-bit word per pixel)

@@ -11,7 +11,7 @@ import numpy
 from ... import _dtypes, _loader, _plan, _tma
 from ...spec import ConvSpec
 from .tiles import (
-    Plan, TMA_ROWS_TILES, TMA_TILES, _INT_MAX, _packed_k_tiles, _padded_channels, _rows_band, resident_blocks)
+    Plan, TMA_ROWS_TILES, TMA_TILES, _INT_MAX, _rows_band)
 from .launch import NAME, _fn, _gemm_geometry
 from .pack import BLOCK_DIAGONAL_DTYPE
 
@@ -21,68 +21,6 @@ NAME_EXPRESSIONS = tuple(
      for phases, store in (((False, True),) if t.persistent else ((False, False), (True, False), (False, True)))]
     + [t.kernel_name(c, store) for c in ("__half", "__nv_bfloat16") for t in TMA_ROWS_TILES.values()
        for store in (False, True)])
-
-
-# The TMA tiles auto takes (docs/perf-notes.md, "auto takes the TMA tiles"), on the devices with wgmma (H100/H200:
-# 132 SMs of 228 KB): the first of a list with blocks for at least _TMA_FILL of the SMs (a 128 x 128 block alone
-# on an SM outruns two of 64 x 128: 98 blocks of it beat 196 by 15% on ResNet-50's 256@14², 52 lose to 104 by
-# 18% on 512@7²). Over 64 filters: 128 x 256 blocks (one an SM) for reductions of _TMA_LONG_REDUCTION bytes or
-# more, but not for a wave and a half of them (their second wave half empty: 128 x 128 ones 7-12% faster); then
-# 128 x 128 (two an SM: 10% faster than 128 x 256 on short reductions, whose epilogue one block an SM leaves
-# bare), then 64 x 128. Up to 64 filters, or where 128-filter blocks would compute more of them than 64-filter
-# ones (192: a third more; 96 takes 128, which computes no more than two of 64 and wins by 30%), 64 x 128
-# blocks, or 64 x 256 ones with narrow k tiles where they run _TMA_MANY_WAVES waves or more (the large problems).
-_TMA_FILL = 0.55
-_TMA_SMS, _TMA_SMEM_PER_SM = 132, 228 << 10
-_TMA_LONG_REDUCTION = 4096
-_TMA_MANY_WAVES = 8
-
-
-# The row-band tiles where output rows are long: whole segments of 256 (128) pixels cover 90% of a row or more
-# (the large problems' 250- to 1022-pixel rows; the models' rows of 112 and fewer would leave blocks part empty).
-_ROWS_MIN_FILL = 0.9
-
-
-def _rows_tile(spec: ConvSpec, cp: int):
-    """The row-band tile for a stride-1 layer of long output rows whose padded channels are one of the tiles' (16,
-    32, 64), or None: 64 × 256 up to 64 filters, else 128 × 128."""
-    if spec.stride != (1, 1) or cp not in (16, 32, 64):
-        return None
-    t = TMA_ROWS_TILES[("rows64x256" if spec.k <= 64 else "rows128x128") + f"_k{cp}"]
-    return t if spec.q >= t.bm and spec.q / (-(-spec.q // t.bm) * t.bm) >= _ROWS_MIN_FILL else None
-
-
-def tma_tile(spec: ConvSpec, dtype, rows: bool = True):
-    """The TMA tile for ``spec`` in ``dtype`` (see above), or None where none serves it (``tma_reason``): a row-band
-    tile where ``rows`` allows and ``_rows_tile`` finds one, else k tiles of 128 bytes where a group's channels are
-    whole 64s, else of 64 or 32 bytes (whole 32s, 16s)."""
-    itemsize = numpy.dtype(dtype).itemsize
-    if itemsize != 2 or spec.groups != 1:
-        return None
-    cp = _padded_channels(spec, itemsize)
-    kbytes = next((kb for kb in (128, 64, 32) if cp * itemsize % kb == 0), None)
-    if kbytes is None:
-        return None
-    band_tile = _rows_tile(spec, cp) if rows else None
-    if band_tile is not None and tma_reason(spec, dtype, Plan(band_tile, cp, spec.r * spec.s, 0, 0, spec.n)) is None:
-        return band_tile
-    if spec.k <= 64 or -(-spec.k // 128) * 128 > -(-spec.k // 64) * 64:
-        names = ["64x128"] if kbytes == 128 else ["64x256", "64x128"]
-    else:
-        long = spec.r * spec.s * cp * itemsize >= _TMA_LONG_REDUCTION
-        names = (["128x256"] if long else []) + ["128x128", "64x128"]
-    m = spec.n * spec.p * spec.q
-    for name in names:
-        t = TMA_TILES[f"tma{name}" + ("" if kbytes == 128 else f"_k{kbytes}")]
-        blocks = -(-m // t.bm) * -(-spec.k // t.bn)
-        wave_and_a_half = name == "128x256" and _TMA_SMS < blocks < 2 * _TMA_SMS
-        few_waves = name == "64x256" and blocks < _TMA_MANY_WAVES * _TMA_SMS * resident_blocks(t, _TMA_SMEM_PER_SM)
-        if wave_and_a_half or few_waves:
-            continue
-        if blocks >= _TMA_FILL * _TMA_SMS:
-            break
-    pl = Plan(t, cp, _packed_k_tiles(spec, itemsize, kbytes), 0, 0, spec.n)
-    return t if tma_reason(spec, dtype, pl) is None else None
 
 
 def rows_reason(spec: ConvSpec, dtype, pl: Plan):
@@ -194,14 +132,6 @@ def _weight_map(pl: Plan, weight_rows: int) -> tuple:
 # implicit_gemm_wgmma_tma_rows_st) where it is a dense matrix of whole 16-byte pixels on 256-byte boundaries: the
 # epilogue's instructions bound the layers of few channels and many pixels (square_3x3_1024; docs/perf-notes.md)
 _TMA_STORE = True
-
-
-# auto's persistent tiles (persistent_tile): where a block's filters' weight fits in its shared memory beside the
-# ring and the pixels fill this many waves of the blocks the SMs hold (the weight copied once a block, not once a
-# tile: square_3x3_1024 3.7 -> 2.0 ms, ResNet-50 64@56² 23.3 -> 20.3 µs; docs/perf-notes.md)
-_PERSISTENT = True
-_PERSISTENT_MIN_WAVES = 2
-_PERSISTENT_MIN_PIXELS = 256  # an SM's blocks' pixels (VGG-11 64@112² -> 128: one 128 x 128 block an SM, 1.14x slower)
 
 
 # ----------------------------------------------------------------------------------------------------------

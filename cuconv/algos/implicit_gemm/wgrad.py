@@ -10,11 +10,11 @@ import numpy
 
 from ... import _plan
 from ...spec import ConvSpec
-from .tiles import TILES, WgradTmaTile, _INT_MAX, _MAX_GRID_Z, _MAX_SIDE, splits_for
-from .launch import NAME, WgradLaunches
+from .tiles import WgradTmaTile, _INT_MAX, _MAX_GRID_Z, _MAX_SIDE
+from .launch import NAME, WgradLaunches, choice
 from .pack import _pack_launch, _sum_kernel, _swap_launch
-from .wgrad_tma import _wgrad_tma_prepare, wgrad_tma_tile
-from .forward import _arithmetic_reason, _gemm_launch, choose_tile, plan
+from .wgrad_tma import _wgrad_tma_prepare
+from .forward import _arithmetic_reason, _gemm_launch, plan
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -40,34 +40,7 @@ def transposed_spec(spec: ConvSpec) -> ConvSpec:
     return ConvSpec(spec.c, spec.n, spec.h, spec.w, spec.k, spec.p, spec.q, (dh, dw), (pt, pb, pl, pr), (sh, sw))
 
 
-# wgrad's GEMMs with wgmma: 128 filters x 256 of dW's columns (one block an SM, split over k to about one block
-# an SM) where a group has more than 64 filters and both dW's columns and the reduction are long (3x3 layers of
-# 256 channels and more with N·P·Q of 2500 and up: 20-40% faster than 64 x 128 blocks, up to 1.7x on 28x28
-# planes; at 1568 slower); 64 x 128 blocks elsewhere (shorter reductions, 1x1 layers, narrow groups:
-# docs/perf-notes.md).
-_WGRAD_WIDE_MIN = 2048  # dW's columns (C/groups·R·S) and the reduction (N·P·Q)
-
-
-def wgrad_tile(spec: ConvSpec, dtype, wgmma: bool):
-    """wgrad's tile: with wgmma 128 filters x 256 of dW's columns for long GEMMs of more than 64 filters a group
-    (``_WGRAD_WIDE_MIN``), else 64 filters x 128 columns, four slots; elsewhere the packed tile ``choose_tile``
-    picks for ``transposed_spec`` (an NchwTile would read x and dy as NCHW images; they are not)."""
-    if wgmma:
-        wide = spec.k_per_group > 64 and min(spec.crs_per_group, spec.n * spec.p * spec.q) >= _WGRAD_WIDE_MIN
-        return TILES["wg128x256" if wide else "wg64x128"]
-    return choose_tile(transposed_spec(spec), dtype, wgmma, nchw=False)
-
-
 _UNCHUNKED = 1 << 62  # wgrad's plan has one chunk: the whole transposed batch (its samples are x's channels)
-
-
-def wgrad_splits(spec: ConvSpec, dtype, tile, sm_count: int, smem_per_sm: int, workspace_limit: int) -> int:
-    """How many k ranges the wgrad GEMM of ``spec`` is split into on a device of ``sm_count`` SMs of
-    ``smem_per_sm`` bytes of shared memory, the partial sums within what ``workspace_limit`` leaves beside the
-    packed operands."""
-    pl, x_bytes, dy_bytes, _ = _wgrad_sizes(spec, dtype, tile, 1)
-    return splits_for(spec.crs_per_group, spec.k, tile, pl.k_tiles, sm_count, smem_per_sm,
-                      workspace_limit - x_bytes - dy_bytes, spec.groups)
 
 
 def _wgrad_sizes(spec: ConvSpec, dtype, tile, splits: int):
@@ -124,7 +97,7 @@ def _wgrad_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits")
         return "its padded image exceeds the kernel's 16-bit pixel coordinates"
     if max(spec.c, spec.k) > _MAX_GRID_Z:
         return f"its packing runs one input channel or filter per grid z (at most {_MAX_GRID_Z})"
-    tile = wgrad_tile(spec, dtype, limits.wgmma)
+    tile = choice().wgrad_tile(spec, dtype, limits.wgmma)
     pl, x_bytes, dy_bytes, _ = _wgrad_sizes(spec, dtype, tile, 1)
     if max(x_bytes // dtype.itemsize, dy_bytes // dtype.itemsize, spec.k * spec.crs_per_group) > _INT_MAX:
         return "x or grad_output packed with channels and samples swapped, or dW, holds 2^31 elements or more " \
@@ -140,21 +113,19 @@ def _wgrad_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, splits: i
     """wgrad's plan: on channels-last operands at 256-byte boundaries the TMA wgrad where it serves
     (``wgrad_tma_tile``); else pack x and dy (two launches; ``nhwc``: from channels-last ones), the GEMM
     (``krsc``: into a channels-last dW), and where split the sum of its partial sums (in dW's layout)."""
-    if tile is None and nhwc and env.wgmma and env.aligned:
-        tile = wgrad_tma_tile(spec, dtype)
+    tile = tile or choice().tile_for("wgrad", spec, dtype, nhwc, env)
     if isinstance(tile, WgradTmaTile):
         if not nhwc:
             raise ValueError(f"implicit_gemm: tile {tile} reads channels-last x and dy")
         return _wgrad_tma_prepare(spec, dtype, env, tile, splits, krsc)
     b = _plan.Builder("wgrad", env)
-    tile = tile or wgrad_tile(spec, dtype, env.wgmma)
     if tile.nchw:
         raise ValueError(f"implicit_gemm: wgrad reads packed operands; {tile} gathers NCHW ones")
     if tile.tma:
         raise ValueError(f"implicit_gemm: tile {tile} runs the forward GEMMs (fprop and dgrad), not wgrad's")
     if tile.wgmma and not env.wgmma:
         raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
-    splits = splits or wgrad_splits(spec, dtype, tile, env.sm_count, env.smem_per_sm, env.workspace_limit)
+    splits = splits or choice().wgrad_splits(spec, dtype, tile, env.sm_count, env.smem_per_sm, env.workspace_limit)
     ls = _wgrad_launches(spec, dtype, tile, splits, env.device, env.sm_count, nhwc, krsc)
     packed_x, packed_dy = b.take(ls.x_bytes), b.take(ls.dy_bytes)
     weightless = () if nhwc else (_plan.NULL, _plan.NULL)  # (pack_nhwc's weight pointers; pack_swap has none)

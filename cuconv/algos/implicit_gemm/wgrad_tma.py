@@ -9,8 +9,8 @@ import numpy
 
 from ... import _dtypes, _plan, _tma
 from ...spec import ConvSpec
-from .tiles import WGRAD_TMA_TILES, WgradTmaTile, _INT_MAX, _MAX_GRID_Y, _MAX_SPLITS, _SPLIT_MIN_TILES, resident_blocks
-from .launch import NAME, WgradLaunches, _fn
+from .tiles import WGRAD_TMA_TILES, WgradTmaTile, _INT_MAX, _MAX_GRID_Y
+from .launch import NAME, WgradLaunches, _fn, choice
 from .pack import _sum_kernel
 from .wgmma_tma import _im2col_map_reason, _tma_corners
 
@@ -61,25 +61,6 @@ def wgrad_tma_reason(spec: ConvSpec, dtype, tile: "WgradTmaTile" = None):
     return _im2col_map_reason(spec)
 
 
-def wgrad_tma_tile(spec: ConvSpec, dtype):
-    """The TMA wgrad tile for ``spec`` (see WGRAD_TMA_TILES), or None where it cannot run (``wgrad_tma_reason``)."""
-    if wgrad_tma_reason(spec, dtype) is not None:
-        return None
-    if spec.c <= 64 or spec.groups != 1:
-        return WGRAD_TMA_TILES["wt64x64"]
-    return WGRAD_TMA_TILES["wt64x128" if spec.c <= 128 or spec.k <= 64 else "wt128x256"]
-
-
-def wgrad_tma_splits(spec: ConvSpec, tile: WgradTmaTile, sm_count: int, smem_per_sm: int, room: int) -> int:
-    """Pixel ranges the TMA wgrad of ``spec`` is split into: as many as fill the SMs' resident blocks, each at
-    least ``_SPLIT_MIN_TILES`` k tiles, their fp32 partial sums within ``room`` bytes."""
-    blocks = -(-spec.k // tile.bf) * _wgrad_tma_c_tiles(spec, tile) * spec.r * spec.s
-    k_tiles = -(-spec.n * spec.p * spec.q // _WGRAD_TMA_PIXELS)
-    splits = min(sm_count * resident_blocks(tile, smem_per_sm) // blocks, k_tiles // _SPLIT_MIN_TILES, _MAX_SPLITS,
-                 room // max(1, 4 * spec.k * spec.crs_per_group))
-    return splits if splits >= 2 else 1
-
-
 def _wgrad_tma_c_tiles(spec: ConvSpec, tile: WgradTmaTile) -> int:
     """Channel blocks a tap: C / bc, or one for groups (a block's channels are its filters' groups')."""
     return 1 if spec.groups != 1 else -(-spec.c // tile.bc)
@@ -123,7 +104,7 @@ def _wgrad_tma_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile: WgradTmaTi
     reason = wgrad_tma_reason(spec, dtype, tile)
     if reason is not None:
         raise ValueError(f"implicit_gemm: tile {tile} cannot run the wgrad of {spec}: {reason}")
-    splits = splits or wgrad_tma_splits(spec, tile, env.sm_count, env.smem_per_sm, env.workspace_limit)
+    splits = splits or choice().wgrad_tma_splits(spec, tile, env.sm_count, env.smem_per_sm, env.workspace_limit)
     ls = _wgrad_tma_launches(spec, dtype, tile, splits, env.device, env.sm_count, krsc)
     b = _plan.Builder("wgrad", env)
     if ls.sums is None:

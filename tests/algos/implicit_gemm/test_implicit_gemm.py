@@ -12,6 +12,7 @@ from cuconv import _dtypes
 from cases import (CASES, EXACT_DTYPES, PROBLEM_CASES, TILING_CASES, assert_forward_equals_cpu_on_integers, case_spec,
                    make_inputs, to_gpu)
 from igemm_cases import _nhwc, _weight
+from cuconv.select import implicit_gemm as choice
 
 pytestmark = pytest.mark.gpu
 
@@ -318,7 +319,7 @@ def test_packed_channels_last_forward_split_and_chunked(case, dtype_name):
     want = cuconv.conv2d(x4.astype(dtype), w.astype(dtype), None if b is None else b.astype(dtype), **case.kwargs)
     xg = _nhwc(cupy.asarray(x4.astype(dtype)))
     wg, bg = cupy.asarray(w.astype(dtype)), None if b is None else cupy.asarray(b.astype(dtype))
-    tile = implicit_gemm.choose_tile(spec, dtype, nchw=False)
+    tile = choice.choose_tile(spec, dtype, nchw=False)
     pl = implicit_gemm.plan(spec, dtype, tile, 1 << 30)
     one_sample = pl.sample_bytes(spec, dtype.itemsize) + pl.weight_bytes(dtype.itemsize)
     for splits, limit in ((3, None), (None, one_sample)):

@@ -8,6 +8,7 @@ import pytest
 import cuconv
 from cuconv import _dtypes
 from cases import to_gpu
+from cuconv.select import implicit_gemm as choice
 
 pytestmark = pytest.mark.gpu
 
@@ -28,7 +29,7 @@ def test_implicit_gemm_pack_is_nhwc_with_zero_channels(image, c, dtype_name):
     dtype = _dtypes.by_name(dtype_name)
     n, h, w_ = image
     spec = cuconv.ConvSpec.from_args((n, c, h, w_), (5, c, 3, 2))
-    pl = implicit_gemm.plan(spec, dtype, implicit_gemm.choose_tile(spec, dtype, nchw=False),  # a packing tile
+    pl = implicit_gemm.plan(spec, dtype, choice.choose_tile(spec, dtype, nchw=False),  # a packing tile
                             cuconv.config.workspace_limit)
     rng = numpy.random.default_rng(c)
     x = rng.integers(-8, 9, (n, c, h, w_)).astype(dtype)
