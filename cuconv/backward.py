@@ -15,6 +15,7 @@ from .select import autotune
 from ._config import config
 from ._errors import ConvValueError
 from .dispatch import empty_nhwc, nhwc_operand, nhwc_view
+from .problem import Problem
 from .spec import ConvSpec
 
 __all__ = ["conv2d_input", "conv2d_weight", "dgrad_spec", "wgrad_spec"]
@@ -155,7 +156,7 @@ def _run_pass(pass_: str, result_shape, first, second, spec: ConvSpec, algo: str
     nhwc = _select.select_nhwc(algo, spec, dtype, precision, pass_, limit) if channels_last and on_gpu else None
     if nhwc is not None:
         return _run_nhwc(xp, pass_, nhwc, result_shape, first, second, spec, precision, limit)
-    result = _run_nchw(xp, on_gpu, pass_, result_shape, first, second, spec, algo, precision, limit)
+    result = _run_nchw(xp, on_gpu, pass_, result_shape, first, second, spec, algo, precision, settings)
     return nhwc_view(xp, result) if channels_last else result
 
 
@@ -178,20 +179,23 @@ def _run_nhwc(xp, pass_: str, name: str, result_shape, first, second, spec: Conv
 
 
 def _run_nchw(xp, on_gpu: bool, pass_: str, result_shape, first, second, spec: ConvSpec, algo: str, precision: str,
-              workspace_limit: int):
-    """``pass_`` on C-contiguous operands (copies where they are not) into a new C-contiguous array."""
+              settings):
+    """``pass_`` on C-contiguous operands (copies where they are not) into a new C-contiguous array, under
+    ``settings`` (``config.benchmark``: the autotuner's choice)."""
     dtype = first.dtype
+    workspace_limit = settings.workspace_limit
     name = _select.resolve(algo, spec, dtype, precision, on_gpu, pass_, workspace_limit)
     result = xp.empty(result_shape, dtype=dtype)
     first, second = xp.ascontiguousarray(first), xp.ascontiguousarray(second)
     if on_gpu:
         env = dispatch.array_env((first, second, result), workspace_limit)
 
-        def run(algo_name):
-            dispatch.run_arrays(dispatch.prepare(algo_name, pass_, spec, dtype, precision, env), first, second,
-                                result)
+        problem = Problem.of(spec, dtype, precision, pass_)
 
-        run(autotune.pick(algo, name, spec, dtype, precision, pass_, run))
+        def run(choice):
+            dispatch.run_arrays(dispatch.plan(choice.name, problem, env, choice.knobs), first, second, result)
+
+        run(autotune.pick(algo, name, problem, env, settings, run))
     else:
         getattr(reference, pass_)(first, second, spec, result, numpy.matmul, workspace_limit)
     return result

@@ -16,6 +16,7 @@ from .cpu import reference
 from .select import autotune
 from ._config import config
 from .dispatch import call_key, empty_nhwc, nhwc_operand, nhwc_view
+from .problem import BIAS, PLAIN, Problem
 from .spec import ConvSpec
 
 __all__ = ["conv2d"]
@@ -192,7 +193,7 @@ def _run(xp, plan: _Plan, x, weight, bias, out, requested: str, settings):
         if xp is numpy:
             reference.forward(x, weight, bias, spec, y, numpy.matmul, settings.workspace_limit)
         else:
-            _run_gpu(plan, requested, x, weight, bias, y, settings.benchmark)
+            _run_gpu(plan, requested, x, weight, bias, y, settings)
     if out is None:
         if plan.channels_last and not nhwc:  # (an NCHW computation of a channels-last result)
             y = nhwc_view(xp, y)
@@ -219,10 +220,10 @@ def _overlaps(xp, out, *operands) -> bool:
     return any(a is not None and xp.may_share_memory(out, a) for a in operands)
 
 
-def _run_gpu(plan: _Plan, requested: str, x, weight, bias, y, benchmark: bool) -> None:
+def _run_gpu(plan: _Plan, requested: str, x, weight, bias, y, settings) -> None:
     """The forward on C-contiguous CuPy arrays: the plan kept for the signature where every pointer is
-    aligned (``_plan.ALIGNMENT``) and nothing is tuned (``benchmark``: the settings'), else the plan
-    (``dispatch``) of what runs."""
+    aligned (``_plan.ALIGNMENT``) and nothing is tuned (``settings.benchmark``), else the plan (``dispatch``) of
+    what runs."""
     name, precision, spec = plan.name, plan.precision, plan.spec
     aligned = _plan.is_aligned(x.data.ptr, weight.data.ptr, 0 if bias is None else bias.data.ptr, y.data.ptr)
     if plan.layout == "nhwc":  # (one channels-last candidate: nothing to time)
@@ -231,14 +232,16 @@ def _run_gpu(plan: _Plan, requested: str, x, weight, bias, y, benchmark: bool) -
                                                                False), bias is not None, "nhwc")
         dispatch.run_arrays(gpu, x, weight, bias, y)
         return
-    if requested == "auto" and benchmark:
+    if requested == "auto" and settings.benchmark:
         env = _plan.env(plan.gpu_env.device, plan.gpu_env.workspace_limit, aligned)
+        problem = Problem.of(spec, x.dtype, precision, "fprop", epilogue=PLAIN if bias is None else BIAS)
 
-        def run(algo_name):
-            dispatch.run_arrays(dispatch.prepare(algo_name, "fprop", spec, x.dtype, precision, env,
-                                                 bias is not None), x, weight, bias, y)
+        def run(choice):
+            dispatch.run_arrays(dispatch.plan(choice.name, problem, env, choice.knobs), x, weight, bias, y)
 
-        name = autotune.pick(requested, name, spec, x.dtype, precision, "fprop", run)
+        choice = autotune.pick(requested, name, problem, env, settings, run)
+        dispatch.run_arrays(dispatch.plan(choice.name, problem, env, choice.knobs), x, weight, bias, y)
+        return
     if name == plan.name and aligned:
         gpu = plan.gpu
     else:

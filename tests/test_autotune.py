@@ -13,8 +13,10 @@ import pytest
 import cuconv
 from cuconv import select
 from cuconv.select import autotune
+from cuconv.problem import Problem
 from cuconv.problems import PROBLEMS
 from cases import PROBLEM_CASES, make_inputs, reference, rel_err, tolerance
+from fake_device import ENVS
 
 _P = {p.name: p.spec() for p in PROBLEMS}
 _F32, _F16, _F64 = numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), numpy.dtype(numpy.float64)
@@ -32,11 +34,13 @@ class _FakeTimer:
 
 
 
-def _choose(timer, spec=_P["square_5x9"], device="NVIDIA H200", dtype=_F32):
-    def run(name):
-        timer.timed.append(name)
+def _choose(timer, spec=_P["square_5x9"], device="NVIDIA H200", dtype=_F32, env=ENVS["sm90"]):
+    """The name of the autotuner's choice for the forward of ``spec`` (the disk cache: ``config.benchmark_cache``)."""
+    def run(choice):
+        timer.timed.append(choice.name)
 
-    return autotune.choose(spec, dtype, "ieee", "fprop", run, device, timer=timer)
+    problem = Problem.of(spec, dtype, "ieee", "fprop")
+    return autotune.choose(problem, env, run, device, cuconv.config.benchmark_cache, timer=timer).name
 
 
 
@@ -63,7 +67,7 @@ def test_autotune_winner_names_the_timed_choice_for_the_current_device(monkeypat
     spec = _P["square_5x9"]
     assert autotune.winner(spec, _F32, "ieee", "fprop") is None  # nothing timed yet
     _choose(_FakeTimer({"im2col_gemm": 12.9, "direct": 141.0, "direct_smem": 10.9}))
-    assert autotune.winner(spec, _F32, "ieee", "fprop") == "direct_smem"
+    assert autotune.winner(spec, _F32, "ieee", "fprop").name == "direct_smem"
     assert autotune.winner(spec, _F32, "ieee", "dgrad") is None
     monkeypatch.setattr(autotune, "_device_name", lambda: "NVIDIA H100 80GB HBM3")
     assert autotune.winner(spec, _F32, "ieee", "fprop") is None
@@ -245,6 +249,24 @@ def test_benchmark_mode_times_and_remembers_the_fastest(tmp_path):
     assert passes == ["dgrad", "fprop"]
 
 
+@pytest.mark.gpu
+def test_benchmark_mode_times_the_tiles_and_runs_the_winner():
+    """float16 through the torch-free door with ``config.benchmark``: implicit_gemm's tiles are candidates; the
+    winner (an algorithm and its knobs) runs, and its result matches the reference."""
+    import cupy
+
+    rng = numpy.random.default_rng(7)
+    x = rng.standard_normal((4, 64, 20, 20)).astype(_F16).astype(numpy.float64)
+    w = rng.standard_normal((96, 64, 3, 3)).astype(_F16).astype(numpy.float64)
+    ref = reference(x, w, padding=1)
+    autotune.clear()
+    with cuconv.config(benchmark=True):
+        y = cuconv.conv2d(cupy.asarray(x, dtype=_F16), cupy.asarray(w, dtype=_F16), padding=1)
+    choice = autotune.winner(cuconv.ConvSpec.from_args(x.shape, w.shape, padding=1), _F16, "ieee", "fprop")
+    assert choice is not None and (choice.name != "implicit_gemm" or dict(choice.knobs)["tile"] is not None)
+    assert rel_err(cupy.asnumpy(y).astype(numpy.float64), ref) <= tolerance(numpy.float16)
+
+
 
 @pytest.mark.gpu
 def test_benchmark_mode_times_a_signature_once_until_cleared(monkeypatch):
@@ -258,7 +280,7 @@ def test_benchmark_mode_times_a_signature_once_until_cleared(monkeypatch):
     w = cupy.random.standard_normal((16, 8, 3, 3), dtype=numpy.float32)
     timed = []
     real_choose = autotune.choose
-    monkeypatch.setattr(autotune, "choose", lambda *a, **k: (timed.append(a[3]), real_choose(*a, **k))[1])
+    monkeypatch.setattr(autotune, "choose", lambda *a, **k: (timed.append(a[0].pass_), real_choose(*a, **k))[1])
     autotune.clear()
     with cuconv.config(benchmark=True):
         y = [cuconv.conv2d(x, w, padding=1) for _ in range(3)]
@@ -272,3 +294,53 @@ def test_benchmark_mode_times_a_signature_once_until_cleared(monkeypatch):
     for yi in y:
         assert rel_err(cupy.asnumpy(yi), ref) <= tolerance(numpy.float32)
 
+
+
+def test_autotune_times_every_knob_setting_and_remembers_it(tmp_path):
+    """``config.benchmark`` times an algorithm's knobs as well as the algorithms: each implicit_gemm tile the
+    problem offers is a candidate; the winner, tile and all, goes to the disk cache as ``name[knobs]`` and comes
+    back from it; a bare name there means the algorithm with the selector's knobs; knobs it does not offer are timed
+    afresh."""
+    from cuconv.algos import implicit_gemm
+
+    env, spec = ENVS["sm90"], _P["square_5x9"]
+    problem = Problem.of(spec, _F16, "ieee", "fprop")
+    options = autotune.candidates(problem, env)
+    tiles = [dict(c.knobs)["tile"] for c in options if c.name == "implicit_gemm"]
+    assert len(tiles) >= 4 and tiles[0] is dict(select.knobs("implicit_gemm", problem, env))["tile"]
+    slowest_first = {c: 10.0 + i for i, c in enumerate(reversed(options))}  # the selector's first choice is slowest
+    expected = min(slowest_first, key=slowest_first.get)
+    timed = []
+
+    def run(choice):
+        timed.append(choice)
+
+    path = str(tmp_path / "winners.json")
+    timer = lambda run_one: (run_one(), slowest_first[timed[-1]])[1]
+    assert autotune.choose(problem, env, run, "NVIDIA H200", path, timer) == expected
+    assert sorted(map(autotune.text, timed)) == sorted(map(autotune.text, options))
+    ((key, entry),) = json.loads(open(path).read()).items()
+    assert entry == autotune.text(expected) and ("[tile=" in entry) == bool(expected.knobs)
+    autotune.clear()
+    timed.clear()
+    assert autotune.choose(problem, env, run, "NVIDIA H200", path, timer) == expected and not timed
+    for stored, ok in ((f"implicit_gemm[tile={implicit_gemm.tile_name(tiles[0])}]", True), ("implicit_gemm", True),
+                       ("implicit_gemm[tile=nchw64]", False), ("implicit_gemm[tile=no_such_tile]", False)):
+        with open(path, "w") as fh:
+            json.dump({key: stored}, fh)
+        autotune.clear()
+        timed.clear()
+        choice = autotune.choose(problem, env, run, "NVIDIA H200", path, timer)
+        if ok:  # (a bare name: the selector's knobs, implicit_gemm's first setting)
+            assert choice == next(c for c in options if c.name == "implicit_gemm") and not timed, stored
+        else:
+            assert choice == expected and timed, stored
+
+
+def test_pick_without_benchmark_is_the_selectors_choice():
+    env, spec = ENVS["sm90"], _P["square_5x9"]
+    problem = Problem.of(spec, _F16, "ieee", "fprop")
+    settings = cuconv.config.settings()
+    assert not settings.benchmark
+    choice = autotune.pick("auto", "implicit_gemm", problem, env, settings, lambda c: pytest.fail("timed"))
+    assert choice == select.Choice("implicit_gemm", select.knobs("implicit_gemm", problem, env))

@@ -60,8 +60,13 @@ def test_what_can_implement_accepts_plans(monkeypatch, case, name):
             if reason is not None:
                 assert isinstance(reason, str) and reason
                 continue
-            for knobs in algorithm.knobs(problem, env):
-                plan = algorithm.plan(problem, env, **dict(select.knobs(name, problem, env)), **knobs)
+            settings = algorithm.knobs(problem, env)
+            chosen = dict(select.knobs(name, problem, env))
+            # the selector's choice comes first; each setting has a text of its own (the autotuner's cache)
+            assert settings and settings[0] in ({}, chosen), (problem, settings[0], chosen)
+            assert len({algorithm.knob_text(k) for k in settings}) == len(settings)
+            for knobs in settings:
+                plan = algorithm.plan(problem, env, **{**chosen, **knobs})
                 assert plan.pass_ == problem.pass_ and plan.workspace <= env.workspace_limit, (problem, plan)
                 accepted += 1
     if name in ("im2col_gemm", "direct"):  # the algorithms that serve every geometry

@@ -7,9 +7,10 @@ declares what it serves and answers three questions:
   under ``limits`` (``cuconv._plan.Limits``: shared memory, wgmma, workspace limit), or None. The declared
   ``passes``, ``layouts``, ``weight_layouts`` and epilogues are checked here, then the algorithm's own
   ``reason``. Nothing is probed; ``plan`` never refuses what ``can_implement`` accepted.
-- ``knobs(problem, limits) -> tuple of dicts``: the settings of its own choices (tiles, splits, variants) that
-  can run ``problem``, as data: the selector (``cuconv.select``) picks one, ``config.benchmark`` may time them.
-  ``{}`` means "the algorithm's defaults"; an algorithm without knobs has only that.
+- ``knobs(problem, env) -> tuple of dicts``: the settings of its own choices (tiles, variants) that can run
+  ``problem`` on ``env`` (``cuconv._plan.Env``), as data, the one ``auto`` runs first: the selector's rules
+  (``cuconv.select``) choose one, ``config.benchmark`` times them all. ``{}`` means "the selector's choice"; an
+  algorithm without knobs has only that. ``knob_text(knobs)`` names a setting (the autotuner's cache file).
 - ``plan(problem, env, **knobs) -> cuconv._plan.Plan``: the launches of one pass, made once, run many times.
 
 Problems with nothing to compute are planned here, the same for every algorithm: an empty output, a forward
@@ -74,9 +75,14 @@ class Algorithm:
                     return reason
         return None
 
-    def knobs(self, problem: Problem, limits: "_plan.Limits") -> tuple:
-        """Settings of the algorithm's own choices that can run ``problem`` (dicts of ``plan``'s keywords)."""
+    def knobs(self, problem: Problem, env: "_plan.Env") -> tuple:
+        """Settings of the algorithm's own choices that can run ``problem`` on ``env`` (dicts of ``plan``'s
+        keywords; ``can_implement`` accepted the problem)."""
         return ({},)
+
+    def knob_text(self, knobs: dict) -> str:
+        """``knobs`` as text, the same in every process (``""``: none)."""
+        return ",".join(f"{k}={v}" for k, v in sorted(knobs.items()))
 
     def plan(self, problem: Problem, env: "_plan.Env", **knobs) -> "_plan.Plan":
         """The plan of ``problem`` on ``env.device`` with ``knobs`` (``{}``: the algorithm's defaults)."""

@@ -18,7 +18,8 @@ import numpy
 import torch
 
 from .. import _dtypes, _layout, _plan, algos as _algorithms, dispatch, select as _select
-from ..problem import PASSES
+from .._config import Settings
+from ..problem import BIAS, PASSES, PLAIN, Problem
 from ..select import autotune
 from ..blocks.bias import grad_launch, grad_launch_nhwc
 from ..cpu import reference
@@ -170,20 +171,22 @@ class Layer:
     channels-last."""
 
     __slots__ = ("spec", "dtype", "np_dtype", "device", "index", "precision", "algo", "bias", "x_shape", "w_shape",
-                 "out_shape", "benchmark", "workspace_limit", "_aligned", "_unaligned", "_bias_grad", "_lock", "fprop",
+                 "out_shape", "benchmark", "benchmark_cache", "workspace_limit", "_aligned", "_unaligned", "_bias_grad", "_lock", "fprop",
                  "_bytes", "channels_last", "nhwc", "x_format", "_out_strides", "_dx_strides", "_bias_grad_nhwc",
                  "krsc", "w_format", "_dw_strides")
 
     def __init__(self, spec: ConvSpec, dtype: torch.dtype, device: torch.device, precision: str, algo: str,
                  bias: bool, x_shape: tuple, benchmark: bool, workspace_limit: int, channels_last: bool = False,
-                 w_channels_last: bool = False):
+                 w_channels_last: bool = False, benchmark_cache: str = None):
         self.spec, self.dtype, self.device, self.precision, self.algo, self.bias = (spec, dtype, device, precision,
                                                                                     algo, bias)
         self.np_dtype = _NUMPY_DTYPES[dtype]
         self.index = device.index if device.type == "cuda" else -1
         self.x_shape, self.w_shape = tuple(x_shape), spec.weight_shape
         self.out_shape = spec.output_shape[1:] if len(x_shape) == 3 else spec.output_shape
-        self.benchmark = benchmark
+        # config.benchmark and benchmark_cache of the call that made the layer (its backward passes are tuned at
+        # their first call, which autograd may run in another thread, outside a ``with cuconv.config`` block)
+        self.benchmark, self.benchmark_cache = benchmark, benchmark_cache
         # the workspace limit of the call that made the layer (part of its signature): its backward passes, which
         # autograd may run in another thread (outside a ``with cuconv.config`` block), choose and plan with it
         self.workspace_limit = workspace_limit
@@ -223,11 +226,11 @@ class Layer:
                 self._aligned["fprop"] = self.fprop
 
     # ---- CUDA ------------------------------------------------------------------------------------------------
-    def _prepare(self, pass_: str, name: str, aligned: bool) -> "_plan.Plan":
+    def _prepare(self, pass_: str, name: str, aligned: bool, knobs: tuple = None) -> "_plan.Plan":
         env = _plan.env(self.index, self.workspace_limit, aligned)
         return dispatch.prepare(name, pass_, self.spec, self.np_dtype, self.precision, env,
                                  self.bias and pass_ == "fprop", "nhwc" if self.nhwc[pass_] else "nchw",
-                                 "krsc" if self.krsc[pass_] else "kcrs")
+                                 "krsc" if self.krsc[pass_] else "kcrs", knobs)
 
     def plan(self, pass_: str, ptrs: tuple) -> "_plan.Plan":
         """The plan of ``pass_`` for these operand pointers (aligned or not), made the first time."""
@@ -243,9 +246,10 @@ class Layer:
                     algo = self.algo if pass_ == "fprop" else backward_algo(self.algo, pass_)
                     name = self.nhwc[pass_] or _select.resolve(algo, self.spec, self.np_dtype, self.precision,
                                                                  True, pass_, self.workspace_limit)
+                    knobs = None
                     if algo == "auto" and self.benchmark and not self.nhwc[pass_]:
-                        name = self._tuned(pass_, name, ptrs, aligned)
-                    plan = plans[pass_] = self._prepare(pass_, name, aligned)
+                        name, knobs = self._tuned(pass_, name, ptrs, aligned)
+                    plan = plans[pass_] = self._prepare(pass_, name, aligned, knobs)
         return plan
 
     def prepare(self, passes) -> None:
@@ -258,19 +262,24 @@ class Layer:
         if self.bias and passes and self.channels_last and self._bias_grad_nhwc is None:
             self._bias_grad_nhwc = grad_launch_nhwc(self.spec, self.np_dtype)  # (dy read in place, where it is)
 
-    def _tuned(self, pass_: str, heuristic: str, ptrs: tuple, aligned: bool) -> str:
-        """``cuconv.config.benchmark``: the autotuner's pick, timing the candidates on these operands on torch's
-        stream (a signature timed before, or a capture, costs no timing)."""
+    def _tuned(self, pass_: str, heuristic: str, ptrs: tuple, aligned: bool) -> "_select.Choice":
+        """``cuconv.config.benchmark``: the autotuner's pick (an algorithm and its knobs), timing the candidates on
+        these operands on torch's stream (a signature timed before, or a capture, costs no timing)."""
         import cupy
 
-        def run(name):
-            plan = self._prepare(pass_, name, aligned)
+        env = _plan.env(self.index, self.workspace_limit, aligned)
+        problem = Problem.of(self.spec, self.np_dtype, self.precision, pass_,
+                             epilogue=BIAS if self.bias and pass_ == "fprop" else PLAIN)
+
+        def run(choice):
+            plan = self._prepare(pass_, choice.name, aligned, choice.knobs)
             stream = _current_raw_stream(self.index)
             workspace = self._workspace(plan.workspace, stream, False) if plan.workspace else None
             plan.run(ptrs, stream, 0 if workspace is None else workspace.data_ptr())
 
+        settings = Settings(self.precision, self.workspace_limit, True, self.benchmark_cache)  # (the layer's)
         with cupy.cuda.ExternalStream(raw_stream(self.index), self.index):
-            return autotune.pick("auto", heuristic, self.spec, self.np_dtype, self.precision, pass_, run)
+            return autotune.pick("auto", heuristic, problem, env, settings, run)
 
     def _workspace(self, nbytes: int, stream: int, eager: bool) -> torch.Tensor:
         """A workspace of ``nbytes`` (> 0) for launches on ``stream``, from torch's caching allocator; the caller

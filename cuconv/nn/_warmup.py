@@ -111,7 +111,7 @@ def warmup(model: torch.nn.Module, *inputs, backward: Optional[bool] = None, thr
     if backward is None:
         backward = any(p.requires_grad for p in model.parameters())
     autocast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
-    workspace_limit, benchmark = config.workspace_limit, config.benchmark
+    workspace_limit, benchmark, benchmark_cache = config.workspace_limit, config.benchmark, config.benchmark_cache
     jobs = {}
     for x, w, b, spec, stride, padding, dilation, groups, algo, precision, no_dgrad in _record_calls(
             model, inputs, kwargs):
@@ -122,7 +122,7 @@ def warmup(model: torch.nn.Module, *inputs, backward: Optional[bool] = None, thr
             continue  # (the real call raises)
         key = functional._signature_of(x.shape, x.stride(), dtype, device.index, w.shape, w.stride(),
                                        b is not None and b.shape, stride, padding, dilation, groups, algo,
-                                       workspace_limit, benchmark)
+                                       workspace_limit, benchmark, benchmark_cache)
         if key is None or key in functional._layers:
             continue
         job = jobs.get(key)
@@ -139,7 +139,7 @@ def warmup(model: torch.nn.Module, *inputs, backward: Optional[bool] = None, thr
         spec, dtype, precision, algo, bias, x_shape, channels_last, w_channels_last, passes = job
         with torch.cuda.device(device.index):
             layer = _bridge.Layer(spec, dtype, device, precision, algo, bias, x_shape, benchmark, workspace_limit,
-                                  channels_last, w_channels_last)
+                                  channels_last, w_channels_last, benchmark_cache)
             if not benchmark:  # (config.benchmark: the backward passes are tuned at their first real call)
                 layer.prepare(passes)
         return key, layer

@@ -96,17 +96,18 @@ def _signature(x, w, b, stride, padding, dilation, groups, algo, settings):
     return call_key((x.shape, x.stride(), dtype, x.get_device(), w.shape, w.stride(), w.dtype, w.get_device(),
                      None if b is None else (b.shape, b.dtype, b.get_device())), stride, padding, dilation, groups,
                     algo, (torch_precision() if dtype is torch.float32 else None, settings.workspace_limit,
-                           settings.benchmark))
+                           settings.benchmark, settings.benchmark_cache))
 
 
 def _signature_of(x_shape, x_stride, dtype, index: int, w_shape, w_stride, b_shape, stride, padding, dilation,
-                  groups, algo, workspace_limit: int, benchmark: bool):
+                  groups, algo, workspace_limit: int, benchmark: bool, benchmark_cache: str = None):
     """``_signature`` of a call on CUDA device ``index`` with tensors of these shapes and strides, all of
     ``dtype`` (``b_shape`` False: no bias): the key ``warmup`` keeps a layer under."""
     return call_key((torch.Size(x_shape), tuple(x_stride), dtype, index, torch.Size(w_shape), tuple(w_stride), dtype,
                      index, None if b_shape is False else (torch.Size(b_shape), dtype, index)), stride, padding,
                     dilation, groups, algo,
-                    (torch_precision() if dtype is torch.float32 else None, workspace_limit, benchmark))
+                    (torch_precision() if dtype is torch.float32 else None, workspace_limit, benchmark,
+                     benchmark_cache))
 
 
 def _layer(x, w, b, spec: ConvSpec, algo: str, precision: str, settings) -> "_bridge.Layer":
@@ -118,7 +119,7 @@ def _layer(x, w, b, spec: ConvSpec, algo: str, precision: str, settings) -> "_br
     return _bridge.Layer(spec, x.dtype, device, precision, algo, b is not None, tuple(x.shape), settings.benchmark,
                          settings.workspace_limit,
                          channels_last=_layout.result_channels_last(x, w, device.type == "cuda"),
-                         w_channels_last=_only_channels_last(w))
+                         w_channels_last=_only_channels_last(w), benchmark_cache=settings.benchmark_cache)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -286,14 +287,16 @@ def _traced_layer(x, w, has_bias, stride, padding, dilation, groups, algo, preci
     settings = _settings()  # (a custom op is an entry point: it reads the configuration once)
     stride, padding, dilation = tuple(stride), tuple(padding), tuple(dilation)
     key = call_key(("traced", x_shape, dtype, str(x.device), w_shape, has_bias), stride, padding, dilation, groups,
-                   algo, (precision, settings.workspace_limit, settings.benchmark, channels_last, w_channels_last))
+                   algo, (precision, settings.workspace_limit, settings.benchmark, settings.benchmark_cache, channels_last,
+                          w_channels_last))
     layer = _layers.get(key) if key is not None else None
     if layer is None:
         n, c, h, wd = x_shape
         k, _, r, s = w_shape
         spec = ConvSpec(n, c, h, wd, k, r, s, stride, padding, dilation, groups)
         layer = _bridge.Layer(spec, dtype, x.device, precision, algo, has_bias, x_shape, settings.benchmark,
-                              settings.workspace_limit, channels_last=channels_last, w_channels_last=w_channels_last)
+                              settings.workspace_limit, channels_last=channels_last, w_channels_last=w_channels_last,
+                              benchmark_cache=settings.benchmark_cache)
         if key is not None:
             _remember(key, layer)
     return layer

@@ -1,15 +1,20 @@
-"""``cuconv.config.benchmark``: time every eligible algorithm once per problem and remember the fastest.
+"""``cuconv.config.benchmark``: time every eligible algorithm, with each of its knobs, once per problem and remember
+the fastest.
 
 Like ``torch.backends.cudnn.benchmark``: the first call with a given signature (device name, dtype,
-precision, pass and the full geometry ``ConvSpec``) runs each algorithm that can serve it on the real
-inputs, timed with CUDA events on the current stream, and every later call with that signature runs the
-winner. Winners live in memory for the process and, where ``cuconv.config.benchmark_cache`` names a file,
+precision, pass and the full geometry ``ConvSpec``) runs each candidate on the real inputs, timed with CUDA
+events on the current stream, and every later call with that signature runs the winner. A candidate is a
+``cuconv.select.Choice``: an algorithm that can implement the problem with one of its knob settings
+(``Algorithm.knobs``: implicit_gemm's tiles, for instance), the selector's own choice among them. Winners live in memory for the process and, where ``cuconv.config.benchmark_cache`` names a file,
 also on disk (JSON), so a later process on the same kind of device skips the timing. The file is a cache, never
 an authority: an entry that names no algorithm able to serve its case is timed afresh, a damaged file is
 rewritten, one that cannot be read is left alone, and writers (threads and processes) lock, merge and replace
 it atomically; a location that cannot be written costs a warning, not the call. Entries carry the
 device name: another device misses and times again. During CUDA-graph capture nothing is timed (that would
 synchronise): a signature timed before runs its winner, one never timed the heuristic choice.
+
+The configuration arrives as arguments (the caller's ``cuconv._config.Settings`` and ``cuconv._plan.Env``):
+nothing here reads ``cuconv.config``.
 """
 
 from __future__ import annotations
@@ -27,19 +32,19 @@ from typing import Callable, Dict, Optional
 import numpy
 
 from .. import _backend, algos as _algorithms
-from .._config import config
+from ..problem import Problem
 from ..spec import ConvSpec
-from . import reason_unsupported
+from . import Choice, can_implement, knobs as _selector_knobs
 
-__all__ = ["choose", "pick", "signature", "clear", "time_cuda", "winner"]
+__all__ = ["candidates", "choose", "pick", "signature", "clear", "time_cuda", "winner", "text", "parse"]
 
-_winners: Dict[str, str] = {}
-# The winners again by (device, dtype, precision, pass, spec, workspace limit, which decides what may run):
-# a hit costs no text key and no re-validation.
-_chosen: Dict[tuple, str] = {}
-# pick's answers again, by device id (not name) and the dtype as the caller gives it: a tuned layer called again
+_winners: Dict[str, Choice] = {}
+# The winners again by (device name, problem, environment, which decides what may run): a hit costs no text key
+# and no re-validation.
+_chosen: Dict[tuple, Choice] = {}
+# pick's answers again, by the problem and the environment (device id, not name): a tuned layer called again
 # costs one lookup, not the device's name and a key built again (host time on every call of a small layer).
-_picked: Dict[tuple, str] = {}
+_picked: Dict[tuple, Choice] = {}
 _lock = threading.Lock()
 _disk_lock = threading.Lock()  # the cache file's writers in this process (the file lock covers other processes)
 
@@ -157,46 +162,73 @@ def _candidate_time(run: Callable[[], None]) -> float:
     return time_cuda(run, reps=3, warmup=0, calls=max(1, min(20, int(2.0 / max(one, 1e-3)))))
 
 
-def choose(spec: ConvSpec, dtype, precision: str, pass_: str, run: Callable[[str], None],
-           device_name: str, timer: Optional[Callable[[Callable[[], None]], float]] = None) -> str:
-    """The fastest algorithm for this signature, timing the candidates (``run(name)``) on a miss."""
-    fast_key = (device_name, numpy.dtype(dtype), precision, pass_, spec, config.workspace_limit)
-    name = _chosen.get(fast_key)
-    if name is not None:
-        return name
-    name = _choose(spec, dtype, precision, pass_, run, device_name, timer)
-    with _lock:
-        _chosen[fast_key] = name
-    return name
+def candidates(problem: Problem, env) -> list:
+    """Every ``Choice`` that can run ``problem`` on ``env``: each algorithm of its pass that can implement it, with
+    each of its knob settings (the selector's knobs filled in where a setting leaves one out)."""
+    out = []
+    for name in _algorithms.names(problem.pass_):
+        if can_implement(name, problem, env) is not None:
+            continue
+        chosen = dict(_selector_knobs(name, problem, env))
+        for setting in _algorithms.get(name).knobs(problem, env):
+            out.append(Choice(name, tuple(sorted({**chosen, **setting}.items()))))
+    return list(dict.fromkeys(out))
 
 
-def _choose(spec, dtype, precision, pass_, run, device_name, timer) -> str:
-    key = signature(device_name, dtype, precision, pass_, spec)
+def text(choice: Choice) -> str:
+    """``choice`` as the cache file holds it: ``name`` or ``name[knob=value,...]``."""
+    knobs = _algorithms.get(choice.name).knob_text(dict(choice.knobs)) if choice.knobs else ""
+    return f"{choice.name}[{knobs}]" if knobs else choice.name
+
+
+def parse(entry: str, options: list) -> Optional[Choice]:
+    """The candidate of ``options`` a cache entry names, or None: ``text`` of one, or a bare algorithm name (an
+    entry of a cache written before knobs were timed: that algorithm with the selector's knobs, its first)."""
+    for choice in options:
+        if text(choice) == entry:
+            return choice
+    return next((c for c in options if c.name == entry), None)
+
+
+def choose(problem: Problem, env, run: Callable[[Choice], None], device_name: str, cache: Optional[str] = None,
+           timer: Optional[Callable[[Callable[[], None]], float]] = None) -> Choice:
+    """The fastest candidate for this signature, timing each (``run(choice)``) on a miss; ``cache``: the disk
+    cache's path (``config.benchmark_cache``), or None."""
+    fast_key = (device_name, problem, env)
+    choice = _chosen.get(fast_key)
+    if choice is not None:
+        return choice
+    choice = _choose(problem, env, run, device_name, cache, timer)
     with _lock:
-        name = _winners.get(key)
-    path = config.benchmark_cache
-    if name is None and path:
-        name = (_load_disk(path) or {}).get(key)
-    # a name from the file is used only if it is an algorithm of this pass that can serve the case
-    if (name is not None and name in _algorithms.names(pass_)
-            and reason_unsupported(name, spec, dtype, pass_, precision) is None):
+        _chosen[fast_key] = choice
+    return choice
+
+
+def _choose(problem: Problem, env, run, device_name, cache, timer) -> Choice:
+    key = signature(device_name, problem.dtype, problem.precision, problem.pass_, problem.spec)
+    options = candidates(problem, env)
+    with _lock:
+        choice = _winners.get(key)
+    if choice not in options:  # (a winner of another environment: another workspace limit, say)
+        choice = None
+        entry = (_load_disk(cache) or {}).get(key) if cache else None
+        choice = None if entry is None else parse(entry, options)
+    if choice is not None:
         with _lock:
-            _winners[key] = name
-        return name
-    candidates = [a for a in _algorithms.names(pass_)
-                  if reason_unsupported(a, spec, dtype, pass_, precision) is None]
+            _winners[key] = choice
+        return choice
     timer = timer or _candidate_time
-    timings = {a: timer(lambda a=a: run(a)) for a in candidates}
-    name = min(timings, key=timings.get)
+    timings = {c: timer(lambda c=c: run(c)) for c in options}
+    choice = min(timings, key=timings.get)
     with _lock:
-        _winners[key] = name
-    if path:
-        _store_disk(path, key, name)
-    return name
+        _winners[key] = choice
+    if cache:
+        _store_disk(cache, key, text(choice))
+    return choice
 
 
-def winner(spec: ConvSpec, dtype, precision: str, pass_: str) -> Optional[str]:
-    """The algorithm the autotuner chose for this signature on the current device in this process, or None
+def winner(spec: ConvSpec, dtype, precision: str, pass_: str) -> Optional[Choice]:
+    """The ``Choice`` the autotuner made for this signature on the current device in this process, or None
     (nothing timed yet): what ``auto`` runs with ``config.benchmark`` on."""
     with _lock:
         return _winners.get(signature(_device_name(), dtype, precision, pass_, spec))
@@ -216,23 +248,22 @@ def _device_name() -> str:
     return name
 
 
-def pick(requested: str, heuristic: str, spec: ConvSpec, dtype, precision: str, pass_: str,
-         run: Callable[[str], None]) -> str:
-    """The algorithm a GPU call runs: ``heuristic`` unless ``auto`` was asked with ``config.benchmark`` on, in
-    which case the timed winner. A signature not timed yet is timed now, unless the stream is being captured
-    into a CUDA graph (timing would synchronise): then the heuristic runs. A winner known already runs inside a
-    capture too: nothing needs timing."""
-    if requested != "auto" or not config.benchmark:
-        return heuristic
+def pick(requested: str, heuristic: str, problem: Problem, env, settings, run: Callable[[Choice], None]) -> Choice:
+    """The ``Choice`` a GPU call runs under ``settings`` (``cuconv._config.Settings``): ``heuristic`` with the
+    selector's knobs unless ``auto`` was asked with ``settings.benchmark`` on, in which case the timed winner. A
+    signature not timed yet is timed now, unless the stream is being captured into a CUDA graph (timing would
+    synchronise): then the heuristic runs. A winner known already runs inside a capture too: nothing needs timing."""
+    if requested != "auto" or not settings.benchmark:
+        return Choice(heuristic, _selector_knobs(heuristic, problem, env))
+    key = (problem, env)
+    choice = _picked.get(key)
+    if choice is not None:
+        return choice
     cupy = _backend.cupy_or_none()
-    key = (cupy.cuda.runtime.getDevice(), dtype, precision, pass_, spec, config.workspace_limit)
-    name = _picked.get(key)
-    if name is not None:
-        return name
     stream = cupy.cuda.get_current_stream().ptr
     if stream and cupy.cuda.runtime.streamIsCapturing(stream) != 0:
-        return heuristic
-    name = choose(spec, dtype, precision, pass_, run, _device_name())
+        return Choice(heuristic, _selector_knobs(heuristic, problem, env))
+    choice = choose(problem, env, run, _device_name(), settings.benchmark_cache)
     with _lock:
-        _picked[key] = name
-    return name
+        _picked[key] = choice
+    return choice

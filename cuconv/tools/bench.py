@@ -281,7 +281,8 @@ def _measure(args, prob, spec, pass_, algos, rate, bandwidth, progress):
         with cuconv.config(benchmark=True):
             pass_.ours("auto")
             tuned_ms = _time_gpu(lambda: pass_.ours("auto"), args.reps, args.warmup)
-        tuned_algo = autotune.winner(spec, dtype, args.precision, pass_.name)
+        tuned = autotune.winner(spec, dtype, args.precision, pass_.name)
+        tuned_algo = None if tuned is None else autotune.text(tuned)
         for row in rows:
             row["tuned_ms"], row["tuned_algo"] = tuned_ms, tuned_algo
     yield from rows

@@ -45,7 +45,7 @@ from ...spec import ConvSpec
 from ..base import Algorithm
 from .tiles import (
     NchwTile, Plan, TILES, TMA_ROWS_TILES, TMA_TILES, Tile, WGRAD_TMA_TILES, WgmmaTile, WgmmaTmaRowsTile,
-    WgmmaTmaTile, WgradTmaTile, _INT_MAX, _MAX_GRID_Y, resident_blocks, wgmma_available)
+    WgmmaTmaTile, WgradTmaTile, _INT_MAX, _MAX_GRID_Y, resident_blocks, tile_name, wgmma_available)
 from .launch import GEOMETRY_DTYPE, choice, kernel_stem
 from .pack import (
     BLOCK_DIAGONAL_DTYPE, PACK_SHAPE_DTYPE, PHASE_WEIGHTS_DTYPE, SPLIT_SUM_DTYPE, SWAP_SHAPE_DTYPE, division_magic,
@@ -66,7 +66,7 @@ __all__ = ["ALGORITHM", "ImplicitGemm", "forward_gpu", "dgrad_gpu", "wgrad_gpu",
            "tma_reason", "rows_reason", "transposed_spec", "phase_specs", "resident_blocks", "wgmma_available",
            "nchw_fits", "Plan", "plan", "pack_operands", "prepare", "division_magic", "PACK_SHAPE_DTYPE",
            "GEOMETRY_DTYPE", "SPLIT_SUM_DTYPE", "PHASE_WEIGHTS_DTYPE", "PHASE_GEMMS_DTYPE", "SWAP_SHAPE_DTYPE",
-           "WGRAD_TMA_GEOMETRY_DTYPE", "BLOCK_DIAGONAL_DTYPE", "kernel_stem", "choice"]
+           "WGRAD_TMA_GEOMETRY_DTYPE", "BLOCK_DIAGONAL_DTYPE", "kernel_stem", "choice", "tile_name", "tiles_for"]
 
 
 def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee",
@@ -161,6 +161,45 @@ def wgrad_gpu(x, dy, spec: ConvSpec, dw, precision: str, tile: Tile = None, spli
 
 
 
+# The tiles a problem's knobs offer besides the one auto runs (the autotuner times them all): the shapes auto
+# chooses between for the engine of each pass and device.
+_PACKED_WGMMA = ("wg64x128", "wg64x128s3", "wg128x128r", "wg128x256")
+_MMA_SYNC = ("128x128", "128x64", "128x64_k64")
+_WGRAD_WGMMA = ("wg64x128", "wg128x256")
+_PHASES_WGMMA = ("wg64x128", "wg128x128r")
+
+
+def tiles_for(p: Problem, env: "_plan.Env") -> tuple:
+    """The tiles that can run ``p`` on ``env`` (``can_implement`` accepted it): first the one auto runs
+    (``cuconv.select.implicit_gemm.tile_for``), then the other shapes of its engine: the packed wgmma or mma.sync
+    tiles, the NchwTile where it fits, the TMA tile and the TMA wgrad's tiles where they serve. A packed tile whose
+    weight and one sample's packed input would not fit the workspace limit is left out; several groups of up to
+    32 filters run only the narrow tile auto takes."""
+    spec, dtype, nhwc = p.spec, p.dtype, p.layout == "nhwc"
+    rule = choice().tile_for(p.pass_, spec, dtype, nhwc, env)
+    if choice().narrow_group_tile(spec) is not None and p.pass_ != "wgrad":
+        return (rule,)
+    if p.pass_ == "wgrad":
+        others = [TILES[n] for n in (_WGRAD_WGMMA if env.wgmma else _MMA_SYNC)]
+        others = [t for t in others if _wgrad_reason(spec, dtype, p.precision, env, t) is None]
+        if nhwc and env.wgmma and env.aligned:
+            others += [t for t in WGRAD_TMA_TILES.values() if wgrad_tma_reason(spec, dtype, t) is None]
+    else:
+        fspec = spec if p.pass_ == "fprop" else dgrad_forward.forward_spec(spec)
+        if fspec is None:  # the phases of a strided dgrad
+            others = [TILES[n] for n in (_PHASES_WGMMA if env.wgmma else _MMA_SYNC[:2])]
+            others = [t for t in others if _phases_reason(spec, dtype, p.precision, env, t) is None]
+        else:
+            others = [TILES[n] for n in (_PACKED_WGMMA if env.wgmma else _MMA_SYNC)]
+            if env.wgmma:
+                tma = choice().tma_tile(fspec, dtype, rows=False)
+                others += [] if tma is None else [tma]
+            others = [t for t in others if _forward_reason(fspec, dtype, p.precision, env, t) is None]
+            if env.wgmma and not nhwc and nchw_fits(fspec, dtype):
+                others += [TILES["nchw64"], TILES["nchw128"]]
+    return tuple(dict.fromkeys([rule] + others))
+
+
 class ImplicitGemm(Algorithm):
     """``implicit_gemm`` behind the algorithm contract (``cuconv.algos.base``)."""
 
@@ -170,6 +209,13 @@ class ImplicitGemm(Algorithm):
     weight_layouts = ("kcrs", "krsc")
     nchw_limits = staticmethod(reason_unsupported)
     nhwc_limits = staticmethod(reason_unsupported_nhwc)
+
+    def knobs(self, p: Problem, env: "_plan.Env") -> tuple:
+        """``{"tile": t}`` for each of ``tiles_for`` (the GEMMs' splits follow from the tile: ``splits_for``)."""
+        return tuple({"tile": t} for t in tiles_for(p, env))
+
+    def knob_text(self, knobs: dict) -> str:
+        return ",".join(f"{k}={tile_name(v) if k == 'tile' else v}" for k, v in sorted(knobs.items()))
 
     def build(self, p: Problem, env: "_plan.Env", **knobs) -> "_plan.Plan":
         return prepare(p.pass_, p.spec, p.dtype, p.precision, env, p.bias, layout=p.layout, weights=p.weights, **knobs)

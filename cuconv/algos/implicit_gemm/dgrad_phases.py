@@ -171,7 +171,8 @@ def _encode_at(encode, offset: int, dst: int, address: int) -> None:
     encode(dst, address + offset)
 
 
-def _phases_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"):
+def _phases_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits", tile=None):
+    """Why the phases of ``spec``'s dgrad cannot run on ``tile`` (None: the one auto takes) under ``limits``, or None."""
     dtype = numpy.dtype(dtype)
     reason = _arithmetic_reason(dtype, precision)
     if reason is not None:
@@ -189,7 +190,7 @@ def _phases_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"
         return f"its packing runs one sample, and one kernel tap, per grid z (at most {_MAX_GRID_Z})"
     if spec.n * spec.c * spec.h * spec.w == 0:
         return None
-    cp, kp, w_row, phases = _phase_plan(spec, dtype, choice().phase_tile(spec, dtype, limits.wgmma))
+    cp, kp, w_row, phases = _phase_plan(spec, dtype, tile or choice().phase_tile(spec, dtype, limits.wgmma))
     if max(max(abs(p) for p in fs.pad) + max(spec.p, spec.q) for _, _, fs in phases) > _MAX_SIDE:
         return "its padded grad_output exceeds the kernel's 16-bit pixel coordinates"
     dy_elements = spec.n * spec.p * spec.q * spec.groups * cp

@@ -55,7 +55,8 @@ def _arithmetic_reason(dtype, precision: str):
     return None
 
 
-def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"):
+def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits", tile=None):
+    """Why the forward of ``spec`` cannot run on ``tile`` (None: the one auto takes) under ``limits``, or None."""
     dtype = numpy.dtype(dtype)
     reason = _arithmetic_reason(dtype, precision)
     if reason is not None:
@@ -65,7 +66,7 @@ def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits
                 f"of {16 // dtype.itemsize} in {dtype})")
     if max(*spec.stride, *spec.dilation, *spec.pad, spec.p, spec.q) > _INT_MAX:
         return "its geometry struct holds strides, dilations, paddings and output sizes in 32 bits"
-    pl = plan(spec, dtype, choice().choose_tile(spec, dtype, limits.wgmma), limits.workspace_limit)
+    pl = plan(spec, dtype, tile or choice().choose_tile(spec, dtype, limits.wgmma), limits.workspace_limit)
     padded_h, padded_w = spec.h + spec.pad[0] + spec.pad[1], spec.w + spec.pad[2] + spec.pad[3]
     if max(padded_h, padded_w) > _MAX_SIDE:
         return f"its padded image ({padded_h} x {padded_w}) exceeds the kernel's 16-bit pixel coordinates"

@@ -337,6 +337,16 @@ TMA_ROWS_TILES = {
 }
 
 
+def tile_name(tile) -> str:
+    """The name a tile has in ``TILES``, ``TMA_TILES``, ``WGRAD_TMA_TILES`` or ``TMA_ROWS_TILES`` (the text of a
+    knob in the autotuner's cache)."""
+    for table in (TILES, TMA_TILES, WGRAD_TMA_TILES, TMA_ROWS_TILES):
+        for name, t in table.items():
+            if t is tile:
+                return name
+    raise ValueError(f"implicit_gemm: {tile} is none of the instances")
+
+
 def wgmma_available() -> bool:
     """Whether the current device runs the sm_90a wgmma kernels: compute capability 9.0 exactly
     (``_plan.device_limits``, which keeps the devices' answers)."""

@@ -85,7 +85,8 @@ def _wgrad_launches(spec: ConvSpec, dtype, tile, splits: int, device: int, sm_co
     return WgradLaunches(pack_x, pack_dy, gemm, sums, x_bytes, dy_bytes, partial_bytes)
 
 
-def _wgrad_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"):
+def _wgrad_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits", tile=None):
+    """Why the packed wgrad of ``spec`` cannot run on ``tile`` (None: the one auto takes) under ``limits``, or None."""
     dtype = numpy.dtype(dtype)
     reason = _arithmetic_reason(dtype, precision)
     if reason is not None:
@@ -97,7 +98,7 @@ def _wgrad_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits")
         return "its padded image exceeds the kernel's 16-bit pixel coordinates"
     if max(spec.c, spec.k) > _MAX_GRID_Z:
         return f"its packing runs one input channel or filter per grid z (at most {_MAX_GRID_Z})"
-    tile = choice().wgrad_tile(spec, dtype, limits.wgmma)
+    tile = tile or choice().wgrad_tile(spec, dtype, limits.wgmma)
     pl, x_bytes, dy_bytes, _ = _wgrad_sizes(spec, dtype, tile, 1)
     if max(x_bytes // dtype.itemsize, dy_bytes // dtype.itemsize, spec.k * spec.crs_per_group) > _INT_MAX:
         return "x or grad_output packed with channels and samples swapped, or dW, holds 2^31 elements or more " \
