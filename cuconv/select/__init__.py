@@ -21,7 +21,7 @@ from typing import NamedTuple, Optional
 from .. import _plan, algos as _algorithms
 from ..problem import PASSES, Problem
 from ..spec import ConvSpec
-from . import implicit_gemm as _implicit_gemm, rules
+from . import depthwise as _depthwise, implicit_gemm as _implicit_gemm, rules
 
 __all__ = ["algorithms", "Choice", "choose", "algorithm", "knobs", "can_implement", "select_algorithm", "select_nhwc", "resolve",
            "reason_unsupported", "rules"]
@@ -75,7 +75,7 @@ def algorithm(problem: Problem, limits, algo: str = "auto") -> Optional[str]:
 
 # An algorithm with knobs -> the rule that chooses them (``select/<name>.py``): (problem, env) -> a dict of its
 # ``plan``'s keywords. An algorithm without an entry runs with its defaults.
-_KNOB_RULES = {"implicit_gemm": _implicit_gemm.knobs}
+_KNOB_RULES = {"implicit_gemm": _implicit_gemm.knobs, "depthwise": _depthwise.knobs}
 
 
 def knobs(name: str, problem: Problem, env: "_plan.Env") -> tuple:

@@ -40,7 +40,7 @@ from . import nchw_bwd, nchw_fwd, nhwc
 from .nchw_bwd import _dgrad_launch, _wgrad_launches, wgrad_strips_plan
 from .nchw_fwd import (FORWARD_KERNELS, _forward_prepared, forward_kernels, forward_smem, plane_plan, rows_layout,
                        rows_strips, rows_vector_bytes, strips_plan)
-from .nhwc import _nhwc_prepare, reason_unsupported_nhwc
+from .nhwc import _NHWC_Q_PIXELS, _nhwc_prepare, _nhwc_tile, reason_unsupported_nhwc
 from .shared import (ALGORITHM_NAME, DW_GEOMETRY_DTYPE, DW_WORK_DTYPE, _SMEM_LIMIT, _acc_size, _is_depthwise,
                      _wgrad_threads)
 
@@ -73,8 +73,8 @@ def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, kernel: str = N
     NotImplementedError where that kernel cannot serve."""
     import cupy
 
-    launch = _forward_prepared(spec, x.dtype, x.data.ptr % 16 == 0, out.data.ptr % 16 == 0, _loader.smem_limit(),
-                               cupy.cuda.runtime.getDevice(), kernel)
+    launch = _forward_prepared(spec, x.dtype, x.data.ptr % 16 == 0, out.data.ptr % 16 == 0, _plan.current_env(),
+                               kernel)
     launch(cupy.cuda.get_current_stream().ptr, x.data.ptr, w.data.ptr, 0 if bias is None else bias.data.ptr,
            out.data.ptr)
 
@@ -91,15 +91,14 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
         return _nhwc_prepare(pass_, spec, dtype, env, bias, kernel)
     b = _plan.Builder(pass_, env)
     if pass_ == "fprop":
-        launch = _forward_prepared(spec, dtype, env.aligned, env.aligned, env.smem_limit, env.device, kernel)
+        launch = _forward_prepared(spec, dtype, env.aligned, env.aligned, env, kernel)
         b.launch(launch, b.ref("x"), b.ref("w"), b.ref("bias"), b.ref("out"))
     elif pass_ == "dgrad":
         transposed = dgrad_forward.forward_spec(spec)
         if transposed is not None and reason_unsupported(transposed, dtype, limits=env) is None:
             # (multiplier 1: the transposed convolution's weight is the layer's, flipped, which the forward
             # kernels read in place: one launch, no flipped copy)
-            launch = _forward_prepared(transposed, dtype, env.aligned, env.aligned, env.smem_limit, env.device,
-                                       None, True)
+            launch = _forward_prepared(transposed, dtype, env.aligned, env.aligned, env, None, True)
             b.launch(launch, b.ref("dy"), b.ref("w"), _plan.NULL, b.ref("dx"))
         else:
             b.launch(_dgrad_launch(spec, dtype), b.ref("dy"), b.ref("w"), b.ref("dx"))
@@ -130,6 +129,24 @@ class Depthwise(Algorithm):
     layouts = ("nchw", "nhwc")
     nchw_limits = staticmethod(reason_unsupported)
     nhwc_limits = staticmethod(reason_unsupported_nhwc)
+
+    def knobs(self, p: Problem, env: "_plan.Env") -> tuple:
+        """``{"kernel": k}`` for each forward kernel that can serve the forward on NCHW activations
+        (``forward_kernels``), and the forward or stride-1 dgrad on channels-last ones (``nhwc_tile``, ``nhwc_q``,
+        ``nhwc``), auto's first; ``({},)`` for the passes with one kernel."""
+        from ...select import depthwise as choice  # (the selector imports the algorithms)
+
+        chosen = choice.knobs(p, env)
+        if not chosen:
+            return ({},)
+        if p.layout == "nhwc":
+            fspec = p.spec if p.pass_ == "fprop" else dgrad_forward.forward_spec(p.spec)
+            kernels = ["nhwc_tile"] if _nhwc_tile(fspec, p.dtype) is not None else []
+            kernels += ["nhwc_q"] if fspec.r == fspec.s and fspec.r in _NHWC_Q_PIXELS else []
+            kernels += ["nhwc"]
+        else:
+            kernels = list(forward_kernels(p.spec, p.dtype, env.smem_limit, env.aligned, env.aligned))
+        return tuple({"kernel": k} for k in dict.fromkeys([chosen["kernel"]] + kernels))
 
     def build(self, p: Problem, env: "_plan.Env", **knobs) -> "_plan.Plan":
         return prepare(p.pass_, p.spec, p.dtype, p.precision, env, p.bias, layout=p.layout, **knobs)

@@ -10,7 +10,7 @@ import functools
 
 import numpy
 
-from ... import _dtypes, _loader
+from ... import _dtypes, _loader, _plan  # noqa: F401  (_plan: annotations)
 from ...spec import ConvSpec
 from .shared import (_FIXED_KERNELS, _MAX_GRID_Y, _THREADS, _acc_size, _dw_geometry, _fits_int, _geometry)
 
@@ -88,12 +88,12 @@ def strips_plan(spec: ConvSpec):
     return rows, strips
 
 
-def plane_plan(spec: ConvSpec, dtype):
+def plane_plan(spec: ConvSpec, dtype, smem_limit: int):
     """(rows per strip, strips per plane, lead, pitch, buffers, shared-memory bytes) for
     ``depthwise_fwd_plane``, or None where it does not apply: it needs stride = dilation = 1, a kernel of
     ``_PLANE_KERNELS`` (3×3, and 5×5 where sums are in float), rows of a multiple of 16 bytes (its copies;
     without them the strips kernel is as fast) and two padded input planes within
-    ``_PLANE_SMEM`` and the device's limit. The input's base address must be 16-byte aligned too (the
+    ``_PLANE_SMEM`` and ``smem_limit`` (a block's opt-in). The input's base address must be 16-byte aligned too (the
     launcher's check).
 
     A staged plane has P + R - 1 rows of ``pitch`` elements; image column 0 sits at ``lead``, the left
@@ -113,23 +113,20 @@ def plane_plan(spec: ConvSpec, dtype):
     lead = -(-spec.pad[2] // per_vector) * per_vector
     pitch = -(-(lead + spec.w + spec.pad[3]) // per_vector) * per_vector
     plane_bytes = (spec.p + spec.r - 1) * pitch * itemsize
-    if _PLANE_STAGES[0] * plane_bytes > min(_PLANE_SMEM, _loader.smem_limit()):
+    if _PLANE_STAGES[0] * plane_bytes > min(_PLANE_SMEM, smem_limit):
         return None
     stages = max(_PLANE_STAGES[0], min(_PLANE_STAGES[1], _PLANE_BLOCK_SMEM // plane_bytes))
     rows, strips, _ = _strips(spec)
     return rows, strips, lead, pitch, stages, stages * plane_bytes
 
 
-def _plane_grid(spec: ConvSpec, dtype, smem: int) -> int:
-    """Persistent grid of ``depthwise_fwd_plane``: the blocks that are resident at once (registers: four per
-    SM for 3×3 summing in float, else two, as ``plane_min_blocks`` in the kernel; shared memory), at most
-    one per input plane."""
-    import cupy
-
-    device = cupy.cuda.runtime.getDevice()
+def _plane_grid(spec: ConvSpec, dtype, smem: int, env: "_plan.Env") -> int:
+    """Persistent grid of ``depthwise_fwd_plane`` on ``env``'s device: the blocks that are resident at once
+    (registers: four per SM for 3×3 summing in float, else two, as ``plane_min_blocks`` in the kernel; shared
+    memory), at most one per input plane."""
     by_regs = _PLANE_BLOCKS_PER_SM[spec.r <= 3 and _acc_size(dtype) == 4]
-    by_smem = _smem_per_sm(device) // (smem + 1024)  # 1 KB per block is reserved
-    return max(1, min(spec.n * spec.c, _sm_count(device) * max(1, min(by_regs, by_smem))))
+    by_smem = env.smem_per_sm // (smem + 1024)  # 1 KB per block is reserved
+    return max(1, min(spec.n * spec.c, env.sm_count * max(1, min(by_regs, by_smem))))
 
 
 def rows_vector_bytes(spec: ConvSpec, dtype):
@@ -198,7 +195,7 @@ def rows_strips(spec: ConvSpec, segs: int, per_warp: int, resident_warps: int):
     return best[1:]
 
 
-def _rows_launch(spec: ConvSpec, dtype, layout, device: int):
+def _rows_launch(spec: ConvSpec, dtype, layout, sm_count: int):
     """(kernel, grid, scalar arguments) of ``depthwise_fwd_rows``: a persistent grid of the blocks that are
     resident at once (the kernel's registers decide), strips cut for it (``rows_strips``)."""
     segs, lanes, per_warp = layout
@@ -206,10 +203,10 @@ def _rows_launch(spec: ConvSpec, dtype, layout, device: int):
             f"{rows_vector_bytes(spec, dtype)}>")
     regs = -(-max(1, _fn(name).num_regs) // 8) * 8
     blocks_per_sm = max(1, min(2048 // _THREADS, 65536 // (regs * _THREADS)))
-    resident_warps = _sm_count(device) * blocks_per_sm * (_THREADS // 32)
+    resident_warps = sm_count * blocks_per_sm * (_THREADS // 32)
     rows, strips = rows_strips(spec, segs, per_warp, resident_warps)
     slots = spec.n * spec.k * strips * segs
-    blocks = min(-(-slots // (per_warp * (_THREADS // 32))), _sm_count(device) * blocks_per_sm)
+    blocks = min(-(-slots // (per_warp * (_THREADS // 32))), sm_count * blocks_per_sm)
     return name, (blocks, 1, 1), _geometry(spec, slots=slots, strips=strips, segs=segs, seg_lanes=lanes, rows=rows)
 
 
@@ -222,13 +219,12 @@ _FLAT_STRIPS_MAX_PIXELS = 14 * 14
 
 
 @functools.lru_cache(maxsize=1024)
-def _forward_prepared(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, smem_limit: int, device: int,
+def _forward_prepared(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, env: "_plan.Env",
                       kernel: str = None, flip: bool = False) -> "_loader.PreparedLaunch":
-    """``_forward_launch`` prepared (``_loader.PreparedLaunch``): a call passes four pointers to one driver
-    call instead of CuPy marshalling sixteen arguments (~8 µs of host time on a 0.06 ms layer). ``flip``: the
-    kernel reads the weight flipped in both axes (dgrad at stride 1 as this forward of dy)."""
-    name, grid, block, smem, geometry = _forward_launch(spec, dtype, x_aligned, out_aligned, smem_limit, device,
-                                                        kernel)
+    """``_forward_launch`` prepared (``_loader.PreparedLaunch``) on ``env``'s device: a call passes four pointers
+    to one driver call instead of CuPy marshalling sixteen arguments (~8 µs of host time on a 0.06 ms layer).
+    ``flip``: the kernel reads the weight flipped in both axes (dgrad at stride 1 as this forward of dy)."""
+    name, grid, block, smem, geometry = _forward_launch(spec, dtype, x_aligned, out_aligned, env, kernel)
     if flip:
         geometry = tuple(_flipped(g) for g in geometry)
     return _loader.PreparedLaunch(_fn(name), name, grid, block, 4, geometry, smem)
@@ -243,40 +239,36 @@ def _flipped(struct):
     return copy[()]
 
 
-def forward_kernels(spec: ConvSpec, dtype, x_aligned: bool = True, out_aligned: bool = True) -> tuple:
-    """The forward kernels of ``FORWARD_KERNELS`` that can serve this depthwise convolution, by preference:
-    ``gather`` first at a stride or dilation above 1, then ``rows`` (``rows_layout``; 16-byte aligned input and
-    output), ``plane`` (``plane_plan``; aligned input), ``strips`` (``strips_plan``), ``gather`` (3x3, 5x5,
-    7x7, tensors below 2^31 elements), ``tiles`` (any geometry whose tiles fit the grid)."""
-    gather = (spec.r, spec.s) in _FIXED_KERNELS and spec.r == spec.s and _fits_int(spec)
-    gather_first = gather and (spec.stride != (1, 1) or spec.dilation != (1, 1))
-    out = ["gather"] if gather_first else []
-    if rows_layout(spec, dtype) is not None and x_aligned and out_aligned:
-        out.append("rows")
-    if plane_plan(spec, dtype) is not None and x_aligned:
-        out.append("plane")
-    if strips_plan(spec) is not None:
-        out.append("strips")
-    if gather and not gather_first:
-        out.append("gather")
-    if -(-spec.p // _TILE_P) * -(-spec.q // _TILE_Q) <= _MAX_GRID_Y:
-        out.append("tiles")
-    return tuple(out)
+def forward_kernels(spec: ConvSpec, dtype, smem_limit: int, x_aligned: bool = True, out_aligned: bool = True) -> tuple:
+    """The forward kernels that can serve this depthwise convolution, in ``FORWARD_KERNELS``'s order (which runs
+    is the selector's: ``cuconv.select.depthwise.forward_kernel``): ``gather`` (3x3, 5x5, 7x7, tensors below 2^31
+    elements), ``rows`` (``rows_layout``; 16-byte aligned input and output), ``plane`` (``plane_plan``; aligned
+    input, its planes within ``smem_limit``), ``strips`` (``strips_plan``), ``tiles`` (any geometry whose tiles
+    fit the grid)."""
+    usable = {
+        "gather": (spec.r, spec.s) in _FIXED_KERNELS and spec.r == spec.s and _fits_int(spec),
+        "rows": rows_layout(spec, dtype) is not None and x_aligned and out_aligned,
+        "plane": plane_plan(spec, dtype, smem_limit) is not None and x_aligned,
+        "strips": strips_plan(spec) is not None,
+        "tiles": -(-spec.p // _TILE_P) * -(-spec.q // _TILE_Q) <= _MAX_GRID_Y,
+    }
+    return tuple(k for k in FORWARD_KERNELS if usable[k])
 
 
-def _forward_launch(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, smem_limit: int, device: int,
-                    kernel: str = None):
-    """(kernel, grid, block, shared memory, scalar arguments) of the forward: the first of
-    ``forward_kernels`` (or ``kernel``, forced). Planned once per problem, alignment and device: its one
-    caller, ``_forward_prepared``, is memoized."""
+def _forward_launch(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, env: "_plan.Env", kernel: str = None):
+    """(kernel, grid, block, shared memory, scalar arguments) of the forward: ``kernel`` (None: the one auto runs,
+    ``cuconv.select.depthwise.forward_kernel``). Planned once per problem, alignment and device: its one caller,
+    ``_forward_prepared``, is memoized."""
     ctype = _dtypes.ctype_of(dtype)
     if kernel not in (None,) + FORWARD_KERNELS:
         raise ValueError(f"cuconv: unknown depthwise forward kernel {kernel!r}; expected one of {FORWARD_KERNELS}")
-    usable = forward_kernels(spec, dtype, x_aligned, out_aligned)
+    usable = forward_kernels(spec, dtype, env.smem_limit, x_aligned, out_aligned)
     if kernel is None:
         if not usable:
             raise NotImplementedError(f"cuconv: depthwise needs more than {_MAX_GRID_Y} tiles per output plane")
-        kernel = usable[0]
+        from ...select import depthwise as choice  # (the selector imports the algorithms)
+
+        kernel = choice.forward_kernel(spec, usable)
     elif kernel not in usable:
         raise NotImplementedError(f"cuconv: depthwise's {kernel} forward kernel cannot serve this convolution")
     if kernel == "gather":  # two outputs a thread where their windows share columns (dilation 1, stride_w <= 2)
@@ -288,12 +280,12 @@ def _forward_launch(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, s
             name = f"depthwise_fwd_gather<{ctype},{spec.r},{spec.s}>"
         return name, (_loader.blocks(total, 1 << 20), 1, 1), (_THREADS, 1, 1), 0, (_dw_geometry(spec, total),)
     if kernel == "rows":
-        name, grid, geometry = _rows_launch(spec, dtype, rows_layout(spec, dtype), device)
+        name, grid, geometry = _rows_launch(spec, dtype, rows_layout(spec, dtype), env.sm_count)
         return name, grid, (_THREADS, 1, 1), 0, geometry
     if kernel == "plane":
-        rows, count, lead, pitch, stages, smem = plane_plan(spec, dtype)
+        rows, count, lead, pitch, stages, smem = plane_plan(spec, dtype, env.smem_limit)
         geometry = _geometry(spec, rows=rows, strips=count, lead=lead, pitch=pitch, stages=stages)
-        return (f"depthwise_fwd_plane<{ctype},{spec.r},{spec.s}>", (_plane_grid(spec, dtype, smem), 1, 1),
+        return (f"depthwise_fwd_plane<{ctype},{spec.r},{spec.s}>", (_plane_grid(spec, dtype, smem, env), 1, 1),
                 (_THREADS, 1, 1), smem, geometry)
     if kernel == "strips":
         rows, count = strips_plan(spec)
@@ -310,17 +302,3 @@ def _forward_launch(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, s
     unit = "true" if kr and spec.stride == (1, 1) and spec.dilation == (1, 1) else "false"
     return (f"depthwise_fwd<{ctype},{kr},{ks},{unit}>", (spec.n * spec.k, tiles, 1), (32, 8, 1), smem,
             _geometry(spec, tiles_q=tiles_q))
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: int) -> int:
-    import cupy
-
-    return cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
-
-
-@functools.lru_cache(maxsize=None)
-def _smem_per_sm(device: int) -> int:
-    import cupy
-
-    return cupy.cuda.runtime.getDeviceProperties(device)["sharedMemPerMultiprocessor"]

@@ -22,10 +22,8 @@ _NHWC_WGRAD_WIDTHS = (3, 5, 7)
 
 
 # depthwise_nhwc_fwd_q: output pixels a thread per square kernel (its registers: a row's KR + QT - 1 input
-# vectors and QT accumulator vectors). ``auto`` takes it for 5x5 kernels at unit stride and dilation only
-# (_nhwc_fwd_tiled), where it measured faster than depthwise_nhwc_fwd; prepare(..., kernel="nhwc_q") forces it.
+# vectors and QT accumulator vectors); auto takes it where ``cuconv.select.depthwise.nhwc_kernel`` says.
 _NHWC_Q_PIXELS = {3: 4, 5: 4, 7: 2}
-_NHWC_Q_AUTO = (5,)
 # depthwise_nhwc_fwd_tile's instances (KR, SR, QT): square kernels at stride 1 or 2, QT output pixels a thread
 # (tiles of 8 rows x 2·QT columns: QT = 4 on planes of 8 columns or fewer, and for 7x7 at stride 2, whose
 # staged window would pass static shared memory's 48 KB at QT = 8; else 8). ``auto`` takes it for the 16-bit types
@@ -80,12 +78,6 @@ def _nhwc_index(spec: ConvSpec, dtype) -> str:
     vectors = spec.n * max(spec.p * spec.q, spec.h * spec.w) * spec.c // (16 // numpy.dtype(dtype).itemsize)
     counts = (vectors, spec.n * spec.h * spec.w * spec.c, spec.n * spec.p * spec.q * spec.c)
     return "int" if max(counts) < 2**31 - 2**28 else "long long"
-
-
-def _nhwc_fwd_tiled(spec: ConvSpec) -> bool:
-    """Whether ``auto`` runs ``depthwise_nhwc_fwd_q`` for this forward (or stride-1 dgrad's forward of dy)."""
-    return (spec.r == spec.s and spec.r in _NHWC_Q_AUTO and spec.stride == (1, 1)
-            and spec.dilation == (1, 1))
 
 
 def _nhwc_tile(spec: ConvSpec, dtype):
@@ -191,8 +183,8 @@ def _nhwc_prepare(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", bias: boo
     ``depthwise_nhwc_fwd`` over the forward (x into out) or, for dgrad at stride 1, over the forward of dy with
     the kernel flipped (into dx); a strided dgrad gathers (``depthwise_nhwc_dgrad``); wgrad sums slices of dy's
     rows into partial sums, then adds them in order (``depthwise_nhwc_wgrad``). The forward and the stride-1
-    dgrad run ``depthwise_nhwc_fwd_tile`` where it applies (``_nhwc_tile``), else ``depthwise_nhwc_fwd_q`` for
-    5x5 kernels at unit stride, else ``depthwise_nhwc_fwd``; ``kernel`` forces one of them where it applies
+    dgrad run the kernel ``cuconv.select.depthwise.nhwc_kernel`` picks: ``depthwise_nhwc_fwd_tile`` where it
+    applies (``_nhwc_tile``), ``depthwise_nhwc_fwd_q`` or ``depthwise_nhwc_fwd``; ``kernel`` forces one of them where it applies
     (``"nhwc_tile"``, ``"nhwc_q"``: ``_NHWC_Q_PIXELS``; elsewhere ``depthwise_nhwc_fwd``), ``"nhwc"`` the last."""
     if kernel not in (None, "nhwc", "nhwc_q", "nhwc_tile"):
         raise ValueError(f"depthwise: kernel {kernel!r} on channels-last tensors; expected 'nhwc', 'nhwc_q' or "
@@ -222,8 +214,12 @@ def _nhwc_prepare(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", bias: boo
                                  (_loader.conv_geometry(spec), numpy.int64(total)))
         b.launch(gather, b.ref("dy"), wt, b.ref("dx"))
         return b.plan(ALGORITHM_NAME)
-    tile = _nhwc_tile(fspec, dtype) if kernel in (None, "nhwc_tile") else None
-    tiled = _nhwc_fwd_tiled(fspec) if kernel is None else kernel == "nhwc_q"
+    if kernel is None:
+        from ...select import depthwise as choice  # (the selector imports the algorithms)
+
+        kernel = choice.nhwc_kernel(fspec, dtype)
+    tile = _nhwc_tile(fspec, dtype) if kernel == "nhwc_tile" else None
+    tiled = kernel == "nhwc_q"
     weight_bytes, weight, forward = _nhwc_launches(fspec, dtype, pass_ == "dgrad", tiled, tile)
     wt = b.take(weight_bytes)
     b.launch(weight, b.ref("w"), wt)

@@ -14,10 +14,12 @@ from cases import (CASES, EXACT_DTYPES, PROBLEM_CASES, TILING_CASES, assert_forw
 from cuconv import _dtypes
 from cuconv.algos import depthwise
 from cuconv.algos.depthwise import nchw_fwd
+from cuconv.select import depthwise as choice
 from cuconv.problems import PROBLEMS
 from cuconv.spec import ConvSpec
 
 _THREADS = 256
+_SMEM = cuconv._plan.SMEM_OPTIN_WITHOUT_DEVICE  # a block's shared-memory opt-in on H100/H200
 
 
 @pytest.mark.parametrize("p,q", [(1, 1), (3, 5), (56, 56), (57, 300), (112, 112), (1022, 1022), (17, 1)])
@@ -41,7 +43,8 @@ def test_strips_only_for_unit_stride_and_dilation_and_compiled_kernels():
 def test_strips_pack_small_planes_flat(hw, flat):
     """Planes up to 14x14 outputs: the strips of all planes flat over the blocks; larger: a block row per plane."""
     spec = ConvSpec.from_args((32, 96, hw, hw), (96, 1, 5, 5), groups=96, padding=2)
-    name, grid, _, _, geometry = nchw_fwd._forward_launch(spec, numpy.dtype(numpy.float32), False, False, 0, 0,
+    env = cuconv._plan.Env(0, 1 << 30, _SMEM, True, 132, 228 << 10)
+    name, grid, _, _, geometry = nchw_fwd._forward_launch(spec, numpy.dtype(numpy.float32), False, False, env,
                                                            "strips")
     rows, strips = depthwise.strips_plan(spec)
     assert name == f"depthwise_fwd_strips<float,5,5,{'true' if flat else 'false'}>"
@@ -63,7 +66,7 @@ def test_depthwise_problem_fills_its_blocks():
 @pytest.mark.parametrize("k", [3, 5])
 def test_plane_plan_stages_the_padded_plane_aligned(dtype, h, w, pad, k):
     spec = ConvSpec.from_args((2, 4, h, w), (4, 1, k, k), groups=4, padding=k // 2 if pad is None else pad)
-    plan = depthwise.plane_plan(spec, dtype)
+    plan = depthwise.plane_plan(spec, dtype, _SMEM)
     if k == 5 and dtype == numpy.float64:
         assert plan is None  # its window and weights would spill registers
         return
@@ -80,23 +83,23 @@ def test_plane_plan_stages_the_padded_plane_aligned(dtype, h, w, pad, k):
 
 def test_plane_plan_limits():
     shapes = ((1, 4, 20, 20), (4, 1, 3, 3))
-    assert depthwise.plane_plan(ConvSpec.from_args(*shapes, groups=4, padding=1), numpy.float32) is not None
+    assert depthwise.plane_plan(ConvSpec.from_args(*shapes, groups=4, padding=1), numpy.float32, _SMEM) is not None
     for kwargs in (dict(stride=2), dict(dilation=2)):
-        assert depthwise.plane_plan(ConvSpec.from_args(*shapes, groups=4, **kwargs), numpy.float32) is None
-    assert depthwise.plane_plan(ConvSpec.from_args((1, 4, 20, 20), (4, 1, 7, 7), groups=4), numpy.float32) is None
+        assert depthwise.plane_plan(ConvSpec.from_args(*shapes, groups=4, **kwargs), numpy.float32, _SMEM) is None
+    assert depthwise.plane_plan(ConvSpec.from_args((1, 4, 20, 20), (4, 1, 7, 7), groups=4), numpy.float32, _SMEM) is None
     # rows of a multiple of 16 bytes only (57 floats are not; 20 halves are not, 20 floats are)
-    assert depthwise.plane_plan(ConvSpec.from_args((1, 4, 57, 57), (4, 1, 3, 3), groups=4), numpy.float32) is None
-    assert depthwise.plane_plan(ConvSpec.from_args(*shapes, groups=4), numpy.float16) is None
+    assert depthwise.plane_plan(ConvSpec.from_args((1, 4, 57, 57), (4, 1, 3, 3), groups=4), numpy.float32, _SMEM) is None
+    assert depthwise.plane_plan(ConvSpec.from_args(*shapes, groups=4), numpy.float16, _SMEM) is None
     # two buffers in 96 KB at most: a 112x112 float plane (51 KB with its padding) is over, in float16 not
     big = ConvSpec.from_args((1, 4, 112, 112), (4, 1, 3, 3), groups=4, padding=1)
-    assert depthwise.plane_plan(big, numpy.float32) is None
-    assert depthwise.plane_plan(big, numpy.float16)[4] == 2
+    assert depthwise.plane_plan(big, numpy.float32, _SMEM) is None
+    assert depthwise.plane_plan(big, numpy.float16, _SMEM)[4] == 2
 
 
 def test_depthwise_problem_is_staged_whole():
     spec = next(p for p in PROBLEMS if p.name == "depthwise_3x3").spec()
     for dtype in (numpy.float16, numpy.float32):
-        rows, strips, lead, pitch, stages, smem = depthwise.plane_plan(spec, dtype)
+        rows, strips, lead, pitch, stages, smem = depthwise.plane_plan(spec, dtype, _SMEM)
         assert (rows, strips) == (14, 4) and stages >= 3 and smem <= 48 << 10
 
 
@@ -155,15 +158,21 @@ def test_rows_strips_fill_the_grid_on_the_depthwise_problem():
 
 def test_forward_kernels_by_preference_and_alignment():
     spec = next(q for q in PROBLEMS if q.name == "depthwise_3x3").spec()
-    assert depthwise.forward_kernels(spec, numpy.float16) == ("rows", "plane", "strips", "gather", "tiles")
-    assert depthwise.forward_kernels(spec, numpy.float16, out_aligned=False) == ("plane", "strips", "gather", "tiles")
-    assert depthwise.forward_kernels(spec, numpy.float16, x_aligned=False) == ("strips", "gather", "tiles")
+    """The kernels that serve (the algorithm's, in FORWARD_KERNELS order) and the one auto runs (the selector's)."""
+    def usable_and_auto(spec, dtype, **aligned):
+        usable = depthwise.forward_kernels(spec, dtype, _SMEM, **aligned)
+        return usable, choice.forward_kernel(spec, usable)
+
+    spec = next(q for q in PROBLEMS if q.name == "depthwise_3x3").spec()
+    assert usable_and_auto(spec, numpy.float16) == (("gather", "rows", "plane", "strips", "tiles"), "rows")
+    assert usable_and_auto(spec, numpy.float16, out_aligned=False) == (("gather", "plane", "strips", "tiles"), "plane")
+    assert usable_and_auto(spec, numpy.float16, x_aligned=False) == (("gather", "strips", "tiles"), "strips")
     strided = ConvSpec.from_args((1, 4, 20, 32), (4, 1, 3, 3), groups=4, padding=1, stride=2)
-    assert depthwise.forward_kernels(strided, numpy.float32) == ("gather", "tiles")
+    assert usable_and_auto(strided, numpy.float32) == (("gather", "tiles"), "gather")
     small = ConvSpec.from_args((32, 960, 7, 7), (960, 1, 5, 5), groups=960, padding=2)
-    assert depthwise.forward_kernels(small, numpy.float32) == ("strips", "gather", "tiles")
+    assert usable_and_auto(small, numpy.float32) == (("gather", "strips", "tiles"), "strips")
     rect = ConvSpec.from_args((1, 4, 20, 32), (4, 1, 3, 5), groups=4, padding=1, stride=2)
-    assert depthwise.forward_kernels(rect, numpy.float32) == ("tiles",)  # gather: 3x3, 5x5, 7x7 only
+    assert usable_and_auto(rect, numpy.float32) == (("tiles",), "tiles")  # gather: 3x3, 5x5, 7x7 only
 
 
 @pytest.mark.gpu
@@ -177,7 +186,7 @@ def _depthwise_kernel_cases():
         if depthwise.reason_unsupported(spec, numpy.float32) is not None:
             continue
         for dtype_name in EXACT_DTYPES:
-            for kernel in depthwise.forward_kernels(spec, _dtypes.by_name(dtype_name)):
+            for kernel in depthwise.forward_kernels(spec, _dtypes.by_name(dtype_name), _SMEM):
                 out.append(pytest.param(case, kernel, dtype_name, id=f"{param.id}-{kernel}-{dtype_name}"))
     return out
 
@@ -211,7 +220,7 @@ def _flipped_dgrad_cases():
         if transposed is None:
             continue
         for dtype_name in ("float32", "float16"):
-            for kernel in depthwise.forward_kernels(transposed, _dtypes.by_name(dtype_name)):
+            for kernel in depthwise.forward_kernels(transposed, _dtypes.by_name(dtype_name), _SMEM):
                 out.append(pytest.param(case, kernel, dtype_name, id=f"{param.id}-{kernel}-{dtype_name}"))
     return out
 
@@ -232,7 +241,7 @@ def test_depthwise_dgrad_reads_the_weight_flipped_in_every_forward_kernel(case, 
     dy = numpy.random.default_rng(32).integers(-3, 4, spec.output_shape).astype(dtype)
     want = cuconv.conv2d_input(x4.shape, w.astype(dtype), dy, **case.kwargs)
     launch = nchw_fwd._forward_prepared(dgrad_forward.forward_spec(spec), numpy.dtype(dtype), True, True,
-                                         nchw_fwd._loader.smem_limit(), cupy.cuda.runtime.getDevice(), kernel, True)
+                                         cuconv._plan.current_env(), kernel, True)
     dx = cupy.full(spec.input_shape, numpy.nan, dtype=dtype)
     wg, dyg = cupy.asarray(w.astype(dtype)), cupy.asarray(dy)
     launch(cupy.cuda.get_current_stream().ptr, dyg.data.ptr, wg.data.ptr, 0, dx.data.ptr)
