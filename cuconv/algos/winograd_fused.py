@@ -85,6 +85,7 @@ class Tile:
 TILES = (Tile(bk=64, bt=32, warps=8, cc=8, min_blocks=1, overlap=True),
          Tile(bk=64, bt=32, warps=8, cc=8, min_blocks=1),
          Tile(bk=64, bt=16, warps=4, cc=8, min_blocks=2))
+_TILE_NAMES = ("wide_overlap", "wide", "narrow")  # (a knob's text)
 _WEIGHT_KERNEL = "winograd_fused_weight"
 NAME_EXPRESSIONS = (_WEIGHT_KERNEL,) + tuple(t.kernel_name for t in TILES)
 
@@ -131,7 +132,8 @@ def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: s
     return dgrad_forward.reason_unsupported(spec, dtype, pass_, precision, _forward_reason, limits)
 
 
-def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"):
+def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits", tile: Tile = None):
+    """Why the forward of ``spec`` cannot run on ``tile`` (None: the largest that fits) under ``limits``, or None."""
     dtype = numpy.dtype(dtype)
     if dtype != numpy.float32:
         return (f"it computes in float32 only, not {dtype} (a thread's 128 accumulators would take 256 registers "
@@ -140,7 +142,7 @@ def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits
         return "it needs a 3x3 kernel, stride 1 and dilation 1"
     if spec.groups != 1:
         return "it needs groups=1"
-    pl = plan(spec, smem_limit=limits.smem_limit)
+    pl = plan(spec, tile, smem_limit=limits.smem_limit)
     limit = limits.smem_limit
     if pl.tile.smem_bytes > limit:
         return f"its tile needs {pl.tile.smem_bytes} bytes of shared memory; the device allows {limit}"
@@ -205,6 +207,17 @@ class WinogradFused(Algorithm):
     passes = ("fprop", "dgrad")
     exact_on_integers = EXACT_ON_INTEGERS
     nchw_limits = staticmethod(reason_unsupported)
+
+    def knobs(self, p: Problem, env: "_plan.Env") -> tuple:
+        """``{}`` (the first of ``TILES`` that fits a block's shared memory: what the device allows, no measured
+        choice), then ``{"tile": t}`` for the other tiles that can run the problem (the autotuner times them)."""
+        fspec = p.spec if p.pass_ == "fprop" else dgrad_forward.forward_spec(p.spec)
+        default = plan(fspec, smem_limit=env.smem_limit).tile
+        return ({},) + tuple({"tile": t} for t in TILES
+                             if t is not default and _forward_reason(fspec, p.dtype, p.precision, env, t) is None)
+
+    def knob_text(self, knobs: dict) -> str:
+        return ",".join(f"{k}={_TILE_NAMES[TILES.index(v)] if k == 'tile' else v}" for k, v in sorted(knobs.items()))
 
     def build(self, p: Problem, env: "_plan.Env", **knobs) -> "_plan.Plan":
         return prepare(p.pass_, p.spec, p.dtype, p.precision, env, p.bias, **knobs)
