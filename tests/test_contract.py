@@ -49,12 +49,13 @@ def _problems(case, algorithm):
 @pytest.mark.parametrize("name", algos.names())
 @pytest.mark.parametrize("case", _ALL_CASES)
 def test_what_can_implement_accepts_plans(monkeypatch, case, name):
-    """On every case, pass, dtype, layout and device: a problem the algorithm accepts plans without raising, each
-    launch an instance of an existing kernel source, the workspace within the limit; one it refuses has a reason."""
+    """On every case, pass, dtype, layout and device (and under a workspace limit of 64 KiB): a problem the
+    algorithm accepts plans without raising, with each of its knob settings, each launch an instance of an existing
+    kernel source, the workspace within the limit; one it refuses has a reason."""
     recorder = fake_device(monkeypatch)
     algorithm = algos.get(name)
     accepted = 0
-    for env in ENVS.values():
+    for env in (*ENVS.values(), ENVS["sm90"]._replace(workspace_limit=64 << 10)):
         for problem in _problems(case, algorithm):
             reason = algorithm.can_implement(problem, env)
             if reason is not None:

@@ -169,6 +169,10 @@ def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: s
 
 
 def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits"):
+    weight_bytes = spec.k * spec.crs_per_group * numpy.dtype(dtype).itemsize
+    if weight_bytes > limits.workspace_limit:
+        return (f"its transposed weight needs {weight_bytes} bytes, more than cuconv.config.workspace_limit "
+                f"({limits.workspace_limit})")
     pl = plan(spec, dtype, limits.smem_limit)
     limit = limits.smem_limit
     if pl.smem_bytes > limit:

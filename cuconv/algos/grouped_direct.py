@@ -64,13 +64,17 @@ def tiling(spec: ConvSpec, dtype):
 def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee", limits=None):
     """Why ``grouped_direct`` cannot run this case, or None: groups of up to ``MAX_GROUP_WIDTH`` channels and
     filters (several groups, not depthwise ones), a group's weight and an input band within a block's shared
-    memory, a batch and group count within a grid's 65535; dgrad at stride 1 only (as a forward of dy)."""
+    memory, a batch and group count within a grid's 65535; dgrad at stride 1 only (as a forward of dy), its
+    flipped weight within the workspace limit."""
     if pass_ == "wgrad":
         return "it implements no wgrad"
     if pass_ == "dgrad":
         fspec = dgrad_forward.forward_spec(spec)
         if fspec is None:
             return "its dgrad is a forward convolution of dy: stride 1 and padding within the dilated kernel only"
+        need, limit = dgrad_forward.flipped_bytes(spec, dtype), (limits or _plan.current_limits()).workspace_limit
+        if need > limit:
+            return f"its dgrad's flipped weight needs {need} bytes, more than cuconv.config.workspace_limit ({limit})"
         spec = fspec
     if spec.groups < 2 or spec.c_per_group < 2:
         return "it serves grouped layers of at least two groups and two channels per group"
@@ -88,7 +92,7 @@ def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: s
 def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False) -> "_plan.Plan":
     """The plan of ``pass_`` (see ``cuconv._plan``): the forward is one launch; the dgrad the weight's flip
     and the forward of dy (``dgrad_forward``)."""
-    reason = reason_unsupported(spec, dtype, pass_, precision)
+    reason = reason_unsupported(spec, dtype, pass_, precision, env)
     if reason is not None:
         raise ValueError(f"grouped_direct cannot run this {pass_}: {reason}")
     if pass_ == "dgrad":

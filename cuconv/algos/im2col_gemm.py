@@ -217,6 +217,34 @@ def _nhwc_shape_reason(spec: ConvSpec, pass_: str):
     return None
 
 
+def _wgrad_sum_bytes(spec: ConvSpec, dtype) -> int:
+    """The workspace a chunked wgrad keeps its running sum of dW in: fp32 (or fp64) room for the half types, none
+    where dW holds the sums' type (rounded up to the workspace's alignment)."""
+    acc = _accumulation_dtype(numpy.dtype(dtype))
+    if acc == numpy.dtype(dtype):
+        return 0
+    return -(-spec.k * spec.crs_per_group * acc.itemsize // _plan.ALIGNMENT) * _plan.ALIGNMENT
+
+
+def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee", limits=None):
+    """Why im2col_gemm cannot run ``pass_`` under ``limits``' workspace limit, or None: a pass through column
+    buffers needs one output row's columns at least (``plan_chunks``; the dgrad's in its fp32 sums for the half
+    types), and a chunked wgrad of the half types its fp32 running sum of dW besides; 1x1 layers folded over the
+    pixels or the batch (``pixel_folded``, ``batch_folded``) and unpadded 1x1 layers at stride 1 need none."""
+    dtype = numpy.dtype(dtype)
+    limit = (limits or _plan.current_limits()).workspace_limit
+    if pixel_folded(spec) or batch_folded(spec, dtype.itemsize, limit):
+        return None
+    col_item = _accumulation_dtype(dtype).itemsize if pass_ == "dgrad" else dtype.itemsize
+    need = 0 if spec.is_pointwise_identity else chunk_bytes(spec, 1, 1, col_item)
+    if pass_ == "wgrad":
+        need += _wgrad_sum_bytes(spec, dtype)
+    if need > limit:
+        return (f"its column buffer for one output row{' and the fp32 sums of dW' if pass_ == 'wgrad' else ''} "
+                f"need {need} bytes, more than cuconv.config.workspace_limit ({limit})")
+    return None
+
+
 def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee", limits=None):
     """Why im2col_gemm cannot run ``pass_`` on channels-last activations in place, or None. Layers of one group,
     each pass one GEMM over pixels (cuBLAS's 32-bit dimensions): unpadded 1x1 layers at stride 1
@@ -508,7 +536,6 @@ def _dgrad_steps(b, spec: ConvSpec, dtype, precision: str) -> None:
     col_dtype = _accumulation_dtype(dtype)
     item, col_item = dtype.itemsize, col_dtype.itemsize
     pq = spec.p * spec.q
-    chunks_plan = plan_chunks(spec, col_item, b.env.workspace_limit, overlap=False)
     if pixel_folded(spec):  # column-major: dx (C × N, ld C) = w (C × K, ld C) @ dy (K × N, ld K)
         b.gemm(dtype, precision, spec.c, spec.n, spec.k, b.ref("w"), spec.c, 0, b.ref("dy"), spec.k, 0, b.ref("dx"),
                spec.c, 0, 1)
@@ -522,6 +549,7 @@ def _dgrad_steps(b, spec: ConvSpec, dtype, precision: str) -> None:
                trans_b="T")
         b.launch(elementwise.swap_planes(dtype, spec.c, spec.n, pq), dxt, b.ref("dx"))
         return
+    chunks_plan = plan_chunks(spec, col_item, b.env.workspace_limit, overlap=False)
     if chunks_plan.buffers == 0:
         _dgrad_gemm(b, dtype, precision, spec, spec.n, pq, b.ref("dy"), b.ref("dx"), pq, dtype)
         return
@@ -579,9 +607,11 @@ def _wgrad_steps(b, spec: ConvSpec, dtype, precision: str) -> None:
         # column-major: dw (C × K, ld C) = op(xt) (C × N·PQ; stored N·PQ × C) @ dyt (N·PQ × K), ld N·PQ both
         b.gemm(dtype, precision, spec.c, spec.k, npq, xt, npq, 0, dyt, npq, 0, dw, spec.c, 0, 1, trans_a="T")
         return
-    chunks_plan = plan_chunks(spec, item, b.env.workspace_limit, overlap=False)
+    # the column buffer and the partial sums within what the fp32 running sum leaves of the limit
+    limit = b.env.workspace_limit - _wgrad_sum_bytes(spec, dtype)
+    chunks_plan = plan_chunks(spec, item, limit, overlap=False)
     col_bytes = chunk_bytes(spec, chunks_plan.samples, chunks_plan.rows, item) if chunks_plan.buffers else 0
-    samples = wgrad_partial_samples(spec, chunks_plan, acc_item, col_bytes, b.env.workspace_limit)
+    samples = wgrad_partial_samples(spec, chunks_plan, acc_item, col_bytes, limit)
     one_turn = samples == spec.n and chunks_plan.rows == spec.p
     if not one_turn and _wgrad_interleaved_steps(b, spec, dtype, precision):
         return
@@ -692,7 +722,14 @@ class Im2colGemm(Algorithm):
     passes = PASSES
     layouts = ("nchw", "nhwc")
     weight_layouts = ("kcrs", "krsc")
+    nchw_limits = staticmethod(reason_unsupported)
     nhwc_limits = staticmethod(reason_unsupported_nhwc)
+
+    def reason(self, problem: Problem, limits: "_plan.Limits"):
+        """On channels-last activations its own limits only (its passes there take no NCHW column buffers)."""
+        if problem.layout == "nhwc":
+            return reason_unsupported_nhwc(problem.spec, problem.dtype, problem.pass_, problem.precision, limits)
+        return reason_unsupported(problem.spec, problem.dtype, problem.pass_, problem.precision, limits)
 
     def build(self, p: Problem, env: "_plan.Env", **knobs) -> "_plan.Plan":
         return prepare(p.pass_, p.spec, p.dtype, p.precision, env, p.bias, p.layout, p.weights)

@@ -65,12 +65,19 @@ def flip_launch(spec: ConvSpec, dtype) -> "_loader.PreparedLaunch":
                            (c_tiles * spec.groups, k_tiles, spec.r * spec.s), (32, 8, 1), 2, (shape,))
 
 
+def flipped_bytes(spec: ConvSpec, dtype) -> int:
+    """The workspace w' takes at its start: the weight's bytes, rounded up to the workspace's alignment."""
+    return -(-spec.k * spec.crs_per_group * numpy.dtype(dtype).itemsize // _plan.ALIGNMENT) * _plan.ALIGNMENT
+
+
 def prepare(forward_prepare, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", **options) -> "_plan.Plan":
     """The dgrad plan of an algorithm whose forward plan ``forward_prepare`` makes (the caller checked that
     :func:`forward_spec` exists): w' is written to the start of the workspace, then the forward plan of
-    ``forward_spec`` runs with dy as its input, w' as its weight and dx as its output."""
+    ``forward_spec`` runs with dy as its input, w' as its weight and dx as its output, planned within what w'
+    leaves of the workspace limit."""
     fspec = forward_spec(spec)
-    forward = forward_prepare("fprop", fspec, dtype, precision, env, bias=False, **options)
+    room = env._replace(workspace_limit=max(0, env.workspace_limit - flipped_bytes(spec, dtype)))
+    forward = forward_prepare("fprop", fspec, dtype, precision, room, bias=False, **options)
     b = _plan.Builder("dgrad", env)
     flipped = b.take(spec.k * spec.crs_per_group * numpy.dtype(dtype).itemsize)
     b.launch(flip_launch(spec, dtype), b.ref("w"), flipped)
@@ -93,10 +100,12 @@ class _Forward:
 
 
 def reason_unsupported(spec: ConvSpec, dtype, pass_: str, precision: str, forward_reason,
-                       limits: "_plan.Limits" = None) -> Optional[str]:
+                       limits: "_plan.Limits" = None, flips: bool = True) -> Optional[str]:
     """``reason_unsupported`` of an algorithm with a forward pass (checked by ``forward_reason(spec, dtype,
     precision, limits)``) that serves dgrad as a forward convolution of dy and has no wgrad; ``limits``
-    defaults to the current device's (``_plan.current_limits``)."""
+    defaults to the current device's (``_plan.current_limits``). ``flips``: its dgrad runs through ``prepare``
+    (the flipped weight w' first in the workspace, the forward within the rest of the limit); an algorithm that
+    flips the weight itself passes False."""
     limits = limits or _plan.current_limits()
     if pass_ == "dgrad":
         fspec = forward_spec(spec)
@@ -106,7 +115,13 @@ def reason_unsupported(spec: ConvSpec, dtype, pass_: str, precision: str, forwar
         if spec.k * spec.crs_per_group >= 2**31 or spec.r * spec.s > 65535 or -(-spec.k_per_group // 32) > 65535:
             return ("its dgrad flips the weight with 32-bit offsets, a grid z per kernel tap and one y per 32 "
                     "filters of a group: fewer than 2^31 elements, 65536 taps and 2^21 filters")
-        return forward_reason(fspec, dtype, precision, limits)
+        if not flips:
+            return forward_reason(fspec, dtype, precision, limits)
+        need = flipped_bytes(spec, dtype)
+        if need > limits.workspace_limit:
+            return (f"its dgrad's flipped weight needs {need} bytes, more than cuconv.config.workspace_limit "
+                    f"({limits.workspace_limit})")
+        return forward_reason(fspec, dtype, precision, limits._replace(workspace_limit=limits.workspace_limit - need))
     if pass_ != "fprop":
         return f"it implements no {pass_}"
     return forward_reason(spec, dtype, precision, limits)

@@ -65,7 +65,10 @@ def _algorithm(problem: Problem, limits: "_plan.Limits", algo: str) -> Optional[
             return name
     if problem.layout == "nhwc":
         return None
-    raise NotImplementedError(f"cuconv: no algorithm supports {spec} in {dtype} for {pass_}")  # pragma: no cover
+    # (im2col_gemm serves every geometry within a workspace limit of a few output rows' columns)
+    raise NotImplementedError(f"cuconv: no algorithm supports {spec} in {dtype} for {pass_} under "
+                              f"cuconv.config.workspace_limit={limits.workspace_limit}: im2col_gemm: "
+                              f"{_can_implement('im2col_gemm', problem, limits)}")
 
 
 def algorithm(problem: Problem, limits, algo: str = "auto") -> Optional[str]:

@@ -18,7 +18,7 @@ from ..algos.implicit_gemm.tiles import (
     resident_blocks, wgmma_available)
 from ..algos.implicit_gemm.wgmma_nchw import nchw_fits
 from ..algos.implicit_gemm.wgmma_tma import (
-    _TMA_STORE, _persistent_per_sm, block_diagonal_tile, tma_reason)
+    _TMA_STORE, _persistent_per_sm, block_diagonal_bytes, block_diagonal_tile, tma_reason)
 from ..algos.implicit_gemm.wgrad_tma import _WGRAD_TMA_PIXELS, _wgrad_tma_c_tiles, wgrad_tma_reason
 from ..algos.implicit_gemm.forward import nhwc_in_place, plan
 from ..algos.implicit_gemm.wgrad import _wgrad_sizes, transposed_spec
@@ -44,8 +44,9 @@ def tile_for(pass_: str, spec: ConvSpec, dtype, nhwc: bool, env: Env, splits: in
     wgrad's tile where it serves (``wgrad_tma_tile``), else ``wgrad_tile``. A dgrad at a stride above 1: the
     phases' ``phase_tile``. The forward, and the stride-1 dgrad as the forward of dy: ``choose_tile``; on
     channels-last activations, a packed tile, a grouped forward through a block-diagonal weight on a wgmma device
-    (``block_diagonal_tile``), and where the GEMM reads its input in place and stores a dense output through the
-    TMA the persistent tile where one pays (``persistent_tile``)."""
+    (``block_diagonal_tile``, its weight within the workspace limit), and where the GEMM reads its input in place and stores a dense output through the
+    TMA the persistent tile where one pays (``persistent_tile``). An NCHW stride-1 dgrad takes a packed tile
+    where an NchwTile's flipped copy of the weight would not fit the workspace limit."""
     dtype = numpy.dtype(dtype)
     if pass_ == "wgrad":
         tile = wgrad_tma_tile(spec, dtype) if nhwc and env.wgmma and env.aligned else None
@@ -55,10 +56,13 @@ def tile_for(pass_: str, spec: ConvSpec, dtype, nhwc: bool, env: Env, splits: in
         return phase_tile(spec, dtype, env.wgmma)
     rows = splits is None or splits == 1
     if not nhwc:
-        return choose_tile(fspec, dtype, env.wgmma, rows=rows)
+        tile = choose_tile(fspec, dtype, env.wgmma, rows=rows)
+        if tile.nchw and pass_ == "dgrad" and dgrad_forward.flipped_bytes(spec, dtype) > env.workspace_limit:
+            tile = choose_tile(fspec, dtype, env.wgmma, nchw=False, rows=rows)  # (the flipped copy would not fit)
+        return tile
     if pass_ == "fprop" and spec.groups != 1 and env.wgmma:
         diagonal = block_diagonal_tile(spec, dtype)
-        if diagonal is not None:
+        if diagonal is not None and block_diagonal_bytes(spec, dtype) <= env.workspace_limit:
             return diagonal
     tile = choose_tile(fspec, dtype, env.wgmma, nchw=False, rows=rows)
     if nhwc_in_place(fspec, dtype) and _TMA_STORE and fspec.k % 8 == 0 and env.aligned:

@@ -52,7 +52,7 @@ from .pack import (
     pack_operands)
 from .mma_sync import PHASE_GEMMS_DTYPE
 from .wgmma_nchw import nchw_fits
-from .wgmma_tma import block_diagonal_tile, rows_reason, tma_reason
+from .wgmma_tma import block_diagonal_bytes, block_diagonal_tile, rows_reason, tma_reason
 from .wgrad_tma import WGRAD_TMA_GEOMETRY_DTYPE, wgrad_tma_reason
 from .forward import (
     _arithmetic_reason, _forward_plan, _forward_reason, _nhwc_forward_plan, _nhwc_forward_spec,
@@ -76,7 +76,9 @@ def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: s
         return _wgrad_reason(spec, dtype, precision, limits or _plan.current_limits())
     if pass_ == "dgrad" and dgrad_forward.forward_spec(spec) is None:
         return _phases_reason(spec, dtype, precision, limits or _plan.current_limits())
-    return dgrad_forward.reason_unsupported(spec, dtype, pass_, precision, _forward_reason, limits)
+    # (flips=False: the packed dgrad's pack flips the weight; an NchwTile's flipped copy is all its workspace, and
+    # the rules take a packed tile where that copy would not fit: select.implicit_gemm.tile_for)
+    return dgrad_forward.reason_unsupported(spec, dtype, pass_, precision, _forward_reason, limits, flips=False)
 
 
 def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
@@ -130,6 +132,10 @@ def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precisi
     if fspec is not None and nhwc_in_place(fspec, dtype):
         if fspec.n * fspec.p * fspec.q * fspec.k >= _INT_MAX or fspec.n * fspec.h * fspec.w * fspec.c >= _INT_MAX:
             return "its channels-last GEMM reading its input in place indexes its input and output in 32 bits"
+        pl = plan(fspec, dtype, choice().choose_tile(fspec, dtype, limits.wgmma, nchw=False), limits.workspace_limit)
+        if pl.weight_bytes(dtype.itemsize) > limits.workspace_limit:
+            return (f"its packed weight needs {pl.weight_bytes(dtype.itemsize)} bytes, more than "
+                    f"cuconv.config.workspace_limit ({limits.workspace_limit})")
     elif fspec is not None and _arithmetic_reason(dtype, precision) is None:
         pl = plan(fspec, dtype, choice().choose_tile(fspec, dtype, limits.wgmma, nchw=False), limits.workspace_limit)
         need = pl.sample_bytes(fspec, dtype.itemsize) + pl.weight_bytes(dtype.itemsize)

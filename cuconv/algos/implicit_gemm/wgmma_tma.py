@@ -161,6 +161,12 @@ def block_diagonal_tile(spec: ConvSpec, dtype):
     return t if tma_reason(spec, dtype, pl) is None else None
 
 
+def block_diagonal_bytes(spec: ConvSpec, dtype) -> int:
+    """The workspace of the block-diagonal weight: whole blocks of 64 filters, each row a tap's 64 channels."""
+    bw = TMA_TILES[_BLOCK_DIAGONAL_TILE].bn
+    return -(-spec.k // bw) * bw * spec.r * spec.s * bw * numpy.dtype(dtype).itemsize
+
+
 @functools.lru_cache(maxsize=1024)
 def _block_diagonal_launches(spec: ConvSpec, dtype, krsc: bool, device: int) -> tuple:
     """(packed weight bytes, the weight's pack (pointers: w, packed), the GEMM (x, packed weight, bias, out)) of a
