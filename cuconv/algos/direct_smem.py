@@ -136,7 +136,7 @@ class Plan:
         return self.stages * self.stage_elems * self.acc_size
 
 
-def plan(spec: ConvSpec, dtype, smem_limit: int = None) -> Plan:
+def plan(spec: ConvSpec, dtype, smem_limit: int) -> Plan:
     """The tile of ``dtype``; as many chunk buffers (up to three) as fit the block budget (``_BLOCK_SMEM``,
     or less where the device allows less) with one channel each; then as many input channels per chunk as
     fit, at most a ``2·stages``-th of the channels; then the smallest chunk that needs no more chunks than
@@ -152,7 +152,7 @@ def plan(spec: ConvSpec, dtype, smem_limit: int = None) -> Plan:
     channel_bytes = (spec.r * spec.s * tile.tk + x_rows * sw * x_phase_cols) * acc_size
     cpg = max(1, spec.c_per_group)
     # 64 bytes of slack for the 16-byte rounding of each buffer
-    budget = min(_BLOCK_SMEM, (_loader.smem_limit() if smem_limit is None else smem_limit) - 64)
+    budget = min(_BLOCK_SMEM, smem_limit - 64)
     stages = max(1, min(_MAX_STAGES, budget // channel_bytes))
     ct = max(1, min(cpg, budget // (stages * channel_bytes), -(-cpg // (2 * stages))))
     ct = -(-cpg // -(-cpg // ct))

@@ -40,7 +40,6 @@ import numpy
 
 from .. import _dtypes, _loader, _plan
 from ..blocks import dgrad_forward
-from .._config import config
 from .im2col_gemm import _balanced
 from ..spec import ConvSpec
 from ..problem import Problem
@@ -106,10 +105,10 @@ def _round_up(v: int, to: int) -> int:
     return -(-v // to) * to
 
 
-def plan(spec: ConvSpec, dtype, workspace_limit: int = None) -> Plan:
+def plan(spec: ConvSpec, dtype, workspace_limit: int) -> Plan:
     """Tiles and chunks for ``spec`` in ``dtype``: as many tile rows per chunk as the workspace limit holds
     beside the transformed weights (at most every tile row of the batch), or 0 where not even one fits."""
-    limit = config.workspace_limit if workspace_limit is None else workspace_limit
+    limit = workspace_limit
     item = numpy.dtype(dtype).itemsize
     m_h, m_w = TILE_BY_TAPS.get(spec.r, 1), TILE_BY_TAPS.get(spec.s, 1)
     a_h, a_w = m_h + spec.r - 1, m_w + spec.s - 1

@@ -113,11 +113,10 @@ class Plan:
 
 
 def plan(spec: ConvSpec, tile: Tile = None, smem_limit: int = None) -> Plan:
-    """The tile (the first of ``TILES`` whose shared memory, at most ``smem_limit`` (default: the current
-    device's), a block gets, unless given) and grid."""
+    """The tile (unless given, the first of ``TILES`` whose shared memory, at most ``smem_limit``, a block gets)
+    and grid."""
     if tile is None:
-        limit = _loader.smem_limit() if smem_limit is None else smem_limit
-        tile = next((t for t in TILES if t.smem_bytes <= limit), TILES[-1])
+        tile = next((t for t in TILES if t.smem_bytes <= smem_limit), TILES[-1])
     tiles_h, tiles_w = -(-spec.p // 2), -(-spec.q // 2)
     col_blocks = -(-tiles_w // tile.bt)
     k_pad = _round_up(spec.k, tile.bk)

@@ -10,6 +10,7 @@ import cuconv
 from cases import CASES, EXACT_DTYPES, PROBLEM_CASES, TILING_CASES, make_inputs, to_gpu
 from cuconv import _dtypes
 from cuconv.algos import direct, direct_smem
+from cuconv._plan import SMEM_OPTIN_WITHOUT_DEVICE
 from cuconv.algos.direct_smem import NAME_EXPRESSIONS, plan
 from cuconv.problems import PROBLEMS, SUITES
 from cuconv.spec import ConvSpec
@@ -46,7 +47,7 @@ ALL_SPECS = ([_spec(p.values[0]) for p in CASES + PROBLEM_CASES + TILING_CASES i
 
 def test_every_kernel_instance_serves_a_dtype():
     """One tile per accumulation type: each name expression is the kernel of one storage type."""
-    names = {plan(ConvSpec(1, 1, 8, 8, 1, 3, 3), dtype).tile.kernel_name(ctype)
+    names = {plan(ConvSpec(1, 1, 8, 8, 1, 3, 3), dtype, SMEM_OPTIN_WITHOUT_DEVICE).tile.kernel_name(ctype)
              for dtype, ctype in _dtypes.CTYPES.items()}
     tiles = {n for n in NAME_EXPRESSIONS if n.startswith("direct_smem<")}
     assert names <= tiles
@@ -59,7 +60,7 @@ def test_every_kernel_instance_serves_a_dtype():
 @pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
 def test_plan_invariants(dtype):
     for spec in ALL_SPECS:
-        pl = plan(spec, dtype)
+        pl = plan(spec, dtype, SMEM_OPTIN_WITHOUT_DEVICE)
         t = pl.tile
         acc = numpy.dtype(dtype).itemsize
         (sh, sw), (dh, dw) = spec.stride, spec.dilation
@@ -92,14 +93,15 @@ def test_large_problems_pipeline_three_buffers_of_several_channels():
     for name in SUITES["large"]:
         spec = next(p for p in PROBLEMS if p.name == name).spec()
         for dtype in (numpy.float16, numpy.float32, numpy.float64):
-            pl = plan(spec, dtype)
+            pl = plan(spec, dtype, SMEM_OPTIN_WITHOUT_DEVICE)
             assert pl.stages == 3 and pl.ct >= 2 and pl.smem_bytes <= TWO_BLOCKS_PER_SM, (name, dtype, pl)
             assert -(-spec.c_per_group // pl.ct) >= 2 * pl.stages
             assert direct_smem.reason_unsupported(spec, dtype) is None
 
 
 def test_tiling_cases_cross_the_boundaries_they_name():
-    plans = {p.id: (_spec(p.values[0]), plan(_spec(p.values[0]), numpy.float32)) for p in TILING_CASES}
+    plans = {p.id: (_spec(p.values[0]), plan(_spec(p.values[0]), numpy.float32, SMEM_OPTIN_WITHOUT_DEVICE))
+             for p in TILING_CASES}
     spec, pl = plans["q_tiles_tail"]
     assert pl.tiles_q > 2 and spec.q % pl.tile.tq and spec.p % pl.tile.tp
     spec, pl = plans["chunks_groups_k_tail"]
@@ -109,7 +111,7 @@ def test_tiling_cases_cross_the_boundaries_they_name():
     assert pl.stages == 2 and spec.c_per_group > pl.stages * pl.ct
     spec, pl = plans["big_kernel_smem_optin"]
     assert pl.ct == 1 and pl.stages == 1 and pl.smem_bytes > SMEM_DEFAULT and spec.c_per_group > 1
-    assert plan(spec, numpy.float64).smem_bytes > SMEM_DEFAULT
+    assert plan(spec, numpy.float64, SMEM_OPTIN_WITHOUT_DEVICE).smem_bytes > SMEM_DEFAULT
     spec, pl = plans["batch1_q256_no_bias"]
     assert spec.n == 1 and spec.q == 2 * pl.tile.tq
 

@@ -72,7 +72,7 @@ def test_plan_chunks_fit_the_workspace(dtype, limit):
 def test_plan_tiles_by_taps():
     for taps, m in winograd.TILE_BY_TAPS.items():
         spec = ConvSpec.from_args((1, 2, 40, 40), (2, 2, taps, 3))
-        pl = winograd.plan(spec, numpy.float32)
+        pl = winograd.plan(spec, numpy.float32, 1 << 30)
         assert (pl.m_h, pl.a_h) == (m, m + taps - 1)
         assert pl.a_h <= 8 and (pl.m_w, pl.a_w) == (4, 6)
         assert pl.tiles_h == -(-spec.p // m)
@@ -178,7 +178,7 @@ def test_chunks_of_tile_rows_across_samples(rows, dtype_name):
     dtype = numpy.dtype(dtype_name)
     case = Case((3, 6, 17, 64), (5, 6, 5, 7), dict(padding=(2, 3)), True)
     spec = _spec(case)
-    whole = winograd.plan(spec, dtype)
+    whole = winograd.plan(spec, dtype, 1 << 30)
     assert whole.tiles_w == 32
     limit = whole.u_bytes + rows * whole.tiles_w * whole.points * (spec.c + spec.k) * dtype.itemsize
     pl = winograd.plan(spec, dtype, limit)

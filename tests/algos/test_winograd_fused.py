@@ -47,7 +47,7 @@ def test_plan_pads_channels_to_the_tile_and_counts_blocks():
     assert pl.u_bytes == 4 * 16 * 40 * 256
 
 
-def test_plan_takes_the_first_tile_the_shared_memory_allows(monkeypatch):
+def test_plan_takes_the_first_tile_the_shared_memory_allows():
     spec = ConvSpec.from_args((1, 16, 20, 20), (64, 16, 3, 3))
     overlap, wide, narrow = winograd_fused.TILES
     assert overlap.overlap and not wide.overlap and not narrow.overlap
@@ -55,8 +55,6 @@ def test_plan_takes_the_first_tile_the_shared_memory_allows(monkeypatch):
     assert winograd_fused.plan(spec, smem_limit=227 << 10).tile == overlap  # sm_90
     assert winograd_fused.plan(spec, smem_limit=163 << 10).tile == wide  # sm_80
     assert winograd_fused.plan(spec, smem_limit=99 << 10).tile == narrow  # sm_86/sm_89
-    monkeypatch.setattr(winograd_fused._loader, "smem_limit", lambda: 99 << 10)  # the default: the device's
-    assert winograd_fused.plan(spec).tile == narrow
 
 
 @pytest.mark.parametrize("x_shape,w_shape,kwargs,dtype,pass_,match", [
@@ -83,7 +81,7 @@ def test_serves_float32_at_both_precisions_and_its_dgrad():
 
 def test_transformed_weights_must_fit_the_workspace():
     spec = ConvSpec.from_args((1, 512, 8, 8), (512, 512, 3, 3))
-    need = winograd_fused.plan(spec).u_bytes
+    need = winograd_fused.plan(spec, smem_limit=227 << 10).u_bytes
     with cuconv.config(workspace_limit=need):
         assert winograd_fused.reason_unsupported(spec, numpy.float32) is None
     with cuconv.config(workspace_limit=need - 1):
