@@ -39,7 +39,7 @@ from ..blocks.im2col import row_pitch
 
 __all__ = ["ALGORITHM", "Im2colGemm", "ChunkPlan", "plan_chunks", "chunk_bytes", "wgrad_partial_samples", "pixel_folded", "batch_foldable",
            "batch_folded", "BATCH_FOLD_MAX_PIXELS", "prepare", "forward_gpu", "dgrad_gpu", "wgrad_gpu", "pointwise_nhwc",
-           "strided_pointwise_nhwc", "columns_wgrad_nhwc", "reason_unsupported_nhwc"]
+           "strided_pointwise_nhwc", "column_bytes", "reason_unsupported_nhwc"]
 
 
 # Below this many column-buffer bytes a problem runs as one chunk: splitting it would cost more in
@@ -178,31 +178,7 @@ def strided_pointwise_nhwc(spec: ConvSpec) -> bool:
 
 
 _GEMM_DIM_MAX = 2**31 - 1  # cuBLAS's int dimensions and leading dimensions
-# k x k wgrads on channels-last tensors through the column matrix: the GEMM's work per byte of the column matrix
-# is K multiply-adds, and implicit_gemm's wgrad swaps all of x and dy first and reduces a strided layer's pixels
-# poorly. Measured (H200, bfloat16, ResNet-18/50, ConvNeXt, VGG-11 layers; docs/perf-notes.md): 1.2-2.9x where the
-# layer has 128 filters or more at a stride, or 256 or more at stride 1, with a column matrix of up to 256 MiB;
-# 0.6-0.9x below those filters or beyond that size. In float32 (TF32 GEMMs over twice the bytes) 0.55-1.2x, but
-# for non-overlapping patches (a kernel no larger than its stride: the column matrix holds no more than x), which
-# gain 1.1-1.6x in float32 too.
-COLUMNS_WGRAD_MIN_FILTERS = (128, 256)  # at a stride, at stride 1
-COLUMNS_WGRAD_MAX_BYTES = 256 << 20
-
-
-def columns_wgrad_nhwc(spec: ConvSpec, dtype) -> bool:
-    """A k x k (or padded, or dilated 1x1) layer of one group whose channels-last wgrad ``auto`` runs as one GEMM
-    of dy by the column matrix (``COLUMNS_WGRAD_*``)."""
-    if spec.groups != 1 or pointwise_nhwc(spec) or strided_pointwise_nhwc(spec):
-        return False
-    if spec.k < COLUMNS_WGRAD_MIN_FILTERS[0]:
-        return False
-    if spec.r <= spec.stride[0] and spec.s <= spec.stride[1] and spec.dilation == (1, 1):
-        return True
-    return (numpy.dtype(dtype).itemsize == 2 and spec.k >= COLUMNS_WGRAD_MIN_FILTERS[spec.stride == (1, 1)]
-            and _column_bytes(spec, dtype) <= COLUMNS_WGRAD_MAX_BYTES)
-
-
-def _column_bytes(spec: ConvSpec, dtype) -> int:
+def column_bytes(spec: ConvSpec, dtype) -> int:
     """The workspace of a channels-last pass through a column matrix: (N·P·Q, R·S·C) elements."""
     return spec.n * spec.p * spec.q * spec.r * spec.s * spec.c * numpy.dtype(dtype).itemsize
 
@@ -254,7 +230,7 @@ def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precisi
     reason = _nhwc_shape_reason(spec, pass_)
     if reason is None and not pointwise_nhwc(spec):
         limit = (limits or _plan.current_limits()).workspace_limit
-        need = _column_bytes(spec, dtype)
+        need = column_bytes(spec, dtype)
         if _sums_by_images(pass_, spec, dtype):
             need //= max(1, spec.n)  # (one image's at a time at least)
         if need > limit:
@@ -271,7 +247,7 @@ def _sums_by_images(pass_: str, spec: ConvSpec, dtype) -> bool:
 def _wgrad_by_images(pass_: str, spec: ConvSpec, dtype, limit: int):
     """The images a channels-last wgrad's column matrix takes at a time where all of them do not fit ``limit``
     bytes (``_sums_by_images``), or None: one matrix of every image."""
-    whole = _column_bytes(spec, dtype)
+    whole = column_bytes(spec, dtype)
     if whole <= limit or not _sums_by_images(pass_, spec, dtype):
         return None
     return max(1, limit // (whole // spec.n))
@@ -295,7 +271,7 @@ def _nhwc_steps(b, pass_: str, spec: ConvSpec, dtype, precision: str, bias: bool
     k, pixels, row = spec.k, spec.n * spec.p * spec.q, spec.c
     x, dx = b.ref("x") if pass_ != "dgrad" else None, b.ref("dx") if pass_ == "dgrad" else None
     if not pointwise_nhwc(spec):
-        col = b.take(_column_bytes(spec, dtype))
+        col = b.take(column_bytes(spec, dtype))
         if pass_ == "dgrad":
             dx = col
         else:
@@ -322,7 +298,7 @@ def _nhwc_wgrad_by_images(b, spec: ConvSpec, dtype, precision: str, krsc: bool, 
     """A channels-last wgrad whose column matrix does not fit the workspace (``_wgrad_by_images``): for each run of
     ``images`` images, their column matrix, then dWᵀ += its GEMM with their dy (the first run's overwrites)."""
     row, item = spec.r * spec.s * spec.c, numpy.dtype(dtype).itemsize
-    col = b.take(_column_bytes(dataclasses.replace(spec, n=images), dtype))
+    col = b.take(column_bytes(dataclasses.replace(spec, n=images), dtype))
     for n0 in range(0, spec.n, images):
         part = dataclasses.replace(spec, n=min(images, spec.n - n0))
         x = b.ref("x", n0 * spec.h * spec.w * spec.c * item)

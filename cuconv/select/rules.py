@@ -24,7 +24,7 @@ def preference_nhwc(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bo
     pass of strided ones over the pixels they read (gathered into, or spread from, a column matrix: 1.1-4x
     implicit_gemm's passes on the strided 1x1 layers of ResNet-50 and RegNet, whose wgrad swaps all of x and dy
     first), and the wgrad of wider k x k layers of one group as one GEMM of dy by their column matrix
-    (``im2col_gemm.columns_wgrad_nhwc``), then the NCHW order (``preference``) among the families that serve
+    (``_columns_wgrad_nhwc``), then the NCHW order (``preference``) among the families that serve
     NHWC. Before that column matrix, on compute capability 9.0, the wgrad of overlapping k x k windows where
     ``implicit_gemm``'s TMA wgrad serves it (``_wgrad_by_tma``), and grouped forwards of 16, 32 or 64 channels a
     group through a block-diagonal weight (``implicit_gemm.block_diagonal_tile``)."""
@@ -33,9 +33,33 @@ def preference_nhwc(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bo
     if pass_ == "fprop" and wgmma and implicit_gemm.block_diagonal_tile(spec, dtype) is not None:
         yield "implicit_gemm"  # (groups of 16-64 channels through a block-diagonal weight, before grouped_mma)
     if (im2col_gemm.pointwise_nhwc(spec) or im2col_gemm.strided_pointwise_nhwc(spec)
-            or pass_ == "wgrad" and im2col_gemm.columns_wgrad_nhwc(spec, dtype)):
+            or pass_ == "wgrad" and _columns_wgrad_nhwc(spec, dtype)):
         yield "im2col_gemm"
     yield from preference(spec, dtype, precision, pass_, wgmma)
+
+
+# k x k wgrads on channels-last tensors through the column matrix: the GEMM's work per byte of the column matrix
+# is K multiply-adds, and implicit_gemm's wgrad swaps all of x and dy first and reduces a strided layer's pixels
+# poorly. Measured (H200, bfloat16, ResNet-18/50, ConvNeXt, VGG-11 layers; docs/perf-notes.md): 1.2-2.9x where the
+# layer has 128 filters or more at a stride, or 256 or more at stride 1, with a column matrix of up to 256 MiB;
+# 0.6-0.9x below those filters or beyond that size. In float32 (TF32 GEMMs over twice the bytes) 0.55-1.2x, but
+# for non-overlapping patches (a kernel no larger than its stride: the column matrix holds no more than x), which
+# gain 1.1-1.6x in float32 too.
+_COLUMNS_WGRAD_MIN_FILTERS = (128, 256)  # at a stride, at stride 1
+_COLUMNS_WGRAD_MAX_BYTES = 256 << 20
+
+
+def _columns_wgrad_nhwc(spec: ConvSpec, dtype) -> bool:
+    """A k x k (or padded, or dilated 1x1) layer of one group whose channels-last wgrad ``auto`` runs as one GEMM
+    of dy by the column matrix (``_COLUMNS_WGRAD_*``)."""
+    if spec.groups != 1 or im2col_gemm.pointwise_nhwc(spec) or im2col_gemm.strided_pointwise_nhwc(spec):
+        return False
+    if spec.k < _COLUMNS_WGRAD_MIN_FILTERS[0]:
+        return False
+    if spec.r <= spec.stride[0] and spec.s <= spec.stride[1] and spec.dilation == (1, 1):
+        return True
+    return (numpy.dtype(dtype).itemsize == 2 and spec.k >= _COLUMNS_WGRAD_MIN_FILTERS[spec.stride == (1, 1)]
+            and im2col_gemm.column_bytes(spec, dtype) <= _COLUMNS_WGRAD_MAX_BYTES)
 
 
 # The TMA wgrad reduces over the output pixels N·P·Q in 64-pixel k tiles; with fewer than this many, where
@@ -53,7 +77,7 @@ def _wgrad_by_tma(spec: ConvSpec, dtype) -> bool:
     output pixels that its column matrix serves."""
     if spec.r <= spec.stride[0] and spec.s <= spec.stride[1] and spec.dilation == (1, 1):
         return False
-    if spec.n * spec.p * spec.q < _WGRAD_TMA_MIN_PIXELS and im2col_gemm.columns_wgrad_nhwc(spec, dtype):
+    if spec.n * spec.p * spec.q < _WGRAD_TMA_MIN_PIXELS and _columns_wgrad_nhwc(spec, dtype):
         return False
     return implicit_gemm_knobs.wgrad_tma_tile(spec, dtype) is not None
 

@@ -347,7 +347,7 @@ def test_a_float_wgrad_whose_column_matrix_does_not_fit_takes_it_by_images():
     from cuconv.algos import im2col_gemm
 
     spec = ConvSpec.from_args((16, 16, 1024, 1024), (128, 16, 3, 3))
-    one = im2col_gemm._column_bytes(ConvSpec.from_args((1, 16, 1024, 1024), (128, 16, 3, 3)), numpy.float32)
+    one = im2col_gemm.column_bytes(ConvSpec.from_args((1, 16, 1024, 1024), (128, 16, 3, 3)), numpy.float32)
     for limit, images in ((GiB, 1), (3 * one, 3), (16 * one, None), (one - 1, 0)):
         limits = _plan.Limits(227 << 10, True, limit)
         reason = im2col_gemm.reason_unsupported_nhwc(spec, numpy.float32, "wgrad", limits=limits)
@@ -483,7 +483,7 @@ def test_columns_wgrad_nhwc_equals_cpu_exactly_on_integers(x_shape, w_shape, kwa
     want = cuconv.conv2d_weight(x, w_shape, dy, **kwargs).astype(numpy.float64)
     numpy.testing.assert_array_equal(got, want)
     if dtype.itemsize == 4 and spec.n > 1:
-        one = im2col_gemm._column_bytes(ConvSpec.from_args((1,) + x_shape[1:], w_shape, **kwargs), dtype)
+        one = im2col_gemm.column_bytes(ConvSpec.from_args((1,) + x_shape[1:], w_shape, **kwargs), dtype)
         plan = im2col_gemm.prepare("wgrad", spec, dtype, "tf32", env._replace(workspace_limit=one), layout="nhwc",
                                    weights=weights)
         assert len(plan.steps) == 2 * spec.n  # (a gather and a GEMM an image)
