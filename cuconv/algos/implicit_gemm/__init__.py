@@ -20,12 +20,13 @@ The weight is packed once per call, by the first chunk's packing launch ((Kp, RÂ
 whole tiles). On compute capability 9.0 ``implicit_gemm_wgmma_nchw`` (an ``NchwTile``) skips both packs:
 it gathers the NCHW input and the KCRS weight itself, through registers, which pays where the pack weighs
 most (1x1 layers; float32 with few filters and taps: ``prefers_nchw``). Tiles (``Tile``, ``WgmmaTile``,
-``NchwTile``) are template instances; ``choose_tile`` picks one from the device, the filters and the
-reduction length. The launches of a problem are planned once (``_launches``) and prepared
+``NchwTile``) are template instances; which one runs is the selector's choice (``cuconv.select.implicit_gemm``:
+``tile_for``, from the device, the filters and the reduction length), the plan's ``tile`` knob; ``tiles_for``
+lists the ones a problem offers the autotuner. The launches of a problem are planned once (``_launches``) and prepared
 (``_loader.PreparedLaunch``): a call costs two launches per chunk and one allocation of host time, an
 NchwTile one launch per chunk and no allocation.
 float32 "ieee" and float64 are refused (they need FFMA arithmetic: ``direct_smem`` / ``im2col_gemm``), as are dilated
-dgrads at a stride above 1. Where the grid would leave SMs idle the GEMM is split over k ranges (``splits_for``):
+dgrads at a stride above 1. Where the grid would leave SMs idle the GEMM is split over k ranges (the selector's ``splits_for``):
 fp32 partial sums that ``sum_splits`` adds in a fixed order with the bias.
 
 The package: ``tiles`` (the instances of every engine, ``Plan``, split-K), ``launch`` (a kernel fetched from the
