@@ -11,7 +11,11 @@ from __future__ import annotations
 import torch
 
 from ..select import algorithms
-from . import functional as F
+from .functional import conv2d as _cuconv_conv2d
+
+# torch.fx records a call of cuconv's conv2d as one node (a Proxy never reaches its checks): models converted to
+# cuconv trace with torch.fx.symbolic_trace as torch's do
+torch.fx.wrap("_cuconv_conv2d")
 
 __all__ = ["Conv2d", "convert"]
 
@@ -44,9 +48,9 @@ class Conv2d(torch.nn.Conv2d):
         if self.padding_mode != "zeros":
             # reflect / replicate / circular: pad first (differentiable), then a valid convolution
             padded = torch.nn.functional.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
-            return F.conv2d(padded, weight, bias, self.stride, 0, self.dilation, self.groups, algo=self.algo)
-        return F.conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups,
-                        algo=self.algo)
+            return _cuconv_conv2d(padded, weight, bias, self.stride, 0, self.dilation, self.groups, algo=self.algo)
+        return _cuconv_conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups,
+                              algo=self.algo)
 
     def extra_repr(self) -> str:
         text = super().extra_repr()
@@ -63,13 +67,19 @@ def _converted(conv: torch.nn.Conv2d, algo: str) -> Conv2d:
     return new
 
 
-def convert(model: torch.nn.Module, *, algo: str = "auto") -> torch.nn.Module:
+def convert(model: torch.nn.Module, *, algo: str = "auto", fuse: bool = False) -> torch.nn.Module:
     """Replace every ``torch.nn.Conv2d`` in ``model`` by :class:`Conv2d`, in place; returns the model.
 
     Every use of a convolution is replaced, and a module used in several places (or under several names) by one
     converted module, shared as the original was. The new modules hold the old ones' Parameter and buffer
     objects (so optimizers keep working), hooks, device, dtype and training mode, in dicts of their own.
     Subclasses of ``torch.nn.Conv2d`` other than plain ones are left alone.
+
+    ``fuse=True`` then runs each convolution with the BatchNorm2d, activation and residual add after it as one
+    call (``cuconv.nn.fuse``): where the model traces with ``torch.fx`` the result is a ``torch.fx.GraphModule``
+    (the converted model is its root; use the returned module), else the model with its Sequential patterns fused
+    in place. The state_dict keys and values stay the original's; in eval mode each BatchNorm is folded into its
+    convolution, in train mode the fused calls run unfused.
 
     Raises
     ------
@@ -93,7 +103,14 @@ def convert(model: torch.nn.Module, *, algo: str = "auto") -> torch.nn.Module:
         raise TypeError(f"convert(): argument 'algo' must be str, not {type(algo).__name__}")
     if algo != "auto" and algo not in algorithms():
         raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {algorithms()}")
-    return _convert(model, algo, {}, set())
+    if not isinstance(fuse, bool):
+        raise TypeError(f"convert(): argument 'fuse' must be bool, not {type(fuse).__name__}")
+    model = _convert(model, algo, {}, set())
+    if fuse:
+        from .fuse import fuse as _fuse  # (imports this module)
+
+        model = _fuse(model)
+    return model
 
 
 def _convert(module: torch.nn.Module, algo: str, done: dict, walked: set) -> torch.nn.Module:

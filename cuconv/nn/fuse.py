@@ -1,0 +1,368 @@
+"""``cuconv.nn.convert(model, fuse=True)``: a convolution, the BatchNorm after it, its activation and a residual add,
+run as one fused call (``FusedConv2d``).
+
+Where the model traces with ``torch.fx`` (torchvision's do), the graph is searched for chains
+
+    conv -> [BatchNorm2d] -> [add residual] -> [activation] -> [add residual]
+
+(each link optional, at least one present, every intermediate value used by the next link only) and each chain is
+replaced by one call of a ``FusedConv2d``; the result is a ``torch.fx.GraphModule``. Where it does not trace,
+``torch.nn.Sequential`` containers are searched for conv, BatchNorm2d and activation children in a row (torchvision's
+``Conv2dNormActivation``), which are fused in place.
+
+The convolution and the BatchNorm stay registered where they were, with the same Parameter and buffer objects:
+the state_dict keys and values are the original's, a checkpoint of either model loads into the other, and
+``.to()``, optimizers and ``load_state_dict`` act on the tensors the fused call reads. In eval mode (the BatchNorm
+not training) the BatchNorm is folded into the convolution's weight and bias, once per version of those tensors
+(a ``load_state_dict``, an optimizer step or a ``.to()`` folds again; with gradients recorded it is folded on every
+call, differentiably); in train mode the fused call runs the convolution, the BatchNorm (updating its running
+statistics) and the rest unfused, exactly as the original graph did.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Optional
+
+import torch
+
+from . import functional as F
+from .modules import Conv2d
+
+__all__ = ["FusedConv2d", "fuse", "activation_of"]
+
+_nnF = torch.nn.functional
+
+# Activations: a module, function or method of torch -> (cuconv's name, its parameter: leaky_relu's slope)
+_ACTIVATION_MODULES = {
+    torch.nn.ReLU: lambda m: ("relu", 0.0),
+    torch.nn.ReLU6: lambda m: ("relu6", 0.0),
+    torch.nn.LeakyReLU: lambda m: ("leaky_relu", float(m.negative_slope)),
+    torch.nn.SiLU: lambda m: ("silu", 0.0),
+    torch.nn.GELU: lambda m: ("gelu_tanh" if m.approximate == "tanh" else "gelu", 0.0),
+    torch.nn.Hardswish: lambda m: ("hardswish", 0.0),
+    torch.nn.Hardsigmoid: lambda m: ("hardsigmoid", 0.0),
+    torch.nn.Sigmoid: lambda m: ("sigmoid", 0.0),
+    torch.nn.Hardtanh: lambda m: ("relu6", 0.0) if (m.min_val, m.max_val) == (0.0, 6.0) else None,
+}
+_ACTIVATION_FUNCTIONS = {
+    _nnF.relu: "relu", torch.relu: "relu", torch.relu_: "relu", _nnF.relu_: "relu", _nnF.relu6: "relu6",
+    _nnF.leaky_relu: "leaky_relu", _nnF.silu: "silu", _nnF.gelu: "gelu", _nnF.hardswish: "hardswish",
+    _nnF.hardsigmoid: "hardsigmoid", torch.sigmoid: "sigmoid", _nnF.sigmoid: "sigmoid",
+}
+_ACTIVATION_METHODS = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid"}
+_ADDS = (operator.add, operator.iadd, torch.add)
+
+
+def _apply_activation(y: torch.Tensor, activation: Optional[str], slope: float) -> torch.Tensor:
+    if activation is None:
+        return y
+    if activation == "relu":
+        return _nnF.relu(y)
+    if activation == "relu6":
+        return _nnF.relu6(y)
+    if activation == "leaky_relu":
+        return _nnF.leaky_relu(y, slope)
+    if activation == "silu":
+        return _nnF.silu(y)
+    if activation == "gelu":
+        return _nnF.gelu(y)
+    if activation == "gelu_tanh":
+        return _nnF.gelu(y, approximate="tanh")
+    if activation == "hardswish":
+        return _nnF.hardswish(y)
+    if activation == "hardsigmoid":
+        return _nnF.hardsigmoid(y)
+    return torch.sigmoid(y)
+
+
+class FusedConv2d(torch.nn.Module):
+    """One call of ``conv`` (a :class:`cuconv.nn.Conv2d`), the BatchNorm ``bn`` after it (or None), a residual
+    added before the activation (``residual="before"``) or after it (``"after"``; None: no residual) and the
+    ``activation`` (one of ``cuconv.problem.ACTIVATIONS``, ``slope`` leaky_relu's).
+
+    It holds ``conv`` and ``bn`` by reference, not as submodules: they stay registered where the model had them,
+    so its state_dict is the original's. ``forward(x, residual=None)``."""
+
+    def __init__(self, conv: Conv2d, bn: Optional[torch.nn.BatchNorm2d] = None, activation: Optional[str] = None,
+                 slope: float = 0.0, residual: Optional[str] = None):
+        super().__init__()
+        if residual not in (None, "before", "after"):
+            raise ValueError(f"cuconv: residual must be None, 'before' or 'after', got {residual!r}")
+        object.__setattr__(self, "conv", conv)  # (not submodules: see the class docstring)
+        object.__setattr__(self, "bn", bn)
+        self.activation, self.slope, self.residual = activation, float(slope), residual
+        self._folded = None  # (key, weight, bias) of the last fold
+
+    def extra_repr(self) -> str:
+        parts = [f"bn={self.bn is not None}", f"activation={self.activation!r}"]
+        if self.activation == "leaky_relu":
+            parts.append(f"slope={self.slope}")
+        if self.residual:
+            parts.append(f"residual={self.residual!r}")
+        return ", ".join(parts)
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if (residual is None) != (self.residual is None):
+            raise TypeError(f"FusedConv2d.forward(): {'a' if self.residual else 'no'} residual tensor expected")
+        bn, conv = self.bn, self.conv
+        if bn is not None and bn.training:  # train mode: the original graph, link by link
+            self._folded = None  # (the running statistics change)
+            y = bn(conv(x))
+        elif bn is not None:
+            weight, bias = self._fold()
+            y = conv._conv_forward(x, weight, bias)
+        else:
+            y = conv(x)
+        if self.residual == "before":
+            y = y + residual
+        y = _apply_activation(y, self.activation, self.slope)
+        if self.residual == "after":
+            y = y + residual
+        return y
+
+    def _fold(self):
+        """``conv``'s weight and bias with ``bn`` (eval mode: its running statistics) folded in, computed in
+        float32 (float64 for a float64 weight) and rounded once to the weight's dtype."""
+        conv, bn = self.conv, self.bn
+        # (num_batches_tracked: a BatchNorm's training forward counts it up in place, whichever module runs it,
+        # where its own kernel may update the statistics without a new version)
+        tensors = (conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var,
+                   bn.num_batches_tracked)
+        recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors[:4])
+        # (under torch.compile the fold is part of the compiled graph: no data pointers to key a cache by)
+        key = None if recording or torch.compiler.is_compiling() else (bn.eps,) + tuple(
+            None if t is None else (t.data_ptr(), t._version, t.dtype, t.device, t.shape) for t in tensors)
+        if key is not None and self._folded is not None and self._folded[0] == key:
+            return self._folded[1], self._folded[2]
+        w = conv.weight
+        acc = torch.float64 if w.dtype == torch.float64 else torch.float32
+        var, mean = bn.running_var.to(acc), bn.running_mean.to(acc)
+        scale = torch.rsqrt(var + bn.eps)
+        if bn.weight is not None:
+            scale = scale * bn.weight.to(acc)
+        shift = -mean * scale
+        if conv.bias is not None:
+            shift = shift + conv.bias.to(acc) * scale
+        if bn.bias is not None:
+            shift = shift + bn.bias.to(acc)
+        weight = (w.to(acc) * scale.reshape(-1, 1, 1, 1)).to(w.dtype)
+        bias = shift.to(w.dtype)
+        if key is not None:
+            self._folded = (key, weight, bias)
+        return weight, bias
+
+
+def activation_of(node: torch.fx.Node, modules: dict):
+    """(cuconv's activation name, slope) of a graph node that applies one, or None."""
+    if node.op == "call_module":
+        module = modules.get(node.target)  # (None: a fused call made earlier in the walk)
+        make = _ACTIVATION_MODULES.get(type(module))
+        return None if make is None else make(module)
+    if node.op == "call_function" and node.target in _ACTIVATION_FUNCTIONS:
+        name = _ACTIVATION_FUNCTIONS[node.target]
+        if name == "leaky_relu":
+            slope = node.args[1] if len(node.args) > 1 else node.kwargs.get("negative_slope", 0.01)
+            return (name, float(slope)) if isinstance(slope, (int, float)) else None
+        if name == "gelu":
+            approximate = node.kwargs.get("approximate", "none")
+            return ("gelu_tanh" if approximate == "tanh" else "gelu", 0.0) if approximate in ("none", "tanh") \
+                else None
+        return name, 0.0
+    if node.op == "call_method" and node.target in _ACTIVATION_METHODS and len(node.args) == 1:
+        return _ACTIVATION_METHODS[node.target], 0.0
+    return None
+
+
+def _foldable_bn(module, conv: Conv2d) -> bool:
+    return (type(module) is torch.nn.BatchNorm2d and module.num_features == conv.out_channels
+            and module.track_running_stats and module.running_mean is not None)
+
+
+def _residual_of(node: torch.fx.Node, value: torch.fx.Node):
+    """The other operand where ``node`` adds a tensor to ``value`` (a plain sum, no alpha), else None."""
+    if node.op == "call_function" and node.target in _ADDS and len(node.args) == 2 and not node.kwargs:
+        a, b = node.args
+    elif node.op == "call_method" and node.target in ("add", "add_") and len(node.args) == 2 and not node.kwargs:
+        a, b = node.args
+    else:
+        return None
+    other = b if a is value else a if b is value else None
+    return other if isinstance(other, torch.fx.Node) and other is not value else None
+
+
+def _only_user(node: torch.fx.Node):
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def _depends_on(node: torch.fx.Node, target: torch.fx.Node, limit: int = 10000) -> bool:
+    """Whether ``node``'s value is computed from ``target``'s (a residual must not be)."""
+    stack, seen = [node], set()
+    while stack and len(seen) < limit:
+        n = stack.pop()
+        if n is target:
+            return True
+        if n in seen:
+            continue
+        seen.add(n)
+        stack.extend(a for a in n.all_input_nodes)
+    return len(seen) >= limit
+
+
+class _Tracer(torch.fx.Tracer):
+    """torch.fx's tracer, a ``cuconv.nn.Conv2d`` a leaf like torch's own modules."""
+
+    def is_leaf_module(self, m: torch.nn.Module, qualname: str) -> bool:
+        return isinstance(m, Conv2d) or super().is_leaf_module(m, qualname)
+
+
+def fuse(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` (its convolutions cuconv's) with every fusable chain as one ``FusedConv2d`` call (see the module):
+    a ``torch.fx.GraphModule`` where it traces, else ``model`` itself with its Sequential patterns fused."""
+    try:
+        graph = _Tracer().trace(model)
+    except Exception:  # (a model that does not trace: data-dependent control flow, say)
+        return _fuse_sequentials(model, set())
+    gm = torch.fx.GraphModule(model, graph, class_name=type(model).__name__)
+    modules = dict(model.named_modules(remove_duplicate=False))
+    count = 0  # (the modules the fused calls reference stay registered where they were: GraphModule copied them)
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module" or not isinstance(modules.get(node.target), Conv2d):
+            continue
+        conv, chain, last = modules[node.target], [node], node
+        bn = activation = residual_node = residual = None
+        slope = 0.0
+        nxt = _only_user(last)
+        if nxt is not None and nxt.op == "call_module" and _foldable_bn(modules.get(nxt.target), conv):
+            bn, last = modules[nxt.target], nxt
+            chain.append(nxt)
+            nxt = _only_user(last)
+        for stage in ("before", "activation", "after"):
+            if nxt is None:
+                break
+            if stage == "activation":
+                found = activation_of(nxt, modules)
+                if found is None:
+                    continue
+                activation, slope = found
+            else:
+                if residual is not None:
+                    continue
+                other = _residual_of(nxt, last)
+                if other is None or _depends_on(other, node):
+                    continue
+                residual_node, residual = other, stage
+            chain.append(nxt)
+            last = nxt
+            nxt = _only_user(last)
+        if len(chain) == 1:
+            continue
+        name = f"_fused_{count}_{node.target.replace('.', '_')}"
+        count += 1
+        gm.add_submodule(name, FusedConv2d(conv, bn, activation, slope, residual))
+        with gm.graph.inserting_after(last):
+            args = (node.args[0],) if residual_node is None else (node.args[0], residual_node)
+            fused = gm.graph.call_module(name, args)
+        last.replace_all_uses_with(fused)
+        for n in reversed(chain):
+            gm.graph.erase_node(n)
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
+def _fuse_sequentials(module: torch.nn.Module, walked: set) -> torch.nn.Module:
+    """Conv, BatchNorm2d and an activation in a row inside ``torch.nn.Sequential`` containers, fused in place: the
+    conv child becomes a ``_SequentialFused`` (the conv's own Parameters, the chain by reference), the BatchNorm and
+    the activation pass their input through wherever the fused call applied them (eval mode)."""
+    if id(module) in walked:
+        return module
+    walked.add(id(module))
+    if isinstance(module, torch.nn.Sequential):
+        names = list(module._modules)
+        i = 0
+        while i < len(names):
+            conv = module._modules[names[i]]
+            if type(conv) is not Conv2d:
+                i += 1
+                continue
+            j, bn, activation, slope = i + 1, None, None, 0.0
+            if j < len(names) and _foldable_bn(module._modules[names[j]], conv):
+                bn = module._modules[names[j]]
+                j += 1
+            act_module = module._modules[names[j]] if j < len(names) else None
+            make = _ACTIVATION_MODULES.get(type(act_module)) if act_module is not None else None
+            found = make(act_module) if make is not None else None
+            if found is not None:
+                activation, slope = found
+            if bn is None:  # (an activation alone is not worth the wrappers)
+                i += 1
+                continue
+            fused = FusedConv2d(conv, bn, activation, slope)
+            module._modules[names[i]] = _SequentialFused(fused)
+            module._modules[names[i + 1]] = _Applied(bn, fused)
+            if activation is not None:
+                module._modules[names[i + 2]] = _Applied(act_module, fused)
+            i = j + (activation is not None)
+    for child in module._modules.values():
+        if child is not None:
+            _fuse_sequentials(child, walked)
+    return module
+
+
+class _SequentialFused(Conv2d):
+    """A Sequential's conv child that runs its fused chain: the conv's own Parameters and buffers (its
+    state_dict keys), the chain (``FusedConv2d``) by reference."""
+
+    def __init__(self, fused: FusedConv2d):
+        conv = fused.conv
+        for name, value in conv.__dict__.items():
+            object.__setattr__(self, name, value.copy() if isinstance(value, (dict, set)) else value)
+        object.__setattr__(self, "_chain", fused)
+        object.__setattr__(fused, "conv", _PlainConv(self))
+
+    def forward(self, x):
+        bn = self._chain.bn
+        return self._chain(x) if not bn.training else super().forward(x)
+
+
+class _PlainConv:
+    """The convolution of a ``_SequentialFused`` as its chain calls it (``conv(x)``, ``conv._conv_forward``)."""
+
+    def __init__(self, owner: Conv2d):
+        self._owner = owner
+
+    def __getattr__(self, name):
+        return getattr(self._owner, name)
+
+    def __call__(self, x):
+        return Conv2d.forward(self._owner, x)
+
+    def _conv_forward(self, x, weight, bias):
+        return Conv2d._conv_forward(self._owner, x, weight, bias)
+
+
+class _Applied(torch.nn.Module):
+    """A BatchNorm or activation child that the fused conv before it applies in eval mode: there its input passes
+    through; in train mode it runs. The wrapped module's Parameters and buffers are its own (the same keys)."""
+
+    def __init__(self, module: torch.nn.Module, fused: FusedConv2d):
+        super().__init__()
+        for name, value in module.__dict__.items():
+            if name in ("_parameters", "_buffers"):
+                object.__setattr__(self, name, value)
+        object.__setattr__(self, "_wrapped", module)
+        object.__setattr__(self, "_chain", fused)
+
+    def forward(self, x):
+        bn = self._chain.bn
+        return self._wrapped(x) if bn.training else x
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._wrapped.train(mode)  # (the module the chain asks: not a child of the model any more)
+        return self
+
+    def extra_repr(self) -> str:
+        return f"applied by the fused conv before it in eval mode: {self._wrapped!r}"

@@ -1,0 +1,320 @@
+"""``cuconv.nn.convert(model, fuse=True)`` on the CPU path: which chains fuse (conv, BatchNorm, activation, residual
+add), outputs against the unfused torch model in float64, the state_dict kept (keys, values, checkpoints both ways),
+the BatchNorm folded again whenever its tensors change, train mode exact (running statistics, gradients), models
+that do not trace (Sequential patterns), and converted models tracing with torch.fx."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cuconv.nn  # noqa: E402
+from cuconv.nn.fuse import FusedConv2d  # noqa: E402
+
+_F = torch.nn.functional
+
+
+def _randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Random BatchNorm statistics and affine parameters (fresh ones fold to nothing worth checking)."""
+    g = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            if m.running_mean is not None:
+                m.running_mean.copy_(torch.randn(m.num_features, generator=g, dtype=m.running_mean.dtype))
+                m.running_var.copy_(torch.rand(m.num_features, generator=g, dtype=m.running_var.dtype) + 0.5)
+            if m.weight is not None:
+                m.weight.data.copy_(torch.randn(m.num_features, generator=g, dtype=m.weight.dtype))
+                m.bias.data.copy_(torch.randn(m.num_features, generator=g, dtype=m.bias.dtype))
+    return model
+
+
+class Basic(torch.nn.Module):
+    """ResNet's basic block: relu(bn2(conv2(relu(bn1(conv1(x))))) + identity), the identity projected at a stride."""
+
+    def __init__(self, c_in, c, stride=1):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(c_in, c, 3, stride, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(c)
+        self.relu = torch.nn.ReLU(inplace=True)
+        self.conv2 = torch.nn.Conv2d(c, c, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(c)
+        self.downsample = None
+        if stride != 1 or c_in != c:
+            self.downsample = torch.nn.Sequential(torch.nn.Conv2d(c_in, c, 1, stride, bias=False),
+                                                  torch.nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
+class Inverted(torch.nn.Module):
+    """MobileNetV2's inverted residual: expand (ReLU6), depthwise (ReLU6), project (no activation), x + block(x)."""
+
+    def __init__(self, c, expand=4):
+        super().__init__()
+        h = c * expand
+        self.conv = torch.nn.Sequential(
+            torch.nn.Conv2d(c, h, 1, bias=False), torch.nn.BatchNorm2d(h), torch.nn.ReLU6(inplace=True),
+            torch.nn.Conv2d(h, h, 3, 1, 1, groups=h, bias=False), torch.nn.BatchNorm2d(h), torch.nn.ReLU6(inplace=True),
+            torch.nn.Conv2d(h, c, 1, bias=False), torch.nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        return x + self.conv(x)
+
+
+class Squeeze(torch.nn.Module):
+    """EfficientNet-like: SiLU convs, squeeze-excitation (a product: not fused), dropout between (eval: identity)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.a = torch.nn.Sequential(torch.nn.Conv2d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c),
+                                     torch.nn.SiLU())
+        self.se1 = torch.nn.Conv2d(c, 4, 1)
+        self.se2 = torch.nn.Conv2d(4, c, 1)
+        self.b = torch.nn.Conv2d(c, c, 1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(c)
+        self.drop = torch.nn.Dropout(0.2)
+
+    def forward(self, x):
+        y = self.a(x)
+        s = torch.sigmoid(self.se2(_F.silu(self.se1(_F.adaptive_avg_pool2d(y, 1)))))
+        y = self.bn(self.b(y * s))
+        return self.drop(y) + x
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, 2, 1, bias=False), torch.nn.BatchNorm2d(8),
+                                        torch.nn.ReLU(inplace=True))
+        self.layer1 = torch.nn.Sequential(Basic(8, 8), Basic(8, 16, stride=2))
+        self.inv = Inverted(16)
+        self.sq = Squeeze(16)
+        self.head = torch.nn.Conv2d(16, 10, 1)  # (bias, no BatchNorm: a chain of one, left alone)
+
+    def forward(self, x):
+        return self.head(self.sq(self.inv(self.layer1(self.stem(x)))))
+
+
+def _pair(model_fn=Net, dtype=torch.float64):
+    torch.manual_seed(0)
+    ref = _randomize(model_fn().to(dtype)).eval()
+    fused = cuconv.nn.convert(copy.deepcopy(ref), fuse=True)
+    return ref, fused
+
+
+def _fused_modules(model):
+    return [m for m in model.modules() if isinstance(m, FusedConv2d)]
+
+
+def test_chains_fuse_and_match_the_unfused_model():
+    ref, fused = _pair()
+    chains = {(m.bn is not None, m.activation, m.residual) for m in _fused_modules(fused)}
+    assert (True, "relu", None) in chains and (True, "relu", "before") in chains  # ResNet's
+    assert (True, "relu6", None) in chains and (True, None, "before") in chains  # MobileNetV2's projection + x
+    assert (True, "silu", None) in chains
+    # stem, 2 x 2 basic and a downsample, 3 inverted, the squeeze block's conv-norm-silu, its two excitation convs
+    # (silu, sigmoid: no norm) and its projection (the dropout before the add stops that chain)
+    assert len(_fused_modules(fused)) == 13
+    x = torch.randn(2, 3, 17, 15, dtype=torch.float64)
+    with torch.no_grad():
+        want, got = ref(x), fused(x)
+    assert (got - want).norm() / want.norm() <= 1e-12
+
+
+def test_the_state_dict_stays_the_originals_and_checkpoints_load_both_ways():
+    ref, fused = _pair()
+    a, b = ref.state_dict(), fused.state_dict()
+    assert sorted(a) == sorted(b)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    other = _randomize(Net().double(), seed=5).eval()
+    fused.load_state_dict(other.state_dict())  # the original's checkpoint into the fused model: folded again
+    x = torch.randn(1, 3, 16, 16, dtype=torch.float64)
+    with torch.no_grad():
+        assert (fused(x) - other(x)).abs().max() <= 1e-12 * other(x).abs().max()
+    restored = Net().double().eval()
+    restored.load_state_dict(fused.state_dict())  # and the fused model's into the original
+    with torch.no_grad():
+        assert torch.equal(restored(x), other(x))
+
+
+def test_the_fold_follows_every_change_of_the_batchnorm():
+    ref, fused = _pair()
+    x = torch.randn(1, 3, 12, 12, dtype=torch.float64)
+    with torch.no_grad():
+        fused(x)
+        for name in ("stem.1", "layer1.1.bn2", "inv.conv.4"):
+            bn_ref, bn_fused = ref.get_submodule(name), fused.get_submodule(name)
+            for bn in (bn_ref, bn_fused):
+                bn.running_var.mul_(3.0)  # in place: the tensors' versions change
+                bn.weight.add_(0.25)
+        assert (fused(x) - ref(x)).abs().max() <= 1e-12 * ref(x).abs().max()
+    single = fused.to(torch.float32)  # .to(): new tensors
+    with torch.no_grad():
+        y = single(x.float())
+    assert y.dtype == torch.float32 and (y.double() - ref(x)).norm() / ref(x).norm() <= 1e-5
+
+
+def test_train_mode_runs_the_original_graph():
+    ref, fused = _pair()
+    ref.train()
+    fused.train()
+    x = torch.randn(4, 3, 12, 12, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(1)
+    want = ref(x)
+    torch.manual_seed(1)  # (the same dropout mask)
+    xf = x.detach().clone().requires_grad_(True)
+    got = fused(xf)
+    assert (got - want).abs().max() <= 1e-12 * want.abs().max()
+    want.square().sum().backward()
+    got.square().sum().backward()
+    assert (xf.grad - x.grad).abs().max() <= 1e-10 * x.grad.abs().max()
+    pr, pf = dict(ref.named_parameters()), dict(fused.named_parameters())
+    assert sorted(pr) == sorted(pf)
+    for k in pr:
+        assert (pf[k].grad - pr[k].grad).abs().max() <= 1e-10 * (pr[k].grad.abs().max() + 1e-30), k
+    br, bf = dict(ref.named_buffers()), dict(fused.named_buffers())
+    for k in br:  # running statistics updated alike
+        assert torch.allclose(bf[k].double(), br[k].double(), rtol=1e-12, atol=0), k
+
+
+def test_gradients_flow_through_the_fold_in_eval_mode():
+    """Fine-tuning with frozen statistics (eval mode, gradients on): the fold is recomputed differentiably."""
+    ref, fused = _pair()
+    x = torch.randn(2, 3, 10, 10, dtype=torch.float64)
+    ref(x).sum().backward()
+    fused(x).sum().backward()
+    for (k, p), (_, q) in zip(sorted(ref.named_parameters()), sorted(fused.named_parameters())):
+        assert (q.grad - p.grad).abs().max() <= 1e-9 * (p.grad.abs().max() + 1e-30), k
+
+
+@pytest.mark.parametrize("make,name", [
+    (lambda: torch.nn.ReLU(), "relu"), (lambda: torch.nn.ReLU6(), "relu6"),
+    (lambda: torch.nn.LeakyReLU(0.2), "leaky_relu"), (lambda: torch.nn.SiLU(), "silu"),
+    (lambda: torch.nn.GELU(), "gelu"), (lambda: torch.nn.GELU("tanh"), "gelu_tanh"),
+    (lambda: torch.nn.Hardswish(), "hardswish"), (lambda: torch.nn.Hardsigmoid(), "hardsigmoid"),
+    (lambda: torch.nn.Sigmoid(), "sigmoid"), (lambda: torch.nn.Hardtanh(0.0, 6.0), "relu6"),
+])
+def test_every_activation_module_fuses(make, name):
+    model = lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, padding=1), torch.nn.BatchNorm2d(6), make())
+    ref, fused = _pair(model)
+    (m,) = _fused_modules(fused)
+    assert m.activation == name and (name != "leaky_relu" or m.slope == 0.2)
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    with torch.no_grad():
+        assert (fused(x) - ref(x)).norm() / ref(x).norm() <= 1e-12
+
+
+class _Functional(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.conv, self.bn, self.fn = torch.nn.Conv2d(3, 6, 3, padding=1), torch.nn.BatchNorm2d(6), fn
+
+    def forward(self, x):
+        return self.fn(self.bn(self.conv(x)), x.repeat(1, 2, 1, 1))
+
+
+@pytest.mark.parametrize("fn,activation,residual", [
+    (lambda y, r: _F.relu(y + r), "relu", "before"),
+    (lambda y, r: torch.relu(y) + r, "relu", "after"),
+    (lambda y, r: _F.leaky_relu(y, 0.1) + r, "leaky_relu", "after"),
+    (lambda y, r: _F.gelu(torch.add(r, y), approximate="tanh"), "gelu_tanh", "before"),
+    (lambda y, r: (y + r).sigmoid(), "sigmoid", "before"),
+    (lambda y, r: _F.silu(y).add(r), "silu", "after"),
+])
+def test_functional_activations_and_adds_fuse(fn, activation, residual):
+    ref, fused = _pair(lambda: _Functional(fn))
+    (m,) = _fused_modules(fused)
+    assert (m.activation, m.residual) == (activation, residual)
+    x = torch.randn(2, 3, 7, 9, dtype=torch.float64)
+    with torch.no_grad():
+        assert (fused(x) - ref(x)).norm() / ref(x).norm() <= 1e-12
+
+
+class _Unfusable(torch.nn.Module):
+    """A conv output used twice, a BatchNorm with batch statistics only, an add of the chain to itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2, self.c3 = (torch.nn.Conv2d(4, 4, 3, padding=1) for _ in range(3))
+        self.batch_stats = torch.nn.BatchNorm2d(4, track_running_stats=False)
+
+    def forward(self, x):
+        y = self.c1(x)
+        z = torch.relu(y) * y
+        w = self.batch_stats(self.c2(z))
+        v = self.c3(w)
+        return v + v
+
+
+def test_what_cannot_fuse_runs_as_before():
+    ref, fused = _pair(_Unfusable)
+    assert not _fused_modules(fused)
+    x = torch.randn(2, 4, 6, 6, dtype=torch.float64)
+    with torch.no_grad():
+        assert (fused(x) - ref(x)).abs().max() <= 1e-12 * ref(x).abs().max()
+
+
+class _Untraceable(torch.nn.Module):
+    """Data-dependent control flow (torch.fx cannot trace it) around Sequential conv-norm-activation blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8),
+                                     torch.nn.ReLU(inplace=True))
+        self.b = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8))
+
+    def forward(self, x):
+        y = self.a(x)
+        if y.sum() > 0:
+            y = y * 2
+        return self.b(y)
+
+
+def test_models_that_do_not_trace_fuse_their_sequential_blocks_in_place():
+    ref, fused = _pair(_Untraceable)
+    assert type(fused) is _Untraceable and len(_fused_modules_in_sequentials(fused)) == 2
+    assert sorted(ref.state_dict()) == sorted(fused.state_dict())
+    x = torch.randn(2, 3, 9, 9, dtype=torch.float64)
+    with torch.no_grad():
+        assert (fused(x) - ref(x)).abs().max() <= 1e-12 * ref(x).abs().max()
+    ref.train()
+    fused.train()
+    want, got = ref(x), fused(x)
+    assert (got - want).abs().max() <= 1e-12 * want.abs().max()
+    assert torch.allclose(fused.a[1].running_mean, ref.a[1].running_mean, rtol=1e-12, atol=0)
+    fused.eval()
+    ref.eval()
+    with torch.no_grad():  # the statistics the train step updated, folded again
+        assert (fused(x) - ref(x)).abs().max() <= 1e-12 * ref(x).abs().max()
+
+
+def _fused_modules_in_sequentials(model):
+    return [m for m in model.modules() if hasattr(m, "_chain") and isinstance(m, cuconv.nn.Conv2d)]
+
+
+def test_converted_models_trace_with_torch_fx():
+    """torch.fx.symbolic_trace of a converted model records cuconv's conv2d as one call (a Proxy never meets the
+    argument checks), and the traced module computes what the model does."""
+    torch.manual_seed(0)
+    model = cuconv.nn.convert(_randomize(Net().double()).eval())
+    traced = torch.fx.symbolic_trace(model)
+    targets = {n.target for n in traced.graph.nodes if n.op == "call_function"}
+    assert cuconv.nn.functional.conv2d in targets
+    x = torch.randn(1, 3, 11, 11, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(traced(x), model(x))
+
+
+def test_fuse_argument_is_checked():
+    with pytest.raises(TypeError, match="argument 'fuse' must be bool"):
+        cuconv.nn.convert(torch.nn.Conv2d(1, 1, 1), fuse=1)
