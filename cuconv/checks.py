@@ -95,6 +95,23 @@ def check_out(out, shape, dtype):
                          f"{_shape(out)}")
 
 
+def check_residual(residual, shape, x):
+    """A residual of the result's ``shape`` and the input ``x``'s dtype, library and device."""
+    same_kind = _backend.is_cupy_array(x) and _backend.is_cupy_array(residual) or (
+        _backend.is_numpy_array(x) and _backend.is_numpy_array(residual))
+    if not same_kind:
+        raise TypeError(f"conv2d(): expected residual to be an array of the input's library, but got "
+                        f"{type(residual).__name__}")
+    if residual.dtype != x.dtype:
+        raise TypeError(f"conv2d(): expected residual to have dtype {x.dtype}, but got {residual.dtype}")
+    if tuple(residual.shape) != tuple(shape):
+        raise ValueError(f"conv2d(): expected residual of size {list(shape)}, but got residual of size "
+                         f"{_shape(residual)}")
+    if _backend.is_cupy_array(x) and residual.data.device_id != x.data.device_id:
+        raise ValueError(f"conv2d(): expected residual on device {x.data.device_id}, but got device "
+                         f"{residual.data.device_id}")
+
+
 def size(value, name: str, ranks=(3, 4)) -> tuple:
     """A backward door's ``input_size`` / ``weight_size``: non-negative ints, ``ranks`` of them."""
     if not (isinstance(value, (tuple, list)) or type(value).__name__ == "Size") or not all(

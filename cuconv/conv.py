@@ -6,25 +6,28 @@ Arguments are checked here, once, in PyTorch's wording and before any kernel run
 
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple
 
 import numpy
 
 from . import _backend, _layout, _plan, dispatch, select as _select
-from .checks import check_arrays, check_out, resolve_precision
+from .blocks import epilogue
+from .checks import check_arrays, check_out, check_residual, resolve_precision
 from .cpu import reference
 from .select import autotune
 from ._config import config
 from .dispatch import call_key, empty_nhwc, nhwc_operand, nhwc_view
-from .problem import BIAS, PLAIN, Problem
+from .problem import ACTIVATIONS, BIAS, PLAIN, RESIDUALS, Problem
 from .spec import ConvSpec
 
 __all__ = ["conv2d"]
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algo="auto",
-           precision=None, out=None):
-    """2-D convolution (cross-correlation) with the semantics of ``torch.nn.functional.conv2d``.
+           precision=None, out=None, activation=None, negative_slope=0.01, residual=None, residual_position="before"):
+    """2-D convolution (cross-correlation) with the semantics of ``torch.nn.functional.conv2d``, optionally
+    followed by an activation and a residual add (the epilogue of a fused block).
 
     Parameters
     ----------
@@ -46,6 +49,14 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
         float32 arithmetic; ``None`` takes ``cuconv.config.precision``. Other dtypes ignore it.
     out : array, optional
         Preallocated result of the output's shape and dtype, written in place and returned.
+    activation : None or str
+        Applied to the convolution plus bias: ``"relu"``, ``"relu6"``, ``"leaky_relu"`` (slope
+        ``negative_slope``), ``"silu"``, ``"gelu"``, ``"gelu_tanh"`` (GELU's tanh approximation), ``"hardswish"``,
+        ``"hardsigmoid"`` or ``"sigmoid"``, each torch's formula.
+    residual : array, optional
+        Added to the result, of its shape, dtype, library and device: before the activation
+        (``residual_position="before"``: ResNet's ``relu(conv(x) + identity)``) or after it (``"after"``).
+        The epilogue is computed in float32 (float64 for float64) and rounded once.
 
     Returns
     -------
@@ -71,6 +82,9 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     >>> cuconv.conv2d(x, w, padding=(1, 0), stride=(2, 1)).shape
     (1, 4, 3, 4)
     """
+    if activation is not None or residual is not None:
+        return _with_epilogue(x, weight, bias, stride, padding, dilation, groups, algo, precision, out, activation,
+                              negative_slope, residual, residual_position)
     settings = config.settings()  # (the one read of the configuration: passed down from here)
     operands = _operands(x, weight, bias, out)
     key = (call_key(operands, stride, padding, dilation, groups, algo,
@@ -119,6 +133,62 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
         _plans[key] = plan
     # (the input's device is current: above)
     return _run(_backend.cupy_or_none(), plan, x, weight, bias, out, algo, settings)
+
+
+def _with_epilogue(x, weight, bias, stride, padding, dilation, groups, algo, precision, out, activation, slope,
+                   residual, position):
+    """``conv2d`` with an epilogue: the arguments checked, the convolution (with its bias), then the activation and
+    the residual add in one pass over the result (``blocks.epilogue``; on NumPy arrays its NumPy twin)."""
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ValueError(f"conv2d(): argument 'activation' must be None or one of {ACTIVATIONS}, got {activation!r}")
+    if not isinstance(slope, numbers.Real) or isinstance(slope, bool):
+        raise TypeError(f"conv2d(): argument 'negative_slope' must be a number, not {type(slope).__name__}")
+    if position not in RESIDUALS:
+        raise ValueError(f"conv2d(): argument 'residual_position' must be one of {RESIDUALS}, got {position!r}")
+    # every argument checked before any kernel runs: the convolution's, then the result's shape for out and residual
+    kind = check_arrays(x, weight, bias, out)
+    spec = ConvSpec.from_args(x.shape if x.ndim == 4 else (1,) + tuple(x.shape), weight.shape, stride, padding,
+                              dilation, groups)
+    shape = spec.output_shape if x.ndim == 4 else spec.output_shape[1:]
+    if out is not None:
+        check_out(out, shape, x.dtype)
+    if residual is not None:
+        check_residual(residual, shape, x)
+    y = conv2d(x, weight, bias, stride, padding, dilation, groups, algo=algo, precision=precision)
+    target = out if out is not None else y
+    res = None if residual is None else position
+    if not y.size:
+        return target
+    if kind == "cupy":
+        xp = _backend.cupy_or_none()
+        with x.device:
+            # residual and result in y's memory layout: one elementwise pass over three arrays of one layout
+            r = None if residual is None else _like(xp, residual, y)
+            aliased = r is not None and target is not r and _overlaps(xp, target, r)
+            dst = target if _same_layout(target, y) and not aliased else y
+            launch = epilogue.launch(y.dtype, y.size, activation, res, float(slope))
+            launch(xp.cuda.get_current_stream().ptr, y.data.ptr, 0 if r is None else r.data.ptr, dst.data.ptr)
+            if dst is not target:
+                target[...] = dst
+        return target
+    r = None if residual is None else numpy.asarray(residual)
+    epilogue.apply_numpy(y, r, activation, res, float(slope), target)
+    return target
+
+
+def _same_layout(a, b) -> bool:
+    """Whether ``a`` and ``b`` (one shape) lie alike in memory, densely (one elementwise pass serves both)."""
+    return a.strides == b.strides and (a.flags.c_contiguous or _layout.dense_nhwc(a.shape, _layout.element_strides(a)
+                                                                                   or ()))
+
+
+def _like(xp, a, y):
+    """``a`` in ``y``'s memory layout (itself where it already lies so)."""
+    if _same_layout(a, y):
+        return a
+    if y.flags.c_contiguous:
+        return xp.ascontiguousarray(a)
+    return nhwc_view(xp, a) if a.ndim == 4 else xp.ascontiguousarray(a)
 
 
 class _Plan(NamedTuple):
