@@ -315,6 +315,15 @@ def test_converted_models_trace_with_torch_fx():
         assert torch.equal(traced(x), model(x))
 
 
+def test_a_fused_model_runs_on_meta_tensors():
+    """cuconv.nn.warmup runs a model on meta tensors: the fold is computed there, never cached by data pointer."""
+    _, fused = _pair()
+    fused = fused.to("meta")
+    with torch.no_grad():
+        y = fused(torch.empty(2, 3, 16, 16, dtype=torch.float64, device="meta"))
+    assert y.is_meta and y.shape == (2, 10, 4, 4)
+
+
 def test_fuse_argument_is_checked():
     with pytest.raises(TypeError, match="argument 'fuse' must be bool"):
         cuconv.nn.convert(torch.nn.Conv2d(1, 1, 1), fuse=1)

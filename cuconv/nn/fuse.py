@@ -131,11 +131,11 @@ class FusedConv2d(torch.nn.Module):
                    bn.num_batches_tracked)
         recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors[:4])
         # (under torch.compile the fold is part of the compiled graph: no data pointers to key a cache by)
-        key = None if recording or torch.compiler.is_compiling() else (bn.eps,) + tuple(
+        w = conv.weight
+        key = None if recording or torch.compiler.is_compiling() or w.is_meta else (bn.eps,) + tuple(
             None if t is None else (t.data_ptr(), t._version, t.dtype, t.device, t.shape) for t in tensors)
         if key is not None and self._folded is not None and self._folded[0] == key:
             return self._folded[1], self._folded[2]
-        w = conv.weight
         acc = torch.float64 if w.dtype == torch.float64 else torch.float32
         var, mean = bn.running_var.to(acc), bn.running_mean.to(acc)
         scale = torch.rsqrt(var + bn.eps)

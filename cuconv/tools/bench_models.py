@@ -68,6 +68,9 @@ def add_arguments(ap) -> None:
                         "the others on NCHW copies")
     g.add_argument("--compile", action="store_true",
                    help="also time torch.compile of both models (default and mode='reduce-overhead')")
+    g.add_argument("--fuse", action="store_true",
+                   help="inference also of torch with its BatchNorms folded (torch.fx.experimental.optimization.fuse) "
+                        "and of cuconv fused (cuconv.nn.convert(fuse=True)), eager and as one CUDA-graph replay")
     g.add_argument("--no-layers", action="store_true", help="skip the per-layer measurements")
     g.add_argument("--no-e2e", action="store_true", help="skip the end-to-end measurements")
     g.add_argument("--no-check", action="store_true", help="skip the correctness checks")
@@ -415,7 +418,65 @@ def measure_e2e(pair, args, mode: _Mode) -> dict:
                 train = _train_fn(compiled, x_tr, labels, mode)
                 row[f"{side}_compile_{how}_train_ms"] = _events_ms(train, reps=10, warmup=3)
         torch._dynamo.reset()
+    if getattr(args, "fuse", False):
+        row.update(measure_fused(pair, args, mode, x_inf))
     return row
+
+
+def fused_pair(theirs, channels_last: bool):
+    """(torch's model with its convolutions and BatchNorms folded by ``torch.fx.experimental.optimization.fuse``,
+    cuconv's fused by ``cuconv.nn.convert(fuse=True)``), both of copies of ``theirs`` in eval mode."""
+    import torch
+    import torch.fx.experimental.optimization as fx_opt
+
+    import cuconv.nn
+
+    folded = fx_opt.fuse(copy.deepcopy(theirs).eval())
+    fused = cuconv.nn.convert(copy.deepcopy(theirs).eval(), fuse=True)
+    if channels_last:
+        folded, fused = (m.to(memory_format=torch.channels_last) for m in (folded, fused))
+    return folded.eval(), fused.eval()
+
+
+def measure_fused(pair, args, mode: _Mode, x) -> dict:
+    """Inference of torch, torch folded, cuconv unfused and cuconv fused in one process: eager (events, rounds of
+    the four in turn) and as one CUDA-graph replay each (GPU time alone); with --compile also torch.compile
+    (default mode) of torch's model. The fused model's output against torch's float32 (TF32 off) beside torch's
+    own error at this precision."""
+    import torch
+
+    theirs, ours = pair
+    folded, fused = fused_pair(theirs, args.channels_last)
+    with mode.autocast():
+        import cuconv.nn
+
+        cuconv.nn.warmup(fused, torch.empty(x.shape, device="meta"), backward=False)
+    sides = {"torch": theirs, "torch_folded": folded, "cuconv": ours, "cuconv_fused": fused}
+    for model in sides.values():
+        model.eval()
+    fns = {k: _infer_fn(m, x, mode) for k, m in sides.items()}
+    row = {}
+    for rnd in range(3):  # (alternating rounds: a drift of the clocks falls on every side alike)
+        for k in (fns if rnd % 2 == 0 else reversed(list(fns))):
+            row.setdefault(k, []).append(_events_ms(fns[k], reps=5, warmup=2 if rnd == 0 else 1))
+    out = {f"{k}_eager_infer_ms": statistics.median(v) for k, v in row.items()}
+    graph = _graph_ms(list(fns.values()), reps=10, calls=2)
+    out.update({f"{k}_graph_infer_ms": ms for k, ms in zip(fns, graph)})
+    if args.compile:
+        torch._dynamo.reset()
+        compiled = torch.compile(theirs)
+        infer = _infer_fn(compiled, x, mode)
+        out["torch_compile_default_infer_ms"] = _events_ms(lambda: infer().clone(), reps=10, warmup=3)
+        torch._dynamo.reset()
+    if not args.no_check:
+        with torch.no_grad():
+            with _Mode("ieee"):
+                ref = theirs(x[:4]).double()
+            with mode, mode.autocast():
+                out["fused_out_err"] = _rel_err(fused(x[:4]).double(), ref)
+                out["torch_out_err"] = _rel_err(theirs(x[:4]).double(), ref)
+    del folded, fused
+    return out
 
 
 def warm_up(model, args, mode: _Mode) -> dict:
@@ -678,6 +739,18 @@ def print_tables(report: dict) -> None:
             vals = [e[f"torch_compile_{h}_{k}_ms"] / e[f"cuconv_compile_{h}_{k}_ms"]
                     for h in ("default", "reduce-overhead") for k in ("infer", "train")]
             print(f"  {name:<20} {mode:<5} " + " ".join(f"{v:.2f}x" for v in vals))
+    fused = [(n, m, r["e2e"]) for n, e in report["models"].items() for m, r in e["modes"].items()
+             if "cuconv_fused_eager_infer_ms" in r.get("e2e", {})]
+    if fused:
+        print("\ninference, cuconv fused: torch time / cuconv fused time against torch eager, torch with its "
+              "BatchNorms folded, cuconv unfused; eager, then CUDA-graph replay (GPU time alone); torch.compile")
+        for name, mode, e in fused:
+            cells = [e[f"{k}_eager_infer_ms"] / e["cuconv_fused_eager_infer_ms"] for k in ("torch", "torch_folded", "cuconv")]
+            cells += [e[f"{k}_graph_infer_ms"] / e["cuconv_fused_graph_infer_ms"] for k in ("torch", "torch_folded")]
+            if "torch_compile_default_infer_ms" in e:
+                cells.append(e["torch_compile_default_infer_ms"] / e["cuconv_fused_eager_infer_ms"])
+            err = (f"; output {e['fused_out_err']:.1e} / {e['torch_out_err']:.1e}" if "fused_out_err" in e else "")
+            print(f"  {name:<20} {mode:<5} " + " ".join(f"{v:.2f}x" for v in cells) + err)
     checks = [(n, m, r["check"]) for n, e in report["models"].items() for m, r in e["modes"].items() if "check" in r]
     if checks:
         print("\ncorrectness against torch float32 without TF32 (cuconv's error / torch's own at the same precision)")
