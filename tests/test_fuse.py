@@ -327,3 +327,74 @@ def test_a_fused_model_runs_on_meta_tensors():
 def test_fuse_argument_is_checked():
     with pytest.raises(TypeError, match="argument 'fuse' must be bool"):
         cuconv.nn.convert(torch.nn.Conv2d(1, 1, 1), fuse=1)
+
+
+@pytest.mark.parametrize("position", ["before", "after"])
+def test_functional_conv2d_takes_the_epilogue(position):
+    torch.manual_seed(3)
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(2, 5, 8, 8, dtype=torch.float64, requires_grad=True)
+    got = cuconv.nn.functional.conv2d(x, w, padding=1, activation="leaky_relu", negative_slope=0.3, residual=r,
+                                      residual_position=position)
+    y = _F.conv2d(x, w, padding=1)
+    want = _F.leaky_relu(y + r, 0.3) if position == "before" else _F.leaky_relu(y, 0.3) + r
+    assert (got - want).abs().max() <= 1e-12 * want.abs().max()
+    gx, gw, gr = torch.autograd.grad(got.square().sum(), (x, w, r))
+    hx, hw, hr = torch.autograd.grad(want.square().sum(), (x, w, r))
+    for a, b in ((gx, hx), (gw, hw), (gr, hr)):
+        assert (a - b).abs().max() <= 1e-10 * b.abs().max()
+    with pytest.raises(ValueError, match="expected residual of size"):
+        cuconv.nn.functional.conv2d(x, w, padding=1, residual=r[:, :4])
+    with pytest.raises(ValueError, match="argument 'activation' must be None or one of"):
+        cuconv.nn.functional.conv2d(x, w, activation="tanh")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16, torch.float16])
+def test_fused_model_on_the_gpu_matches_torch(autocast, channels_last):
+    """On CUDA: eager inference of the fused model within the precision's tolerance of torch's own model (float32
+    with TF32 off, or autocast), channels-last too; and float64 to 1e-12."""
+    torch.backends.cudnn.allow_tf32 = False
+    ref, fused = _pair(dtype=torch.float32)
+    ref, fused = ref.cuda(), fused.cuda()
+    x = torch.randn(4, 3, 32, 32, device="cuda")
+    if channels_last:
+        ref, fused = ref.to(memory_format=torch.channels_last), fused.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        exact = ref.double()(x.double())
+        ref.float()
+        ctx = torch.autocast("cuda", dtype=autocast) if autocast else torch.autocast("cuda", enabled=False)
+        with ctx:
+            want, got = ref(x).double(), fused(x).double()
+    bound = 2e-3 if autocast else 1e-5
+    torch_err = float((want - exact).norm() / exact.norm())
+    assert float((got - exact).norm() / exact.norm()) <= max(bound, 2 * torch_err)
+    ref64, fused64 = _pair(dtype=torch.float64)
+    ref64, fused64 = ref64.cuda(), fused64.cuda()
+    with torch.no_grad():
+        x64 = x.double()
+        assert float((fused64(x64) - ref64(x64)).norm() / ref64(x64).norm()) <= 1e-12
+
+
+@pytest.mark.gpu
+def test_fused_model_replays_in_a_cuda_graph_and_compiles():
+    ref, fused = _pair(dtype=torch.float32)
+    ref, fused = ref.cuda(), fused.cuda()
+    x = torch.randn(2, 3, 32, 32, device="cuda")
+    with torch.no_grad():
+        want = fused(x)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fused(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fused(x)
+        graph.replay()
+        assert torch.equal(out, want)
+        compiled = torch.compile(fused)
+        assert float((compiled(x) - want).abs().max()) <= 1e-4 * float(want.abs().max())

@@ -504,10 +504,16 @@ def _cast(t, low, lower, device_type: str):
 
 
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, stride=1,
-           padding=0, dilation=1, groups=1, *, algo: str = "auto") -> torch.Tensor:
+           padding=0, dilation=1, groups=1, *, algo: str = "auto", activation: Optional[str] = None,
+           negative_slope: float = 0.01, residual: Optional[torch.Tensor] = None,
+           residual_position: str = "before") -> torch.Tensor:
     """``torch.nn.functional.conv2d`` computed by cuconv, with autograd.
 
-    Same signature and semantics as torch's (``padding`` may be ``"same"``/``"valid"``), plus ``algo``.
+    Same signature and semantics as torch's (``padding`` may be ``"same"``/``"valid"``), plus ``algo`` and an
+    epilogue as ``cuconv.conv2d``'s: ``activation`` (``"relu"``, ``"relu6"``, ``"leaky_relu"`` with
+    ``negative_slope``, ``"silu"``, ``"gelu"``, ``"gelu_tanh"``, ``"hardswish"``, ``"hardsigmoid"``, ``"sigmoid"``)
+    and a ``residual`` tensor added before it (``residual_position="before"``) or after it (``"after"``), with
+    torch's type promotion; today torch's elementwise operations after the convolution, differentiable.
     float32 follows torch's TF32 switch for convolutions (``torch.backends.cudnn.allow_tf32`` and, where
     torch has it, ``torch.backends.cudnn.conv.fp32_precision``), exactly as ``torch.nn.Conv2d`` would. Under
     ``torch.autocast`` the tensors are cast to its lower precision first, as torch casts its convolution
@@ -528,6 +534,9 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     >>> F.conv2d(x, w, padding="same").sum().backward(); x.grad.shape
     torch.Size([1, 2, 5, 6])
     """
+    if activation is not None or residual is not None:
+        return _with_epilogue(input, weight, bias, stride, padding, dilation, groups, algo, activation,
+                              negative_slope, residual, residual_position)
     if type(input) is _Tensor and input.is_cuda and not _is_compiling():
         # the path of a layer seen before: its signature, one lookup, its launches
         settings = _settings()
@@ -540,6 +549,36 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
                 return _run_layer(layer, input, weight, bias)
         return _checked(input, weight, bias, stride, padding, dilation, groups, algo, settings, autocast_done=True)
     return _checked(input, weight, bias, stride, padding, dilation, groups, algo, None)
+
+
+def _with_epilogue(input, weight, bias, stride, padding, dilation, groups, algo, activation, slope, residual,
+                   position):
+    from ..problem import ACTIVATIONS, RESIDUALS
+    from .fuse import _apply_activation
+
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ValueError(f"conv2d(): argument 'activation' must be None or one of {ACTIVATIONS}, got {activation!r}")
+    if not isinstance(slope, (int, float)) or isinstance(slope, bool):
+        raise TypeError(f"conv2d(): argument 'negative_slope' must be a number, not {type(slope).__name__}")
+    if position not in RESIDUALS:
+        raise ValueError(f"conv2d(): argument 'residual_position' must be one of {RESIDUALS}, got {position!r}")
+    if residual is not None and not isinstance(residual, _Tensor):
+        raise TypeError(f"conv2d(): argument 'residual' must be Tensor, not {type(residual).__name__}")
+    if residual is not None and isinstance(input, _Tensor) and isinstance(weight, _Tensor) and \
+            input.dim() in (3, 4) and weight.dim() == 4:  # (the residual's size checked before anything runs)
+        spec = ConvSpec.from_args(tuple(input.shape) if input.dim() == 4 else (1, *input.shape), tuple(weight.shape),
+                                  stride, padding, dilation, groups)
+        shape = spec.output_shape if input.dim() == 4 else spec.output_shape[1:]
+        if tuple(residual.shape) != tuple(shape):
+            raise ValueError(f"conv2d(): expected residual of size {list(shape)}, but got residual of size "
+                             f"{list(residual.shape)}")
+    y = conv2d(input, weight, bias, stride, padding, dilation, groups, algo=algo)
+    if residual is not None and position == "before":
+        y = y + residual
+    y = _apply_activation(y, activation, float(slope))
+    if residual is not None and position == "after":
+        y = y + residual
+    return y
 
 
 def _checked(input, weight, bias, stride, padding, dilation, groups, algo, settings, autocast_done=False):
