@@ -398,3 +398,77 @@ def test_fused_model_replays_in_a_cuda_graph_and_compiles():
         assert torch.equal(out, want)
         compiled = torch.compile(fused)
         assert float((compiled(x) - want).abs().max()) <= 1e-4 * float(want.abs().max())
+
+
+class StochasticDepth(torch.nn.Module):
+    """torchvision.ops.StochasticDepth's behaviour (row mode): the identity in eval mode."""
+
+    def __init__(self, p):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        keep = torch.empty((x.shape[0], 1, 1, 1), dtype=x.dtype).bernoulli_(1 - self.p)
+        return x * keep / (1 - self.p)
+
+
+class _MBConv(torch.nn.Module):
+    """EfficientNet's residual: x + stochastic_depth(bn(conv(silu(bn(conv(x))))))."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.block = torch.nn.Sequential(
+            torch.nn.Sequential(torch.nn.Conv2d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c), torch.nn.SiLU()),
+            torch.nn.Sequential(torch.nn.Conv2d(c, c, 1, bias=False), torch.nn.BatchNorm2d(c)))
+        self.stochastic_depth = StochasticDepth(0.5)
+
+    def forward(self, x):
+        result = self.stochastic_depth(self.block(x))
+        result += x
+        return result
+
+
+def test_residuals_fuse_across_stochastic_depth_and_train_mode_still_drops():
+    ref, fused = _pair(lambda: _MBConv(6))
+    chains = _fused_modules(fused)
+    assert len(chains) == 2 and chains[1].residual is not None and chains[1].passthrough
+    x = torch.randn(8, 6, 7, 7, dtype=torch.float64)
+    with torch.no_grad():
+        assert (fused(x) - ref(x)).abs().max() <= 1e-12 * ref(x).abs().max()
+    ref.train()
+    fused.train()
+    torch.manual_seed(7)
+    want = ref(x)
+    torch.manual_seed(7)
+    got = fused(x)
+    assert (got - want).abs().max() <= 1e-12 * want.abs().max()
+
+
+class _ModeBranch(torch.nn.Module):
+    """Python control flow on ``self.training`` (as torchvision's Inception and GoogLeNet have): a graph traced in one
+    mode would bake that branch in."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+        self.aux = torch.nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        y = self.a(x)
+        if self.training:
+            return y + self.aux(y)
+        return y
+
+
+def test_models_whose_graph_depends_on_the_mode_fuse_only_their_sequentials():
+    ref, fused = _pair(_ModeBranch)
+    assert type(fused) is _ModeBranch and _fused_modules_in_sequentials(fused)
+    assert sorted(ref.state_dict()) == sorted(fused.state_dict())
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    with torch.no_grad():
+        assert (fused(x) - ref(x)).abs().max() <= 1e-12 * ref(x).abs().max()
+    ref.train()
+    fused.train()
+    assert (fused(x) - ref(x)).abs().max() <= 1e-12 * ref(x).abs().max()

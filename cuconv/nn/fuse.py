@@ -3,12 +3,14 @@ run as one fused call (``FusedConv2d``).
 
 Where the model traces with ``torch.fx`` (torchvision's do), the graph is searched for chains
 
-    conv -> [BatchNorm2d] -> [add residual] -> [activation] -> [add residual]
+    conv -> [BatchNorm2d] -> [add residual] -> [activation] -> [dropout, stochastic depth] -> [add residual]
 
-(each link optional, at least one present, every intermediate value used by the next link only) and each chain is
-replaced by one call of a ``FusedConv2d``; the result is a ``torch.fx.GraphModule``. Where it does not trace,
-``torch.nn.Sequential`` containers are searched for conv, BatchNorm2d and activation children in a row (torchvision's
-``Conv2dNormActivation``), which are fused in place.
+(each link optional, at least one present, every intermediate value used by the next link only; the dropouts only
+before an add, applied in train mode) and each chain is replaced by one call of a ``FusedConv2d``; the result is a
+``torch.fx.GraphModule``. The model is traced in train and in eval mode, and fused so only where the two graphs
+agree (a branch on ``self.training`` outside torch's modules would otherwise be baked in). Where it does not trace,
+or its graph depends on the mode, ``torch.nn.Sequential`` containers are searched for conv, BatchNorm2d and
+activation children in a row (torchvision's ``Conv2dNormActivation``), which are fused in place.
 
 The convolution and the BatchNorm stay registered where they were, with the same Parameter and buffer objects:
 the state_dict keys and values are the original's, a checkpoint of either model loads into the other, and
@@ -122,12 +124,15 @@ class FusedConv2d(torch.nn.Module):
     so its state_dict is the original's. ``forward(x, residual=None)``."""
 
     def __init__(self, conv: Conv2d, bn: Optional[torch.nn.BatchNorm2d] = None, activation: Optional[str] = None,
-                 slope: float = 0.0, residual: Optional[str] = None):
+                 slope: float = 0.0, residual: Optional[str] = None, passthrough: tuple = ()):
         super().__init__()
         if residual not in (None, "before", "after"):
             raise ValueError(f"cuconv: residual must be None, 'before' or 'after', got {residual!r}")
         object.__setattr__(self, "conv", conv)  # (not submodules: see the class docstring)
         object.__setattr__(self, "bn", bn)
+        # modules that are the identity in eval mode (dropout, stochastic depth) between the activation and a
+        # residual added after it: applied when one of them is training
+        object.__setattr__(self, "passthrough", tuple(passthrough))
         self.activation, self.slope, self.residual = activation, float(slope), residual
         self._folded = None  # (key, weight, bias) of the last fold
 
@@ -137,6 +142,8 @@ class FusedConv2d(torch.nn.Module):
             parts.append(f"slope={self.slope}")
         if self.residual:
             parts.append(f"residual={self.residual!r}")
+        if self.passthrough:
+            parts.append(f"passthrough={[type(m).__name__ for m in self.passthrough]}")
         return ", ".join(parts)
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -151,12 +158,15 @@ class FusedConv2d(torch.nn.Module):
             y = conv._conv_forward(x, weight, bias)
         else:
             y = conv(x)
+        active = [m for m in self.passthrough if m.training]
         if (self.activation is not None or residual is not None) and (bn is None or not bn.training) and \
-                _epilogue_in_place(y, residual, self.activation, self.slope, self.residual):
+                not active and _epilogue_in_place(y, residual, self.activation, self.slope, self.residual):
             return y
         if self.residual == "before":
             y = y + residual
         y = _apply_activation(y, self.activation, self.slope)
+        for m in active:
+            y = m(y)
         if self.residual == "after":
             y = y + residual
         return y
@@ -250,19 +260,49 @@ def _depends_on(node: torch.fx.Node, target: torch.fx.Node, limit: int = 10000) 
     return len(seen) >= limit
 
 
+_DROPOUTS = (torch.nn.Dropout, torch.nn.Dropout2d, torch.nn.Dropout1d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
+             torch.nn.FeatureAlphaDropout)
+
+
+def _identity_in_eval(module) -> bool:
+    """Dropout and torchvision's StochasticDepth (matched by name: torchvision is not a dependency): the identity
+    in eval mode."""
+    return isinstance(module, _DROPOUTS) or (type(module).__name__ == "StochasticDepth" and hasattr(module, "p"))
+
+
 class _Tracer(torch.fx.Tracer):
-    """torch.fx's tracer, a ``cuconv.nn.Conv2d`` a leaf like torch's own modules."""
+    """torch.fx's tracer, a ``cuconv.nn.Conv2d`` a leaf like torch's own modules, and so the modules whose forward
+    depends on the training mode (StochasticDepth; torch's own dropouts are leaves already), so that the graph
+    holds them rather than the branch of the mode it was traced in."""
 
     def is_leaf_module(self, m: torch.nn.Module, qualname: str) -> bool:
-        return isinstance(m, Conv2d) or super().is_leaf_module(m, qualname)
+        return isinstance(m, Conv2d) or _identity_in_eval(m) or super().is_leaf_module(m, qualname)
+
+
+def _trace_both_modes(model: torch.nn.Module):
+    """The model's graph, traced in train and in eval mode (every module's flag restored after); None where the
+    two differ: Python control flow on ``self.training`` outside the leaves would be baked into one graph."""
+    flags = [(m, m.training) for m in model.modules()]
+    try:
+        graphs = []
+        for mode in (True, False):
+            model.train(mode)
+            graphs.append(_Tracer().trace(model))
+    finally:
+        for m, flag in flags:
+            m.training = flag
+    shape = [[(n.op, str(n.target), len(n.args)) for n in g.nodes] for g in graphs]
+    return graphs[1] if shape[0] == shape[1] else None
 
 
 def fuse(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` (its convolutions cuconv's) with every fusable chain as one ``FusedConv2d`` call (see the module):
     a ``torch.fx.GraphModule`` where it traces, else ``model`` itself with its Sequential patterns fused."""
     try:
-        graph = _Tracer().trace(model)
+        graph = _trace_both_modes(model)
     except Exception:  # (a model that does not trace: data-dependent control flow, say)
+        graph = None
+    if graph is None:  # (or one whose graph depends on the mode it is traced in)
         return _fuse_sequentials(model, set())
     gm = torch.fx.GraphModule(model, graph, class_name=type(model).__name__)
     modules = dict(model.named_modules(remove_duplicate=False))
@@ -278,9 +318,21 @@ def fuse(model: torch.nn.Module) -> torch.nn.Module:
             bn, last = modules[nxt.target], nxt
             chain.append(nxt)
             nxt = _only_user(last)
-        for stage in ("before", "activation", "after"):
+        passthrough = []
+        for stage in ("before", "activation", "passthrough", "after"):
             if nxt is None:
                 break
+            if stage == "passthrough":  # (kept only where a residual add follows them)
+                tentative, probe = [], nxt
+                while probe is not None and probe.op == "call_module" and _identity_in_eval(modules.get(probe.target)):
+                    tentative.append(probe)
+                    probe = _only_user(probe)
+                if tentative and residual is None and probe is not None and \
+                        _residual_of(probe, tentative[-1]) is not None:
+                    passthrough = [modules[n.target] for n in tentative]
+                    chain.extend(tentative)
+                    last, nxt = tentative[-1], probe
+                continue
             if stage == "activation":
                 found = activation_of(nxt, modules)
                 if found is None:
@@ -300,7 +352,7 @@ def fuse(model: torch.nn.Module) -> torch.nn.Module:
             continue
         name = f"_fused_{count}_{node.target.replace('.', '_')}"
         count += 1
-        gm.add_submodule(name, FusedConv2d(conv, bn, activation, slope, residual))
+        gm.add_submodule(name, FusedConv2d(conv, bn, activation, slope, residual, passthrough))
         with gm.graph.inserting_after(last):
             args = (node.args[0],) if residual_node is None else (node.args[0], residual_node)
             fused = gm.graph.call_module(name, args)
