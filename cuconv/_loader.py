@@ -152,6 +152,29 @@ def load(stem: str, name_expressions: tuple):
     return module
 
 
+def compile_all(threads: int = 16) -> tuple:
+    """Every kernel instance of every source (``kernel_stems``, their twins' ``NAME_EXPRESSIONS``) compiled for the
+    current device, ``threads`` at a time (NVRTC releases the GIL), into this process and CuPy's disk cache: what a
+    machine with an empty cache does once before a test run, instead of compiling each instance where a test first
+    calls it. Returns (instances, the exceptions of those that failed)."""
+    import concurrent.futures
+    import importlib
+
+    import cupy
+
+    device = cupy.cuda.runtime.getDevice()
+    jobs = [(stem, name, importlib.import_module(twin_module(stem)).NAME_EXPRESSIONS) for stem in kernel_stems()
+            for name in importlib.import_module(twin_module(stem)).NAME_EXPRESSIONS]
+
+    def one(stem, name, names):
+        with cupy.cuda.Device(device):
+            get_function(stem, names, name)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        futures = [pool.submit(one, *job) for job in jobs]
+    return len(jobs), [f.exception() for f in futures if f.exception() is not None]
+
+
 def get_function(stem: str, name_expressions: tuple, name: str):
     """A kernel of ``kernels_cu/<stem>.cu`` for the current device; ``name`` is one of the family's
     ``name_expressions`` (all of which CI compiles) and is compiled alone, in a module of its own.

@@ -11,9 +11,10 @@ The operands of a pass are raw device pointers to C-contiguous arrays, in this o
     dgrad  (dy, w, dx)
     wgrad  (x, dy, dw)
 
-and the workspace (``Plan.workspace`` bytes, 256-byte aligned, uninitialised) follows them: a step refers to
-an operand as ``(index, byte offset)``, the workspace's index being ``len(OPERANDS[pass_])``; ``NULL`` is a
-null pointer.
+and the workspace (``Plan.workspace`` bytes, 256-byte aligned, uninitialised) follows them, then a forward's
+residual (its epilogue's, of the output's shape and layout; 0: none): a step refers to an operand as ``(index,
+byte offset)``, the workspace's index being ``len(OPERANDS[pass_])``, the residual's the next; ``NULL`` is a null
+pointer.
 
 ``Env`` is the environment a plan depends on besides the problem: the device and its limits, the workspace
 limit, and whether every operand starts on a 256-byte boundary (plans for aligned operands use 16-byte
@@ -30,7 +31,7 @@ import numpy
 from . import _backend, _cublas
 
 __all__ = ["OPERANDS", "NULL", "Env", "Limits", "env", "current_env", "current_limits", "device_limits", "is_aligned",
-           "Plan", "Launch", "Gemm", "Layout", "Builder", "run_arrays", "run_on_arrays", "ALIGNMENT"]
+           "Plan", "Launch", "Gemm", "Nested", "Layout", "Builder", "run_arrays", "run_on_arrays", "ALIGNMENT"]
 
 OPERANDS = {"fprop": ("x", "w", "bias", "out"), "dgrad": ("dy", "w", "dx"), "wgrad": ("x", "dy", "dw")}
 NULL = (-1, 0)  # a reference to the null pointer that ends every run's operands
@@ -164,6 +165,19 @@ class Gemm:
                       bases[self.bias[0]] + self.bias[1])
 
 
+class Nested:
+    """A step: another plan of the same pass run on the same operands, its workspace a region of this one's."""
+
+    __slots__ = ("plan", "offset", "count")
+
+    def __init__(self, plan: "Plan", offset: int):
+        self.plan, self.offset, self.count = plan, offset, len(OPERANDS[plan.pass_])
+
+    def __call__(self, bases, stream: int) -> None:
+        n = self.count
+        self.plan.run(bases[:n], stream, bases[n] + self.offset if self.plan.workspace else 0, bases[n + 1])
+
+
 class Plan:
     """One pass of one convolution, prepared: ``run`` enqueues ``steps`` in order on a stream."""
 
@@ -172,10 +186,11 @@ class Plan:
     def __init__(self, algo: str, pass_: str, workspace: int, steps):
         self.algo, self.pass_, self.workspace, self.steps = algo, pass_, workspace, tuple(steps)
 
-    def run(self, ptrs: tuple, stream: int, workspace: int = 0) -> None:
+    def run(self, ptrs: tuple, stream: int, workspace: int = 0, residual: int = 0) -> None:
         """Launch the steps on ``stream``: ``ptrs`` are the pass's operands (``OPERANDS``), ``workspace`` a
-        device buffer of at least ``self.workspace`` bytes (0 where none is needed)."""
-        bases = (*ptrs, workspace, 0)
+        device buffer of at least ``self.workspace`` bytes (0 where none is needed), ``residual`` a forward's
+        residual tensor where its epilogue adds one."""
+        bases = (*ptrs, workspace, residual, 0)
         for step in self.steps:
             step(bases, stream)
 
@@ -192,6 +207,7 @@ class Builder:
         self.pass_, self.env = pass_, env
         self.index = {name: i for i, name in enumerate(OPERANDS[pass_])}
         self.workspace_index = len(OPERANDS[pass_])
+        self.index["residual"] = self.workspace_index + 1  # (after the workspace: see the module's docstring)
         self.layout = Layout()
         self.steps = []
         self._gemms = []
@@ -251,13 +267,13 @@ class Builder:
         return Plan(algo, self.pass_, self.layout.size, self.steps)
 
 
-def run_arrays(plan: Plan, *arrays) -> None:
+def run_arrays(plan: Plan, *arrays, residual=None) -> None:
     """Run ``plan`` on C-contiguous CuPy arrays (None for an absent bias) on CuPy's current stream and
-    device, with a workspace from CuPy's memory pool."""
+    device, with a workspace from CuPy's memory pool; ``residual``: a forward's epilogue's residual array."""
     cupy = _backend.cupy_or_none()
     ws = cupy.empty(plan.workspace, dtype=numpy.uint8) if plan.workspace else None
     plan.run(tuple(0 if a is None else a.data.ptr for a in arrays), cupy.cuda.get_current_stream().ptr,
-             0 if ws is None else ws.data.ptr)
+             0 if ws is None else ws.data.ptr, 0 if residual is None else residual.data.ptr)
 
 
 def run_on_arrays(prepare, pass_: str, spec, precision: str, *arrays, **options) -> None:

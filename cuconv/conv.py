@@ -18,7 +18,7 @@ from .cpu import reference
 from .select import autotune
 from ._config import config
 from .dispatch import call_key, empty_nhwc, nhwc_operand, nhwc_view
-from .problem import ACTIVATIONS, BIAS, PLAIN, RESIDUALS, Problem
+from .problem import ACTIVATIONS, BIAS, PLAIN, RESIDUALS, Epilogue, Problem
 from .spec import ConvSpec
 
 __all__ = ["conv2d"]
@@ -82,18 +82,18 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     >>> cuconv.conv2d(x, w, padding=(1, 0), stride=(2, 1)).shape
     (1, 4, 3, 4)
     """
+    ep = None  # the epilogue's (activation, slope, residual's place) where one is asked for, checked
     if activation is not None or residual is not None:
-        return _with_epilogue(x, weight, bias, stride, padding, dilation, groups, algo, precision, out, activation,
-                              negative_slope, residual, residual_position)
+        ep = _epilogue_args(activation, negative_slope, residual, residual_position)
     settings = config.settings()  # (the one read of the configuration: passed down from here)
-    operands = _operands(x, weight, bias, out)
+    operands = _operands(x, weight, bias, out, residual)
     key = (call_key(operands, stride, padding, dilation, groups, algo,
-                    (precision, settings.precision, settings.workspace_limit))
+                    (precision, settings.precision, settings.workspace_limit, ep))
            if operands is not None and (precision is None or type(precision) is str) else None)
     plan = _plans.get(key) if key is not None else None
     if plan is not None:  # a GPU call whose signature was checked before: nothing to check or choose again
         return _run(_backend.cupy_or_none(), plan, x[None] if plan.unbatched else x, weight, bias, out, algo,
-                    settings)
+                    settings, residual)
     kind = check_arrays(x, weight, bias, out)
     if kind == "cupy":
         import cupy
@@ -101,7 +101,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
         if x.data.device_id != cupy.cuda.runtime.getDevice():  # choose and run on the input's device
             with x.device:
                 return conv2d(x, weight, bias, stride, padding, dilation, groups, algo=algo, precision=precision,
-                              out=out)
+                              out=out, activation=activation, negative_slope=negative_slope, residual=residual,
+                              residual_position=residual_position)
     unbatched = x.ndim == 3
     if unbatched:
         x = x[None]
@@ -120,60 +121,34 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     result_shape = spec.output_shape[1:] if unbatched else spec.output_shape
     if out is not None:
         check_out(out, result_shape, x.dtype)
+    if residual is not None:
+        check_residual(residual, result_shape, x)
+    epilogue = None if ep is None else Epilogue(bias is not None, ep[0], ep[1], ep[2])
     if not on_gpu:
-        return _run(numpy, _Plan(spec, name, precision, result_shape, unbatched, channels_last=channels_last), x,
-                    weight, bias, out, algo, settings)
+        return _run(numpy, _Plan(spec, name, precision, result_shape, unbatched, channels_last=channels_last,
+                                 epilogue=epilogue), x, weight, bias, out, algo, settings, residual)
     env = _plan.env(x.data.device_id, workspace_limit)
     plan = _Plan(spec, name, precision, result_shape, unbatched, env,
-                 dispatch.prepare(name, "fprop", spec, x.dtype, precision, env, bias is not None, layout),
-                 channels_last, layout)
+                 dispatch.prepare(name, "fprop", spec, x.dtype, precision, env, bias is not None, layout,
+                                  epilogue=epilogue),
+                 channels_last, layout, epilogue)
     if key is not None:
         if len(_plans) >= _PLANS_MAX:
             _plans.clear()
         _plans[key] = plan
     # (the input's device is current: above)
-    return _run(_backend.cupy_or_none(), plan, x, weight, bias, out, algo, settings)
+    return _run(_backend.cupy_or_none(), plan, x, weight, bias, out, algo, settings, residual)
 
 
-def _with_epilogue(x, weight, bias, stride, padding, dilation, groups, algo, precision, out, activation, slope,
-                   residual, position):
-    """``conv2d`` with an epilogue: the arguments checked, the convolution (with its bias), then the activation and
-    the residual add in one pass over the result (``blocks.epilogue``; on NumPy arrays its NumPy twin)."""
+def _epilogue_args(activation, slope, residual, position) -> tuple:
+    """(activation, slope, the residual's place or None), checked in torch's manner before anything runs."""
     if activation is not None and activation not in ACTIVATIONS:
         raise ValueError(f"conv2d(): argument 'activation' must be None or one of {ACTIVATIONS}, got {activation!r}")
     if not isinstance(slope, numbers.Real) or isinstance(slope, bool):
         raise TypeError(f"conv2d(): argument 'negative_slope' must be a number, not {type(slope).__name__}")
     if position not in RESIDUALS:
         raise ValueError(f"conv2d(): argument 'residual_position' must be one of {RESIDUALS}, got {position!r}")
-    # every argument checked before any kernel runs: the convolution's, then the result's shape for out and residual
-    kind = check_arrays(x, weight, bias, out)
-    spec = ConvSpec.from_args(x.shape if x.ndim == 4 else (1,) + tuple(x.shape), weight.shape, stride, padding,
-                              dilation, groups)
-    shape = spec.output_shape if x.ndim == 4 else spec.output_shape[1:]
-    if out is not None:
-        check_out(out, shape, x.dtype)
-    if residual is not None:
-        check_residual(residual, shape, x)
-    y = conv2d(x, weight, bias, stride, padding, dilation, groups, algo=algo, precision=precision)
-    target = out if out is not None else y
-    res = None if residual is None else position
-    if not y.size:
-        return target
-    if kind == "cupy":
-        xp = _backend.cupy_or_none()
-        with x.device:
-            # residual and result in y's memory layout: one elementwise pass over three arrays of one layout
-            r = None if residual is None else _like(xp, residual, y)
-            aliased = r is not None and target is not r and _overlaps(xp, target, r)
-            dst = target if _same_layout(target, y) and not aliased else y
-            launch = epilogue.launch(y.dtype, y.size, activation, res, float(slope))
-            launch(xp.cuda.get_current_stream().ptr, y.data.ptr, 0 if r is None else r.data.ptr, dst.data.ptr)
-            if dst is not target:
-                target[...] = dst
-        return target
-    r = None if residual is None else numpy.asarray(residual)
-    epilogue.apply_numpy(y, r, activation, res, float(slope), target)
-    return target
+    return activation, float(slope) if activation == "leaky_relu" else 0.0, None if residual is None else position
 
 
 def _same_layout(a, b) -> bool:
@@ -203,6 +178,7 @@ class _Plan(NamedTuple):
     gpu: "_plan.Plan" = None     # ... and the algorithm's plan in it (with a bias where the signature has one)
     channels_last: bool = False  # the result channels-last (torch's rule: the input or the weight is)
     layout: str = "nchw"         # the activations as the plan reads and writes them ("nhwc": channels-last)
+    epilogue: "Epilogue" = None  # an activation and a residual after the convolution (None: none)
 
 
 # A GPU call's signature (``dispatch.call_key`` of ``_operands``) -> its _Plan. The checks, the spec and the choice
@@ -212,7 +188,7 @@ _plans: dict = {}
 _PLANS_MAX = 4096
 
 
-def _operands(x, weight, bias, out):
+def _operands(x, weight, bias, out, residual=None):
     """What the signature of a call on CuPy arrays on the current device reads of its arrays (``call_key``'s
     operands: shapes, strides, dtypes, devices), None for any other call, which is checked in full. The strides
     decide the memory format of the result and of the computation. Only ``cupy.ndarray`` itself is admitted
@@ -226,8 +202,8 @@ def _operands(x, weight, bias, out):
     device = x.data.device_id
     if device != cupy.cuda.runtime.getDevice() or weight.data.device_id != device:
         return None
-    optional = []  # bias and out: absent, or (shape, dtype, strides) of an array on the same device
-    for a in (bias, out):
+    optional = []  # bias, out and residual: absent, or (shape, dtype, strides) of an array on the same device
+    for a in (bias, out, residual):
         if a is None:
             optional.append(None)
         elif type(a) is nd and a.data.device_id == device:
@@ -237,9 +213,10 @@ def _operands(x, weight, bias, out):
     return (device, x.shape, x.strides, x.dtype, weight.shape, weight.strides, weight.dtype, *optional)
 
 
-def _run(xp, plan: _Plan, x, weight, bias, out, requested: str, settings):
+def _run(xp, plan: _Plan, x, weight, bias, out, requested: str, settings, residual=None):
     """Run ``plan`` on 4-D ``x`` under ``settings`` (``_config.Settings``): into ``out`` (of the plan's result
-    shape) when given, else a new array (channels-last where ``plan.channels_last``)."""
+    shape) when given, else a new array (channels-last where ``plan.channels_last``); ``residual``: the epilogue's
+    (of the result's shape)."""
     spec = plan.spec
     nhwc = plan.layout == "nhwc"
     # Compute into `out` directly when it lies as the plan writes (C-contiguous, or dense channels-last for a
@@ -248,7 +225,7 @@ def _run(xp, plan: _Plan, x, weight, bias, out, requested: str, settings):
     direct = (out is not None
               and (_dense_nhwc_out(out, spec) and out.data.ptr % _layout.VECTOR_ALIGNMENT == 0 if nhwc
                    else out.flags.c_contiguous)
-              and not _overlaps(xp, out, x, weight, bias))
+              and not _overlaps(xp, out, x, weight, bias, residual))
     if direct:  # a view costs host time (microseconds a call): built only when the shape differs
         y = out if out.shape == spec.output_shape else out.reshape(spec.output_shape)
     elif nhwc:
@@ -260,10 +237,15 @@ def _run(xp, plan: _Plan, x, weight, bias, out, requested: str, settings):
             bias = xp.ascontiguousarray(bias)
         x = nhwc_operand(xp, x) if nhwc else xp.ascontiguousarray(x)
         weight = xp.ascontiguousarray(weight)
+        if residual is not None:  # (4-D, lying as y does: the epilogue is one pass over both)
+            residual = _like(xp, residual if residual.ndim == 4 else residual[None], y)
         if xp is numpy:
             reference.forward(x, weight, bias, spec, y, numpy.matmul, settings.workspace_limit)
+            ep = plan.epilogue
+            if ep is not None:
+                epilogue.apply_numpy(y, residual, ep.activation, ep.residual, ep.alpha, y)
         else:
-            _run_gpu(plan, requested, x, weight, bias, y, settings)
+            _run_gpu(plan, requested, x, weight, bias, y, settings, residual)
     if out is None:
         if plan.channels_last and not nhwc:  # (an NCHW computation of a channels-last result)
             y = nhwc_view(xp, y)
@@ -290,31 +272,32 @@ def _overlaps(xp, out, *operands) -> bool:
     return any(a is not None and xp.may_share_memory(out, a) for a in operands)
 
 
-def _run_gpu(plan: _Plan, requested: str, x, weight, bias, y, settings) -> None:
+def _run_gpu(plan: _Plan, requested: str, x, weight, bias, y, settings, residual=None) -> None:
     """The forward on C-contiguous CuPy arrays: the plan kept for the signature where every pointer is
     aligned (``_plan.ALIGNMENT``) and nothing is tuned (``settings.benchmark``), else the plan (``dispatch``) of
     what runs."""
-    name, precision, spec = plan.name, plan.precision, plan.spec
+    name, precision, spec, ep = plan.name, plan.precision, plan.spec, plan.epilogue
     aligned = _plan.is_aligned(x.data.ptr, weight.data.ptr, 0 if bias is None else bias.data.ptr, y.data.ptr)
     if plan.layout == "nhwc":  # (one channels-last candidate: nothing to time)
         gpu = plan.gpu if aligned else dispatch.prepare(
             name, "fprop", spec, x.dtype, precision, _plan.env(plan.gpu_env.device, plan.gpu_env.workspace_limit,
-                                                               False), bias is not None, "nhwc")
-        dispatch.run_arrays(gpu, x, weight, bias, y)
+                                                               False), bias is not None, "nhwc", epilogue=ep)
+        dispatch.run_arrays(gpu, x, weight, bias, y, residual=residual)
         return
     if requested == "auto" and settings.benchmark:
         env = _plan.env(plan.gpu_env.device, plan.gpu_env.workspace_limit, aligned)
-        problem = Problem.of(spec, x.dtype, precision, "fprop", epilogue=PLAIN if bias is None else BIAS)
+        problem = Problem.of(spec, x.dtype, precision, "fprop", epilogue=ep or (PLAIN if bias is None else BIAS))
 
         def run(choice):
-            dispatch.run_arrays(dispatch.plan(choice.name, problem, env, choice.knobs), x, weight, bias, y)
+            dispatch.run_arrays(dispatch.plan(choice.name, problem, env, choice.knobs), x, weight, bias, y,
+                                residual=residual)
 
         choice = autotune.pick(requested, name, problem, env, settings, run)
-        dispatch.run_arrays(dispatch.plan(choice.name, problem, env, choice.knobs), x, weight, bias, y)
+        run(choice)
         return
     if name == plan.name and aligned:
         gpu = plan.gpu
     else:
         env = _plan.env(plan.gpu_env.device, plan.gpu_env.workspace_limit, aligned)
-        gpu = dispatch.prepare(name, "fprop", spec, x.dtype, precision, env, bias is not None)
-    dispatch.run_arrays(gpu, x, weight, bias, y)
+        gpu = dispatch.prepare(name, "fprop", spec, x.dtype, precision, env, bias is not None, epilogue=ep)
+    dispatch.run_arrays(gpu, x, weight, bias, y, residual=residual)

@@ -38,10 +38,11 @@ def plan(name: str, problem: Problem, env: "_plan.Env", knobs: tuple = None) -> 
 
 
 def prepare(name: str, pass_: str, spec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
-            layout: str = "nchw", weights: str = "kcrs", knobs: tuple = None) -> "_plan.Plan":
-    """``plan`` of the problem these arguments describe (``Problem.of``) with ``knobs`` (None: the selector's); an
-    algorithm that does not read the layouts asked for raises ``ValueError``."""
-    problem = Problem.of(spec, dtype, precision, pass_, layout, weights, BIAS if bias else PLAIN)
+            layout: str = "nchw", weights: str = "kcrs", knobs: tuple = None, epilogue=None) -> "_plan.Plan":
+    """``plan`` of the problem these arguments describe (``Problem.of``; ``epilogue``: a forward's whole
+    ``Epilogue``, its bias flag included, else the bias alone) with ``knobs`` (None: the selector's); an algorithm
+    that does not read the layouts asked for raises ``ValueError``."""
+    problem = Problem.of(spec, dtype, precision, pass_, layout, weights, epilogue or (BIAS if bias else PLAIN))
     algorithm = _algorithms.get(name)
     if layout not in algorithm.layouts or weights not in algorithm.weight_layouts:
         raise ValueError(f"cuconv: {name} takes no {weights!r} weights with {layout!r} activations")

@@ -35,4 +35,22 @@ __device__ __forceinline__ A activate(A v, A alpha) {
     }
 }
 
+// The same, the activation's code chosen at run time (one instance for every activation: the epilogue pass is
+// bound by memory, and a launch-wide uniform branch costs nothing there).
+template <typename A>
+__device__ __forceinline__ A activate(int act, A v, A alpha) {
+    switch (act) {
+        case 1: return activate<1, A>(v, alpha);
+        case 2: return activate<2, A>(v, alpha);
+        case 3: return activate<3, A>(v, alpha);
+        case 4: return activate<4, A>(v, alpha);
+        case 5: return activate<5, A>(v, alpha);
+        case 6: return activate<6, A>(v, alpha);
+        case 7: return activate<7, A>(v, alpha);
+        case 8: return activate<8, A>(v, alpha);
+        case 9: return activate<9, A>(v, alpha);
+        default: return v;
+    }
+}
+
 }  // namespace cuconv

@@ -44,6 +44,9 @@ def _problems(case, algorithm):
                 for weights in ("kcrs", "krsc") if layout == "nhwc" else ("kcrs",):
                     epilogue = BIAS if pass_ == "fprop" and case.bias else PLAIN
                     yield Problem.of(spec, dtype, precision, pass_, layout, weights, epilogue)
+                    if pass_ == "fprop":  # (and with an activation and a residual)
+                        yield Problem.of(spec, dtype, precision, pass_, layout, weights,
+                                         Epilogue(epilogue.bias, "silu", residual="before"))
 
 
 @pytest.mark.parametrize("name", algos.names())
@@ -76,16 +79,30 @@ def test_what_can_implement_accepts_plans(monkeypatch, case, name):
 
 
 @pytest.mark.parametrize("name", algos.names())
-def test_epilogues_not_declared_are_refused(name):
+def test_epilogues_not_fused_are_a_pass_after_the_convolution(monkeypatch, name):
+    """An activation and a residual the algorithm's kernels do not apply: its plan of the convolution with the bias,
+    then one ``blocks.epilogue`` launch over the output reading the residual; a scale not declared is refused."""
+    recorder = fake_device(monkeypatch)
     spec = cuconv.ConvSpec.from_args((2, 16, 8, 8), (16, 16, 3, 3), padding=1)
     algorithm = algos.get(name)
-    limits = ENVS["sm90"]
-    for epilogue in (Epilogue(activation="relu"), Epilogue(residual="after"), Epilogue(scale=0.5)):
-        problem = Problem.of(spec, numpy.float32, "ieee", "fprop", epilogue=epilogue)
-        if "fprop" in algorithm.passes and not (epilogue.activation in algorithm.activations
-                                                 or epilogue.residual and algorithm.residual
-                                                 or epilogue.scale != 1 and algorithm.scale):
-            assert "epilogue" in algorithm.can_implement(problem, limits)
+    env = ENVS["sm90"]
+    if "fprop" not in algorithm.passes:
+        return
+    assert "epilogue" in algorithm.can_implement(Problem.of(spec, numpy.float32, epilogue=Epilogue(scale=0.5)), env)
+    for epilogue in (Epilogue(bias=True, activation="relu"), Epilogue(residual="after"),
+                     Epilogue(bias=True, activation="leaky_relu", alpha=0.1, residual="before")):
+        for dtype, precision in _DTYPES:
+            problem = Problem.of(spec, dtype, precision, "fprop", epilogue=epilogue)
+            if algorithm.can_implement(problem, env) is not None or algorithm.fuses(epilogue):
+                continue
+            plain = Problem.of(spec, dtype, precision, "fprop", epilogue=Epilogue(bias=epilogue.bias))
+            inner = algorithm.plan(plain, env, **dict(select.knobs(name, plain, env)))
+            fused = algorithm.plan(problem, env, **dict(select.knobs(name, problem, env)))
+            assert recorder.launches[-1][0] == "blocks/epilogue" and fused.workspace == inner.workspace
+            (nested, last) = fused.steps
+            assert isinstance(nested, _plan.Nested) and len(nested.plan.steps) == len(inner.steps)
+            residual_index = len(_plan.OPERANDS["fprop"]) + 1
+            assert last.refs == ((3, 0), (residual_index, 0) if epilogue.residual else _plan.NULL, (3, 0))
 
 
 def test_problem_checks_its_fields():
@@ -147,3 +164,20 @@ def test_a_new_algorithm_runs_on_the_gpu(toy):
     kwargs = CASES[1].values[0].kwargs
     y = cuconv.conv2d(to_gpu(x, "float64"), to_gpu(w, "float64"), to_gpu(b, "float64"), algo="toy", **kwargs)
     assert rel_err(y.get(), reference(x, w, b, **kwargs)) <= tolerance(numpy.float64)
+
+
+def test_a_nested_plan_sees_the_operands_its_workspace_region_and_the_residual():
+    seen = []
+
+    def step(bases, stream):
+        seen.append((bases, stream))
+
+    inner = _plan.Plan("toy", "fprop", 512, [step])
+    outer_builder = _plan.Builder("fprop", ENVS["sm90"])
+    outer_builder.take(256)  # (a region before the nested plan's)
+    offset = outer_builder.take(inner.workspace)[1]
+    outer_builder.steps.append(_plan.Nested(inner, offset))
+    outer = outer_builder.plan("toy")
+    outer.run((1, 2, 3, 4), 99, 1 << 20, residual=777)
+    ((bases, stream),) = seen
+    assert stream == 99 and bases == (1, 2, 3, 4, (1 << 20) + offset, 777, 0) and outer.workspace >= offset + 512

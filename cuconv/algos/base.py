@@ -5,7 +5,7 @@ declares what it serves and answers three questions:
 
 - ``can_implement(problem, limits) -> str | None``: why it cannot run ``problem`` (a ``cuconv.problem.Problem``)
   under ``limits`` (``cuconv._plan.Limits``: shared memory, wgmma, workspace limit), or None. The declared
-  ``passes``, ``layouts``, ``weight_layouts`` and epilogues are checked here, then the algorithm's own
+  ``passes``, ``layouts``, ``weight_layouts`` and epilogue scale are checked here, then the algorithm's own
   ``reason``. Nothing is probed; ``plan`` never refuses what ``can_implement`` accepted.
 - ``knobs(problem, env) -> tuple of dicts``: the settings of its own choices (tiles, variants) that can run
   ``problem`` on ``env`` (``cuconv._plan.Env``), as data, the one ``auto`` runs first: the selector's rules
@@ -15,7 +15,9 @@ declares what it serves and answers three questions:
 
 Problems with nothing to compute are planned here, the same for every algorithm: an empty output, a forward
 with no input channels (the bias or zeros), a backward pass with an empty batch, no filters or no channels
-(zeros).
+(zeros). So is an epilogue (activation, residual) an algorithm does not apply in its own kernels
+(``activations``, ``residual``): its plan of the convolution with the bias, then one pass of ``blocks.epilogue``
+over the output.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from typing import Optional
 import numpy
 
 from .. import _plan
-from ..blocks import bias as _bias, elementwise
-from ..problem import PASSES, Problem
+import dataclasses
+
+from ..blocks import bias as _bias, elementwise, epilogue as _epilogue
+from ..problem import PASSES, Epilogue, Problem
 
 __all__ = ["Algorithm", "degenerate"]
 
@@ -38,8 +42,8 @@ class Algorithm:
     passes: tuple = PASSES
     layouts: tuple = ("nchw",)           # activations' layouts it reads and writes in place
     weight_layouts: tuple = ("kcrs",)    # weight layouts its channels-last plans read (and wgrad writes)
-    activations: tuple = ()              # Epilogue.activation values it applies (of ACTIVATIONS)
-    residual: bool = False               # whether it adds a residual tensor
+    activations: tuple = ()              # Epilogue.activation values its kernels apply (of ACTIVATIONS)
+    residual: bool = False               # whether its kernels add a residual tensor (others: a pass after them)
     scale: bool = False                  # whether it scales the sum
     exact_on_integers: bool = True       # integer-valued inputs give exact sums (no fractional transforms)
     # The family's own limits, ``check(spec, dtype, pass_, precision, limits) -> reason | None``: on any activations,
@@ -56,10 +60,6 @@ class Algorithm:
         if problem.weights not in self.weight_layouts:
             return f"it reads no {problem.weights!r} weights"
         ep = problem.epilogue
-        if ep.activation is not None and ep.activation not in self.activations:
-            return f"its epilogue applies no {ep.activation}"
-        if ep.residual is not None and not self.residual:
-            return "its epilogue adds no residual"
         if ep.scale != 1.0 and not self.scale:
             return "its epilogue scales no sum"
         return self.reason(problem, limits)
@@ -84,8 +84,16 @@ class Algorithm:
         """``knobs`` as text, the same in every process (``""``: none)."""
         return ",".join(f"{k}={v}" for k, v in sorted(knobs.items()))
 
+    def fuses(self, ep: Epilogue) -> bool:
+        """Whether its kernels apply ``ep``'s activation and residual themselves."""
+        return (ep.activation is None or ep.activation in self.activations) and (ep.residual is None or self.residual)
+
     def plan(self, problem: Problem, env: "_plan.Env", **knobs) -> "_plan.Plan":
         """The plan of ``problem`` on ``env.device`` with ``knobs`` (``{}``: the algorithm's defaults)."""
+        ep = problem.epilogue
+        if not self.fuses(ep):  # the convolution with its bias, then the epilogue as a pass of its own
+            inner = self.plan(dataclasses.replace(problem, epilogue=Epilogue(bias=ep.bias)), env, **knobs)
+            return with_epilogue(self.name, problem, env, inner)
         nothing = degenerate(self.name, problem, env)
         if nothing is not None:
             return nothing
@@ -97,6 +105,20 @@ class Algorithm:
 
     def __repr__(self) -> str:
         return f"<algorithm {self.name}>"
+
+
+def with_epilogue(name: str, problem: Problem, env: "_plan.Env", inner: "_plan.Plan") -> "_plan.Plan":
+    """``inner`` (the forward with its bias) followed by ``problem``'s activation and residual in one pass over the
+    output in place (``blocks.epilogue``; the residual lies as the output does)."""
+    spec, ep = problem.spec, problem.epilogue
+    b = _plan.Builder("fprop", env)
+    offset = b.take(inner.workspace)[1] if inner.workspace else 0
+    b.steps.append(_plan.Nested(inner, offset))
+    count = spec.n * spec.k * spec.p * spec.q
+    if count:
+        launch = _epilogue.launch(problem.dtype, count, ep.activation, ep.residual, ep.alpha)
+        b.launch(launch, b.ref("out"), b.ref("residual") if ep.residual else _plan.NULL, b.ref("out"))
+    return b.plan(name)
 
 
 def degenerate(name: str, problem: Problem, env: "_plan.Env") -> Optional["_plan.Plan"]:

@@ -17,8 +17,7 @@ STEM = "blocks/epilogue"
 _MAX_BLOCKS = 1 << 16
 ACT_CODES = {None: 0, **{name: i + 1 for i, name in enumerate(ACTIVATIONS)}}  # (epilogue.cuh's ACT)
 _RES_CODES = {None: 0, "before": 1, "after": 2}
-NAME_EXPRESSIONS = tuple(f"epilogue<{t},{a},{r}>" for t in _dtypes.ALL_CTYPE_NAMES for a in ACT_CODES.values()
-                         for r in _RES_CODES.values() if a or r)
+NAME_EXPRESSIONS = tuple(f"epilogue<{t}>" for t in _dtypes.ALL_CTYPE_NAMES)
 
 
 def launch(dtype, n: int, activation, residual, alpha: float = 0.0) -> "_loader.PreparedLaunch":
@@ -27,9 +26,10 @@ def launch(dtype, n: int, activation, residual, alpha: float = 0.0) -> "_loader.
     0), the result (may be y)."""
     if activation is None and residual is None:
         raise ValueError("cuconv: an epilogue launch needs an activation or a residual")
-    name = f"epilogue<{_dtypes.ctype_of(dtype)},{ACT_CODES[activation]},{_RES_CODES[residual]}>"
+    name = f"epilogue<{_dtypes.ctype_of(dtype)}>"
     return _loader.prepare(STEM, NAME_EXPRESSIONS, name, (_loader.blocks(n, _MAX_BLOCKS), 1, 1),
-                           (_loader.THREADS, 1, 1), 3, (numpy.int64(n), numpy.float32(alpha)))
+                           (_loader.THREADS, 1, 1), 3, (numpy.int64(n), numpy.int32(ACT_CODES[activation]),
+                                                         numpy.int32(_RES_CODES[residual]), numpy.float32(alpha)))
 
 
 def _erf(v: numpy.ndarray) -> numpy.ndarray:
