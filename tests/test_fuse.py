@@ -472,3 +472,31 @@ def test_models_whose_graph_depends_on_the_mode_fuse_only_their_sequentials():
     ref.train()
     fused.train()
     assert (fused(x) - ref(x)).abs().max() <= 1e-12 * ref(x).abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_functional_epilogue_on_cuda_is_one_fused_layer(dtype, channels_last):
+    """Without gradients on CUDA, conv2d with an activation and a residual runs one layer whose plan holds the
+    epilogue; its result matches torch's unfused ops (TF32 off), NCHW and channels-last, a residual of the other
+    layout copied; with gradients the same call is differentiable through torch's ops."""
+    torch.backends.cudnn.allow_tf32 = False
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(3, 16, 14, 13, device="cuda", generator=g).to(dtype)
+    w = torch.randn(24, 16, 3, 3, device="cuda", generator=g).to(dtype)
+    b = torch.randn(24, device="cuda", generator=g).to(dtype)
+    r = torch.randn(3, 24, 14, 13, device="cuda", generator=g).to(dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        want = _F.hardswish(_F.conv2d(x.double(), w.double(), b.double(), padding=1) + r.double())
+        for _ in range(2):  # (the second call: the layer kept for the signature)
+            got = cuconv.nn.functional.conv2d(x, w, b, padding=1, activation="hardswish", residual=r)
+            assert got.dtype == dtype and got.shape == want.shape
+            tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-3}[dtype]
+            assert float((got.double() - want).norm() / want.norm()) <= tol
+    xg = x.detach().clone().requires_grad_(True)
+    y = cuconv.nn.functional.conv2d(xg, w, b, padding=1, activation="hardswish", residual=r)
+    y.float().sum().backward()
+    assert xg.grad is not None and xg.grad.shape == x.shape

@@ -171,13 +171,13 @@ class Layer:
     channels-last."""
 
     __slots__ = ("spec", "dtype", "np_dtype", "device", "index", "precision", "algo", "bias", "x_shape", "w_shape",
-                 "out_shape", "benchmark", "benchmark_cache", "workspace_limit", "_aligned", "_unaligned", "_bias_grad", "_lock", "fprop",
+                 "out_shape", "benchmark", "benchmark_cache", "workspace_limit", "epilogue", "_aligned", "_unaligned", "_bias_grad", "_lock", "fprop",
                  "_bytes", "channels_last", "nhwc", "x_format", "_out_strides", "_dx_strides", "_bias_grad_nhwc",
                  "krsc", "w_format", "_dw_strides")
 
     def __init__(self, spec: ConvSpec, dtype: torch.dtype, device: torch.device, precision: str, algo: str,
                  bias: bool, x_shape: tuple, benchmark: bool, workspace_limit: int, channels_last: bool = False,
-                 w_channels_last: bool = False, benchmark_cache: str = None):
+                 w_channels_last: bool = False, benchmark_cache: str = None, epilogue=None):
         self.spec, self.dtype, self.device, self.precision, self.algo, self.bias = (spec, dtype, device, precision,
                                                                                     algo, bias)
         self.np_dtype = _NUMPY_DTYPES[dtype]
@@ -187,6 +187,9 @@ class Layer:
         # config.benchmark and benchmark_cache of the call that made the layer (its backward passes are tuned at
         # their first call, which autograd may run in another thread, outside a ``with cuconv.config`` block)
         self.benchmark, self.benchmark_cache = benchmark, benchmark_cache
+        # the forward's activation and residual (a ``cuconv.problem.Epilogue``, its bias flag the layer's; None:
+        # none): planned into its forward (``forward(..., residual=)``), inference only (no backward through it)
+        self.epilogue = epilogue
         # the workspace limit of the call that made the layer (part of its signature): its backward passes, which
         # autograd may run in another thread (outside a ``with cuconv.config`` block), choose and plan with it
         self.workspace_limit = workspace_limit
@@ -230,7 +233,8 @@ class Layer:
         env = _plan.env(self.index, self.workspace_limit, aligned)
         return dispatch.prepare(name, pass_, self.spec, self.np_dtype, self.precision, env,
                                  self.bias and pass_ == "fprop", "nhwc" if self.nhwc[pass_] else "nchw",
-                                 "krsc" if self.krsc[pass_] else "kcrs", knobs)
+                                 "krsc" if self.krsc[pass_] else "kcrs", knobs,
+                                 self.epilogue if pass_ == "fprop" else None)
 
     def plan(self, pass_: str, ptrs: tuple) -> "_plan.Plan":
         """The plan of ``pass_`` for these operand pointers (aligned or not), made the first time."""
@@ -269,7 +273,7 @@ class Layer:
 
         env = _plan.env(self.index, self.workspace_limit, aligned)
         problem = Problem.of(self.spec, self.np_dtype, self.precision, pass_,
-                             epilogue=BIAS if self.bias and pass_ == "fprop" else PLAIN)
+                             epilogue=(self.epilogue or BIAS if self.bias else self.epilogue or PLAIN) if pass_ == "fprop" else PLAIN)
 
         def run(choice):
             plan = self._prepare(pass_, choice.name, aligned, choice.knobs)
@@ -306,7 +310,9 @@ class Layer:
         return self._bytes.new_empty((nbytes,))
 
     # ---- the passes (tensors of the layer's dtype and device: contiguous, or x in ``x_format``) ---------------
-    def forward(self, x: torch.Tensor, w: torch.Tensor, b, eager: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, w: torch.Tensor, b, eager: bool = False, residual=None) -> torch.Tensor:
+        if self.epilogue is not None:
+            return self._forward_epilogue(x, w, b, eager, residual)
         if self.channels_last:
             return self._forward_channels_last(x, w, b, eager)
         out = x.new_empty(self.out_shape)  # (x is of the layer's dtype and device; no keywords to parse)
@@ -325,6 +331,31 @@ class Layer:
         else:
             plan.run(ptrs, stream, 0)
         return out
+
+    def _forward_epilogue(self, x, w, b, eager: bool, residual) -> torch.Tensor:
+        """A CUDA forward with its epilogue in its plan: the residual (where the epilogue adds one) read as the
+        output lies (a copy where it lies otherwise)."""
+        ep = self.epilogue
+        nhwc = self.channels_last and self.nhwc["fprop"]
+        if nhwc:
+            x = _nhwc_operand(x)
+            out = x.new_empty_strided(self.out_shape, self._out_strides)
+        else:
+            x = x.contiguous()
+            out = x.new_empty(self.out_shape)
+        r = 0
+        if ep.residual is not None:
+            if residual.stride() != out.stride():
+                residual = residual.contiguous(memory_format=torch.channels_last) if nhwc else residual.contiguous()
+            r = residual.data_ptr()
+        x_ptr, w_ptr, out_ptr = x.data_ptr(), w.data_ptr(), out.data_ptr()
+        b_ptr = 0 if b is None else b.data_ptr()
+        ptrs = (x_ptr, w_ptr, b_ptr, out_ptr)
+        aligned = not (x_ptr | w_ptr | b_ptr | out_ptr) & _MISALIGNED
+        plan = (self._aligned if aligned else self._unaligned).get("fprop") or self._plan_for("fprop", aligned, ptrs)
+        stream = _current_raw_stream(self.index)
+        plan.run(ptrs, stream, self._workspace(plan.workspace, stream, eager).data_ptr() if plan.workspace else 0, r)
+        return _channels_last_result(out, self._out_strides) if self.channels_last and not nhwc else out
 
     def _forward_channels_last(self, x, w, b, eager: bool) -> torch.Tensor:
         """The forward of a channels-last result: in place where ``nhwc["fprop"]`` (x dense channels-last, the

@@ -553,8 +553,28 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
 
 def _with_epilogue(input, weight, bias, stride, padding, dilation, groups, algo, activation, slope, residual,
                    position):
-    from ..problem import ACTIVATIONS, RESIDUALS
+    if (isinstance(input, _Tensor) and input.is_cuda and not _is_compiling() and _forward_ad._current_level < 0
+            and not (_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias, residual)))):
+        # inference on CUDA: the convolution and its epilogue as one plan of one layer (kept per signature)
+        y = _fused_inference(input, weight, bias, stride, padding, dilation, groups, algo, activation, slope,
+                             residual, position)
+        if y is not None:
+            return y
     from .fuse import _apply_activation
+
+    _check_epilogue(input, weight, stride, padding, dilation, groups, activation, slope, residual, position)
+    y = conv2d(input, weight, bias, stride, padding, dilation, groups, algo=algo)
+    if residual is not None and position == "before":
+        y = y + residual
+    y = _apply_activation(y, activation, float(slope))
+    if residual is not None and position == "after":
+        y = y + residual
+    return y
+
+
+def _check_epilogue(input, weight, stride, padding, dilation, groups, activation, slope, residual, position):
+    """The epilogue's arguments, and the residual's size against the result's, before anything runs."""
+    from ..problem import ACTIVATIONS, RESIDUALS
 
     if activation is not None and activation not in ACTIVATIONS:
         raise ValueError(f"conv2d(): argument 'activation' must be None or one of {ACTIVATIONS}, got {activation!r}")
@@ -572,16 +592,64 @@ def _with_epilogue(input, weight, bias, stride, padding, dilation, groups, algo,
         if tuple(residual.shape) != tuple(shape):
             raise ValueError(f"conv2d(): expected residual of size {list(shape)}, but got residual of size "
                              f"{list(residual.shape)}")
-    y = conv2d(input, weight, bias, stride, padding, dilation, groups, algo=algo)
-    if residual is not None and position == "before":
-        y = y + residual
-    y = _apply_activation(y, activation, float(slope))
-    if residual is not None and position == "after":
-        y = y + residual
-    return y
 
 
-def _checked(input, weight, bias, stride, padding, dilation, groups, algo, settings, autocast_done=False):
+def _fused_inference(input, weight, bias, stride, padding, dilation, groups, algo, activation, slope, residual,
+                     position):
+    """The forward with its epilogue through a layer whose plan holds it (``_bridge.Layer.epilogue``), or None where
+    that does not apply (tensors not plain, a residual of another dtype, device or layout than the plain path
+    takes). A signature seen before (the epilogue and the residual's shape, strides and dtype in it) costs a lookup;
+    a new one every check first."""
+    settings = _settings()
+    if _autocast_enabled("cuda"):
+        input, weight, bias = _autocast(input, weight, bias, "cuda")
+    if not (type(input) is _Tensor and _plain_tensor(weight) and (bias is None or _plain_tensor(bias))
+            and (residual is None or type(residual) is _Tensor)):
+        return None
+    base = _signature(input, weight, bias, stride, padding, dilation, groups, algo, settings)
+    key = None if base is None or type(activation) not in (str, type(None)) or type(position) is not str else (
+        base, activation, slope, position, None if residual is None else (residual.shape, residual.stride(),
+                                                                           residual.dtype, residual.get_device()))
+    layer = _layers.get(key) if key is not None else None
+    if layer is None:
+        from ..problem import Epilogue
+
+        _check_epilogue(input, weight, stride, padding, dilation, groups, activation, slope, residual, position)
+        if residual is not None and (residual.dtype != input.dtype or residual.device != input.device):
+            return None
+        ep = Epilogue(bias is not None, activation, float(slope) if activation == "leaky_relu" else 0.0,
+                      None if residual is None else position)
+        plain = _checked_layer(input, weight, bias, stride, padding, dilation, groups, algo, settings)
+        if plain is None or plain.index < 0:
+            return None
+        layer = _bridge.Layer(plain.spec, input.dtype, input.device, plain.precision, algo, bias is not None,
+                              tuple(input.shape), settings.benchmark, settings.workspace_limit,
+                              channels_last=plain.channels_last, w_channels_last=_only_channels_last(weight),
+                              benchmark_cache=settings.benchmark_cache, epilogue=ep)
+        if key is not None:
+            _remember(key, layer)
+    # (the weight as the layer's plans read it: channels-last where they take it so, else contiguous)
+    weight = weight.contiguous(memory_format=layer.w_format) if layer.w_format is not None else weight.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    if layer.index != _current_device():
+        with torch.cuda.device(layer.index):
+            return layer.forward(input, weight, bias, True, residual)
+    return layer.forward(input, weight, bias, True, residual)
+
+
+def _checked_layer(input, weight, bias, stride, padding, dilation, groups, algo, settings):
+    """The plain layer of these arguments after every check of ``_checked`` (which raises in torch's wording), made
+    and kept as a plain call's would be; None where its path is not a layer's (traced or meta tensors)."""
+    key = _signature(input, weight, bias, stride, padding, dilation, groups, algo, settings)
+    layer = _layers.get(key) if key is not None else None
+    if layer is None:
+        _checked(input, weight, bias, stride, padding, dilation, groups, algo, settings, autocast_done=True,
+                 run=False)
+        layer = _layers.get(key) if key is not None else None
+    return layer
+
+
+def _checked(input, weight, bias, stride, padding, dilation, groups, algo, settings, autocast_done=False, run=True):
     """Every check of torch's, in its wording, then the layer (made and kept for CUDA tensors) under ``settings``
     (``_config.Settings``; None: read here, past the traced path, which reads none: a custom op reads them when it
     runs)."""
@@ -633,4 +701,6 @@ def _checked(input, weight, bias, stride, padding, dilation, groups, algo, setti
         key = _signature(input, weight, bias, stride, padding, dilation, groups, algo, settings)
         if key is not None:
             _remember(key, layer)
+    if not run:
+        return None
     return _run_layer(layer, input, weight, bias)

@@ -78,43 +78,6 @@ def _apply_activation(y: torch.Tensor, activation: Optional[str], slope: float) 
     return torch.sigmoid(y)
 
 
-_launches = {}  # (device, dtype, elements, activation, residual, slope) -> the epilogue's prepared launch
-
-
-def _epilogue_in_place(y: torch.Tensor, residual, activation, slope: float, position) -> bool:
-    """The epilogue as one launch of ``blocks.epilogue`` over ``y`` in place, on torch's current stream (one pass
-    and one host call where torch's operations take two or three); False where it does not apply: a CPU tensor,
-    gradients recorded, torch.compile tracing, a dtype without a NumPy twin, a residual of another dtype, shape or
-    memory layout, an output that is not dense."""
-    if not y.is_cuda or torch.compiler.is_compiling():
-        return False
-    if torch.is_grad_enabled() and (y.requires_grad or (residual is not None and residual.requires_grad)):
-        return False
-    from . import _bridge
-
-    dtype = _bridge._NUMPY_DTYPES.get(y.dtype)
-    if dtype is None:
-        return False
-    if not (y.is_contiguous() or (y.dim() == 4 and y.is_contiguous(memory_format=torch.channels_last))):
-        return False
-    if residual is not None and (residual.dtype != y.dtype or residual.shape != y.shape
-                                 or residual.stride() != y.stride() or residual.device != y.device):
-        return False
-    from ..blocks import epilogue
-
-    res = None if residual is None else position
-    key = (y.device.index, y.dtype, y.numel(), activation, res, slope)
-    launch = _launches.get(key)
-    if launch is None:
-        if len(_launches) > 4096:
-            _launches.clear()
-        with torch.cuda.device(y.device):
-            launch = _launches[key] = epilogue.launch(dtype, y.numel(), activation, res, slope)
-    stream = _bridge._current_raw_stream(y.device.index)
-    launch(stream, y.data_ptr(), 0 if residual is None else residual.data_ptr(), y.data_ptr())
-    return True
-
-
 class FusedConv2d(torch.nn.Module):
     """One call of ``conv`` (a :class:`cuconv.nn.Conv2d`), the BatchNorm ``bn`` after it (or None), a residual
     added before the activation (``residual="before"``) or after it (``"after"``; None: no residual) and the
@@ -150,6 +113,14 @@ class FusedConv2d(torch.nn.Module):
         if (residual is None) != (self.residual is None):
             raise TypeError(f"FusedConv2d.forward(): {'a' if self.residual else 'no'} residual tensor expected")
         bn, conv = self.bn, self.conv
+        active = [m for m in self.passthrough if m.training]
+        if (bn is None or not bn.training) and not active and conv.padding_mode == "zeros":
+            # the whole chain as one call of cuconv's conv2d with its epilogue (on CUDA without gradients: one
+            # plan, the epilogue a pass of it or inside its kernels)
+            weight, bias = self._fold() if bn is not None else (conv.weight, conv.bias)
+            return F.conv2d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups, algo=conv.algo,
+                            activation=self.activation, negative_slope=self.slope, residual=residual,
+                            residual_position=self.residual or "before")
         if bn is not None and bn.training:  # train mode: the original graph, link by link
             self._folded = None  # (the running statistics change)
             y = bn(conv(x))
@@ -158,10 +129,6 @@ class FusedConv2d(torch.nn.Module):
             y = conv._conv_forward(x, weight, bias)
         else:
             y = conv(x)
-        active = [m for m in self.passthrough if m.training]
-        if (self.activation is not None or residual is not None) and (bn is None or not bn.training) and \
-                not active and _epilogue_in_place(y, residual, self.activation, self.slope, self.residual):
-            return y
         if self.residual == "before":
             y = y + residual
         y = _apply_activation(y, self.activation, self.slope)
