@@ -251,7 +251,8 @@ class Layer:
                     name = self.nhwc[pass_] or _select.resolve(algo, self.spec, self.np_dtype, self.precision,
                                                                  True, pass_, self.workspace_limit)
                     knobs = None
-                    if algo == "auto" and self.benchmark and not self.nhwc[pass_]:
+                    # (a layer with an epilogue is not timed: its candidates would need its residual)
+                    if algo == "auto" and self.benchmark and not self.nhwc[pass_] and self.epilogue is None:
                         name, knobs = self._tuned(pass_, name, ptrs, aligned)
                     plan = plans[pass_] = self._prepare(pass_, name, aligned, knobs)
         return plan
@@ -273,7 +274,7 @@ class Layer:
 
         env = _plan.env(self.index, self.workspace_limit, aligned)
         problem = Problem.of(self.spec, self.np_dtype, self.precision, pass_,
-                             epilogue=(self.epilogue or BIAS if self.bias else self.epilogue or PLAIN) if pass_ == "fprop" else PLAIN)
+                             epilogue=BIAS if self.bias and pass_ == "fprop" else PLAIN)
 
         def run(choice):
             plan = self._prepare(pass_, choice.name, aligned, choice.knobs)
