@@ -277,7 +277,8 @@ def _run_gpu(plan: _Plan, requested: str, x, weight, bias, y, settings, residual
     aligned (``_plan.ALIGNMENT``) and nothing is tuned (``settings.benchmark``), else the plan (``dispatch``) of
     what runs."""
     name, precision, spec, ep = plan.name, plan.precision, plan.spec, plan.epilogue
-    aligned = _plan.is_aligned(x.data.ptr, weight.data.ptr, 0 if bias is None else bias.data.ptr, y.data.ptr)
+    aligned = _plan.is_aligned(x.data.ptr, weight.data.ptr, 0 if bias is None else bias.data.ptr, y.data.ptr,
+                               0 if residual is None else residual.data.ptr)
     if plan.layout == "nhwc":  # (one channels-last candidate: nothing to time)
         gpu = plan.gpu if aligned else dispatch.prepare(
             name, "fprop", spec, x.dtype, precision, _plan.env(plan.gpu_env.device, plan.gpu_env.workspace_limit,

@@ -352,7 +352,7 @@ class Layer:
         x_ptr, w_ptr, out_ptr = x.data_ptr(), w.data_ptr(), out.data_ptr()
         b_ptr = 0 if b is None else b.data_ptr()
         ptrs = (x_ptr, w_ptr, b_ptr, out_ptr)
-        aligned = not (x_ptr | w_ptr | b_ptr | out_ptr) & _MISALIGNED
+        aligned = not (x_ptr | w_ptr | b_ptr | out_ptr | r) & _MISALIGNED  # (the residual too: kernels may vector it)
         plan = (self._aligned if aligned else self._unaligned).get("fprop") or self._plan_for("fprop", aligned, ptrs)
         stream = _current_raw_stream(self.index)
         plan.run(ptrs, stream, self._workspace(plan.workspace, stream, eager).data_ptr() if plan.workspace else 0, r)

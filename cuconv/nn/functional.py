@@ -622,10 +622,11 @@ def _fused_inference(input, weight, bias, stride, padding, dilation, groups, alg
         plain = _checked_layer(input, weight, bias, stride, padding, dilation, groups, algo, settings)
         if plain is None or plain.index < 0:
             return None
-        layer = _bridge.Layer(plain.spec, input.dtype, input.device, plain.precision, algo, bias is not None,
-                              tuple(input.shape), settings.benchmark, settings.workspace_limit,
-                              channels_last=plain.channels_last, w_channels_last=_only_channels_last(weight),
-                              benchmark_cache=settings.benchmark_cache, epilogue=ep)
+        with torch.cuda.device(input.device.index):  # (its choice and plans are made on the input's device)
+            layer = _bridge.Layer(plain.spec, input.dtype, input.device, plain.precision, algo, bias is not None,
+                                  tuple(input.shape), settings.benchmark, settings.workspace_limit,
+                                  channels_last=plain.channels_last, w_channels_last=_only_channels_last(weight),
+                                  benchmark_cache=settings.benchmark_cache, epilogue=ep)
         if key is not None:
             _remember(key, layer)
     # (the weight as the layer's plans read it: channels-last where they take it so, else contiguous)

@@ -138,9 +138,15 @@ class FusedConv2d(torch.nn.Module):
             y = y + residual
         return y
 
+    def refold(self) -> None:
+        """Forget the folded weight: for edits of the convolution's or BatchNorm's tensors through ``.data`` (which
+        leave their version counters alone, so the fold cannot see them)."""
+        self._folded = None
+
     def _fold(self):
         """``conv``'s weight and bias with ``bn`` (eval mode: its running statistics) folded in, computed in
-        float32 (float64 for a float64 weight) and rounded once to the weight's dtype."""
+        float32 (float64 for a float64 weight) and rounded once to the weight's dtype; kept while the tensors'
+        data pointers and versions stay (``refold`` after edits through ``.data``)."""
         conv, bn = self.conv, self.bn
         # (num_batches_tracked: a BatchNorm's training forward counts it up in place, whichever module runs it,
         # where its own kernel may update the statistics without a new version)
@@ -149,8 +155,11 @@ class FusedConv2d(torch.nn.Module):
         recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors[:4])
         # (under torch.compile the fold is part of the compiled graph: no data pointers to key a cache by)
         w = conv.weight
-        key = None if recording or torch.compiler.is_compiling() or w.is_meta else (bn.eps,) + tuple(
-            None if t is None else (t.data_ptr(), t._version, t.dtype, t.device, t.shape) for t in tensors)
+        try:
+            key = None if recording or torch.compiler.is_compiling() or w.is_meta else (bn.eps,) + tuple(
+                None if t is None else (t.data_ptr(), t._version, t.dtype, t.device, t.shape) for t in tensors)
+        except RuntimeError:  # (inference tensors have no version counter: folded on every call)
+            key = None
         if key is not None and self._folded is not None and self._folded[0] == key:
             return self._folded[1], self._folded[2]
         acc = torch.float64 if w.dtype == torch.float64 else torch.float32

@@ -206,6 +206,9 @@ def choose(problem: Problem, env, run: Callable[[Choice], None], device_name: st
 
 def _choose(problem: Problem, env, run, device_name, cache, timer) -> Choice:
     key = signature(device_name, problem.dtype, problem.precision, problem.pass_, problem.spec)
+    ep = problem.epilogue
+    if ep.fused:  # (an activation or residual pass changes what is timed: its own entry)
+        key += f"|{ep.activation},{ep.alpha},{ep.residual}"
     options = candidates(problem, env)
     with _lock:
         choice = _winners.get(key)
