@@ -11,6 +11,7 @@ import numbers
 from . import _backend, _dtypes
 from ._config import PRECISIONS
 from ._errors import ConvTypeError, ConvValueError
+from .problem import ACTIVATIONS, RESIDUALS, Epilogue
 from .spec import ConvSpec
 
 __all__ = ["array_kind", "resolve_precision", "check_arrays", "check_dtypes", "check_same_device", "check_out",
@@ -93,6 +94,20 @@ def check_out(out, shape, dtype):
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"conv2d(): expected out of size {list(shape)}, but got out of size "
                          f"{_shape(out)}")
+
+
+def epilogue_of(bias: bool, activation, slope, residual: bool, position):
+    """The ``Epilogue`` a call's ``activation``, ``negative_slope`` and ``residual_position`` ask for (``bias``,
+    ``residual``: whether it has them), its arguments checked in torch's manner; ``alpha`` kept for leaky_relu only,
+    so that calls differing in a slope they do not use share one plan."""
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ValueError(f"conv2d(): argument 'activation' must be None or one of {ACTIVATIONS}, got {activation!r}")
+    if not isinstance(slope, numbers.Real) or isinstance(slope, bool):
+        raise TypeError(f"conv2d(): argument 'negative_slope' must be a number, not {type(slope).__name__}")
+    if position not in RESIDUALS:
+        raise ValueError(f"conv2d(): argument 'residual_position' must be one of {RESIDUALS}, got {position!r}")
+    return Epilogue(bias, activation, float(slope) if activation == "leaky_relu" else 0.0,
+                    position if residual else None)
 
 
 def check_residual(residual, shape, x):

@@ -6,19 +6,18 @@ Arguments are checked here, once, in PyTorch's wording and before any kernel run
 
 from __future__ import annotations
 
-import numbers
 from typing import NamedTuple
 
 import numpy
 
 from . import _backend, _layout, _plan, dispatch, select as _select
 from .blocks import epilogue
-from .checks import check_arrays, check_out, check_residual, resolve_precision
+from .checks import check_arrays, check_out, check_residual, epilogue_of, resolve_precision
 from .cpu import reference
 from .select import autotune
 from ._config import config
 from .dispatch import call_key, empty_nhwc, nhwc_operand, nhwc_view
-from .problem import ACTIVATIONS, BIAS, PLAIN, RESIDUALS, Epilogue, Problem
+from .problem import BIAS, PLAIN, Epilogue, Problem
 from .spec import ConvSpec
 
 __all__ = ["conv2d"]
@@ -82,9 +81,9 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     >>> cuconv.conv2d(x, w, padding=(1, 0), stride=(2, 1)).shape
     (1, 4, 3, 4)
     """
-    ep = None  # the epilogue's (activation, slope, residual's place) where one is asked for, checked
+    ep = None  # the epilogue (an Epilogue, its bias flag included) where one is asked for, its arguments checked
     if activation is not None or residual is not None:
-        ep = _epilogue_args(activation, negative_slope, residual, residual_position)
+        ep = epilogue_of(bias is not None, activation, negative_slope, residual is not None, residual_position)
     settings = config.settings()  # (the one read of the configuration: passed down from here)
     operands = _operands(x, weight, bias, out, residual)
     key = (call_key(operands, stride, padding, dilation, groups, algo,
@@ -123,32 +122,20 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
         check_out(out, result_shape, x.dtype)
     if residual is not None:
         check_residual(residual, result_shape, x)
-    epilogue = None if ep is None else Epilogue(bias is not None, ep[0], ep[1], ep[2])
     if not on_gpu:
         return _run(numpy, _Plan(spec, name, precision, result_shape, unbatched, channels_last=channels_last,
-                                 epilogue=epilogue), x, weight, bias, out, algo, settings, residual)
+                                 epilogue=ep), x, weight, bias, out, algo, settings, residual)
     env = _plan.env(x.data.device_id, workspace_limit)
     plan = _Plan(spec, name, precision, result_shape, unbatched, env,
                  dispatch.prepare(name, "fprop", spec, x.dtype, precision, env, bias is not None, layout,
-                                  epilogue=epilogue),
-                 channels_last, layout, epilogue)
+                                  epilogue=ep),
+                 channels_last, layout, ep)
     if key is not None:
         if len(_plans) >= _PLANS_MAX:
             _plans.clear()
         _plans[key] = plan
     # (the input's device is current: above)
     return _run(_backend.cupy_or_none(), plan, x, weight, bias, out, algo, settings, residual)
-
-
-def _epilogue_args(activation, slope, residual, position) -> tuple:
-    """(activation, slope, the residual's place or None), checked in torch's manner before anything runs."""
-    if activation is not None and activation not in ACTIVATIONS:
-        raise ValueError(f"conv2d(): argument 'activation' must be None or one of {ACTIVATIONS}, got {activation!r}")
-    if not isinstance(slope, numbers.Real) or isinstance(slope, bool):
-        raise TypeError(f"conv2d(): argument 'negative_slope' must be a number, not {type(slope).__name__}")
-    if position not in RESIDUALS:
-        raise ValueError(f"conv2d(): argument 'residual_position' must be one of {RESIDUALS}, got {position!r}")
-    return activation, float(slope) if activation == "leaky_relu" else 0.0, None if residual is None else position
 
 
 def _same_layout(a, b) -> bool:

@@ -67,7 +67,8 @@ def main(path):
     for cid, spec, bias in specs():
         for env_name, env in dict(ENVS, sm90u=ENVS['sm90']._replace(aligned=False),
                                   sm90w=ENVS['sm90']._replace(workspace_limit=4 << 20)).items():
-            for pass_, (dtype, precision), layout in itertools.product(("fprop", "dgrad", "wgrad"), DTYPES, ("nchw", "nhwc")):
+            for pass_, (dtype, precision), layout in itertools.product(("fprop", "dgrad", "wgrad"), DTYPES,
+                                                                       ("nchw", "nhwc")):
                 for weights in (("kcrs", "krsc") if layout == "nhwc" else ("kcrs",)):
                     ep = BIAS if pass_ == "fprop" and bias else PLAIN
                     problem = Problem.of(spec, dtype, precision, pass_, layout, weights, ep)
@@ -87,7 +88,8 @@ def main(path):
                         n0, g0 = len(rec.launches), len(rec.gemms)
                         try:
                             pl = a.plan(problem, env, **dict(select.knobs(a.name, problem, env)))
-                            row["algos"][a.name] = {"ws": pl.workspace, "launches": [list(map(str, l)) for l in rec.launches[n0:]],
+                            launches = [list(map(str, launch)) for launch in rec.launches[n0:]]
+                            row["algos"][a.name] = {"ws": pl.workspace, "launches": launches,
                                                     "gemms": [repr(g) for g in rec.gemms[g0:]]}
                         except Exception as e:
                             row["algos"][a.name] = "E " + type(e).__name__ + ": " + str(e)

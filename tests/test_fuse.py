@@ -280,17 +280,23 @@ class _Untraceable(torch.nn.Module):
         return self.b(y)
 
 
-def test_models_that_do_not_trace_fuse_their_sequential_blocks_in_place():
-    ref, fused = _pair(_Untraceable)
-    assert type(fused) is _Untraceable and len(_fused_modules_in_sequentials(fused)) == 2
-    assert sorted(ref.state_dict()) == sorted(fused.state_dict())
-    x = torch.randn(2, 3, 9, 9, dtype=torch.float64)
+def _agree_in_both_modes(ref, fused, x):
+    """The fused model's output equals the original's in eval mode (no gradients), then in train mode; both
+    models are left in train mode."""
     with torch.no_grad():
         assert (fused(x) - ref(x)).abs().max() <= 1e-12 * ref(x).abs().max()
     ref.train()
     fused.train()
     want, got = ref(x), fused(x)
     assert (got - want).abs().max() <= 1e-12 * want.abs().max()
+
+
+def test_models_that_do_not_trace_fuse_their_sequential_blocks_in_place():
+    ref, fused = _pair(_Untraceable)
+    assert type(fused) is _Untraceable and len(_fused_modules_in_sequentials(fused)) == 2
+    assert sorted(ref.state_dict()) == sorted(fused.state_dict())
+    x = torch.randn(2, 3, 9, 9, dtype=torch.float64)
+    _agree_in_both_modes(ref, fused, x)
     assert torch.allclose(fused.a[1].running_mean, ref.a[1].running_mean, rtol=1e-12, atol=0)
     fused.eval()
     ref.eval()
@@ -420,7 +426,8 @@ class _MBConv(torch.nn.Module):
     def __init__(self, c):
         super().__init__()
         self.block = torch.nn.Sequential(
-            torch.nn.Sequential(torch.nn.Conv2d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c), torch.nn.SiLU()),
+            torch.nn.Sequential(torch.nn.Conv2d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c),
+                                torch.nn.SiLU()),
             torch.nn.Sequential(torch.nn.Conv2d(c, c, 1, bias=False), torch.nn.BatchNorm2d(c)))
         self.stochastic_depth = StochasticDepth(0.5)
 
@@ -466,12 +473,7 @@ def test_models_whose_graph_depends_on_the_mode_fuse_only_their_sequentials():
     ref, fused = _pair(_ModeBranch)
     assert type(fused) is _ModeBranch and _fused_modules_in_sequentials(fused)
     assert sorted(ref.state_dict()) == sorted(fused.state_dict())
-    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
-    with torch.no_grad():
-        assert (fused(x) - ref(x)).abs().max() <= 1e-12 * ref(x).abs().max()
-    ref.train()
-    fused.train()
-    assert (fused(x) - ref(x)).abs().max() <= 1e-12 * ref(x).abs().max()
+    _agree_in_both_modes(ref, fused, torch.randn(2, 3, 6, 6, dtype=torch.float64))
 
 
 @pytest.mark.gpu

@@ -22,13 +22,12 @@ over the output.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import numpy
 
 from .. import _plan
-import dataclasses
-
 from ..blocks import bias as _bias, elementwise, epilogue as _epilogue
 from ..problem import PASSES, Epilogue, Problem
 

@@ -9,7 +9,7 @@ import math
 import numpy
 
 from .. import _dtypes, _loader
-from ..problem import ACTIVATIONS, RESIDUALS
+from ..problem import ACTIVATIONS
 
 __all__ = ["launch", "apply_numpy", "ACT_CODES", "NAME_EXPRESSIONS", "STEM"]
 
@@ -65,8 +65,6 @@ def _activate(v: numpy.ndarray, activation, alpha: float) -> numpy.ndarray:
 def apply_numpy(y: numpy.ndarray, r, activation, residual, alpha: float, out: numpy.ndarray) -> None:
     """``out[...] = `` the epilogue of ``y`` (residual ``r`` added ``residual``: of ``RESIDUALS`` or None), computed
     in float32 (float64 for float64) and rounded once; ``out`` may be ``y``."""
-    if residual is not None and residual not in RESIDUALS:
-        raise ValueError(f"cuconv: residual must be None or one of {RESIDUALS}, got {residual!r}")
     acc = numpy.float64 if y.dtype == numpy.float64 else numpy.float32
     v = y.astype(acc)
     if residual == "before":

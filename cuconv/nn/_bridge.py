@@ -171,8 +171,9 @@ class Layer:
     channels-last."""
 
     __slots__ = ("spec", "dtype", "np_dtype", "device", "index", "precision", "algo", "bias", "x_shape", "w_shape",
-                 "out_shape", "benchmark", "benchmark_cache", "workspace_limit", "epilogue", "_aligned", "_unaligned", "_bias_grad", "_lock", "fprop",
-                 "_bytes", "channels_last", "nhwc", "x_format", "_out_strides", "_dx_strides", "_bias_grad_nhwc",
+                 "out_shape", "benchmark", "benchmark_cache", "workspace_limit", "epilogue", "_aligned", "_unaligned",
+                 "_bias_grad", "_lock", "fprop", "_bytes", "channels_last", "nhwc", "x_format", "_out_strides",
+                 "_dx_strides", "_bias_grad_nhwc",
                  "krsc", "w_format", "_dw_strides")
 
     def __init__(self, spec: ConvSpec, dtype: torch.dtype, device: torch.device, precision: str, algo: str,

@@ -18,6 +18,7 @@ import torch
 from .. import _layout
 from .._config import config
 from .._errors import ConvTypeError, ConvValueError
+from ..checks import epilogue_of
 from ..dispatch import call_key
 from ..select import algorithms
 from ..spec import ConvSpec, output_size
@@ -287,8 +288,8 @@ def _traced_layer(x, w, has_bias, stride, padding, dilation, groups, algo, preci
     settings = _settings()  # (a custom op is an entry point: it reads the configuration once)
     stride, padding, dilation = tuple(stride), tuple(padding), tuple(dilation)
     key = call_key(("traced", x_shape, dtype, str(x.device), w_shape, has_bias), stride, padding, dilation, groups,
-                   algo, (precision, settings.workspace_limit, settings.benchmark, settings.benchmark_cache, channels_last,
-                          w_channels_last))
+                   algo, (precision, settings.workspace_limit, settings.benchmark, settings.benchmark_cache,
+                          channels_last, w_channels_last))
     layer = _layers.get(key) if key is not None else None
     if layer is None:
         n, c, h, wd = x_shape
@@ -554,34 +555,25 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
 def _with_epilogue(input, weight, bias, stride, padding, dilation, groups, algo, activation, slope, residual,
                    position):
     if (isinstance(input, _Tensor) and input.is_cuda and not _is_compiling() and _forward_ad._current_level < 0
-            and not (_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias, residual)))):
+            and not (_grad_enabled()
+                     and any(t is not None and t.requires_grad for t in (input, weight, bias, residual)))):
         # inference on CUDA: the convolution and its epilogue as one plan of one layer (kept per signature)
         y = _fused_inference(input, weight, bias, stride, padding, dilation, groups, algo, activation, slope,
                              residual, position)
         if y is not None:
             return y
-    from .fuse import _apply_activation
+    from .fuse import apply_epilogue
 
-    _check_epilogue(input, weight, stride, padding, dilation, groups, activation, slope, residual, position)
+    ep = _check_epilogue(input, weight, bias, stride, padding, dilation, groups, activation, slope, residual,
+                         position)
     y = conv2d(input, weight, bias, stride, padding, dilation, groups, algo=algo)
-    if residual is not None and position == "before":
-        y = y + residual
-    y = _apply_activation(y, activation, float(slope))
-    if residual is not None and position == "after":
-        y = y + residual
-    return y
+    return apply_epilogue(y, ep.activation, ep.alpha, residual, ep.residual)
 
 
-def _check_epilogue(input, weight, stride, padding, dilation, groups, activation, slope, residual, position):
-    """The epilogue's arguments, and the residual's size against the result's, before anything runs."""
-    from ..problem import ACTIVATIONS, RESIDUALS
-
-    if activation is not None and activation not in ACTIVATIONS:
-        raise ValueError(f"conv2d(): argument 'activation' must be None or one of {ACTIVATIONS}, got {activation!r}")
-    if not isinstance(slope, (int, float)) or isinstance(slope, bool):
-        raise TypeError(f"conv2d(): argument 'negative_slope' must be a number, not {type(slope).__name__}")
-    if position not in RESIDUALS:
-        raise ValueError(f"conv2d(): argument 'residual_position' must be one of {RESIDUALS}, got {position!r}")
+def _check_epilogue(input, weight, bias, stride, padding, dilation, groups, activation, slope, residual, position):
+    """The ``Epilogue`` of these arguments (``checks.epilogue_of``), the residual's type and size against the
+    result's checked too, before anything runs."""
+    ep = epilogue_of(bias is not None, activation, slope, residual is not None, position)
     if residual is not None and not isinstance(residual, _Tensor):
         raise TypeError(f"conv2d(): argument 'residual' must be Tensor, not {type(residual).__name__}")
     if residual is not None and isinstance(input, _Tensor) and isinstance(weight, _Tensor) and \
@@ -592,6 +584,7 @@ def _check_epilogue(input, weight, stride, padding, dilation, groups, activation
         if tuple(residual.shape) != tuple(shape):
             raise ValueError(f"conv2d(): expected residual of size {list(shape)}, but got residual of size "
                              f"{list(residual.shape)}")
+    return ep
 
 
 def _fused_inference(input, weight, bias, stride, padding, dilation, groups, algo, activation, slope, residual,
@@ -612,13 +605,10 @@ def _fused_inference(input, weight, bias, stride, padding, dilation, groups, alg
                                                                            residual.dtype, residual.get_device()))
     layer = _layers.get(key) if key is not None else None
     if layer is None:
-        from ..problem import Epilogue
-
-        _check_epilogue(input, weight, stride, padding, dilation, groups, activation, slope, residual, position)
+        ep = _check_epilogue(input, weight, bias, stride, padding, dilation, groups, activation, slope, residual,
+                             position)
         if residual is not None and (residual.dtype != input.dtype or residual.device != input.device):
             return None
-        ep = Epilogue(bias is not None, activation, float(slope) if activation == "leaky_relu" else 0.0,
-                      None if residual is None else position)
         plain = _checked_layer(input, weight, bias, stride, padding, dilation, groups, algo, settings)
         if plain is None or plain.index < 0:
             return None

@@ -31,7 +31,7 @@ import torch
 from . import functional as F
 from .modules import Conv2d
 
-__all__ = ["FusedConv2d", "fuse", "activation_of"]
+__all__ = ["FusedConv2d", "fuse", "activation_of", "apply_epilogue"]
 
 _nnF = torch.nn.functional
 
@@ -76,6 +76,17 @@ def _apply_activation(y: torch.Tensor, activation: Optional[str], slope: float) 
     if activation == "hardsigmoid":
         return _nnF.hardsigmoid(y)
     return torch.sigmoid(y)
+
+
+def apply_epilogue(y: torch.Tensor, activation, slope: float, residual, position, passthrough=()) -> torch.Tensor:
+    """The epilogue as torch's operations (differentiable): ``residual`` added ``position`` ("before" or "after")
+    the activation, the ``passthrough`` modules between the activation and a residual added after it."""
+    if position == "before":
+        y = y + residual
+    y = _apply_activation(y, activation, slope)
+    for m in passthrough:
+        y = m(y)
+    return y + residual if position == "after" else y
 
 
 class FusedConv2d(torch.nn.Module):
@@ -129,14 +140,7 @@ class FusedConv2d(torch.nn.Module):
             y = conv._conv_forward(x, weight, bias)
         else:
             y = conv(x)
-        if self.residual == "before":
-            y = y + residual
-        y = _apply_activation(y, self.activation, self.slope)
-        for m in active:
-            y = m(y)
-        if self.residual == "after":
-            y = y + residual
-        return y
+        return apply_epilogue(y, self.activation, self.slope, residual, self.residual, active)
 
     def refold(self) -> None:
         """Forget the folded weight: for edits of the convolution's or BatchNorm's tensors through ``.data`` (which

@@ -5,9 +5,11 @@ Like ``torch.backends.cudnn.benchmark``: the first call with a given signature (
 precision, pass and the full geometry ``ConvSpec``) runs each candidate on the real inputs, timed with CUDA
 events on the current stream, and every later call with that signature runs the winner. A candidate is a
 ``cuconv.select.Choice``: an algorithm that can implement the problem with one of its knob settings
-(``Algorithm.knobs``: implicit_gemm's tiles, for instance), the selector's own choice among them. Winners live in memory for the process and, where ``cuconv.config.benchmark_cache`` names a file,
-also on disk (JSON), so a later process on the same kind of device skips the timing. The file is a cache, never
-an authority: an entry that names no algorithm able to serve its case is timed afresh, a damaged file is
+(``Algorithm.knobs``: implicit_gemm's tiles, for instance), the selector's own choice among them. Winners live in
+memory for the process and, where ``cuconv.config.benchmark_cache`` names a file, also on disk (JSON: ``"name"``
+or ``"name[knob=value,...]"``), so a later process on the same kind of device skips the timing. The file is a
+cache, never an authority: an entry that names no candidate of its case (an algorithm that cannot serve it, knobs it does not
+offer) is timed afresh, a damaged file is
 rewritten, one that cannot be read is left alone, and writers (threads and processes) lock, merge and replace
 it atomically; a location that cannot be written costs a warning, not the call. Entries carry the
 device name: another device misses and times again. During CUDA-graph capture nothing is timed (that would
@@ -212,8 +214,7 @@ def _choose(problem: Problem, env, run, device_name, cache, timer) -> Choice:
     options = candidates(problem, env)
     with _lock:
         choice = _winners.get(key)
-    if choice not in options:  # (a winner of another environment: another workspace limit, say)
-        choice = None
+    if choice not in options:  # (none yet, or a winner of another environment: another workspace limit, say)
         entry = (_load_disk(cache) or {}).get(key) if cache else None
         choice = None if entry is None else parse(entry, options)
     if choice is not None:

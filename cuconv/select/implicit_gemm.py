@@ -44,9 +44,10 @@ def tile_for(pass_: str, spec: ConvSpec, dtype, nhwc: bool, env: Env, splits: in
     wgrad's tile where it serves (``wgrad_tma_tile``), else ``wgrad_tile``. A dgrad at a stride above 1: the
     phases' ``phase_tile``. The forward, and the stride-1 dgrad as the forward of dy: ``choose_tile``; on
     channels-last activations, a packed tile, a grouped forward through a block-diagonal weight on a wgmma device
-    (``block_diagonal_tile``, its weight within the workspace limit), and where the GEMM reads its input in place and stores a dense output through the
-    TMA the persistent tile where one pays (``persistent_tile``). An NCHW stride-1 dgrad takes a packed tile
-    where an NchwTile's flipped copy of the weight would not fit the workspace limit."""
+    (``block_diagonal_tile``, its weight within the workspace limit), and where the GEMM reads its input in place
+    and stores a dense output through the TMA the persistent tile where one pays (``persistent_tile``). An NCHW
+    stride-1 dgrad takes a packed tile where an NchwTile's flipped copy of the weight would not fit the workspace
+    limit."""
     dtype = numpy.dtype(dtype)
     if pass_ == "wgrad":
         tile = wgrad_tma_tile(spec, dtype) if nhwc and env.wgmma and env.aligned else None

@@ -745,7 +745,8 @@ def print_tables(report: dict) -> None:
         print("\ninference, cuconv fused: torch time / cuconv fused time against torch eager, torch with its "
               "BatchNorms folded, cuconv unfused; eager, then CUDA-graph replay (GPU time alone); torch.compile")
         for name, mode, e in fused:
-            cells = [e[f"{k}_eager_infer_ms"] / e["cuconv_fused_eager_infer_ms"] for k in ("torch", "torch_folded", "cuconv")]
+            cells = [e[f"{k}_eager_infer_ms"] / e["cuconv_fused_eager_infer_ms"]
+                     for k in ("torch", "torch_folded", "cuconv")]
             cells += [e[f"{k}_graph_infer_ms"] / e["cuconv_fused_graph_infer_ms"] for k in ("torch", "torch_folded")]
             if "torch_compile_default_infer_ms" in e:
                 cells.append(e["torch_compile_default_infer_ms"] / e["cuconv_fused_eager_infer_ms"])

@@ -26,7 +26,8 @@ lists the ones a problem offers the autotuner. The launches of a problem are pla
 (``_loader.PreparedLaunch``): a call costs two launches per chunk and one allocation of host time, an
 NchwTile one launch per chunk and no allocation.
 float32 "ieee" and float64 are refused (they need FFMA arithmetic: ``direct_smem`` / ``im2col_gemm``), as are dilated
-dgrads at a stride above 1. Where the grid would leave SMs idle the GEMM is split over k ranges (the selector's ``splits_for``):
+dgrads at a stride above 1. Where the grid would leave SMs idle the GEMM is split over k ranges (the selector's
+``splits_for``):
 fp32 partial sums that ``sum_splits`` adds in a fixed order with the bias.
 
 The package: ``tiles`` (the instances of every engine, ``Plan``, split-K), ``launch`` (a kernel fetched from the
