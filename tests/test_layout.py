@@ -228,7 +228,7 @@ def test_cupy_channels_last_arrays_run_in_place(dtype_name):
         y = cuconv.conv2d(x, w, b, precision="ieee", **kwargs)
         assert is_channels_last(y)
         key = dispatch.call_key(conv._operands(x, w, b, None), 1, kwargs.get("padding", 0), 1, 1, "auto",
-                                ("ieee", cuconv.config.precision, cuconv.config.workspace_limit))
+                                ("ieee", cuconv.config.precision, cuconv.config.workspace_limit, None))
         assert (conv._plans[key].layout == "nhwc") == in_place
         nchw = cuconv.conv2d(cupy.ascontiguousarray(x), w, b, precision="ieee", **kwargs)
         numpy.testing.assert_allclose(cupy.asnumpy(y).astype(numpy.float64), cupy.asnumpy(nchw).astype(numpy.float64),

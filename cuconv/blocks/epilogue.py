@@ -29,7 +29,7 @@ def launch(dtype, n: int, activation, residual, alpha: float = 0.0) -> "_loader.
     name = f"epilogue<{_dtypes.ctype_of(dtype)}>"
     return _loader.prepare(STEM, NAME_EXPRESSIONS, name, (_loader.blocks(n, _MAX_BLOCKS), 1, 1),
                            (_loader.THREADS, 1, 1), 3, (numpy.int64(n), numpy.int32(ACT_CODES[activation]),
-                                                         numpy.int32(_RES_CODES[residual]), numpy.float32(alpha)))
+                                                         numpy.int32(_RES_CODES[residual]), numpy.float64(alpha)))
 
 
 def _erf(v: numpy.ndarray) -> numpy.ndarray:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy
 
-from ..algos.im2col_gemm import plan_chunks
+from ..algos.im2col_gemm import chunk_bytes, plan_chunks
 from ..blocks.col2im import col2im_cpu
 from ..blocks.im2col import im2col_cpu
 from ..spec import ConvSpec
@@ -47,8 +47,10 @@ def _samples_matmul(matmul, w: numpy.ndarray, x: numpy.ndarray) -> numpy.ndarray
 
 def _chunks(spec: ConvSpec, cdt: numpy.dtype, workspace_limit: int, overlap: bool):
     """(first sample, samples, first output row, rows) of each chunk whose column matrix in ``cdt`` stays within
-    ``workspace_limit`` (im2col_gemm's ``plan_chunks``; ``overlap``: the forward's chunking)."""
-    return plan_chunks(spec, cdt.itemsize, workspace_limit, overlap).chunks(spec)
+    ``workspace_limit`` (im2col_gemm's ``plan_chunks``; ``overlap``: the forward's chunking), one output row at
+    least: the limit bounds GPU memory, and the host path refuses no problem for it."""
+    limit = max(workspace_limit, chunk_bytes(spec, 1, 1, cdt.itemsize))
+    return plan_chunks(spec, cdt.itemsize, limit, overlap).chunks(spec)
 
 
 def _zero_if_degenerate(spec: ConvSpec, grad: numpy.ndarray) -> bool:

@@ -3,7 +3,8 @@
 // after), act(y[i]) (res 0), computed in fp32 (fp64 for double) and rounded once; ``out`` may be ``y``.
 //
 // Kernel   epilogue<T>(y, r, out, n, act, res, alpha)   act: the activation's code (epilogue.cuh), alpha
-//                                                        leaky_relu's slope; r unused (null) where res is 0
+//                                                        leaky_relu's slope (a double: float64's
+//                                                        slope is not rounded to fp32); r unused (null) where res is 0
 // One instance a type: the activation and the residual's place are launch-wide values (the pass is bound by
 // memory; a uniform branch costs nothing there), not template parameters (116 instances to compile).
 // Mapping: a grid-stride loop, one element a thread a step (coalesced over i); y, r and out share one layout.
@@ -13,7 +14,7 @@
 using cuconv::i64;
 
 template <typename T>
-__global__ void epilogue(const T* y, const T* __restrict__ r, T* out, i64 n, int act, int res, float alpha) {
+__global__ void epilogue(const T* y, const T* __restrict__ r, T* out, i64 n, int act, int res, double alpha) {
     using A = typename cuconv::Acc<T>::type;
     for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += static_cast<i64>(gridDim.x) * blockDim.x) {
