@@ -274,7 +274,7 @@ class PreparedLaunch:
     threads are serialised around the shared buffer (the driver copies the parameters when it enqueues).
     Made on the device it launches on (the function handle belongs to that device's context)."""
 
-    __slots__ = ("fn", "name", "grid", "block", "smem", "device", "_handle", "_pointers", "_keep", "_params",
+    __slots__ = ("fn", "name", "grid", "block", "smem", "device", "_handle", "_pointers", "_n_pointers", "_keep", "_params",
                  "_lock", "_driver", "_runtime")
 
     def __init__(self, fn, name: str, grid: tuple, block: tuple, n_pointers: int, scalars: tuple = (),
@@ -290,6 +290,7 @@ class PreparedLaunch:
         self._handle = fn.kernel.ptr  # the CUfunction of the RawKernel (on the current device)
         # (a ctypes array: a call writes all its pointers with one slice assignment)
         self._pointers = (ctypes.c_uint64 * max(1, n_pointers))()
+        self._n_pointers = n_pointers
         self._keep = [numpy.array(v) for v in scalars]  # 0-d arrays: stable storage of each value
         base = ctypes.addressof(self._pointers)
         addresses = [base + 8 * i for i in range(n_pointers)]
@@ -304,6 +305,11 @@ class PreparedLaunch:
             except Exception as exc:  # CUDADriverError: more than the device gives a block
                 raise KernelLaunchError(f"cuconv: kernel {name} cannot have {smem} bytes of shared memory: "
                                         f"{exc}") from exc
+
+    @property
+    def n_pointers(self) -> int:
+        """How many pointers a launch passes (every one, null included: a launch writes only those it is given)."""
+        return self._n_pointers
 
     def __call__(self, stream: int, *pointers: int) -> None:
         self.launch(stream, pointers)

@@ -229,6 +229,10 @@ class Builder:
         """A launch step (None, and nothing appended, where ``kernel`` is None: nothing to do)."""
         if kernel is None:
             return None
+        expected = getattr(kernel, "n_pointers", None)
+        if expected is not None and len(refs) != expected:  # (a pointer not passed keeps the last call's)
+            raise ValueError(f"cuconv: {getattr(kernel, 'name', kernel)} takes {expected} pointers, the plan gives "
+                             f"{len(refs)}")
         step = Launch(kernel, *refs)
         if append:
             self.steps.append(step)

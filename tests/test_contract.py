@@ -181,3 +181,28 @@ def test_a_nested_plan_sees_the_operands_its_workspace_region_and_the_residual()
     outer.run((1, 2, 3, 4), 99, 1 << 20, residual=777)
     ((bases, stream),) = seen
     assert stream == 99 and bases == (1, 2, 3, 4, (1 << 20) + offset, 777, 0) and outer.workspace >= offset + 512
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype,precision", [(numpy.float16, "ieee"), (numpy.float32, "tf32")])
+def test_implicit_gemm_applies_its_epilogue_where_it_stores(monkeypatch, layout, dtype, precision):
+    """implicit_gemm's kernels apply the activation and the residual: no epilogue pass, the residual's pointer
+    given to the launch that writes the output (the GEMM, or the sum of its splits), every tile it offers; a
+    residual keeps the output off the TMA store, whose kernels apply an activation alone."""
+    recorder = fake_device(monkeypatch)
+    spec = cuconv.ConvSpec.from_args((2, 64, 8, 8), (64, 64, 3, 3), padding=1)
+    env = ENVS["sm90"]
+    algorithm = algos.get("implicit_gemm")
+    residual_index = len(_plan.OPERANDS["fprop"]) + 1
+    for epilogue in (Epilogue(bias=True, activation="relu"), Epilogue(bias=True, activation="silu", residual="after")):
+        problem = Problem.of(spec, dtype, precision, "fprop", layout, epilogue=epilogue)
+        assert algorithm.fuses(epilogue) and algorithm.can_implement(problem, env) is None
+        for knobs in algorithm.knobs(problem, env):
+            del recorder.launches[:]
+            plan = algorithm.plan(problem, env, **knobs)
+            assert all(stem != "blocks/epilogue" for stem, *_ in recorder.launches)
+            writers = [s for s in plan.steps if isinstance(s, _plan.Launch) and (3, 0) in s.refs]
+            assert writers and all(s.refs[-1] == ((residual_index, 0) if epilogue.residual else _plan.NULL)
+                                   for s in writers)
+            if epilogue.residual:
+                assert not any("_st<" in s.kernel.name or "_pst<" in s.kernel.name for s in writers)

@@ -94,8 +94,8 @@ class Algorithm:
             inner = self.plan(dataclasses.replace(problem, epilogue=Epilogue(bias=ep.bias)), env, **knobs)
             return with_epilogue(self.name, problem, env, inner)
         nothing = degenerate(self.name, problem, env)
-        if nothing is not None:
-            return nothing
+        if nothing is not None:  # (the bias, or zeros, alone: the activation and the residual in a pass after)
+            return with_epilogue(self.name, problem, env, nothing) if ep.fused else nothing
         return self.build(problem, env, **knobs)
 
     def build(self, problem: Problem, env: "_plan.Env", **knobs) -> "_plan.Plan":

@@ -17,14 +17,15 @@
 // k = 16 (m16n8k16), and the ldmatrix addressing is byte-for-byte the same for both (the lane addressing in the main loop).
 // The epilogue stages the accumulator tile through shared memory as [n][m] and writes NCHW rows of m
 // with 128-byte coalesced stores, or, for channels-last outputs in whole 16-byte vectors of filters, as
-// [m][n] and writes 16-byte vectors of a pixel's filters (store_tile_nhwc); bias added in fp32 before the one
-// rounding.
+// [m][n] and writes 16-byte vectors of a pixel's filters (store_tile_nhwc); the epilogue (bias, then a residual
+// before or after an activation: Epi) applied in fp32 before the one rounding.
 //
 // TF32: the pack kernels round float32 to TF32 (cvt.rna) once, so the MMAs see rounded operands.
 
 #pragma once
 
 #include "common.cuh"
+#include "epilogue.cuh"
 #include "mma.cuh"
 
 namespace cuconv {
@@ -76,6 +77,68 @@ struct Geometry {
 };
 static_assert(sizeof(Geometry) == 128 && alignof(Geometry) == 8,  // 16 ints, 4 long longs from byte 64, 8 ints
               "GEOMETRY_DTYPE in cuconv/algos/implicit_gemm/launch.py has this layout");
+
+// A forward's epilogue as its kernels take it, launch-wide values (EPILOGUE_DTYPE in launch.py): act the
+// activation's code (epilogue.cuh; 0: none), res where the residual is added (0: none, 1: before the
+// activation, 2: after it), alpha leaky_relu's slope. Runtime values, not template parameters: every
+// activation and place would multiply the 116 forward instances by 30, and the branches are uniform across
+// the launch, taken once per output element after the main loop.
+struct Epilogue {
+    int act, res;
+    float alpha;
+    int unused;
+};
+static_assert(sizeof(Epilogue) == 16, "EPILOGUE_DTYPE in cuconv/algos/implicit_gemm/launch.py has this layout");
+
+// What the stores apply to the fp32 sums: the bias (or null), the residual r (or null: res 0), lying as the
+// output does (the same element offset), and the Epilogue's codes. Backward passes and split-K's partial sums
+// take none (Epi<T>{}): their stores write the bare sums.
+template <typename T>
+struct Epi {
+    const T* bias = nullptr;
+    const T* r = nullptr;
+    int act = 0, res = 0;
+    float alpha = 0.f;
+};
+
+template <typename T>
+__device__ __forceinline__ Epi<T> epi_of(const T* bias, const T* r, const Epilogue& e) {
+    Epi<T> ep;
+    ep.bias = bias;
+    ep.r = r;
+    ep.act = e.act;
+    ep.res = e.res;
+    ep.alpha = e.alpha;
+    return ep;
+}
+
+template <typename T>
+__device__ __forceinline__ Epi<T> bias_only(const T* bias) {
+    Epi<T> ep;
+    ep.bias = bias;
+    return ep;
+}
+
+template <typename T>
+__device__ __forceinline__ float bias_at(const Epi<T>& ep, long long filter) {
+    return ep.bias != nullptr ? to_acc(ep.bias[filter]) : 0.f;
+}
+
+// v (the sum plus its bias) through the residual and the activation; off: the element's offset in the output
+// (and in r). The residual is read where its value is needed (rv: a value already loaded, where the caller
+// read a vector of them).
+template <typename T>
+__device__ __forceinline__ float finish(float v, const Epi<T>& ep, float rv) {
+    if (ep.res == 1) v += rv;
+    if (ep.act != 0) v = activate<float>(ep.act, v, ep.alpha);
+    if (ep.res == 2) v += rv;
+    return v;
+}
+
+template <typename T>
+__device__ __forceinline__ float finish_at(float v, const Epi<T>& ep, long long off) {
+    return finish(v, ep, ep.res != 0 ? to_acc(ep.r[off]) : 0.f);
+}
 
 // One thread's share of a k tile: the 16-byte vector column `vec` of ROWS_A rows of A (output pixels,
 // gathered from the packed input) and ROWS_B rows of B (packed weight rows), every ROWS_PER_PASS-th row
@@ -156,7 +219,7 @@ struct TileLoader {
 // pixels of a filter row per warp store; elsewhere 32 pixels per store
 // (whole 128-byte runs in fp32 where dense), each pixel's image and place found on its own.
 template <typename T, int BM, int BN, int WARPS>
-__device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geometry& g, const T* __restrict__ bias,
+__device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geometry& g, const Epi<T>& ep,
                                                 T* __restrict__ y, int m0, int n0, int warp, int lane) {
     constexpr int kCPitch = BM + 4;
     constexpr int kCols = BM / 32;  // output pixels per lane per channel
@@ -169,25 +232,31 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
         if (rem + BM <= pq && m0 + BM <= g.m && rem % 4 == 0 && pq % 4 == 0 && g.out_img % 4 == 0 && g.out_k % 4 == 0 &&
             g.out_col == 1 && g.out_row == g.q &&
             reinterpret_cast<unsigned long long>(y) % (4 * sizeof(T)) == 0) {
-            T* yl = y + img * g.out_img + rem + 4 * lane;
+            const long long base = img * g.out_img + rem + 4 * lane;
+            T* yl = y + base;
             for (int nl = warp; nl < BN; nl += WARPS) {
                 const int n = n0 + nl;
                 if (n >= g.k) break;
-                const float b = bias != nullptr ? to_acc(bias[filter0 + n]) : 0.f;
+                const float b = bias_at(ep, filter0 + n);
+                const long long off = base + (filter0 + n) * g.out_k;
                 T* dst = yl + (filter0 + n) * g.out_k;
 #pragma unroll
                 for (int j = 0; j < BM / 128; ++j) {
-                    const float4 v = *reinterpret_cast<const float4*>(&c_smem[nl * kCPitch + 128 * j + 4 * lane]);
+                    float4 v = *reinterpret_cast<const float4*>(&c_smem[nl * kCPitch + 128 * j + 4 * lane]);
+                    v.x = finish_at(v.x + b, ep, off + 128 * j);
+                    v.y = finish_at(v.y + b, ep, off + 128 * j + 1);
+                    v.z = finish_at(v.z + b, ep, off + 128 * j + 2);
+                    v.w = finish_at(v.w + b, ep, off + 128 * j + 3);
                     // (in PTX: the C++ float4 store came out of NVRTC as four 4-byte stores)
                     if constexpr (sizeof(T) == 4) {
                         asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + 128 * j),
-                                     "f"(v.x + b), "f"(v.y + b), "f"(v.z + b), "f"(v.w + b) : "memory");
+                                     "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
                     } else {
                         unsigned lo, hi;
-                        put_bits(lo, 0, from_acc<T>(v.x + b));
-                        put_bits(lo, 1, from_acc<T>(v.y + b));
-                        put_bits(hi, 0, from_acc<T>(v.z + b));
-                        put_bits(hi, 1, from_acc<T>(v.w + b));
+                        put_bits(lo, 0, from_acc<T>(v.x));
+                        put_bits(lo, 1, from_acc<T>(v.y));
+                        put_bits(hi, 0, from_acc<T>(v.z));
+                        put_bits(hi, 1, from_acc<T>(v.w));
                         asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(dst + 128 * j), "r"(lo), "r"(hi)
                                      : "memory");
                     }
@@ -203,12 +272,11 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
             const int m = m0 + ml;
             if (m >= g.m) break;
             const int img = m / pq, rem = m - img * pq, op = rem / g.q;
-            T* yp = y + img * g.out_img + op * g.out_row + (rem - op * g.q) * g.out_col + filter0;
+            const long long off = img * g.out_img + op * g.out_row + (rem - op * g.q) * g.out_col + filter0;
             for (int nl = lane; nl < BN; nl += 32) {
                 const int n = n0 + nl;
                 if (n >= g.k) break;
-                const float b = bias != nullptr ? to_acc(bias[filter0 + n]) : 0.f;
-                yp[n] = from_acc<T>(c_smem[nl * kCPitch + ml] + b);
+                y[off + n] = from_acc<T>(finish_at(c_smem[nl * kCPitch + ml] + bias_at(ep, filter0 + n), ep, off + n));
             }
         }
         return;
@@ -225,29 +293,33 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
     for (int nl = warp; nl < BN; nl += WARPS) {
         const int n = n0 + nl;
         if (n >= g.k) break;
-        const float b = bias != nullptr ? to_acc(bias[filter0 + n]) : 0.f;
-        T* yn = y + (filter0 + n) * g.out_k;
+        const float b = bias_at(ep, filter0 + n);
+        const long long fo = (filter0 + n) * g.out_k;
 #pragma unroll
         for (int j = 0; j < kCols; ++j)
-            if (m_ok[j]) yn[out_off[j]] = from_acc<T>(c_smem[nl * kCPitch + lane + 32 * j] + b);
+            if (m_ok[j])
+                y[fo + out_off[j]] = from_acc<T>(finish_at(c_smem[nl * kCPitch + lane + 32 * j] + b, ep,
+                                                           fo + out_off[j]));
     }
 }
 
 // Channels-last outputs in whole 16-byte vectors of filters (filters adjacent, out_k == 1; K, the pixels'
 // strides and y vector-aligned; not split over k): the epilogue stages the tile as c_smem[pixel][filter]
-// (pitch BN + 4, store_tile_nhwc) instead, so that a thread reads a vector's filters of one pixel together.
+// (pitch BN + 4, store_tile_nhwc) instead, so that a thread reads a vector's filters of one pixel together (and
+// of the residual, where there is one, a vector at the same place).
 template <typename T>
-__device__ __forceinline__ bool nhwc_vectors(const Geometry& g, const T* y) {
+__device__ __forceinline__ bool nhwc_vectors(const Geometry& g, const T* y, const Epi<T>& ep) {
     constexpr int kVec = 16 / static_cast<int>(sizeof(T));
     return g.split_stride == 0 && g.out_k == 1 && g.k % kVec == 0 && g.out_img % kVec == 0 &&
-           g.out_row % kVec == 0 && g.out_col % kVec == 0 && reinterpret_cast<unsigned long long>(y) % 16 == 0;
+           g.out_row % kVec == 0 && g.out_col % kVec == 0 && reinterpret_cast<unsigned long long>(y) % 16 == 0 &&
+           (ep.res == 0 || reinterpret_cast<unsigned long long>(ep.r) % 16 == 0);
 }
 
 // The tile from c_smem[pixel][filter] (pitch BN + 4) to channels-last pixels, bias added before the one
 // rounding: a thread per (pixel, 16-byte vector of filters), 8 consecutive threads 8 pixels of one vector
 // (their 16-byte reads 4 banks apart: no conflicts), so a warp stores 4 vectors, 64 bytes, of each of 8 pixels.
 template <typename T, int BM, int BN, int WARPS>
-__device__ __forceinline__ void store_tile_nhwc(const float* c_smem, const Geometry& g, const T* __restrict__ bias,
+__device__ __forceinline__ void store_tile_nhwc(const float* c_smem, const Geometry& g, const Epi<T>& ep,
                                                 T* __restrict__ y, int m0, int n0, int tid) {
     constexpr int kVec = 16 / static_cast<int>(sizeof(T)), kPitch = BN + 4, kVectors = BN / kVec;
     constexpr int kPerWord = 4 / static_cast<int>(sizeof(T));
@@ -261,7 +333,11 @@ __device__ __forceinline__ void store_tile_nhwc(const float* c_smem, const Geome
         const int m = m0 + ml, n = n0 + nl;
         if (m >= g.m || n >= g.k) continue;
         const int img = m / pq, rem = m - img * pq, op = rem / g.q;
-        T* yp = y + img * g.out_img + op * g.out_row + (rem - op * g.q) * g.out_col + filter0 + n;
+        const long long off = img * g.out_img + op * g.out_row + (rem - op * g.q) * g.out_col + filter0 + n;
+        T* yp = y + off;
+        uint4 rw = make_uint4(0, 0, 0, 0);  // the residual's vector (it lies as y: 16-byte aligned with it)
+        if (ep.res != 0) rw = *reinterpret_cast<const uint4*>(ep.r + off);
+        const T* re = reinterpret_cast<const T*>(&rw);
         unsigned word[4];
 #pragma unroll
         for (int v = 0; v < kVec / 4; ++v) {
@@ -270,8 +346,8 @@ __device__ __forceinline__ void store_tile_nhwc(const float* c_smem, const Geome
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int el = 4 * v + i;
-                const float b = bias != nullptr ? to_acc(bias[filter0 + n + el]) : 0.f;
-                put_bits(word[el / kPerWord], el % kPerWord, from_acc<T>(e[i] + b));
+                const float acc = e[i] + bias_at(ep, filter0 + n + el);
+                put_bits(word[el / kPerWord], el % kPerWord, from_acc<T>(finish(acc, ep, to_acc(re[el]))));
             }
         }
         *reinterpret_cast<uint4*>(yp) = make_uint4(word[0], word[1], word[2], word[3]);
@@ -280,23 +356,24 @@ __device__ __forceinline__ void store_tile_nhwc(const float* c_smem, const Geome
 
 // The block's tile to the output in T, or, split over k (split_stride), to its fp32 partial sums.
 template <typename T, int BM, int BN, int WARPS>
-__device__ __forceinline__ void store_tile(const float* c_smem, const Geometry& g, const T* __restrict__ bias,
+__device__ __forceinline__ void store_tile(const float* c_smem, const Geometry& g, const Epi<T>& ep,
                                            T* __restrict__ y, int m0, int n0, int warp, int lane) {
     if (g.split_stride != 0)
-        store_tile_nchw<float, BM, BN, WARPS>(c_smem, g, nullptr, reinterpret_cast<float*>(y) +
+        store_tile_nchw<float, BM, BN, WARPS>(c_smem, g, Epi<float>{}, reinterpret_cast<float*>(y) +
                                               blockIdx.z * g.split_stride, m0, n0, warp, lane);
     else
-        store_tile_nchw<T, BM, BN, WARPS>(c_smem, g, bias, y, m0, n0, warp, lane);
+        store_tile_nchw<T, BM, BN, WARPS>(c_smem, g, ep, y, m0, n0, warp, lane);
 }
 
 }  // namespace igemm
 }  // namespace cuconv
 
-// Both GEMM kernels take the packed operands, the bias (or null), the output chunk and the geometry as one
-// struct: a launch's host time grows with its argument count.
+// The GEMM kernels take the packed operands, the bias (or null), the output chunk, the residual (or null), the
+// geometry as one struct and the epilogue's codes as another: a launch's host time grows with its argument
+// count.
 #define CUCONV_IGEMM_PARAMS                                                                          \
     const T *__restrict__ x, const T *__restrict__ wp, const T *__restrict__ bias, T *__restrict__ y, \
-        const igemm::Geometry g
+        const T *__restrict__ res, const igemm::Geometry g, const igemm::Epilogue e
 
 
 // A strided dgrad's phases (implicit_gemm/dgrad_phases.py: phase_specs) in one launch: grid z the phase, each its own

@@ -11,7 +11,7 @@ namespace igemm {
 // implicit_gemm_fprop's block (m_block, n_block) of k range `split` on geometry g.
 template <typename T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int KB>
 __device__ __forceinline__ void mma_block(const T* __restrict__ x, const T* __restrict__ wp,
-                                          const T* __restrict__ bias, T* __restrict__ y, const Geometry& g,
+                                          const Epi<T>& ep, T* __restrict__ y, const Geometry& g,
                                           int m_block, int n_block, int split) {
     constexpr int kRowBytes = KB;                // k bytes per smem row and per k tile (64 or 128)
     constexpr int kPitch = kRowBytes + 16;       // padded row: conflict-free ldmatrix (80 or 144 bytes)
@@ -99,7 +99,7 @@ __device__ __forceinline__ void mma_block(const T* __restrict__ x, const T* __re
     // [m][n] (pitch BN + 4) -> channels-last vectors
     float* c_smem = reinterpret_cast<float*>(smem);
     const int gid = lane >> 2, tig = lane & 3;
-    if (nhwc_vectors(g, y)) {
+    if (nhwc_vectors(g, y, ep)) {
         constexpr int kNPitch = BN + 4;
 #pragma unroll
         for (int i = 0; i < MI; ++i)
@@ -111,7 +111,7 @@ __device__ __forceinline__ void mma_block(const T* __restrict__ x, const T* __re
                 *reinterpret_cast<float2*>(&c_smem[(m + 8) * kNPitch + n]) = make_float2(acc[i][j][2], acc[i][j][3]);
             }
         __syncthreads();
-        store_tile_nhwc<T, BM, BN, WARPS_M * WARPS_N>(c_smem, g, bias, y, m0, n0, threadIdx.x);
+        store_tile_nhwc<T, BM, BN, WARPS_M * WARPS_N>(c_smem, g, ep, y, m0, n0, threadIdx.x);
         return;
     }
     constexpr int kCPitch = BM + 4;
@@ -128,7 +128,7 @@ __device__ __forceinline__ void mma_block(const T* __restrict__ x, const T* __re
         }
     __syncthreads();
 
-    store_tile<T, BM, BN, WARPS_M * WARPS_N>(c_smem, g, bias, y, m0, n0, warp, lane);
+    store_tile<T, BM, BN, WARPS_M * WARPS_N>(c_smem, g, ep, y, m0, n0, warp, lane);
 }
 }  // namespace igemm
 }  // namespace cuconv
@@ -136,8 +136,8 @@ __device__ __forceinline__ void mma_block(const T* __restrict__ x, const T* __re
 template <typename T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int KB>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
 implicit_gemm_fprop(CUCONV_IGEMM_PARAMS) {
-    cuconv::igemm::mma_block<T, BM, BN, WARPS_M, WARPS_N, STAGES, KB>(x, wp, bias, y, g, blockIdx.x, blockIdx.y,
-                                                                      blockIdx.z);
+    cuconv::igemm::mma_block<T, BM, BN, WARPS_M, WARPS_N, STAGES, KB>(x, wp, cuconv::igemm::epi_of(bias, res, e), y,
+                                                                      g, blockIdx.x, blockIdx.y, blockIdx.z);
 }
 
 
@@ -148,6 +148,7 @@ implicit_gemm_fprop_phases(const T* __restrict__ x, const T* __restrict__ wp, co
     const int z = blockIdx.z;
     const igemm::Geometry& g = ph.g[z];
     if (static_cast<int>(blockIdx.x) * BM >= g.m) return;
-    cuconv::igemm::mma_block<T, BM, BN, WARPS_M, WARPS_N, STAGES, KB>(x, wp + ph.w_offset[z], bias,
+    cuconv::igemm::mma_block<T, BM, BN, WARPS_M, WARPS_N, STAGES, KB>(x, wp + ph.w_offset[z],
+                                                                      cuconv::igemm::bias_only(bias),
                                                                       y + ph.y_offset[z], g, blockIdx.x, blockIdx.y, 0);
 }

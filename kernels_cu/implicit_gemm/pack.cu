@@ -379,7 +379,8 @@ pack_dgrad_phases(const T* __restrict__ w, T* __restrict__ dst, const PhaseWeigh
 
 // ---------------------------------------------------------------------------------------------------
 // Split-K's last launch: y = Σ_z partials[z] + bias, the fp32 partial sums of the GEMM's k ranges (z = 0, 1,
-// ... in order: deterministic) with the filter's bias, rounded once. The partials have y's layout, n elements
+// ... in order: deterministic) with the filter's bias, then the epilogue (the residual res lies as y), rounded
+// once. The partials have y's layout, n elements
 // apart; an element's filter is (i / pq) % k (NCHW; wgrad has no bias).
 struct SplitSum {
     long long n;
@@ -390,9 +391,11 @@ static_assert(sizeof(SplitSum) == 24 && alignof(SplitSum) == 8,
 
 template <typename T>
 __global__ void __launch_bounds__(256)
-sum_splits(const float* __restrict__ partials, const T* __restrict__ bias, T* __restrict__ y, const SplitSum ss) {
+sum_splits(const float* __restrict__ partials, const T* __restrict__ bias, T* __restrict__ y,
+           const T* __restrict__ res, const SplitSum ss, const cuconv::igemm::Epilogue e) {
+    const cuconv::igemm::Epi<T> ep = cuconv::igemm::epi_of(bias, res, e);
     for (long long i = blockIdx.x * 256LL + threadIdx.x; i < ss.n; i += gridDim.x * 256LL) {
-        float v = bias != nullptr ? to_acc(bias[(i / ss.pq) % ss.k]) : 0.f;
+        float v = cuconv::igemm::bias_at(ep, (i / ss.pq) % ss.k);
         // eight partial sums' loads in flight before the first add (a load an add was latency-bound), added in
         // the order of z all the same
         float sum = 0.f;
@@ -405,6 +408,6 @@ sum_splits(const float* __restrict__ partials, const T* __restrict__ bias, T* __
             for (int u = 0; u < 8; ++u) sum += part[u];
         }
         for (; z < ss.splits; ++z) sum += partials[z * ss.n + i];
-        y[i] = from_acc<T>(sum + v);
+        y[i] = from_acc<T>(cuconv::igemm::finish_at(sum + v, ep, i));
     }
 }

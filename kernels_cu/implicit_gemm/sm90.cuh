@@ -254,7 +254,7 @@ template <int kThreads, bool NAMED> __device__ __forceinline__ void epilogue_syn
 
 template <typename T, int BF, int BP, int WG_P, int NW, bool NAMED = false>
 __device__ __forceinline__ void wgmma_epilogue(float (&acc)[NW][64], unsigned char* stage, const Geometry& g,
-                                               const T* __restrict__ bias, T* __restrict__ y, int m0, int n0) {
+                                               const Epi<T>& ep, T* __restrict__ y, int m0, int n0) {
     constexpr int kThreads = BF / 64 * WG_P * 128;
     constexpr int kWgPixels = BP / WG_P;
     cp_async_wait<0>();
@@ -263,7 +263,7 @@ __device__ __forceinline__ void wgmma_epilogue(float (&acc)[NW][64], unsigned ch
     const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32, wg = tid / 128;
     const int wg_f = wg % (BF / 64), wg_p = wg / (BF / 64);
     const int row = wg_f * 64 + (warp % 4) * 16 + lane / 4;
-    if (nhwc_vectors(g, y)) {  // [pixel][filter], pitch BF + 4: a warp's 8 columns x 8 rows hit 32 banks
+    if (nhwc_vectors(g, y, ep)) {  // [pixel][filter], pitch BF + 4: a warp's 8 columns x 8 rows hit 32 banks
         constexpr int kFPitch = BF + 4;
 #pragma unroll
         for (int n = 0; n < NW; ++n)
@@ -276,7 +276,7 @@ __device__ __forceinline__ void wgmma_epilogue(float (&acc)[NW][64], unsigned ch
                 c_smem[(col + 1) * kFPitch + row + 8] = acc[n][4 * j + 3];
             }
         epilogue_sync<kThreads, NAMED>();
-        store_tile_nhwc<T, BP, BF, kThreads / 32>(c_smem, g, bias, y, m0, n0, tid);
+        store_tile_nhwc<T, BP, BF, kThreads / 32>(c_smem, g, ep, y, m0, n0, tid);
         return;
     }
     constexpr int kCPitch = BP + 4;  // rows 4 banks apart: a warp's 8 rows x 8 columns hit 32 banks
@@ -290,7 +290,7 @@ __device__ __forceinline__ void wgmma_epilogue(float (&acc)[NW][64], unsigned ch
                 make_float2(acc[n][4 * j + 2], acc[n][4 * j + 3]);
         }
     epilogue_sync<kThreads, NAMED>();
-    store_tile<T, BP, BF, kThreads / 32>(c_smem, g, bias, y, m0, n0, warp, lane);
+    store_tile<T, BP, BF, kThreads / 32>(c_smem, g, ep, y, m0, n0, warp, lane);
 }
 
 }  // namespace igemm

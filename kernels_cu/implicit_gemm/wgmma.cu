@@ -94,7 +94,7 @@ implicit_gemm_wgmma(CUCONV_IGEMM_PARAMS) {
 #pragma unroll
     for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
 
-    wgmma_epilogue<T, BF, BP, WG_P>(acc, smem + (base - smem_addr(smem)), g, bias, y, m0, n0);
+    wgmma_epilogue<T, BF, BP, WG_P>(acc, smem + (base - smem_addr(smem)), g, epi_of(bias, res, e), y, m0, n0);
 #else
     __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
 #endif

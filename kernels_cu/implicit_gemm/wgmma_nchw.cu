@@ -178,7 +178,7 @@ implicit_gemm_wgmma_nchw(CUCONV_IGEMM_PARAMS) {
         wgmma_wait<0>();
     }
     fence_acc(acc[0]);
-    wgmma_epilogue<T, BF, BP, 1>(acc, stage, g, bias, y, m0, n0);
+    wgmma_epilogue<T, BF, BP, 1>(acc, stage, g, epi_of(bias, res, e), y, m0, n0);
 #else
     __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
 #endif

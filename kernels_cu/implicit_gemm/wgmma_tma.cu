@@ -87,15 +87,23 @@ __device__ __forceinline__ void tma_store_drain() { asm volatile("cp.async.bulk.
 // kOverlap (implicit_gemm_wgmma_tma_pst, a staging of its own): the stores of the block's previous tile may still
 // be reading it: the storing thread waits for them before the consumers meet, and returns as soon as this tile's
 // are issued (the block's last ones: tma_store_drain before it exits).
+// The epilogue's activation alone: the plans give these kernels no residual (the TMA store clips what lies past
+// the output, a residual's loads would need guards of their own; a residual takes the kernels that store from
+// shared memory, store_tile_nhwc).
+template <typename T>
+__device__ __forceinline__ float activated(float v, const Epi<T>& ep) {
+    return ep.act != 0 ? activate<float>(ep.act, v, ep.alpha) : v;
+}
+
 template <typename T, int BF, int BP, int NW, bool kRows = false, bool kOverlap = false>
 __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigned stage, const Geometry& g,
-                                                   const T* __restrict__ bias, const TensorMap& y_map, int m0,
+                                                   const Epi<T>& ep, const TensorMap& y_map, int m0,
                                                    int n0, int row = 0) {
     constexpr int kThreads = BF / 64 * 128;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32, wg = tid / 128;
     const int f0 = n0 + wg * 64 + (warp % 4) * 16 + lane / 4;  // the thread's filters f0, f0 + 8
-    const float b0 = bias != nullptr && f0 < g.k ? to_acc(bias[f0]) : 0.f;
-    const float b1 = bias != nullptr && f0 + 8 < g.k ? to_acc(bias[f0 + 8]) : 0.f;
+    const float b0 = f0 < g.k ? bias_at(ep, f0) : 0.f;
+    const float b1 = f0 + 8 < g.k ? bias_at(ep, f0 + 8) : 0.f;
     const unsigned box = stage + wg * BP * 128;
     const int q = lane / 8, r = lane % 8;  // this lane's address: row r of block q of an stmatrix
     const int chunk = (warp % 4) * 2 + q % 2;  // the block's 8 filters: a 16-byte chunk of the box's row
@@ -110,7 +118,7 @@ __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigne
             for (int k = 0; k < 4; ++k) {
                 const int i = 4 * (j + k / 2) + 2 * (k % 2);
                 const float b = k % 2 ? b1 : b0;
-                v[k] = pair_word<T>(acc[n][i] + b, acc[n][i + 1] + b);
+                v[k] = pair_word<T>(activated(acc[n][i] + b, ep), activated(acc[n][i + 1] + b, ep));
             }
             const int pixel = n * 128 + 8 * (j + q / 2) + r;
             const unsigned addr = box + pixel * 128 + ((chunk ^ (pixel % 8)) << 4);
@@ -172,7 +180,7 @@ struct Im2colWalk {
 // and weight (grid constants: kernel parameters, or members of one).
 template <typename T, int BF, int BP, int STAGES, int KB>
 __device__ __forceinline__ void wgmma_tma_block(const T* __restrict__ x, const T* __restrict__ wp,
-                                                const T* __restrict__ bias, T* __restrict__ y, const Geometry& g,
+                                                const Epi<T>& ep, T* __restrict__ y, const Geometry& g,
                                                 const TensorMap& x_map, const TensorMap& w_map, int m_block,
                                                 int n_block, int split, const TensorMap* y_map = nullptr) {
 #ifdef CUCONV_IGEMM_WGMMA
@@ -250,13 +258,13 @@ __device__ __forceinline__ void wgmma_tma_block(const T* __restrict__ x, const T
     // Every slot was full before a consumer read it, so every copy has landed: once the consumers meet (the
     // epilogue's first barrier), the slots are free for the staging.
     if (y_map != nullptr) {  // (implicit_gemm_wgmma_tma_st; never with a block-diagonal weight: no fixup here)
-        tma_store_epilogue<T, BF, BP, NW>(acc, base, g, bias, *y_map, m0, n0);
+        tma_store_epilogue<T, BF, BP, NW>(acc, base, g, ep, *y_map, m0, n0);
         return;
     }
-    wgmma_epilogue<T, BF, BP, 1, NW, true>(acc, smem + (base - smem_addr(smem)), g, bias, y, m0, n0);
+    wgmma_epilogue<T, BF, BP, 1, NW, true>(acc, smem + (base - smem_addr(smem)), g, ep, y, m0, n0);
     if (g.block_diag != 0) {
         epilogue_sync<kConsumers, true>();  // the tile is stored
-        if (*nonfinite_flag) block_diag_fixup<T, BF, BP>(x, wp, bias, y, g, m0, n0, tid, kConsumers);
+        if (*nonfinite_flag) block_diag_fixup<T, BF, BP>(x, wp, ep.bias, y, g, m0, n0, tid, kConsumers);
     }
 #endif
 }
@@ -268,7 +276,8 @@ __global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
 implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::TensorMap x_map,
                         const __grid_constant__ igemm::TensorMap w_map) {
 #ifdef CUCONV_IGEMM_WGMMA
-    igemm::wgmma_tma_block<T, BF, BP, STAGES, KB>(x, wp, bias, y, g, x_map, w_map, blockIdx.x, blockIdx.y, blockIdx.z);
+    igemm::wgmma_tma_block<T, BF, BP, STAGES, KB>(x, wp, igemm::epi_of(bias, res, e), y, g, x_map, w_map, blockIdx.x,
+                                                   blockIdx.y, blockIdx.z);
 #else
     __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
 #endif
@@ -282,7 +291,8 @@ implicit_gemm_wgmma_tma_st(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::T
                            const __grid_constant__ igemm::TensorMap w_map,
                            const __grid_constant__ igemm::TensorMap y_map) {
 #ifdef CUCONV_IGEMM_WGMMA
-    igemm::wgmma_tma_block<T, BF, BP, STAGES, KB>(x, wp, bias, y, g, x_map, w_map, blockIdx.x, blockIdx.y, 0, &y_map);
+    igemm::wgmma_tma_block<T, BF, BP, STAGES, KB>(x, wp, igemm::epi_of(bias, res, e), y, g, x_map, w_map, blockIdx.x,
+                                                   blockIdx.y, 0, &y_map);
 #else
     __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
 #endif
@@ -304,6 +314,7 @@ implicit_gemm_wgmma_tma_pst(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::
                             const __grid_constant__ igemm::TensorMap y_map) {
 #ifdef CUCONV_IGEMM_WGMMA
     using namespace igemm;
+    const Epi<T> ep = epi_of(bias, res, e);
     constexpr int kConsumers = BF / 64 * 128;
     constexpr int TK = KB / sizeof(T);  // k per tile: TK channels of one tap
     constexpr int NW = BP / 128;
@@ -362,7 +373,7 @@ implicit_gemm_wgmma_tma_pst(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::
         mbarrier_arrive(empty + 8 * ((it - 1) % STAGES));
 #pragma unroll
         for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
-        tma_store_epilogue<T, BF, BP, NW, false, true>(acc, staging, g, bias, y_map, mb * BP, n0);
+        tma_store_epilogue<T, BF, BP, NW, false, true>(acc, staging, g, ep, y_map, mb * BP, n0);
     }
     if (tid == 0) tma_store_drain();  // (the staging stays allocated until the stores have read it)
 #else
@@ -391,8 +402,8 @@ implicit_gemm_wgmma_tma_phases(const T* __restrict__ x, const T* __restrict__ wp
     if (static_cast<int>(blockIdx.x) * BP >= g.m) return;
     const igemm::TensorMap& xm = z == 0 ? x0 : z == 1 ? x1 : z == 2 ? x2 : x3;
     const igemm::TensorMap& wm = z == 0 ? w0 : z == 1 ? w1 : z == 2 ? w2 : w3;
-    igemm::wgmma_tma_block<T, BF, BP, STAGES, KB>(x, wp, bias, y + ph.y_offset[z], g, xm, wm, blockIdx.x, blockIdx.y,
-                                                   0);
+    igemm::wgmma_tma_block<T, BF, BP, STAGES, KB>(x, wp, igemm::bias_only(bias), y + ph.y_offset[z], g, xm, wm,
+                                                   blockIdx.x, blockIdx.y, 0);
 #else
     __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
 #endif
@@ -426,7 +437,7 @@ namespace igemm {
 // the TMA (tma_store_epilogue).
 template <typename T, int BF, int BP, int STAGES, int CP>
 __device__ __forceinline__ void wgmma_tma_rows_block(const T* __restrict__ x, const T* __restrict__ wp,
-                                                     const T* __restrict__ bias, T* __restrict__ y,
+                                                     const Epi<T>& ep, T* __restrict__ y,
                                                      const Geometry& g, const TensorMap& x_map,
                                                      const TensorMap& w_map, const TensorMap* y_map) {
 #ifdef CUCONV_IGEMM_WGMMA
@@ -515,12 +526,12 @@ __device__ __forceinline__ void wgmma_tma_rows_block(const T* __restrict__ x, co
     for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
 
     if (y_map != nullptr) {
-        tma_store_epilogue<T, BF, BP, NW, true>(acc, base, g, bias, *y_map, q0, n0, row);
+        tma_store_epilogue<T, BF, BP, NW, true>(acc, base, g, ep, *y_map, q0, n0, row);
         return;
     }
     Geometry row_g = g;  // the epilogue stores this row's pixels only
     row_g.m = min(g.m, m0 + min(BP, g.q - q0));
-    wgmma_epilogue<T, BF, BP, 1, NW, true>(acc, smem + (base - smem_addr(smem)), row_g, bias, y, m0, n0);
+    wgmma_epilogue<T, BF, BP, 1, NW, true>(acc, smem + (base - smem_addr(smem)), row_g, ep, y, m0, n0);
 #endif
 }
 }  // namespace igemm
@@ -531,7 +542,8 @@ __global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
 implicit_gemm_wgmma_tma_rows(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::TensorMap x_map,
                              const __grid_constant__ igemm::TensorMap w_map) {
 #ifdef CUCONV_IGEMM_WGMMA
-    igemm::wgmma_tma_rows_block<T, BF, BP, STAGES, CP>(x, wp, bias, y, g, x_map, w_map, nullptr);
+    igemm::wgmma_tma_rows_block<T, BF, BP, STAGES, CP>(x, wp, igemm::epi_of(bias, res, e), y, g, x_map, w_map,
+                                                        nullptr);
 #else
     __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
 #endif
@@ -544,7 +556,8 @@ implicit_gemm_wgmma_tma_rows_st(CUCONV_IGEMM_PARAMS, const __grid_constant__ ige
                                 const __grid_constant__ igemm::TensorMap w_map,
                                 const __grid_constant__ igemm::TensorMap y_map) {
 #ifdef CUCONV_IGEMM_WGMMA
-    igemm::wgmma_tma_rows_block<T, BF, BP, STAGES, CP>(x, wp, bias, y, g, x_map, w_map, &y_map);
+    igemm::wgmma_tma_rows_block<T, BF, BP, STAGES, CP>(x, wp, igemm::epi_of(bias, res, e), y, g, x_map, w_map,
+                                                        &y_map);
 #else
     __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
 #endif

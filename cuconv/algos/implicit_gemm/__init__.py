@@ -38,17 +38,19 @@ file that holds it, ``Geometry``), the engines' twins ``pack``, ``mma_sync``, ``
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy
 
 from ... import _plan, _tma  # noqa: F401  (_tma: tests reach it as implicit_gemm._tma)
 from ...blocks import dgrad_forward
-from ...problem import PASSES, Problem
+from ...problem import ACTIVATIONS, PASSES, Epilogue, Problem
 from ...spec import ConvSpec
-from ..base import Algorithm
+from ..base import Algorithm, with_epilogue
 from .tiles import (
     NchwTile, Plan, TILES, TMA_ROWS_TILES, TMA_TILES, Tile, WGRAD_TMA_TILES, WgmmaTile, WgmmaTmaRowsTile,
     WgmmaTmaTile, WgradTmaTile, _INT_MAX, _MAX_GRID_Y, resident_blocks, tile_name, wgmma_available)
-from .launch import GEOMETRY_DTYPE, choice, kernel_stem
+from .launch import EPILOGUE_DTYPE, GEOMETRY_DTYPE, choice, epilogue_codes, kernel_stem
 from .pack import (
     BLOCK_DIAGONAL_DTYPE, PACK_SHAPE_DTYPE, PHASE_WEIGHTS_DTYPE, SPLIT_SUM_DTYPE, SWAP_SHAPE_DTYPE, division_magic,
     pack_operands)
@@ -67,7 +69,7 @@ __all__ = ["ALGORITHM", "ImplicitGemm", "forward_gpu", "dgrad_gpu", "wgrad_gpu",
            "Tile", "WgmmaTile", "WgmmaTmaTile", "WgmmaTmaRowsTile", "NchwTile", "TILES", "TMA_TILES", "TMA_ROWS_TILES",
            "tma_reason", "rows_reason", "transposed_spec", "phase_specs", "resident_blocks", "wgmma_available",
            "nchw_fits", "Plan", "plan", "pack_operands", "prepare", "division_magic", "PACK_SHAPE_DTYPE",
-           "GEOMETRY_DTYPE", "SPLIT_SUM_DTYPE", "PHASE_WEIGHTS_DTYPE", "PHASE_GEMMS_DTYPE", "SWAP_SHAPE_DTYPE",
+           "GEOMETRY_DTYPE", "EPILOGUE_DTYPE", "SPLIT_SUM_DTYPE", "PHASE_WEIGHTS_DTYPE", "PHASE_GEMMS_DTYPE", "SWAP_SHAPE_DTYPE",
            "WGRAD_TMA_GEOMETRY_DTYPE", "BLOCK_DIAGONAL_DTYPE", "kernel_stem", "choice", "tile_name", "tiles_for"]
 
 
@@ -84,7 +86,8 @@ def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: s
 
 
 def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
-            tile: Tile = None, splits: int = None, layout: str = "nchw", weights: str = "kcrs") -> "_plan.Plan":
+            tile: Tile = None, splits: int = None, layout: str = "nchw", weights: str = "kcrs",
+            epilogue: Epilogue = None) -> "_plan.Plan":
     """The plan of ``pass_`` (see ``cuconv._plan``): per chunk, the packing launch and the GEMM (an NchwTile:
     the GEMM alone, reading x and w as they are); dgrad as the forward convolution of dy
     (``dgrad_forward.forward_spec``), its packing launch reading the weight transposed and flipped (an
@@ -95,8 +98,11 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     float32 computes TF32. ``layout="nhwc"``: the activations channels-last in memory (``reason_unsupported_nhwc``):
     the forward and the stride-1 dgrad in place where ``nhwc_in_place`` holds, else packed from channels-last
     pixels; the phases and wgrad's packs read channels-last pixels. ``weights="krsc"`` (with channels-last
-    activations): the weight, and wgrad's dW, channels-last too ((K, R, S, C/groups) in memory)."""
+    activations): the weight, and wgrad's dW, channels-last too ((K, R, S, C/groups) in memory). ``epilogue``: a
+    forward's activation and residual (``Epilogue``; its bias flag is ``bias``), applied where the GEMM or the sum
+    of its splits writes the output."""
     nhwc = layout == "nhwc"
+    codes = epilogue_codes(epilogue) if pass_ == "fprop" else (0, 0, 0.0)
     if weights not in ("kcrs", "krsc") or (weights == "krsc" and not nhwc):
         raise ValueError(f"implicit_gemm: weights {weights!r} with {layout!r} activations; channels-last weights "
                          "('krsc') go with channels-last activations ('nhwc')")
@@ -106,7 +112,7 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     if nhwc:
         if pass_ == "dgrad" and dgrad_forward.forward_spec(spec) is None:
             return _phases_prepare(spec, dtype, env, tile, nhwc=True, krsc=krsc)
-        return _nhwc_forward_plan(pass_, spec, numpy.dtype(dtype), env, tile, bias, krsc, splits)
+        return _nhwc_forward_plan(pass_, spec, numpy.dtype(dtype), env, tile, bias, krsc, splits, codes)
     if tile is not None and tile.wgmma and not env.wgmma:
         raise ValueError(f"implicit_gemm: tile {tile} needs a device of compute capability 9.0 (wgmma)")
     if pass_ == "dgrad":
@@ -119,7 +125,7 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
         return _forward_plan(pass_, fspec, numpy.dtype(dtype), env, tile, splits, ("dy", "w", None, "dx"))
     return _forward_plan(pass_, spec, numpy.dtype(dtype), env,
                          tile or choice().tile_for(pass_, spec, dtype, False, env, splits), splits,
-                         ("x", "w", "bias", "out"))
+                         ("x", "w", "bias", "out"), codes=codes)
 
 
 def reason_unsupported_nhwc(spec: ConvSpec, dtype, pass_: str = "fprop", precision: str = "ieee", limits=None):
@@ -217,6 +223,8 @@ class ImplicitGemm(Algorithm):
     weight_layouts = ("kcrs", "krsc")
     nchw_limits = staticmethod(reason_unsupported)
     nhwc_limits = staticmethod(reason_unsupported_nhwc)
+    activations = ACTIVATIONS
+    residual = True
 
     def knobs(self, p: Problem, env: "_plan.Env") -> tuple:
         """``{"tile": t}`` for each of ``tiles_for`` (the GEMMs' splits follow from the tile: ``splits_for``)."""
@@ -226,7 +234,20 @@ class ImplicitGemm(Algorithm):
         return ",".join(f"{k}={tile_name(v) if k == 'tile' else v}" for k, v in sorted(knobs.items()))
 
     def build(self, p: Problem, env: "_plan.Env", **knobs) -> "_plan.Plan":
-        return prepare(p.pass_, p.spec, p.dtype, p.precision, env, p.bias, layout=p.layout, weights=p.weights, **knobs)
+        if p.epilogue.fused and _block_diagonal(p, env, knobs.get("tile"), knobs.get("splits")):
+            # (its fix-up of sums another group made non-finite reads back the stored, bias-only outputs)
+            inner = dataclasses.replace(p, epilogue=Epilogue(bias=p.bias))
+            return with_epilogue(self.name, p, env, self.build(inner, env, **knobs))
+        return prepare(p.pass_, p.spec, p.dtype, p.precision, env, p.bias, layout=p.layout, weights=p.weights,
+                       epilogue=p.epilogue, **knobs)
+
+
+def _block_diagonal(p: Problem, env: "_plan.Env", tile, splits) -> bool:
+    """Whether ``p`` runs through the block-diagonal grouped forward (``_nhwc_forward_plan``) with ``tile``."""
+    if p.pass_ != "fprop" or p.layout != "nhwc" or p.spec.groups == 1:
+        return False
+    diagonal = block_diagonal_tile(p.spec, p.dtype)
+    return diagonal is not None and (tile or choice().tile_for("fprop", p.spec, p.dtype, True, env, splits)) is diagonal
 
 
 ALGORITHM = ImplicitGemm()

@@ -224,5 +224,6 @@ def _phases_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, nhwc: bo
         b.launch(ls.pack_w, b.ref("w"), packed_w)
     b.launch(ls.zeros, b.ref("dx"))
     for gemm, w_offset, dx_offset in ls.gemms:
-        b.launch(gemm, packed_dy, (packed_w[0], packed_w[1] + w_offset), _plan.NULL, b.ref("dx", dx_offset))
+        b.launch(gemm, packed_dy, (packed_w[0], packed_w[1] + w_offset), _plan.NULL, b.ref("dx", dx_offset),
+                 *(_plan.NULL,) * (gemm.n_pointers - 4))  # (a GEMM kernel's residual: none; the phases' take none)
     return b.plan(NAME)

@@ -13,7 +13,7 @@ from ...spec import ConvSpec
 from .tiles import (
     Plan, Tile, _INT_MAX, _MAX_GRID_Z, _MAX_SIDE, _TENSOR_CORE_TYPES, _packed_k_tiles, _padded_channels, _rows_band,
     _rows_box)
-from .launch import NAME, _fn, _gemm_geometry, _kernel, choice
+from .launch import GEMM_POINTERS, NAME, _fn, _gemm_geometry, _kernel, choice, epilogue_struct
 from .pack import _pack_kernel, _sum_kernel
 from .wgmma_nchw import nchw_fits
 from .wgmma_tma import (
@@ -80,20 +80,21 @@ def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits
 
 
 def _gemm_kernel(spec: ConvSpec, dtype, pl: Plan, samples: int, splits: int = 1,
-                 split_tiles: int = None, nhwc: bool = False) -> "_loader.PreparedLaunch":
-    """The implicit GEMM of ``samples`` packed samples into their NCHW output (``nhwc``: channels-last), bias
-    fused; over ``splits`` ranges of ``split_tiles`` k tiles (grid z), each writing fp32 partial sums, one output
-    apart, where ``splits`` > 1. Groups split the channels (``Geometry``)."""
+                 split_tiles: int = None, nhwc: bool = False, codes: tuple = (0, 0, 0.0)) -> "_loader.PreparedLaunch":
+    """The implicit GEMM of ``samples`` packed samples into their NCHW output (``nhwc``: channels-last), bias and
+    the epilogue ``codes`` (``launch.epilogue_codes``) fused; over ``splits`` ranges of ``split_tiles`` k tiles
+    (grid z), each writing fp32 partial sums, one output apart, where ``splits`` > 1 (their sum applies the
+    epilogue). Groups split the channels (``Geometry``)."""
     m = samples * spec.p * spec.q
     pq = spec.p * spec.q
     return _gemm_launch(spec, dtype, pl, m, spec.k_per_group, pl.groups, pl.cp, pl.kp,
                         (spec.k * pq, 1 if nhwc else pq), splits, split_tiles or pl.k_tiles,
-                        (spec.q * spec.k, spec.k) if nhwc else None)
+                        (spec.q * spec.k, spec.k) if nhwc else None, codes=codes if splits == 1 else (0, 0, 0.0))
 
 
 def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: int, grp_a: int, w_rows: int,
                  out_strides: tuple, splits: int, split_tiles: int, out_pixel: tuple = None,
-                 store_tma: bool = False, resident: int = 0) -> "_loader.PreparedLaunch":
+                 store_tma: bool = False, resident: int = 0, codes: tuple = (0, 0, 0.0)) -> "_loader.PreparedLaunch":
     """The GEMM kernel of ``pl`` on ``spec``'s geometry: ``m`` rows and ``filters`` filters in each of ``groups``
     groups, a group's packed input ``grp_a`` elements and its packed weight ``w_rows`` rows after the previous
     one's, images and filters of the output ``out_strides`` elements apart, its rows and columns
@@ -101,16 +102,21 @@ def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: 
     the weight from the pointers it is given (``_tma.TmaLaunch``); ``store_tma``: and of the output, a dense
     channels-last (N·P·Q) × K matrix its ``implicit_gemm_wgmma_tma_st`` instance stores through the TMA, or a
     persistent tile's ``implicit_gemm_wgmma_tma_pst`` on ``resident`` blocks (``_persistent_blocks``, with
-    ``store_tma`` only; 0: a persistent tile runs its ``_twin``)."""
+    ``store_tma`` only; 0: a persistent tile runs its ``_twin``). ``codes``: the epilogue the kernel applies
+    (``launch.epilogue_codes``; a TMA store's, an activation alone). Pointers: x, w, bias, y, residual."""
     t = pl.tile if resident else _twin(pl.tile)
     geometry = _gemm_geometry(spec, pl, m, filters, groups, grp_a, w_rows, out_strides, splits, split_tiles,
                               out_pixel)
+    if store_tma and codes[1]:
+        raise ValueError("implicit_gemm: a TMA store applies no residual (the kernels storing from shared memory do)")
+    scalars = (geometry, epilogue_struct(codes))
     grid = (-(-m // t.bm), groups * pl.kp // t.bn, splits)
     rows = getattr(t, "rows", False)
     smem = t.smem_for(spec) if rows else \
         t.smem_bytes + (t.table_bytes(pl.k_tiles, numpy.dtype(dtype).itemsize) if t.nchw else 0)
     if not t.tma:
-        return _kernel(t.kernel_name(_dtypes.ctype_of(dtype)), grid, (t.threads, 1, 1), (geometry,), smem=smem)
+        return _kernel(t.kernel_name(_dtypes.ctype_of(dtype)), grid, (t.threads, 1, 1), scalars, smem=smem,
+                       pointers=GEMM_POINTERS)
     reason = tma_reason(spec, dtype, pl)
     if reason is not None:
         raise ValueError(f"implicit_gemm: tile {t} cannot run {spec}: {reason}")
@@ -126,18 +132,19 @@ def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: 
         if store_tma:
             maps += ((3, _tma.rows_map(filters, spec.q, samples * spec.p, 64, t.bm)),)
         grid = (samples * spec.p * -(-spec.q // t.bm), groups * pl.kp // t.bn, 1)
-        return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), 4, (geometry,), maps, smem=smem)
+        return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), GEMM_POINTERS, scalars, maps, smem=smem)
     maps = _tma_gemm_maps(spec, pl, samples, groups * w_rows)
     if store_tma:
         maps += ((3, _tma.tiled_map(filters, m, 64, t.bm)),)
         if t.persistent:
             grid, smem = (resident, 1, 1), t.resident_smem(pl.k_tiles)
-    return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), 4, (geometry,), maps, smem=smem)
+    return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), GEMM_POINTERS, scalars, maps, smem=smem)
 
 
 @functools.lru_cache(maxsize=1024)
 def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int, sm_count: int, smem_per_sm: int,
-              splits: int = None, flip: bool = False, nhwc: bool = False, krsc: bool = False):
+              splits: int = None, flip: bool = False, nhwc: bool = False, krsc: bool = False,
+              codes: tuple = (0, 0, 0.0)):
     """(plan, workspace bytes, partial-sum bytes, chunks) of a forward; each chunk (x byte offset, out byte
     offset, packing, GEMM, sum of the splits or None), the first chunk's packing with the weight's. The
     workspace holds the packed weight (kp · w_row elements: whole 128-byte rows), then one chunk's packed input,
@@ -145,8 +152,9 @@ def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int, sm
     packs nothing and is not split: no workspace, packing None. ``flip``: the weight given is a dgrad's layer
     weight, packed transposed and flipped (``_pack_kernel``). ``nhwc``: x and out channels-last in memory (a
     sample's offset is the same; the pack reads pixels, the GEMM and the sum of the splits write them); ``krsc``:
-    the weight channels-last (the pack reads it so; an NchwTile, reading KCRS, takes none). Memoized
-    per problem, tile, device, workspace limit and SMs: a layer called again spends no host time planning."""
+    the weight channels-last (the pack reads it so; an NchwTile, reading KCRS, takes none). ``codes``: the
+    epilogue (``launch.epilogue_codes``), applied by the GEMM or, split, by the sum. Memoized per problem, tile,
+    device, workspace limit, SMs and epilogue: a layer called again spends no host time planning."""
     pl = plan(spec, dtype, tile, workspace_limit)
     itemsize = numpy.dtype(dtype).itemsize
     packed = pl.weight_bytes(itemsize) + pl.samples * pl.sample_bytes(spec, itemsize)
@@ -163,27 +171,34 @@ def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int, sm
                                                       krsc)
         # (a filter's outputs: planes of P·Q in NCHW, every K-th element in channels-last)
         sums = None if splits == 1 else _sum_kernel(dtype, nb * spec.k * spec.p * spec.q, splits,
-                                                     1 if nhwc else spec.p * spec.q, spec.k, sm_count)
+                                                     1 if nhwc else spec.p * spec.q, spec.k, sm_count, codes)
         chunks.append((n0 * spec.c * spec.h * spec.w * itemsize, n0 * spec.k * spec.p * spec.q * itemsize, pack,
-                       _gemm_kernel(spec, dtype, pl, nb, splits=splits, split_tiles=split_tiles, nhwc=nhwc), sums))
+                       _gemm_kernel(spec, dtype, pl, nb, splits=splits, split_tiles=split_tiles, nhwc=nhwc,
+                                    codes=codes), sums))
     return pl, packed, 0 if splits == 1 else splits * m * spec.k * 4, tuple(chunks)
 
 
 def _forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, splits: int, operands: tuple,
-                  nhwc: bool = False, krsc: bool = False) -> "_plan.Plan":
+                  nhwc: bool = False, krsc: bool = False, codes: tuple = (0, 0, 0.0)) -> "_plan.Plan":
     """The forward ``spec``'s launches as ``pass_``'s plan, its input, weight, bias (None: none) and output the
-    plan's ``operands`` (``nhwc``: the input and output channels-last in memory; ``krsc``: the weight); a dgrad's
-    (the forward of dy) packs the layer's weight flipped."""
+    plan's ``operands`` (``nhwc``: the input and output channels-last in memory; ``krsc``: the weight), the
+    epilogue ``codes`` applied where the output is written (the residual, where there is one, the plan's
+    ``residual`` operand at the output's offsets); a dgrad's (the forward of dy) packs the layer's weight
+    flipped."""
     b = _plan.Builder(pass_, env)
     if spec.n * spec.k * spec.p * spec.q == 0:
         return b.plan(NAME)
     x, w, bias, out = operands
     bias_ref = _plan.NULL if bias is None else b.ref(bias)
     pl, packed, partial_bytes, chunks = _launches(spec, dtype, tile, env.device, env.workspace_limit, env.sm_count,
-                                                  env.smem_per_sm, splits, pass_ == "dgrad", nhwc, krsc)
+                                                  env.smem_per_sm, splits, pass_ == "dgrad", nhwc, krsc, codes)
+
+    def residual(offset):  # (it lies as the output does: the same byte offset)
+        return b.ref("residual", offset) if codes[1] else _plan.NULL
+
     if not packed:  # an NchwTile: the GEMM reads x and w as they are
         for x_offset, out_offset, _, gemm, _ in chunks:
-            b.launch(gemm, b.ref(x, x_offset), b.ref(w), bias_ref, b.ref(out, out_offset))
+            b.launch(gemm, b.ref(x, x_offset), b.ref(w), bias_ref, b.ref(out, out_offset), residual(out_offset))
         return b.plan(NAME)
     packed_w = b.take(packed)  # the packed weight, then the input
     packed_x = (packed_w[0], packed_w[1] + pl.weight_bytes(dtype.itemsize))
@@ -191,10 +206,10 @@ def _forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, spl
     for x_offset, out_offset, pack, gemm, sums in chunks:  # the first chunk's pack also packs the weight; the
         b.launch(pack, b.ref(x, x_offset), packed_x, b.ref(w), packed_w)  # others ignore its weight pointers
         if sums is None:
-            b.launch(gemm, packed_x, packed_w, bias_ref, b.ref(out, out_offset))
-        else:  # fp32 partial sums of the k ranges, then their sum with the bias
-            b.launch(gemm, packed_x, packed_w, _plan.NULL, partials)
-            b.launch(sums, partials, bias_ref, b.ref(out, out_offset))
+            b.launch(gemm, packed_x, packed_w, bias_ref, b.ref(out, out_offset), residual(out_offset))
+        else:  # fp32 partial sums of the k ranges, then their sum with the bias and the epilogue
+            b.launch(gemm, packed_x, packed_w, _plan.NULL, partials, _plan.NULL)
+            b.launch(sums, partials, bias_ref, b.ref(out, out_offset), residual(out_offset))
     return b.plan(NAME)
 
 
@@ -227,7 +242,7 @@ def _packed_as_krsc(spec: ConvSpec, dtype, pl: Plan) -> bool:
 
 
 def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, bias: bool,
-                       krsc: bool = False, splits: int = None) -> "_plan.Plan":
+                       krsc: bool = False, splits: int = None, codes: tuple = (0, 0, 0.0)) -> "_plan.Plan":
     """A forward or stride-1 dgrad on channels-last activations (the forward of dy into dx, the pack reading the
     layer's weight transposed and flipped). Where ``nhwc_in_place`` holds: one GEMM over every pixel of the batch,
     reading its input in place and storing NHWC rows (the epilogue's output strides: an image P·Q·K elements, a
@@ -235,7 +250,9 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
     or with none where a channels-last weight is its own pack (``_packed_as_krsc``).
     Elsewhere the NCHW plan's chunks, the pack reading channels-last pixels and the GEMM storing them, split over
     ``splits`` k ranges (default ``splits_for``). A grouped forward that ``block_diagonal_tile`` serves (on a
-    wgmma device, or asked for with that tile) runs through a block-diagonal weight (``_block_diagonal_plan``)."""
+    wgmma device, or asked for with that tile) runs through a block-diagonal weight (``_block_diagonal_plan``, the
+    bias its only epilogue). ``codes``: the epilogue (``launch.epilogue_codes``); a residual keeps the output off
+    the TMA store (its kernels apply an activation alone)."""
     fspec = _nhwc_forward_spec(spec, pass_)
     b = _plan.Builder(pass_, env)
     if spec.n * spec.k * spec.p * spec.q == 0 or fspec.n * fspec.k * fspec.p * fspec.q == 0:
@@ -244,6 +261,8 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
     if pass_ == "fprop" and spec.groups != 1:
         diagonal = block_diagonal_tile(spec, dtype)
         if diagonal is not None and tile is diagonal:
+            if codes != (0, 0, 0.0):
+                raise ValueError("implicit_gemm: the block-diagonal grouped forward applies the bias alone")
             return _block_diagonal_plan(spec, dtype, env, bias, krsc)
     if tile.nchw:
         raise ValueError(f"implicit_gemm: tile {tile} gathers NCHW; channels-last inputs take a packed tile")
@@ -252,9 +271,10 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
     operands = ("x", "w", "bias" if bias and pass_ == "fprop" else None, "out") if pass_ == "fprop" else \
         ("dy", "w", None, "dx")
     if not nhwc_in_place(fspec, dtype):
-        return _forward_plan(pass_, fspec, dtype, env, tile, splits, operands, nhwc=True, krsc=krsc)
+        return _forward_plan(pass_, fspec, dtype, env, tile, splits, operands, nhwc=True, krsc=krsc, codes=codes)
     x, _, bias_operand, out = operands
-    dense_out = _TMA_STORE and fspec.k % 8 == 0 and b.base_aligned(b.ref(out))  # (what a TMA store takes)
+    # (what a TMA store takes; its kernels add no residual)
+    dense_out = _TMA_STORE and fspec.k % 8 == 0 and b.base_aligned(b.ref(out)) and not codes[1]
     pl = plan(fspec, dtype, tile, env.workspace_limit)
     m = fspec.n * fspec.p * fspec.q
     if m * fspec.k >= _INT_MAX or fspec.n * fspec.h * fspec.w * fspec.c >= _INT_MAX:
@@ -268,6 +288,8 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
     store_tma = dense_out and tile.tma
     gemm = _gemm_launch(fspec, dtype, pl, m, fspec.k_per_group, pl.groups, pl.cp, pl.kp,
                         (fspec.p * fspec.q * fspec.k, 1), 1, pl.k_tiles, out_pixel=(fspec.q * fspec.k, fspec.k),
-                        store_tma=store_tma, resident=_persistent_blocks(tile, pl, m, env) if store_tma else 0)
-    b.launch(gemm, b.ref(x), packed_w, _plan.NULL if bias_operand is None else b.ref(bias_operand), b.ref(out))
+                        store_tma=store_tma, resident=_persistent_blocks(tile, pl, m, env) if store_tma else 0,
+                        codes=codes)
+    b.launch(gemm, b.ref(x), packed_w, _plan.NULL if bias_operand is None else b.ref(bias_operand), b.ref(out),
+             b.ref("residual") if codes[1] else _plan.NULL)
     return b.plan(NAME)

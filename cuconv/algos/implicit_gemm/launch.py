@@ -50,11 +50,37 @@ def _fn(name: str):
     return _loader.get_function(stem, importlib.import_module(_loader.twin_module(stem)).NAME_EXPRESSIONS, name)
 
 
-def _kernel(name: str, grid: tuple, block: tuple, scalars: tuple, smem: int = 0) -> "_loader.PreparedLaunch":
-    """One launch but its pointer arguments (x, w or packed operands, bias, output): built once per problem
-    (``_launches``), called with raw pointers, so that a layer called again spends no host time planning or
-    marshalling arguments."""
-    return _loader.PreparedLaunch(_fn(name), name, grid, block, 4, scalars, smem)
+def _kernel(name: str, grid: tuple, block: tuple, scalars: tuple, smem: int = 0,
+            pointers: int = 4) -> "_loader.PreparedLaunch":
+    """One launch but its ``pointers`` pointer arguments (a pack's: source, packed, weight, packed weight; a
+    GEMM's five: x, w or packed operands, bias, output, residual): built once per problem (``_launches``),
+    called with raw pointers, so that a layer called again spends no host time planning or marshalling
+    arguments."""
+    return _loader.PreparedLaunch(_fn(name), name, grid, block, pointers, scalars, smem)
+
+
+# The GEMM kernels' pointers: x (or packed x), w (or packed w), bias, y, residual (igemm.cuh's CUCONV_IGEMM_PARAMS).
+GEMM_POINTERS = 5
+# igemm.cuh's Epilogue: the activation's code (blocks.epilogue.ACT_CODES), where the residual is added (0 none, 1
+# before the activation, 2 after it), leaky_relu's slope.
+EPILOGUE_DTYPE = numpy.dtype([("act", numpy.int32), ("res", numpy.int32), ("alpha", numpy.float32),
+                              ("unused", numpy.int32)], align=True)
+_RES_CODES = {None: 0, "before": 1, "after": 2}
+
+
+def epilogue_codes(ep) -> tuple:
+    """(activation code, residual code, slope) of an ``Epilogue`` (None: none): the hashable form the memoized
+    launches are keyed by."""
+    if ep is None:
+        return (0, 0, 0.0)
+    from ...blocks.epilogue import ACT_CODES
+
+    return (ACT_CODES[ep.activation], _RES_CODES[ep.residual], float(ep.alpha))
+
+
+def epilogue_struct(codes: tuple = (0, 0, 0.0)):
+    """``EPILOGUE_DTYPE`` of ``epilogue_codes``."""
+    return numpy.array((*codes, 0), dtype=EPILOGUE_DTYPE)[()]
 
 
 # The kernels' structs, passed by value: one argument instead of 9 or 17 (host time per launch).

@@ -8,7 +8,7 @@ import numpy
 from ... import _dtypes, _loader
 from ...spec import ConvSpec
 from .tiles import Plan, _TENSOR_CORE_TYPES, _tf32
-from .launch import _fn, _kernel
+from .launch import _fn, _kernel, epilogue_struct
 
 STEM = "implicit_gemm/pack"
 NAME_EXPRESSIONS = tuple(
@@ -90,12 +90,14 @@ SPLIT_SUM_DTYPE = numpy.dtype([("n", numpy.int64), ("splits", numpy.int32), ("pq
                                 ("unused", numpy.int32)], align=True)
 
 
-def _sum_kernel(dtype, n: int, splits: int, pq: int, k: int, sm_count: int) -> "_loader.PreparedLaunch":
-    """Split-K's last launch (pointers: partial sums, bias or null, output): ``n`` outputs of filter (i / pq) % k."""
+def _sum_kernel(dtype, n: int, splits: int, pq: int, k: int, sm_count: int,
+                codes: tuple = (0, 0, 0.0)) -> "_loader.PreparedLaunch":
+    """Split-K's last launch (pointers: partial sums, bias or null, output, residual or null): ``n`` outputs of
+    filter (i / pq) % k, the epilogue ``codes`` (``launch.epilogue_codes``) applied."""
     name = f"sum_splits<{_dtypes.ctype_of(dtype)}>"
     scalars = numpy.array((n, splits, pq, k, 0), dtype=SPLIT_SUM_DTYPE)[()]
     return _loader.PreparedLaunch(_fn(name), name, (_loader.blocks(n, 8 * sm_count), 1, 1), (_loader.THREADS, 1, 1),
-                                  3, (scalars,))
+                                  4, (scalars, epilogue_struct(codes)))
 
 
 def pack_operands(x, w, spec: ConvSpec, pl: Plan, packed_x, packed_w=None) -> None:

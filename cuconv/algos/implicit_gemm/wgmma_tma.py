@@ -12,7 +12,7 @@ from ... import _dtypes, _loader, _plan, _tma
 from ...spec import ConvSpec
 from .tiles import (
     Plan, TMA_ROWS_TILES, TMA_TILES, _INT_MAX, _rows_band)
-from .launch import NAME, _fn, _gemm_geometry
+from .launch import GEMM_POINTERS, NAME, _fn, _gemm_geometry, epilogue_struct
 from .pack import BLOCK_DIAGONAL_DTYPE
 
 STEM = "implicit_gemm/wgmma_tma"
@@ -186,7 +186,8 @@ def _block_diagonal_launches(spec: ConvSpec, dtype, krsc: bool, device: int) -> 
                               (spec.q * spec.k, spec.k), pix=spec.c, block_diag=spec.c_per_group)
     maps = _tma_gemm_maps(spec, pl, spec.n, kp, pix=spec.c)
     name = t.kernel_name(ctype)
-    gemm = _tma.TmaLaunch(_fn(name), name, (-(-m // t.bm), kp // t.bn, 1), (t.threads, 1, 1), 4, (geometry,), maps,
+    gemm = _tma.TmaLaunch(_fn(name), name, (-(-m // t.bm), kp // t.bn, 1), (t.threads, 1, 1), GEMM_POINTERS,
+                          (geometry, epilogue_struct()), maps,
                           smem=t.smem_bytes)
     return total * numpy.dtype(dtype).itemsize, pack, gemm
 
@@ -205,5 +206,5 @@ def _block_diagonal_plan(spec: ConvSpec, dtype, env: "_plan.Env", bias: bool, kr
     else:
         packed_w = b.take(weight_bytes)
         b.launch(pack, b.ref("w"), packed_w)
-    b.launch(gemm, b.ref("x"), packed_w, b.ref("bias") if bias else _plan.NULL, b.ref("out"))
+    b.launch(gemm, b.ref("x"), packed_w, b.ref("bias") if bias else _plan.NULL, b.ref("out"), _plan.NULL)
     return b.plan(NAME)

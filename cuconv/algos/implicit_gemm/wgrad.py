@@ -133,9 +133,9 @@ def _wgrad_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile=None, splits: i
     b.launch(ls.pack_x, b.ref("x"), packed_x, *weightless)
     b.launch(ls.pack_dy, b.ref("dy"), packed_dy, *weightless)
     if ls.sums is None:
-        b.launch(ls.gemm, packed_x, packed_dy, _plan.NULL, b.ref("dw"))
+        b.launch(ls.gemm, packed_x, packed_dy, _plan.NULL, b.ref("dw"), _plan.NULL)
     else:
         partials = b.take(ls.partial_bytes)
-        b.launch(ls.gemm, packed_x, packed_dy, _plan.NULL, partials)
-        b.launch(ls.sums, partials, _plan.NULL, b.ref("dw"))
+        b.launch(ls.gemm, packed_x, packed_dy, _plan.NULL, partials, _plan.NULL)
+        b.launch(ls.sums, partials, _plan.NULL, b.ref("dw"), _plan.NULL)
     return b.plan(NAME)

@@ -112,5 +112,5 @@ def _wgrad_tma_prepare(spec: ConvSpec, dtype, env: "_plan.Env", tile: WgradTmaTi
     else:
         partials = b.take(ls.partial_bytes)
         b.launch(ls.gemm, b.ref("x"), b.ref("dy"), partials)
-        b.launch(ls.sums, partials, _plan.NULL, b.ref("dw"))
+        b.launch(ls.sums, partials, _plan.NULL, b.ref("dw"), _plan.NULL)
     return b.plan(NAME)
