@@ -206,3 +206,18 @@ def test_implicit_gemm_applies_its_epilogue_where_it_stores(monkeypatch, layout,
                                    for s in writers)
             if epilogue.residual:
                 assert not any("_st<" in s.kernel.name or "_pst<" in s.kernel.name for s in writers)
+
+
+def test_a_split_asked_of_an_nchw_tile_does_not_apply(monkeypatch):
+    """An NchwTile's kernel reduces every k tile itself: a plan given splits runs it unsplit, writing the output
+    (a split geometry's fp32 partial sums written into the output were garbage)."""
+    recorder = fake_device(monkeypatch)
+    from cuconv.algos import implicit_gemm
+
+    spec = cuconv.ConvSpec.from_args((2, 64, 9, 7), (64, 64, 3, 3), padding=1)
+    problem = Problem.of(spec, numpy.float16, "ieee", "fprop", epilogue=Epilogue(bias=True))
+    plan = algos.get("implicit_gemm").plan(problem, ENVS["sm90"], tile=implicit_gemm.TILES["nchw64"], splits=3)
+    assert plan.workspace == 0 and [launch[1].split("<")[0] for launch in recorder.launches] == [
+        "implicit_gemm_wgmma_nchw"]
+    (step,) = plan.steps
+    assert step.kernel._keep[0]["split_stride"] == 0

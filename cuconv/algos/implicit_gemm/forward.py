@@ -159,6 +159,8 @@ def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int, sm
     itemsize = numpy.dtype(dtype).itemsize
     packed = pl.weight_bytes(itemsize) + pl.samples * pl.sample_bytes(spec, itemsize)
     m = pl.samples * spec.p * spec.q
+    if pl.tile.nchw:  # (its kernel reduces every k tile itself: a split asked for does not apply)
+        splits = 1
     if splits is None:
         splits = choice().splits_for(m, spec.k, pl.tile, pl.k_tiles, sm_count, smem_per_sm, workspace_limit - packed,
                             spec.groups)
