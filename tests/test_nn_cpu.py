@@ -706,3 +706,54 @@ def test_warmup_names_a_model_that_cannot_run_on_meta_tensors():
     with pytest.raises(RuntimeError, match="could not run on meta tensors"):
         _warmup._record_calls(DataDependent(), (torch.randn(1, 3, 4, 4),), {})
     assert F._recorder is None
+
+
+def _graph_tools_model():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                            torch.nn.Conv2d(8, 6, 1), torch.nn.ReLU()).eval()
+    m[1].running_mean.normal_()
+    m[1].running_var.uniform_(0.5, 2.0)
+    return m
+
+
+def graph_tools_agree(device: str, dtype=torch.float64):
+    """torch.jit.trace (with and without gradients, and after a save/load round trip) of a converted and of a
+    fused model gives torch's result on inputs other than the traced ones; torch.jit.script refuses with what to
+    do; torch.ao.quantization.fuse_modules fuses cuconv's layers in eval mode (still cuconv's) and refuses
+    quantization-aware training clearly. Shared by the CPU test and the GPU one (test_nn_gpu)."""
+    import copy
+    import io
+    import warnings
+
+    ref = _graph_tools_model().to(device, dtype)
+    x, x2 = (torch.randn(2, 3, 9, 8, device=device, dtype=dtype) for _ in range(2))
+    want = ref(x2)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for model in (cuconv.nn.convert(copy.deepcopy(ref)), cuconv.nn.convert(copy.deepcopy(ref), fuse=True)):
+        for grad in (False, True):
+            with torch.set_grad_enabled(grad), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                traced = torch.jit.trace(model, x)
+            buffer = io.BytesIO()
+            torch.jit.save(traced, buffer)
+            buffer.seek(0)
+            for t in (traced, torch.jit.load(buffer, map_location=device)):
+                got = t(x2)
+                assert float((got - want).norm() / want.norm()) <= tol
+        with pytest.raises(RuntimeError, match="torch.jit.script cannot compile cuconv's .* torch.jit.trace"):
+            torch.jit.script(model)
+    converted = cuconv.nn.convert(copy.deepcopy(ref))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused = torch.ao.quantization.fuse_modules(converted, [["0", "1", "2"], ["3", "4"]])
+        assert isinstance(fused[0][0], cuconv.nn.Conv2d) and isinstance(fused[3][0], cuconv.nn.Conv2d)
+        got = fused(x2)
+        assert float((got - want).norm() / want.norm()) <= tol
+        with pytest.raises(NotImplementedError, match="quantization-aware training"):
+            torch.ao.quantization.fuse_modules_qat(cuconv.nn.convert(copy.deepcopy(ref)).train(), [["0", "1", "2"]])
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_graph_tools_on_converted_models():
+    graph_tools_agree("cpu")

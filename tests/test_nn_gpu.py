@@ -621,3 +621,19 @@ def test_warmup_makes_the_layers_real_calls_use(low, monkeypatch):
     theirs = step(twin)
     for a, b in zip((ours[0], ours[1], *ours[2]), (theirs[0], theirs[1], *theirs[2])):
         assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_graph_tools_on_converted_models_on_cuda(dtype):
+    """torch.jit.trace, torch.jit.script's refusal and fuse_modules on CUDA (test_nn_cpu.graph_tools_agree): a
+    trace records the custom op, not the launches, so its outputs are cuconv's (TF32 off for float32)."""
+    from test_nn_cpu import graph_tools_agree
+
+    allow = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        graph_tools_agree("cuda", dtype)
+    finally:
+        torch.backends.cudnn.allow_tf32 = allow

@@ -31,6 +31,9 @@ _Tensor = torch.Tensor
 _PARAMETER = torch.nn.Parameter
 # (module-level names for what a call seen before asks: each attribute lookup on ``torch`` is host time)
 _is_compiling = torch.compiler.is_compiling
+# torch.jit.trace records the dispatcher's ops only: a result written through a raw pointer would be traced as the
+# empty tensor it was made from (outputs of whatever memory held), so a trace takes the custom op
+_is_tracing = torch._C._is_tracing
 _settings = config.settings  # (the one read of the configuration per call: passed down from the entry points)
 _autocast_enabled = torch.is_autocast_enabled
 _grad_enabled = torch.is_grad_enabled
@@ -538,7 +541,7 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     if activation is not None or residual is not None:
         return _with_epilogue(input, weight, bias, stride, padding, dilation, groups, algo, activation,
                               negative_slope, residual, residual_position)
-    if type(input) is _Tensor and input.is_cuda and not _is_compiling():
+    if type(input) is _Tensor and input.is_cuda and not _is_compiling() and not _is_tracing():
         # the path of a layer seen before: its signature, one lookup, its launches
         settings = _settings()
         if _autocast_enabled("cuda"):
@@ -554,7 +557,8 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
 
 def _with_epilogue(input, weight, bias, stride, padding, dilation, groups, algo, activation, slope, residual,
                    position):
-    if (isinstance(input, _Tensor) and input.is_cuda and not _is_compiling() and _forward_ad._current_level < 0
+    if (isinstance(input, _Tensor) and input.is_cuda and not _is_compiling() and not _is_tracing()
+            and _forward_ad._current_level < 0
             and not (_grad_enabled()
                      and any(t is not None and t.requires_grad for t in (input, weight, bias, residual)))):
         # inference on CUDA: the convolution and its epilogue as one plan of one layer (kept per signature)
@@ -677,8 +681,10 @@ def _checked(input, weight, bias, stride, padding, dilation, groups, algo, setti
     x_shape = (1,) + tuple(input.shape) if unbatched else tuple(input.shape)
     spec = ConvSpec.from_args(x_shape, tuple(weight.shape), stride, padding, dilation, groups)
     precision = torch_precision()
-    if torch.compiler.is_compiling() or input.device.type not in ("cuda", "cpu") or type(input) is not _Tensor:
-        # traced, meta or subclass tensors: the custom op (its fake implementation where there is no data)
+    if (torch.compiler.is_compiling() or _is_tracing() or input.device.type not in ("cuda", "cpu")
+            or type(input) is not _Tensor):
+        # compiled, jit-traced, meta or subclass tensors: the custom op (its fake implementation where there is no
+        # data)
         if _recorder is not None and input.device.type == "meta":  # (``warmup``'s shape run)
             _recorder(input, weight, bias, spec, stride, padding, dilation, groups, algo, precision)
         x = input.unsqueeze(0) if unbatched else input

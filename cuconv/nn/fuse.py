@@ -157,10 +157,12 @@ class FusedConv2d(torch.nn.Module):
         tensors = (conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var,
                    bn.num_batches_tracked)
         recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors[:4])
-        # (under torch.compile the fold is part of the compiled graph: no data pointers to key a cache by)
+        # (under torch.compile or torch.jit.trace the fold is part of the graph: no data pointers to key a cache by,
+        # and a kept fold would be traced as a constant)
         w = conv.weight
         try:
-            key = None if recording or torch.compiler.is_compiling() or w.is_meta else (bn.eps,) + tuple(
+            key = None if recording or torch.compiler.is_compiling() or torch._C._is_tracing() or w.is_meta else (
+                bn.eps,) + tuple(
                 None if t is None else (t.data_ptr(), t._version, t.dtype, t.device, t.shape) for t in tensors)
         except RuntimeError:  # (inference tensors have no version counter: folded on every call)
             key = None

@@ -56,6 +56,16 @@ class Conv2d(torch.nn.Conv2d):
         text = super().extra_repr()
         return text if self.algo == "auto" else f"{text}, algo={self.algo!r}"
 
+    def __prepare_scriptable__(self):
+        raise RuntimeError(NOT_SCRIPTABLE)
+
+
+# torch.jit.script compiles a module's forward from its Python source; cuconv's runs its own Python path (the
+# checks, the plan, the launches), which TorchScript cannot compile. Said before TorchScript fails inside it.
+NOT_SCRIPTABLE = ("cuconv: torch.jit.script cannot compile cuconv's convolution layers (their forward runs "
+                  "cuconv's Python code). Use torch.jit.trace (it records the custom op cuconv::conv2d; import "
+                  "cuconv before torch.jit.load), torch.export or torch.compile instead")
+
 
 def _converted(conv: torch.nn.Conv2d, algo: str) -> Conv2d:
     """A ``Conv2d`` holding ``conv``'s state: the same Parameter and buffer objects, hooks and training flag, in
@@ -130,3 +140,41 @@ def _convert(module: torch.nn.Module, algo: str, done: dict, walked: set) -> tor
             if replacement is not child:
                 module._modules[name] = replacement
     return module
+
+
+def _fuse_conv_bn(is_qat: bool, conv, bn, relu=None):
+    """``torch.ao.quantization.fuse_modules``' fuser for cuconv's Conv2d with BatchNorm2d (and ReLU): in eval mode
+    the BatchNorm folded into a copy of the convolution (``torch.nn.utils.fuse_conv_bn_eval``), still cuconv's,
+    followed by the ReLU; quantization-aware training (``is_qat``) has no cuconv modules and is refused."""
+    if is_qat:
+        raise NotImplementedError("cuconv: quantization-aware training fuses into torch.ao.nn.intrinsic modules, "
+                                  "which compute with torch's convolution; fuse the torch model before "
+                                  "cuconv.nn.convert, or train without quantization")
+    if conv.training or bn.training:
+        raise AssertionError("Conv and BN both must be in eval mode for fusion outside quantization-aware training")
+    fused = torch.nn.utils.fuse_conv_bn_eval(conv, bn)
+    return fused if relu is None else torch.nn.Sequential(fused, relu)
+
+
+def _fuse_conv_relu(is_qat: bool, conv, relu):
+    if is_qat:
+        return _fuse_conv_bn(True, conv, None)
+    return torch.nn.Sequential(conv, relu)
+
+
+def _register_fusers() -> None:
+    """Entries for cuconv's Conv2d in torch's table of module fusions (it matches types exactly, a subclass
+    finds none: "did not find fuser method"), so that ``torch.ao.quantization.fuse_modules`` fuses cuconv's
+    layers as it fuses torch's."""
+    try:
+        from torch.ao.quantization import fuser_method_mappings
+    except ImportError:  # (a torch without torch.ao.quantization: nothing to register with)
+        return
+    table = getattr(fuser_method_mappings, "_DEFAULT_OP_LIST_TO_FUSER_METHOD", None)
+    if isinstance(table, dict):
+        table.setdefault((Conv2d, torch.nn.BatchNorm2d), _fuse_conv_bn)
+        table.setdefault((Conv2d, torch.nn.BatchNorm2d, torch.nn.ReLU), _fuse_conv_bn)
+        table.setdefault((Conv2d, torch.nn.ReLU), _fuse_conv_relu)
+
+
+_register_fusers()
