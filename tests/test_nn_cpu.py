@@ -757,3 +757,30 @@ def graph_tools_agree(device: str, dtype=torch.float64):
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_graph_tools_on_converted_models():
     graph_tools_agree("cpu")
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+def test_eager_quantization_refuses_cuconv_layers_clearly():
+    """torch's eager-mode quantization passed cuconv's Conv2d over (a subclass: not in its mappings), leaving it
+    float without a word: ``convert`` and ``prepare_qat`` now refuse it with what to do; a layer whose qconfig is
+    None is left alone, as torch leaves its own."""
+    import copy
+
+    m = torch.nn.Sequential(torch.ao.quantization.QuantStub(), torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(),
+                            torch.ao.quantization.DeQuantStub()).eval()
+    c = cuconv.nn.convert(copy.deepcopy(m))
+    c.qconfig = torch.ao.quantization.get_default_qconfig("x86")
+    prepared = torch.ao.quantization.prepare(c)
+    prepared(torch.randn(1, 3, 8, 8))
+    with pytest.raises(NotImplementedError, match="has no quantized form; quantize the torch model"):
+        torch.ao.quantization.convert(prepared)
+    qat = cuconv.nn.convert(copy.deepcopy(m)).train()
+    qat.qconfig = torch.ao.quantization.get_default_qat_qconfig("x86")
+    with pytest.raises(NotImplementedError, match="has no quantized form"):
+        torch.ao.quantization.prepare_qat(qat)
+    skipped = cuconv.nn.convert(copy.deepcopy(m))
+    skipped.qconfig = torch.ao.quantization.get_default_qconfig("x86")
+    skipped[1].qconfig = None
+    prepared = torch.ao.quantization.prepare(skipped)
+    prepared(torch.randn(1, 3, 8, 8))
+    assert type(torch.ao.quantization.convert(prepared)[1]) is cuconv.nn.Conv2d

@@ -177,4 +177,34 @@ def _register_fusers() -> None:
         table.setdefault((Conv2d, torch.nn.ReLU), _fuse_conv_relu)
 
 
+class _NotQuantized:
+    """What torch's eager quantization swaps cuconv's Conv2d for: nothing, said clearly (torch's quantized modules
+    would compute the convolution with torch's kernels, and a layer left out of the mapping stayed float
+    without a word)."""
+
+    @classmethod
+    def from_float(cls, mod, *args, **kwargs):
+        raise NotImplementedError(
+            f"cuconv: {type(mod).__name__} computes in floating point (float32, TF32, float16, bfloat16, float64) and "
+            "has no quantized form; quantize the torch model (before cuconv.nn.convert), or exclude cuconv's layers "
+            "by setting their qconfig to None")
+
+    from_observed = from_float
+
+
+def _register_quantization() -> None:
+    """cuconv's Conv2d in torch's eager-mode quantization mappings, as ``_NotQuantized``: ``prepare`` observes it and
+    ``convert`` (or ``prepare_qat``) refuses it, where a subclass of Conv2d would otherwise be passed over."""
+    try:
+        from torch.ao.quantization import quantization_mappings
+    except ImportError:
+        return
+    for name in ("DEFAULT_STATIC_QUANT_MODULE_MAPPINGS", "DEFAULT_QAT_MODULE_MAPPINGS",
+                 "DEFAULT_REFERENCE_STATIC_QUANT_MODULE_MAPPINGS"):
+        table = getattr(quantization_mappings, name, None)
+        if isinstance(table, dict):
+            table.setdefault(Conv2d, _NotQuantized)
+
+
 _register_fusers()
+_register_quantization()
