@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-from typing import NamedTuple, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 __all__ = ["config", "PRECISIONS", "Settings"]
 
@@ -141,7 +141,7 @@ class _Config:
         object.__setattr__(self, name, value)
 
     @contextlib.contextmanager
-    def __call__(self, **changes):
+    def __call__(self, **changes: Any) -> Iterator[None]:
         """Change defaults in this context for a block: ``with cuconv.config(workspace_limit=1 << 28): ...``.
         Every value is checked first: a bad one changes nothing."""
         unknown = set(changes) - set(_FIELDS)

@@ -6,8 +6,11 @@ run on the CPU path, CuPy arrays on their GPU and CuPy's current stream.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy
 
+from ._types import Array, IntOrPair, Padding, Shape
 from . import _backend, _layout, algos as _algorithms, dispatch, select as _select
 from .checks import array_kind, check_dtypes, check_grad_output, check_same_device, resolve_precision, size
 from .cpu import reference
@@ -21,8 +24,9 @@ from .spec import ConvSpec
 __all__ = ["conv2d_input", "conv2d_weight", "dgrad_spec", "wgrad_spec"]
 
 
-def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=1, groups=1, *,
-                 algo="auto", precision=None):
+def conv2d_input(input_size: Shape, weight: Array, grad_output: Array, stride: IntOrPair = 1, padding: Padding = 0,
+                 dilation: IntOrPair = 1, groups: int = 1, *, algo: str = "auto",
+                 precision: Optional[str] = None) -> Array:
     """Gradient of :func:`cuconv.conv2d` with respect to its input (dgrad).
 
     Parameters
@@ -77,8 +81,9 @@ def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=
     return dgrad_spec(weight, grad_output, spec, algo, precision, channels_last, settings).reshape(result_shape)
 
 
-def conv2d_weight(x, weight_size, grad_output, stride=1, padding=0, dilation=1, groups=1, *,
-                  algo="auto", precision=None):
+def conv2d_weight(x: Array, weight_size: Shape, grad_output: Array, stride: IntOrPair = 1, padding: Padding = 0,
+                  dilation: IntOrPair = 1, groups: int = 1, *, algo: str = "auto",
+                  precision: Optional[str] = None) -> Array:
     """Gradient of :func:`cuconv.conv2d` with respect to its weight (wgrad).
 
     Parameters

@@ -6,10 +6,11 @@ Arguments are checked here, once, in PyTorch's wording and before any kernel run
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy
 
+from ._types import Array, IntOrPair, Padding
 from . import _backend, _layout, _plan, dispatch, select as _select
 from .blocks import epilogue
 from .checks import check_arrays, check_out, check_residual, epilogue_of, resolve_precision
@@ -23,8 +24,10 @@ from .spec import ConvSpec
 __all__ = ["conv2d"]
 
 
-def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algo="auto",
-           precision=None, out=None, activation=None, negative_slope=0.01, residual=None, residual_position="before"):
+def conv2d(x: Array, weight: Array, bias: Optional[Array] = None, stride: IntOrPair = 1, padding: Padding = 0,
+           dilation: IntOrPair = 1, groups: int = 1, *, algo: str = "auto", precision: Optional[str] = None,
+           out: Optional[Array] = None, activation: Optional[str] = None, negative_slope: float = 0.01,
+           residual: Optional[Array] = None, residual_position: str = "before") -> Array:
     """2-D convolution (cross-correlation) with the semantics of ``torch.nn.functional.conv2d``, optionally
     followed by an activation and a residual add (the epilogue of a fused block).
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import numbers
-from typing import Tuple
+from typing import Sequence, Tuple
+
+from ._types import IntOrPair, Padding
 
 from ._errors import ConvValueError
 
@@ -173,7 +175,8 @@ class ConvSpec:
 
     # ----- construction --------------------------------------------------------------------------
     @classmethod
-    def from_args(cls, input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1) -> "ConvSpec":
+    def from_args(cls, input_shape: Sequence[int], weight_shape: Sequence[int], stride: IntOrPair = 1,
+                  padding: Padding = 0, dilation: IntOrPair = 1, groups: int = 1) -> "ConvSpec":
         """Validate torch-style arguments against 4-D shapes and return the spec.
 
         Raises ``TypeError``/``ValueError`` with PyTorch's wording for every misuse of geometry. Arguments of

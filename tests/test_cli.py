@@ -61,8 +61,8 @@ def test_usage(args):
 @without_gpu
 def test_warmup_without_gpu_says_so():
     proc = run_cli("warmup", "resnet18", "--modes", "tf32")
-    assert proc.returncode == 0, proc.stderr
-    assert "No CUDA GPU visible" in proc.stdout
+    assert proc.returncode == 1  # (GPU work asked for and not done: a failure, with its reason)
+    assert "No CUDA GPU visible" in proc.stderr
 
 
 @pytest.mark.parametrize("args, message", [(("resnet18", "--modes", "fp8"), "unknown mode(s) ['fp8']"),
@@ -77,8 +77,8 @@ def test_warmup_bad_arguments_are_usage_errors(args, message):
 @without_gpu
 def test_profile_without_gpu_says_so():
     proc = run_cli("profile", "--models", "resnet18")
-    assert proc.returncode == 0, proc.stderr
-    assert "No CUDA GPU visible" in proc.stdout
+    assert proc.returncode == 1
+    assert "No CUDA GPU visible" in proc.stderr
 
 
 @pytest.mark.parametrize("args, message", [(("--models", "resnet18", "--mode", "fp8"), "invalid choice: 'fp8'"),
@@ -88,3 +88,16 @@ def test_profile_bad_arguments_are_usage_errors(args, message):
     proc = run_cli("profile", *args)
     assert proc.returncode == 2
     assert "usage: python -m cuconv profile" in proc.stderr and message in proc.stderr
+
+
+@without_gpu
+def test_bench_models_without_gpu_fails_with_the_reason():
+    proc = run_cli("bench", "--models", "resnet18", "--modes", "bf16")
+    assert proc.returncode == 1
+    assert "No CUDA GPU visible" in proc.stderr
+
+
+def test_info_refuses_unknown_options():
+    proc = run_cli("info", "--bogus")
+    assert proc.returncode == 2
+    assert "usage: python -m cuconv info" in proc.stderr and "unrecognized arguments: --bogus" in proc.stderr

@@ -13,7 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextvars
 import os
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -64,8 +64,8 @@ def _record_calls(model: torch.nn.Module, inputs: tuple, kwargs: dict) -> list:
     return calls
 
 
-def warmup(model: torch.nn.Module, *inputs, backward: Optional[bool] = None, threads: Optional[int] = None,
-           **kwargs) -> int:
+def warmup(model: torch.nn.Module, *inputs: Any, backward: Optional[bool] = None, threads: Optional[int] = None,
+           **kwargs: Any) -> int:
     """Compile the kernels of ``model``'s cuconv convolutions and plan its layers, side by side in threads, for
     the call ``model(*inputs, **kwargs)``; returns how many layers were made.
 

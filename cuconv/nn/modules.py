@@ -8,8 +8,11 @@ argument, shown by ``extra_repr`` when it is not the default.
 
 from __future__ import annotations
 
+from typing import Any, Optional
+
 import torch
 
+from .._types import IntOrPair, Padding
 from ..select import algorithms
 from .functional import conv2d as _cuconv_conv2d
 
@@ -36,8 +39,10 @@ class Conv2d(torch.nn.Conv2d):
     (True, Conv2d(3, 8, kernel_size=(3, 5), stride=(1, 1), padding=same))
     """
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
-                 bias=True, padding_mode="zeros", device=None, dtype=None, *, algo: str = "auto"):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: IntOrPair, stride: IntOrPair = 1,
+                 padding: Padding = 0, dilation: IntOrPair = 1, groups: int = 1, bias: bool = True,
+                 padding_mode: str = "zeros", device: Any = None, dtype: Optional[torch.dtype] = None, *,
+                 algo: str = "auto") -> None:
         if algo != "auto" and algo not in algorithms():
             raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {algorithms()}")
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,

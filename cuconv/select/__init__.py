@@ -16,7 +16,7 @@ Everything here is a pure function of its arguments (memoized): the device's lim
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Tuple
 
 from .. import _plan, algos as _algorithms
 from ..problem import PASSES, Problem
@@ -102,7 +102,7 @@ def _check_pass(pass_: str) -> None:
         raise ValueError(f"cuconv: unknown pass {pass_!r}; expected one of {PASSES}")
 
 
-def algorithms(pass_: str = "fprop") -> tuple:
+def algorithms(pass_: str = "fprop") -> Tuple[str, ...]:
     """Names of the algorithms that implement ``pass_`` ("fprop", "dgrad" or "wgrad")."""
     _check_pass(pass_)
     return _algorithms.names(pass_)

@@ -763,13 +763,13 @@ def print_tables(report: dict) -> None:
 
 
 def _missing(command: str, without_gpu: str):
-    """The exit status where ``command`` cannot run here (no GPU: 0, after saying ``without_gpu``; no torchvision:
-    2), else None."""
+    """The exit status where ``command`` cannot run here (no GPU: 1, after saying ``without_gpu`` on stderr: the
+    work asked for was not done; no torchvision: 2), else None."""
     from .. import _backend
 
     if not _backend.gpu_available():
-        print(f"No CUDA GPU visible (CuPy missing or no device): {without_gpu}.")
-        return 0
+        print(f"No CUDA GPU visible (CuPy missing or no device): {without_gpu}.", file=sys.stderr)
+        return 1
     try:
         import torchvision  # noqa: F401
     except ImportError:

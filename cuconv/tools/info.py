@@ -50,6 +50,12 @@ def lines():
 
 
 def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m cuconv info",
+                                     description="Print cuconv's version, Python, NumPy, CuPy, the kernel cache, "
+                                                 "the CUDA runtime and devices, torch and the configuration.")
+    parser.parse_args(argv)  # (no options: an unknown one is an error, not ignored)
     for line in lines():
         print(line)
     return 0

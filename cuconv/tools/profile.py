@@ -84,9 +84,9 @@ def main(argv=None) -> int:
     except ImportError:
         print("python -m cuconv profile needs torch (and torchvision)", file=sys.stderr)
         return 1
-    if not torch.cuda.is_available():
-        print("No CUDA GPU visible: nothing to profile")
-        return 0
+    if not torch.cuda.is_available():  # (the work asked for is not done: a failure, with its reason)
+        print("No CUDA GPU visible: nothing to profile", file=sys.stderr)
+        return 1
     torch.backends.cudnn.benchmark = True
     mode = bench_models._Mode(args.mode)
     rows = []
