@@ -784,3 +784,21 @@ def test_eager_quantization_refuses_cuconv_layers_clearly():
     prepared = torch.ao.quantization.prepare(skipped)
     prepared(torch.randn(1, 3, 8, 8))
     assert type(torch.ao.quantization.convert(prepared)[1]) is cuconv.nn.Conv2d
+
+
+def test_convert_says_which_convolutions_it_left_on_torch():
+    """A LazyConv2d before its first forward and a parametrized Conv2d stay torch's, named in one warning with
+    what to do; after the lazy one's forward it converts; a plain one converts without a warning."""
+    import warnings
+
+    lazy, normed = torch.nn.LazyConv2d(4, 3), torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv2d(3, 4, 3))
+    model = torch.nn.Sequential(lazy, torch.nn.Sequential(normed), torch.nn.Conv2d(4, 4, 1))
+    with pytest.warns(UserWarning, match=r"left these convolutions on torch: 0: a LazyConv2d before its first "
+                                         r"forward \(run one forward, then convert\); 1\.0: a parametrized weight"):
+        cuconv.nn.convert(model)
+    assert model[0] is lazy and model[1][0] is normed and type(model[2]) is cuconv.nn.Conv2d
+    lazy(torch.randn(1, 3, 6, 6))  # (it becomes a torch.nn.Conv2d)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        converted = cuconv.nn.convert(torch.nn.Sequential(lazy))
+    assert type(converted[0]) is cuconv.nn.Conv2d

@@ -88,7 +88,9 @@ def convert(model: torch.nn.Module, *, algo: str = "auto", fuse: bool = False) -
     Every use of a convolution is replaced, and a module used in several places (or under several names) by one
     converted module, shared as the original was. The new modules hold the old ones' Parameter and buffer
     objects (so optimizers keep working), hooks, device, dtype and training mode, in dicts of their own.
-    Subclasses of ``torch.nn.Conv2d`` other than plain ones are left alone.
+    Subclasses of ``torch.nn.Conv2d`` other than plain ones are left alone, with a ``UserWarning`` naming them and
+    why (a ``LazyConv2d`` before its first forward: run one first; a parametrized weight such as
+    ``weight_norm``'s: its parametrization would have to run inside cuconv's call).
 
     ``fuse=True`` then runs each convolution with the BatchNorm2d, activation and residual add after it as one
     call (``cuconv.nn.fuse``): where the model traces with ``torch.fx`` the result is a ``torch.fx.GraphModule``
@@ -120,7 +122,13 @@ def convert(model: torch.nn.Module, *, algo: str = "auto", fuse: bool = False) -
         raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {algorithms()}")
     if not isinstance(fuse, bool):
         raise TypeError(f"convert(): argument 'fuse' must be bool, not {type(fuse).__name__}")
-    model = _convert(model, algo, {}, set())
+    left = []
+    model = _convert(model, algo, {}, set(), left)
+    if left:
+        import warnings
+
+        warnings.warn("cuconv.nn.convert left these convolutions on torch: " + "; ".join(left), UserWarning,
+                      stacklevel=2)
     if fuse:
         from .fuse import fuse as _fuse  # (imports this module)
 
@@ -128,9 +136,26 @@ def convert(model: torch.nn.Module, *, algo: str = "auto", fuse: bool = False) -
     return model
 
 
-def _convert(module: torch.nn.Module, algo: str, done: dict, walked: set) -> torch.nn.Module:
+def _left_alone(module: torch.nn.Module) -> str:
+    """Why a subclass of torch's Conv2d stays on torch."""
+    if isinstance(module, torch.nn.modules.lazy.LazyModuleMixin):
+        return "a LazyConv2d before its first forward (run one forward, then convert)"
+    if torch.nn.utils.parametrize.is_parametrized(module):
+        return ("a parametrized weight (weight_norm, spectral_norm, ...), computed by torch on each call "
+                "(torch.nn.utils.parametrize.remove_parametrizations first to convert it)")
+    return f"a subclass of torch.nn.Conv2d ({type(module).__module__}.{type(module).__qualname__})"
+
+
+def _convert(module: torch.nn.Module, algo: str, done: dict, walked: set, left: list,
+             path: str = "") -> torch.nn.Module:
     """``module`` with its convolutions replaced; ``done`` maps each original (by id) to (original, replacement),
-    so a module met again gets the same one, and ``walked`` holds the containers already walked."""
+    so a module met again gets the same one, ``walked`` holds the containers already walked, and ``left`` gets
+    the path and reason of each subclass of Conv2d left alone."""
+    if isinstance(module, torch.nn.Conv2d) and type(module) is not torch.nn.Conv2d and not isinstance(module, Conv2d):
+        if id(module) not in walked:
+            walked.add(id(module))
+            left.append(f"{path or '(the model)'}: {_left_alone(module)}")
+        return module
     if type(module) is torch.nn.Conv2d:
         entry = done.get(id(module))
         if entry is None:  # (the original is kept in ``done`` while the walk lasts: its id cannot be reused)
@@ -141,7 +166,7 @@ def _convert(module: torch.nn.Module, algo: str, done: dict, walked: set) -> tor
     walked.add(id(module))
     for name, child in list(module._modules.items()):  # every name, a module held twice included
         if child is not None:
-            replacement = _convert(child, algo, done, walked)
+            replacement = _convert(child, algo, done, walked, left, f"{path}.{name}" if path else name)
             if replacement is not child:
                 module._modules[name] = replacement
     return module
