@@ -54,8 +54,18 @@ def test_bench_unknown_problem_is_usage_error():
 def test_usage(args):
     proc = run_cli(*args)
     assert proc.returncode == 2
-    assert "usage: python -m cuconv {bench,info,profile,warmup}" in proc.stderr
+    assert "usage: python -m cuconv [-h] {bench,info,profile,warmup}" in proc.stderr
     assert proc.stdout == ""
+
+
+def test_help_lists_every_command_and_bench_help_is_whole():
+    proc = run_cli("--help")
+    assert proc.returncode == 0 and all(name in proc.stdout for name in ("bench", "info", "profile", "warmup"))
+    bench = run_cli("bench", "--help")
+    assert bench.returncode == 0
+    description = bench.stdout.split("\n\n")[1]
+    assert "with --models, on whole torchvision models and their layers (bench_models)." in " ".join(
+        description.split()), bench.stdout
 
 
 @without_gpu

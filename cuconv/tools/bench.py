@@ -34,7 +34,8 @@ _BY_NAME = {p.name: p for p in PROBLEMS}
 
 
 def _parse(argv):
-    ap = argparse.ArgumentParser(prog="python -m cuconv bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m cuconv bench",
+                                 description=" ".join(__doc__.split("\n\n")[0].replace("``", "").split()))
     ap.add_argument("--suite", choices=sorted(SUITES), default="all", help="problem set (default all)")
     ap.add_argument("--problem", action="append", default=[], metavar="NAME",
                     help="run only these problems (repeatable, or comma-separated)")
