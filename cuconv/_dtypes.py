@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy
 
+from ._errors import ConvTypeError
+
 __all__ = ["CTYPES", "SUPPORTED", "ctype_of", "check_float_dtype", "bfloat16", "by_name"]
 
 try:  # optional: NumPy has no bfloat16 of its own
@@ -46,5 +48,6 @@ def check_float_dtype(dtype, what: str = "input") -> numpy.dtype:
     dtype = numpy.dtype(dtype)
     if dtype not in CTYPES:
         names = ", ".join(str(d) for d in SUPPORTED)
-        raise TypeError(f"cuconv: {what} dtype {dtype} is not supported; expected one of {names}")
+        # (a TypeError and a RuntimeError: torch refuses a dtype its convolution has no kernel for with the latter)
+        raise ConvTypeError(f"cuconv: {what} dtype {dtype} is not supported; expected one of {names}")
     return dtype

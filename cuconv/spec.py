@@ -49,7 +49,13 @@ _SPECS_MAX = 4096
 
 
 def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+    """An int as torch's argument parser reads one: an integral number but a bool, or a 0-d integer (or bool)
+    tensor."""
+    if isinstance(v, numbers.Integral):
+        return not isinstance(v, bool)
+    # (duck-typed: the array API imports no torch)
+    return (getattr(v, "ndim", None) == 0 and type(v).__module__.partition(".")[0] == "torch"
+            and str(v.dtype) in ("torch.int8", "torch.uint8", "torch.int16", "torch.int32", "torch.int64", "torch.bool"))
 
 
 _INT64 = 2**63

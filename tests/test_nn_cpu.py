@@ -802,3 +802,23 @@ def test_convert_says_which_convolutions_it_left_on_torch():
         warnings.simplefilter("error")
         converted = cuconv.nn.convert(torch.nn.Sequential(lazy))
     assert type(converted[0]) is cuconv.nn.Conv2d
+
+
+@pytest.mark.parametrize("kwargs", [dict(stride=torch.tensor(2)), dict(padding=torch.tensor(1)),
+                                    dict(dilation=torch.tensor(2)), dict(groups=torch.tensor(1)),
+                                    dict(stride=(torch.tensor(2), 1)), dict(stride=torch.tensor(True))],
+                         ids=["stride", "padding", "dilation", "groups", "stride_pair", "stride_bool"])
+def test_zero_dim_integer_tensors_are_geometry_arguments_as_in_torch(kwargs):
+    x, w = torch.randn(1, 2, 7, 6, dtype=torch.float64), torch.randn(3, 2, 3, 3, dtype=torch.float64)
+    want = torch.nn.functional.conv2d(x, w, **kwargs)
+    assert torch.allclose(cuconv.nn.functional.conv2d(x, w, **kwargs), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64])
+def test_dtypes_without_a_path_raise_what_except_runtimeerror_catches(dtype):
+    """torch raises RuntimeError (or computes) where cuconv has no kernel: cuconv's refusal is both a TypeError
+    and a RuntimeError."""
+    x, w = torch.ones(1, 2, 4, 4, dtype=dtype), torch.ones(3, 2, 3, 3, dtype=dtype)
+    with pytest.raises(RuntimeError, match="is not supported") as info:
+        cuconv.nn.functional.conv2d(x, w)
+    assert isinstance(info.value, TypeError)

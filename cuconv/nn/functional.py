@@ -664,7 +664,7 @@ def _checked(input, weight, bias, stride, padding, dilation, groups, algo, setti
         raise ConvValueError(f"Expected 4D weight (out_channels, in_channels/groups, kH, kW) for conv2d, but got "
                              f"weight of size: {list(weight.shape)}")
     if input.dtype not in _TORCH_DTYPES:
-        raise TypeError(f"cuconv: input dtype {input.dtype} is not supported; expected one of "
+        raise ConvTypeError(f"cuconv: input dtype {input.dtype} is not supported; expected one of "
                         f"{', '.join(map(str, _TORCH_DTYPES))}")
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.dtype != input.dtype:
