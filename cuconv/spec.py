@@ -215,7 +215,9 @@ class ConvSpec:
         if min(stride) <= 0:
             raise ConvValueError("non-positive stride is not supported")
         if min(dilation) <= 0:
-            raise ConvValueError("non-positive dilation is not supported")
+            # (torch's words: a negative one is refused before the value is shown)
+            raise ConvValueError("dilation should be greater than zero" + (
+                "" if min(dilation) < 0 else f", but got {list(dilation)}"))
 
         if isinstance(padding, str):
             if padding == "valid":

@@ -236,8 +236,10 @@ MISUSES = [
                  r"Expected 3D \(unbatched\) or 4D \(batched\) input to conv2d, but got input of size: "
                  r"\[1, 2, 4, 8, 8\]", id="input_5d"),
     pytest.param(_misuse(weight=lambda a: a["weight"][0]), ValueError,
-                 r"Expected 4D weight \(out_channels, in_channels/groups, kH, kW\) for conv2d, but got weight "
-                 r"of size: \[4, 3, 3\]", id="weight_3d"),
+                 r"expected stride to be a single integer value or a list of 1 values to match the convolution "
+                 r"dimensions, but got stride=\[", id="weight_3d"),
+    pytest.param(_misuse(weight=lambda a: a["weight"][0, 0]), ValueError,
+                 r"weight should have at least three dimensions", id="weight_2d"),
     # ----- dtypes ----------------------------------------------------------------------------------------
     pytest.param(_misuse(weight=lambda a: a["weight"].float()), TypeError,
                  r"Input type \(torch\.float64\) and weight type \(torch\.float32\) should be the same",

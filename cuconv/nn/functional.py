@@ -21,7 +21,7 @@ from .._errors import ConvTypeError, ConvValueError
 from ..checks import epilogue_of
 from ..dispatch import call_key
 from ..select import algorithms
-from ..spec import ConvSpec, output_size
+from ..spec import ConvSpec, output_size, pair
 from . import _bridge
 
 __all__ = ["conv2d", "torch_precision"]
@@ -644,6 +644,23 @@ def _checked_layer(input, weight, bias, stride, padding, dilation, groups, algo,
     return layer
 
 
+def _weight_dim_error(input, weight, stride, padding) -> ConvValueError:
+    """torch's refusal of a weight that is not 4-D, in its words: its convolution takes the weight's dimensions for
+    the convolution's (a 3-D weight makes a 1-D convolution, whose stride has one value)."""
+    d = weight.dim()
+    if d < 3:
+        return ConvValueError("weight should have at least three dimensions")
+    if isinstance(padding, str):
+        return ConvValueError(f"Expected {d}-dimensional input for {d}-dimensional weight{list(weight.shape)}, but "
+                              f"got {input.dim()}-dimensional input of size {list(input.shape)} instead")
+    try:
+        shown = list(pair(stride, "stride"))
+    except (TypeError, ValueError):
+        shown = stride
+    return ConvValueError(f"expected stride to be a single integer value or a list of {d - 2} values to match the "
+                          f"convolution dimensions, but got stride={shown}")
+
+
 def _checked(input, weight, bias, stride, padding, dilation, groups, algo, settings, autocast_done=False, run=True):
     """Every check of torch's, in its wording, then the layer (made and kept for CUDA tensors) under ``settings``
     (``_config.Settings``; None: read here, past the traced path, which reads none: a custom op reads them when it
@@ -661,11 +678,10 @@ def _checked(input, weight, bias, stride, padding, dilation, groups, algo, setti
         raise ConvValueError(f"Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of "
                              f"size: {list(input.shape)}")
     if weight.dim() != 4:
-        raise ConvValueError(f"Expected 4D weight (out_channels, in_channels/groups, kH, kW) for conv2d, but got "
-                             f"weight of size: {list(weight.shape)}")
+        raise _weight_dim_error(input, weight, stride, padding)
     if input.dtype not in _TORCH_DTYPES:
         raise ConvTypeError(f"cuconv: input dtype {input.dtype} is not supported; expected one of "
-                        f"{', '.join(map(str, _TORCH_DTYPES))}")
+                            f"{', '.join(map(str, _TORCH_DTYPES))}")
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.dtype != input.dtype:
             raise ConvTypeError(f"Input type ({input.dtype}) and {name} type ({t.dtype}) should be the same")
