@@ -344,3 +344,26 @@ def test_pick_without_benchmark_is_the_selectors_choice():
     assert not settings.benchmark
     choice = autotune.pick("auto", "implicit_gemm", problem, env, settings, lambda c: pytest.fail("timed"))
     assert choice == select.Choice("implicit_gemm", select.knobs("implicit_gemm", problem, env))
+
+
+def test_autotune_cache_keeps_entries_it_does_not_own(tmp_path):
+    path = tmp_path / "winners.json"
+    foreign = {"someone else's": {"nested": [1, 2]}, "a number": 7, "a name": "not ours"}
+    path.write_text(json.dumps(foreign))
+    timer = _FakeTimer({"im2col_gemm": 1.0, "direct": 2.0, "direct_smem": 3.0})
+    with cuconv.config(benchmark_cache=str(path)):
+        assert _choose(timer) == "im2col_gemm"
+    stored = json.loads(path.read_text())
+    assert {k: stored[k] for k in foreign} == foreign and len(stored) == len(foreign) + 1
+
+
+@pytest.mark.parametrize("content", ['{"truncated": "im2c', "[1, 2]"], ids=["truncated", "not_an_object"])
+def test_autotune_cache_damaged_is_moved_aside_with_a_warning(tmp_path, content):
+    path = tmp_path / "winners.json"
+    path.write_text(content)
+    timer = _FakeTimer({"im2col_gemm": 1.0, "direct": 2.0, "direct_smem": 3.0})
+    with cuconv.config(benchmark_cache=str(path)), \
+            pytest.warns(RuntimeWarning, match="moved to .*winners.json.damaged"):
+        assert _choose(timer) == "im2col_gemm"
+    assert (tmp_path / "winners.json.damaged").read_text() == content
+    assert list(json.loads(path.read_text()).values()) == ["im2col_gemm"]

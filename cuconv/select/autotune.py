@@ -9,8 +9,8 @@ events on the current stream, and every later call with that signature runs the 
 memory for the process and, where ``cuconv.config.benchmark_cache`` names a file, also on disk (JSON: ``"name"``
 or ``"name[knob=value,...]"``), so a later process on the same kind of device skips the timing. The file is a
 cache, never an authority: an entry that names no candidate of its case (an algorithm that cannot serve it, knobs it does not
-offer) is timed afresh, a damaged file is
-rewritten, one that cannot be read is left alone, and writers (threads and processes) lock, merge and replace
+offer) is timed afresh, entries it did not write are kept, a
+damaged file is moved aside with a warning, one that cannot be read is left alone, and writers (threads and processes) lock, merge and replace
 it atomically; a location that cannot be written costs a warning, not the call. Entries carry the
 device name: another device misses and times again. During CUDA-graph capture nothing is timed (that would
 synchronise): a signature timed before runs its winner, one never timed the heuristic choice.
@@ -66,10 +66,13 @@ def clear() -> None:
         _picked.clear()
 
 
-def _load_disk(path: str) -> Optional[Dict[str, str]]:
-    """The cache file's entries (pairs of strings; anything else in it is dropped): {} where the file is missing or
-    holds no JSON object (a damaged cache heals at the next store); None where it exists but cannot be read (it is
-    then never replaced)."""
+_DAMAGED = object()  # _read_disk's answer for a file that holds no JSON object
+
+
+def _read_disk(path: str):
+    """The cache file's JSON object as it is (every entry, cuconv's or not); {} where the file is missing; None
+    where it exists but cannot be read (it is then never replaced); ``_DAMAGED`` where it is not a JSON object
+    (truncated, malformed, nested deeper than the parser goes, another type)."""
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
@@ -79,10 +82,17 @@ def _load_disk(path: str) -> Optional[Dict[str, str]]:
         return None
     try:
         data = json.loads(text)
-    except (ValueError, RecursionError):  # malformed, or nested deeper than the parser goes
-        return {}
-    if not isinstance(data, dict):
-        return {}
+    except (ValueError, RecursionError):
+        return _DAMAGED
+    return data if isinstance(data, dict) else _DAMAGED
+
+
+def _load_disk(path: str) -> Optional[Dict[str, str]]:
+    """The cache file's entries that can be winners (pairs of strings): {} where the file is missing or damaged;
+    None where it cannot be read."""
+    data = _read_disk(path)
+    if data is None or data is _DAMAGED:
+        return None if data is None else {}
     return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
 
 
@@ -107,12 +117,19 @@ def _file_lock(path: str):
 def _store_disk(path: str, key: str, name: str) -> None:
     """Add one winner to the cache file: read, merge and replace under the file lock, through a fresh temporary
     file in the same directory (``mkstemp``: a unique name, created exclusively), so that concurrent writers
-    keep each other's entries and readers never see half a file. A location that cannot be written is a
-    warning, not an error: the winner is still used from memory."""
+    keep each other's entries and readers never see half a file. Entries cuconv did not write stay as they are;
+    a damaged file is moved aside (``<path>.damaged``) with a warning before a new one is written. A location
+    that cannot be written is a warning, not an error: the winner is still used from memory."""
     directory = os.path.dirname(os.path.abspath(path))
     try:
         with _file_lock(path):
-            data = _load_disk(path)
+            data = _read_disk(path)
+            if data is _DAMAGED:
+                aside = f"{path}.damaged"
+                os.replace(path, aside)
+                warnings.warn(f"cuconv: the autotune cache {path} holds no JSON object (truncated or damaged); it "
+                              f"was moved to {aside} and a new one started", RuntimeWarning, stacklevel=3)
+                data = {}
             if data is None:
                 warnings.warn(f"cuconv: the autotune cache {path} cannot be read; it is left as it is and this "
                               f"process keeps its choices in memory", RuntimeWarning, stacklevel=3)
