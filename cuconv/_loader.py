@@ -274,7 +274,8 @@ class PreparedLaunch:
     threads are serialised around the shared buffer (the driver copies the parameters when it enqueues).
     Made on the device it launches on (the function handle belongs to that device's context)."""
 
-    __slots__ = ("fn", "name", "grid", "block", "smem", "device", "_handle", "_pointers", "_n_pointers", "_keep", "_params",
+    __slots__ = ("fn", "name", "grid", "block", "smem", "device", "_handle", "_pointers", "_n_pointers", "_keep",
+                 "_params",
                  "_lock", "_driver", "_runtime")
 
     def __init__(self, fn, name: str, grid: tuple, block: tuple, n_pointers: int, scalars: tuple = (),

@@ -55,7 +55,8 @@ def _is_int(v) -> bool:
         return not isinstance(v, bool)
     # (duck-typed: the array API imports no torch)
     return (getattr(v, "ndim", None) == 0 and type(v).__module__.partition(".")[0] == "torch"
-            and str(v.dtype) in ("torch.int8", "torch.uint8", "torch.int16", "torch.int32", "torch.int64", "torch.bool"))
+            and str(v.dtype) in ("torch.int8", "torch.uint8", "torch.int16", "torch.int32", "torch.int64",
+                                 "torch.bool"))
 
 
 _INT64 = 2**63

@@ -217,7 +217,8 @@ def reason_unsupported(spec: ConvSpec, dtype, pass_: str = "fprop", precision: s
         need += _wgrad_sum_bytes(spec, dtype)
     if need > limit:
         return (f"its column buffer for one output row{' and the fp32 sums of dW' if pass_ == 'wgrad' else ''} "
-                f"{'need' if pass_ == 'wgrad' else 'needs'} {need} bytes, more than cuconv.config.workspace_limit ({limit})")
+                f"{'need' if pass_ == 'wgrad' else 'needs'} {need} bytes, more than cuconv.config.workspace_limit "
+                f"({limit})")
     return None
 
 

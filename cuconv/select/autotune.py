@@ -8,11 +8,11 @@ events on the current stream, and every later call with that signature runs the 
 (``Algorithm.knobs``: implicit_gemm's tiles, for instance), the selector's own choice among them. Winners live in
 memory for the process and, where ``cuconv.config.benchmark_cache`` names a file, also on disk (JSON: ``"name"``
 or ``"name[knob=value,...]"``), so a later process on the same kind of device skips the timing. The file is a
-cache, never an authority: an entry that names no candidate of its case (an algorithm that cannot serve it, knobs it does not
-offer) is timed afresh, entries it did not write are kept, a
-damaged file is moved aside with a warning, one that cannot be read is left alone, and writers (threads and processes) lock, merge and replace
-it atomically; a location that cannot be written costs a warning, not the call. Entries carry the
-device name: another device misses and times again. During CUDA-graph capture nothing is timed (that would
+cache, never an authority: an entry that names no candidate of its case (an algorithm that cannot serve it,
+knobs it does not offer) is timed afresh, entries it did not write are kept, a damaged file is moved aside with
+a warning, one that cannot be read is left alone, and writers (threads and processes) lock, merge and replace it
+atomically; a location that cannot be written costs a warning, not the call. Entries carry the device name:
+another device misses and times again. During CUDA-graph capture nothing is timed (that would
 synchronise): a signature timed before runs its winner, one never timed the heuristic choice.
 
 The configuration arrives as arguments (the caller's ``cuconv._config.Settings`` and ``cuconv._plan.Env``):

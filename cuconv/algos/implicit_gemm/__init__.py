@@ -69,7 +69,8 @@ __all__ = ["ALGORITHM", "ImplicitGemm", "forward_gpu", "dgrad_gpu", "wgrad_gpu",
            "Tile", "WgmmaTile", "WgmmaTmaTile", "WgmmaTmaRowsTile", "NchwTile", "TILES", "TMA_TILES", "TMA_ROWS_TILES",
            "tma_reason", "rows_reason", "transposed_spec", "phase_specs", "resident_blocks", "wgmma_available",
            "nchw_fits", "Plan", "plan", "pack_operands", "prepare", "division_magic", "PACK_SHAPE_DTYPE",
-           "GEOMETRY_DTYPE", "EPILOGUE_DTYPE", "SPLIT_SUM_DTYPE", "PHASE_WEIGHTS_DTYPE", "PHASE_GEMMS_DTYPE", "SWAP_SHAPE_DTYPE",
+           "GEOMETRY_DTYPE", "EPILOGUE_DTYPE",
+           "SPLIT_SUM_DTYPE", "PHASE_WEIGHTS_DTYPE", "PHASE_GEMMS_DTYPE", "SWAP_SHAPE_DTYPE",
            "WGRAD_TMA_GEOMETRY_DTYPE", "BLOCK_DIAGONAL_DTYPE", "kernel_stem", "choice", "tile_name", "tiles_for"]
 
 

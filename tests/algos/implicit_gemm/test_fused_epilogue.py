@@ -55,7 +55,8 @@ def test_fused_epilogue_matches_the_oracle_on_every_tile(epilogue, x_shape, w_sh
     r = rng.standard_normal(spec.output_shape).astype(dtype)
     import torch
 
-    y64 = torch.nn.functional.conv2d(torch.from_numpy(x.astype(numpy.float64)), torch.from_numpy(w.astype(numpy.float64)),
+    y64 = torch.nn.functional.conv2d(torch.from_numpy(x.astype(numpy.float64)),
+                                     torch.from_numpy(w.astype(numpy.float64)),
                                      None if b is None else torch.from_numpy(b.astype(numpy.float64)),
                                      **kwargs).numpy()
     want = numpy.empty_like(y64)
