@@ -221,3 +221,13 @@ def test_a_split_asked_of_an_nchw_tile_does_not_apply(monkeypatch):
         "implicit_gemm_wgmma_nchw"]
     (step,) = plan.steps
     assert step.kernel._keep[0]["split_stride"] == 0
+
+
+def test_an_epilogue_has_one_form_in_implicit_gemm_launches():
+    """The slope matters to leaky_relu alone: another activation (or none) with a slope set keys and runs as the
+    same epilogue (the block-diagonal forward, which takes no epilogue codes, still plans it)."""
+    from cuconv.algos.implicit_gemm.launch import epilogue_codes
+
+    assert epilogue_codes(Epilogue(activation="relu", alpha=0.3)) == epilogue_codes(Epilogue(activation="relu"))
+    assert epilogue_codes(Epilogue(bias=True, alpha=0.3)) == (0, 0, 0.0)
+    assert epilogue_codes(Epilogue(activation="leaky_relu", alpha=0.3))[2] == pytest.approx(0.3)

@@ -70,12 +70,13 @@ _RES_CODES = {None: 0, "before": 1, "after": 2}
 
 def epilogue_codes(ep) -> tuple:
     """(activation code, residual code, slope) of an ``Epilogue`` (None: none): the hashable form the memoized
-    launches are keyed by."""
+    launches are keyed by (the slope 0 but for leaky_relu, so that one epilogue has one form)."""
     if ep is None:
         return (0, 0, 0.0)
     from ...blocks.epilogue import ACT_CODES
 
-    return (ACT_CODES[ep.activation], _RES_CODES[ep.residual], float(ep.alpha))
+    alpha = float(ep.alpha) if ep.activation == "leaky_relu" else 0.0
+    return (ACT_CODES[ep.activation], _RES_CODES[ep.residual], alpha)
 
 
 def epilogue_struct(codes: tuple = (0, 0, 0.0)):
@@ -108,8 +109,9 @@ def _gemm_geometry(spec: ConvSpec, pl: Plan, m: int, filters: int, groups: int, 
 
 @dataclasses.dataclass(frozen=True)
 class WgradLaunches:
-    """A wgrad's launches (pointers: source, packed, null, null for the packs; packed x, packed dy, null and dW
-    or the partial sums for the GEMM; partial sums, null, dW for ``sums``) and workspace bytes of each part."""
+    """A wgrad's launches (pointers: source, packed, null, null for the packs; packed x, packed dy, null, dW or
+    the partial sums, null for the GEMM; partial sums, null, dW, null for ``sums``) and workspace bytes of each
+    part."""
 
     pack_x: "_loader.PreparedLaunch"
     pack_dy: "_loader.PreparedLaunch"
