@@ -824,3 +824,18 @@ def test_dtypes_without_a_path_raise_what_except_runtimeerror_catches(dtype):
     with pytest.raises(RuntimeError, match="is not supported") as info:
         cuconv.nn.functional.conv2d(x, w)
     assert isinstance(info.value, TypeError)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+def test_fx_quantization_refuses_cuconv_layers_clearly():
+    """FX-mode quantization traced through cuconv's layer to a call it has no pattern for, leaving the convolution
+    float without a word: prepare_fx now refuses with what to do; plain fx tracing is unaffected."""
+    import copy
+
+    from torch.ao.quantization import get_default_qconfig_mapping, quantize_fx
+
+    model = cuconv.nn.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU()).eval())
+    x = torch.randn(1, 3, 8, 8)
+    with pytest.raises(NotImplementedError, match="has no quantized form; quantize the torch model"):
+        quantize_fx.prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), (x,))
+    assert torch.equal(torch.fx.symbolic_trace(model)(x), model(x))

@@ -50,6 +50,9 @@ class Conv2d(torch.nn.Conv2d):
         self.algo = algo
 
     def _conv_forward(self, input, weight, bias):
+        if type(input) is not torch.Tensor and type(getattr(input, "tracer", None)).__name__ == "QuantizationTracer":
+            # (FX-mode quantization traces through the layer to a call it has no pattern for: left float silently)
+            raise NotImplementedError(NOT_QUANTIZABLE)
         if self.padding_mode != "zeros":
             # reflect / replicate / circular: pad first (differentiable), then a valid convolution
             padded = torch.nn.functional.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
@@ -63,6 +66,10 @@ class Conv2d(torch.nn.Conv2d):
 
     def __prepare_scriptable__(self):
         raise RuntimeError(NOT_SCRIPTABLE)
+
+
+NOT_QUANTIZABLE = ("cuconv: cuconv's Conv2d computes in floating point (float32, TF32, float16, bfloat16, float64) "
+                   "and has no quantized form; quantize the torch model (before cuconv.nn.convert)")
 
 
 # torch.jit.script compiles a module's forward from its Python source; cuconv's runs its own Python path (the
@@ -214,10 +221,7 @@ class _NotQuantized:
 
     @classmethod
     def from_float(cls, mod, *args, **kwargs):
-        raise NotImplementedError(
-            f"cuconv: {type(mod).__name__} computes in floating point (float32, TF32, float16, bfloat16, float64) and "
-            "has no quantized form; quantize the torch model (before cuconv.nn.convert), or exclude cuconv's layers "
-            "by setting their qconfig to None")
+        raise NotImplementedError(NOT_QUANTIZABLE + ", or set these layers' qconfig to None")
 
     from_observed = from_float
 
