@@ -11,12 +11,12 @@ import numpy
 from .. import _dtypes, _loader
 from ..problem import ACTIVATIONS
 
-__all__ = ["launch", "apply_numpy", "ACT_CODES", "NAME_EXPRESSIONS", "STEM"]
+__all__ = ["launch", "apply_numpy", "ACT_CODES", "RES_CODES", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "blocks/epilogue"
 _MAX_BLOCKS = 1 << 16
 ACT_CODES = {None: 0, **{name: i + 1 for i, name in enumerate(ACTIVATIONS)}}  # (epilogue.cuh's ACT)
-_RES_CODES = {None: 0, "before": 1, "after": 2}
+RES_CODES = {None: 0, "before": 1, "after": 2}  # (the kernels' res: where the residual is added)
 NAME_EXPRESSIONS = tuple(f"epilogue<{t}>" for t in _dtypes.ALL_CTYPE_NAMES)
 
 
@@ -29,7 +29,7 @@ def launch(dtype, n: int, activation, residual, alpha: float = 0.0) -> "_loader.
     name = f"epilogue<{_dtypes.ctype_of(dtype)}>"
     return _loader.prepare(STEM, NAME_EXPRESSIONS, name, (_loader.blocks(n, _MAX_BLOCKS), 1, 1),
                            (_loader.THREADS, 1, 1), 3, (numpy.int64(n), numpy.int32(ACT_CODES[activation]),
-                                                         numpy.int32(_RES_CODES[residual]), numpy.float64(alpha)))
+                                                         numpy.int32(RES_CODES[residual]), numpy.float64(alpha)))
 
 
 def _erf(v: numpy.ndarray) -> numpy.ndarray:

@@ -179,14 +179,18 @@ def _convert(module: torch.nn.Module, algo: str, done: dict, walked: set, left: 
     return module
 
 
-def _fuse_conv_bn(is_qat: bool, conv, bn, relu=None):
-    """``torch.ao.quantization.fuse_modules``' fuser for cuconv's Conv2d with BatchNorm2d (and ReLU): in eval mode
-    the BatchNorm folded into a copy of the convolution (``torch.nn.utils.fuse_conv_bn_eval``), still cuconv's,
-    followed by the ReLU; quantization-aware training (``is_qat``) has no cuconv modules and is refused."""
-    if is_qat:
+def _refuse_qat(is_qat: bool) -> None:
+    if is_qat:  # (its fused modules are torch.ao.nn.intrinsic's, which compute with torch's convolution)
         raise NotImplementedError("cuconv: quantization-aware training fuses into torch.ao.nn.intrinsic modules, "
                                   "which compute with torch's convolution; fuse the torch model before "
                                   "cuconv.nn.convert, or train without quantization")
+
+
+def _fuse_conv_bn(is_qat: bool, conv, bn, relu=None):
+    """``torch.ao.quantization.fuse_modules``' fuser for cuconv's Conv2d with BatchNorm2d (and ReLU): in eval mode
+    the BatchNorm folded into a copy of the convolution (``torch.nn.utils.fuse_conv_bn_eval``), still cuconv's,
+    followed by the ReLU; quantization-aware training (``is_qat``) is refused."""
+    _refuse_qat(is_qat)
     if conv.training or bn.training:
         raise AssertionError("Conv and BN both must be in eval mode for fusion outside quantization-aware training")
     fused = torch.nn.utils.fuse_conv_bn_eval(conv, bn)
@@ -194,8 +198,7 @@ def _fuse_conv_bn(is_qat: bool, conv, bn, relu=None):
 
 
 def _fuse_conv_relu(is_qat: bool, conv, relu):
-    if is_qat:
-        return _fuse_conv_bn(True, conv, None)
+    _refuse_qat(is_qat)
     return torch.nn.Sequential(conv, relu)
 
 

@@ -124,13 +124,19 @@ __device__ __forceinline__ float bias_at(const Epi<T>& ep, long long filter) {
     return ep.bias != nullptr ? to_acc(ep.bias[filter]) : 0.f;
 }
 
+// v through the epilogue's activation alone (the TMA-store kernels, which the plans give no residual).
+template <typename T>
+__device__ __forceinline__ float activated(float v, const Epi<T>& ep) {
+    return ep.act != 0 ? activate<float>(ep.act, v, ep.alpha) : v;
+}
+
 // v (the sum plus its bias) through the residual and the activation; off: the element's offset in the output
 // (and in r). The residual is read where its value is needed (rv: a value already loaded, where the caller
 // read a vector of them).
 template <typename T>
 __device__ __forceinline__ float finish(float v, const Epi<T>& ep, float rv) {
     if (ep.res == 1) v += rv;
-    if (ep.act != 0) v = activate<float>(ep.act, v, ep.alpha);
+    v = activated(v, ep);
     if (ep.res == 2) v += rv;
     return v;
 }

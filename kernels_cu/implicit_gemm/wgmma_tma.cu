@@ -87,14 +87,9 @@ __device__ __forceinline__ void tma_store_drain() { asm volatile("cp.async.bulk.
 // kOverlap (implicit_gemm_wgmma_tma_pst, a staging of its own): the stores of the block's previous tile may still
 // be reading it: the storing thread waits for them before the consumers meet, and returns as soon as this tile's
 // are issued (the block's last ones: tma_store_drain before it exits).
-// The epilogue's activation alone: the plans give these kernels no residual (the TMA store clips what lies past
-// the output, a residual's loads would need guards of their own; a residual takes the kernels that store from
-// shared memory, store_tile_nhwc).
-template <typename T>
-__device__ __forceinline__ float activated(float v, const Epi<T>& ep) {
-    return ep.act != 0 ? activate<float>(ep.act, v, ep.alpha) : v;
-}
-
+// The epilogue's activation alone (`activated`): the plans give these kernels no residual (the TMA store clips what
+// lies past the output, a residual's loads would need guards of their own; a residual takes the kernels that store
+// from shared memory, store_tile_nhwc).
 template <typename T, int BF, int BP, int NW, bool kRows = false, bool kOverlap = false>
 __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigned stage, const Geometry& g,
                                                    const Epi<T>& ep, const TensorMap& y_map, int m0,

@@ -50,7 +50,7 @@ from ..base import Algorithm, with_epilogue
 from .tiles import (
     NchwTile, Plan, TILES, TMA_ROWS_TILES, TMA_TILES, Tile, WGRAD_TMA_TILES, WgmmaTile, WgmmaTmaRowsTile,
     WgmmaTmaTile, WgradTmaTile, _INT_MAX, _MAX_GRID_Y, resident_blocks, tile_name, wgmma_available)
-from .launch import EPILOGUE_DTYPE, GEOMETRY_DTYPE, choice, epilogue_codes, kernel_stem
+from .launch import EPILOGUE_DTYPE, GEOMETRY_DTYPE, NO_EPILOGUE, choice, epilogue_codes, kernel_stem
 from .pack import (
     BLOCK_DIAGONAL_DTYPE, PACK_SHAPE_DTYPE, PHASE_WEIGHTS_DTYPE, SPLIT_SUM_DTYPE, SWAP_SHAPE_DTYPE, division_magic,
     pack_operands)
@@ -60,7 +60,7 @@ from .wgmma_tma import block_diagonal_bytes, block_diagonal_tile, rows_reason, t
 from .wgrad_tma import WGRAD_TMA_GEOMETRY_DTYPE, wgrad_tma_reason
 from .forward import (
     _arithmetic_reason, _forward_plan, _forward_reason, _nhwc_forward_plan, _nhwc_forward_spec,
-    nhwc_in_place, plan)
+    nhwc_in_place, plan, takes_block_diagonal)
 from .wgrad import _wgrad_prepare, _wgrad_reason, _wgrad_sizes, transposed_spec
 from .dgrad_phases import _phases_prepare, _phases_reason, phase_specs
 
@@ -103,7 +103,7 @@ def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env",
     forward's activation and residual (``Epilogue``; its bias flag is ``bias``), applied where the GEMM or the sum
     of its splits writes the output."""
     nhwc = layout == "nhwc"
-    codes = epilogue_codes(epilogue) if pass_ == "fprop" else (0, 0, 0.0)
+    codes = epilogue_codes(epilogue) if pass_ == "fprop" else NO_EPILOGUE
     if weights not in ("kcrs", "krsc") or (weights == "krsc" and not nhwc):
         raise ValueError(f"implicit_gemm: weights {weights!r} with {layout!r} activations; channels-last weights "
                          "('krsc') go with channels-last activations ('nhwc')")
@@ -244,11 +244,9 @@ class ImplicitGemm(Algorithm):
 
 
 def _block_diagonal(p: Problem, env: "_plan.Env", tile, splits) -> bool:
-    """Whether ``p`` runs through the block-diagonal grouped forward (``_nhwc_forward_plan``) with ``tile``."""
-    if p.pass_ != "fprop" or p.layout != "nhwc" or p.spec.groups == 1:
-        return False
-    diagonal = block_diagonal_tile(p.spec, p.dtype)
-    return diagonal is not None and (tile or choice().tile_for("fprop", p.spec, p.dtype, True, env, splits)) is diagonal
+    """Whether ``p`` runs through the block-diagonal grouped forward with ``tile`` (``_nhwc_forward_plan``'s test)."""
+    return p.pass_ == "fprop" and p.layout == "nhwc" and p.spec.groups != 1 and takes_block_diagonal(
+        p.spec, p.dtype, tile or choice().tile_for("fprop", p.spec, p.dtype, True, env, splits))
 
 
 ALGORITHM = ImplicitGemm()

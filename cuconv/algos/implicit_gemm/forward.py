@@ -13,7 +13,7 @@ from ...spec import ConvSpec
 from .tiles import (
     Plan, Tile, _INT_MAX, _MAX_GRID_Z, _MAX_SIDE, _TENSOR_CORE_TYPES, _packed_k_tiles, _padded_channels, _rows_band,
     _rows_box)
-from .launch import GEMM_POINTERS, NAME, _fn, _gemm_geometry, _kernel, choice, epilogue_struct
+from .launch import GEMM_POINTERS, NAME, NO_EPILOGUE, _fn, _gemm_geometry, _kernel, choice, epilogue_struct
 from .pack import _pack_kernel, _sum_kernel
 from .wgmma_nchw import nchw_fits
 from .wgmma_tma import (
@@ -80,7 +80,7 @@ def _forward_reason(spec: ConvSpec, dtype, precision: str, limits: "_plan.Limits
 
 
 def _gemm_kernel(spec: ConvSpec, dtype, pl: Plan, samples: int, splits: int = 1,
-                 split_tiles: int = None, nhwc: bool = False, codes: tuple = (0, 0, 0.0)) -> "_loader.PreparedLaunch":
+                 split_tiles: int = None, nhwc: bool = False, codes: tuple = NO_EPILOGUE) -> "_loader.PreparedLaunch":
     """The implicit GEMM of ``samples`` packed samples into their NCHW output (``nhwc``: channels-last), bias and
     the epilogue ``codes`` (``launch.epilogue_codes``) fused; over ``splits`` ranges of ``split_tiles`` k tiles
     (grid z), each writing fp32 partial sums, one output apart, where ``splits`` > 1 (their sum applies the
@@ -89,12 +89,12 @@ def _gemm_kernel(spec: ConvSpec, dtype, pl: Plan, samples: int, splits: int = 1,
     pq = spec.p * spec.q
     return _gemm_launch(spec, dtype, pl, m, spec.k_per_group, pl.groups, pl.cp, pl.kp,
                         (spec.k * pq, 1 if nhwc else pq), splits, split_tiles or pl.k_tiles,
-                        (spec.q * spec.k, spec.k) if nhwc else None, codes=codes if splits == 1 else (0, 0, 0.0))
+                        (spec.q * spec.k, spec.k) if nhwc else None, codes=codes if splits == 1 else NO_EPILOGUE)
 
 
 def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: int, grp_a: int, w_rows: int,
                  out_strides: tuple, splits: int, split_tiles: int, out_pixel: tuple = None,
-                 store_tma: bool = False, resident: int = 0, codes: tuple = (0, 0, 0.0)) -> "_loader.PreparedLaunch":
+                 store_tma: bool = False, resident: int = 0, codes: tuple = NO_EPILOGUE) -> "_loader.PreparedLaunch":
     """The GEMM kernel of ``pl`` on ``spec``'s geometry: ``m`` rows and ``filters`` filters in each of ``groups``
     groups, a group's packed input ``grp_a`` elements and its packed weight ``w_rows`` rows after the previous
     one's, images and filters of the output ``out_strides`` elements apart, its rows and columns
@@ -144,7 +144,7 @@ def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: 
 @functools.lru_cache(maxsize=1024)
 def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int, sm_count: int, smem_per_sm: int,
               splits: int = None, flip: bool = False, nhwc: bool = False, krsc: bool = False,
-              codes: tuple = (0, 0, 0.0)):
+              codes: tuple = NO_EPILOGUE):
     """(plan, workspace bytes, partial-sum bytes, chunks) of a forward; each chunk (x byte offset, out byte
     offset, packing, GEMM, sum of the splits or None), the first chunk's packing with the weight's. The
     workspace holds the packed weight (kp · w_row elements: whole 128-byte rows), then one chunk's packed input,
@@ -181,7 +181,7 @@ def _launches(spec: ConvSpec, dtype, tile, device: int, workspace_limit: int, sm
 
 
 def _forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, splits: int, operands: tuple,
-                  nhwc: bool = False, krsc: bool = False, codes: tuple = (0, 0, 0.0)) -> "_plan.Plan":
+                  nhwc: bool = False, krsc: bool = False, codes: tuple = NO_EPILOGUE) -> "_plan.Plan":
     """The forward ``spec``'s launches as ``pass_``'s plan, its input, weight, bias (None: none) and output the
     plan's ``operands`` (``nhwc``: the input and output channels-last in memory; ``krsc``: the weight), the
     epilogue ``codes`` applied where the output is written (the residual, where there is one, the plan's
@@ -243,8 +243,17 @@ def _packed_as_krsc(spec: ConvSpec, dtype, pl: Plan) -> bool:
             and pl.w_row == spec.r * spec.s * spec.c_per_group)
 
 
+def takes_block_diagonal(spec: ConvSpec, dtype, tile) -> bool:
+    """Whether a channels-last grouped forward on ``tile`` (the one given or ``tile_for``'s) runs through the
+    block-diagonal weight (``_block_diagonal_plan``)."""
+    if spec.groups == 1:
+        return False
+    diagonal = block_diagonal_tile(spec, dtype)
+    return diagonal is not None and tile is diagonal
+
+
 def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile, bias: bool,
-                       krsc: bool = False, splits: int = None, codes: tuple = (0, 0, 0.0)) -> "_plan.Plan":
+                       krsc: bool = False, splits: int = None, codes: tuple = NO_EPILOGUE) -> "_plan.Plan":
     """A forward or stride-1 dgrad on channels-last activations (the forward of dy into dx, the pack reading the
     layer's weight transposed and flipped). Where ``nhwc_in_place`` holds: one GEMM over every pixel of the batch,
     reading its input in place and storing NHWC rows (the epilogue's output strides: an image P·Q·K elements, a
@@ -260,12 +269,10 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
     if spec.n * spec.k * spec.p * spec.q == 0 or fspec.n * fspec.k * fspec.p * fspec.q == 0:
         return b.plan(NAME)
     tile = tile or choice().tile_for(pass_, spec, dtype, True, env, splits)
-    if pass_ == "fprop" and spec.groups != 1:
-        diagonal = block_diagonal_tile(spec, dtype)
-        if diagonal is not None and tile is diagonal:
-            if codes != (0, 0, 0.0):
-                raise ValueError("implicit_gemm: the block-diagonal grouped forward applies the bias alone")
-            return _block_diagonal_plan(spec, dtype, env, bias, krsc)
+    if pass_ == "fprop" and takes_block_diagonal(spec, dtype, tile):
+        if codes != NO_EPILOGUE:
+            raise ValueError("implicit_gemm: the block-diagonal grouped forward applies the bias alone")
+        return _block_diagonal_plan(spec, dtype, env, bias, krsc)
     if tile.nchw:
         raise ValueError(f"implicit_gemm: tile {tile} gathers NCHW; channels-last inputs take a packed tile")
     if tile.wgmma and not env.wgmma:

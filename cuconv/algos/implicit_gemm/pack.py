@@ -8,7 +8,7 @@ import numpy
 from ... import _dtypes, _loader
 from ...spec import ConvSpec
 from .tiles import Plan, _TENSOR_CORE_TYPES, _tf32
-from .launch import _fn, _kernel, epilogue_struct
+from .launch import NO_EPILOGUE, _fn, _kernel, epilogue_struct
 
 STEM = "implicit_gemm/pack"
 NAME_EXPRESSIONS = tuple(
@@ -91,7 +91,7 @@ SPLIT_SUM_DTYPE = numpy.dtype([("n", numpy.int64), ("splits", numpy.int32), ("pq
 
 
 def _sum_kernel(dtype, n: int, splits: int, pq: int, k: int, sm_count: int,
-                codes: tuple = (0, 0, 0.0)) -> "_loader.PreparedLaunch":
+                codes: tuple = NO_EPILOGUE) -> "_loader.PreparedLaunch":
     """Split-K's last launch (pointers: partial sums, bias or null, output, residual or null): ``n`` outputs of
     filter (i / pq) % k, the epilogue ``codes`` (``launch.epilogue_codes``) applied."""
     name = f"sum_splits<{_dtypes.ctype_of(dtype)}>"
