@@ -7,6 +7,12 @@ Each side's kernels are summed per name and per call. Printed: each model's kern
 weighted by occurrence (torch / cuconv: above 1, cuconv is faster), then the layers that lose the most time
 (deficit × occurrences) with each side's costliest kernels. Kernel sums leave out the gaps between launches that
 ``bench --models``' graph replays include; they say which kernels to work on, the benchmark says how fast a model is.
+
+``--host``: where the host time of eager inference goes instead. Each model converted with ``fuse=True`` (and, with
+``--unfused``, without) runs its forward (no_grad, the mode's autocast, ``--infer-batch``) under cProfile after a
+warm-up; printed: wall time per forward (the GPU synchronised once after many) beside its GPU time as a CUDA-graph
+replay (their difference is how host-bound the model is), host time per run of each cuconv module's forward, and the
+functions that take it.
 """
 
 from __future__ import annotations
@@ -62,6 +68,96 @@ def profile_layer(geometry: dict, shape: tuple, first: bool, mode: "bench_models
     return sides
 
 
+def host_profile(model, x, mode: "bench_models._Mode", calls: int = 20, top: int = 25) -> dict:
+    """Eager inference of ``model`` on ``x``: {"forward_ms": wall ms per forward (one synchronisation after all
+    ``calls``), "graph_ms": GPU ms per forward (CUDA-graph replay), "forwards": {cuconv module forward: (runs per forward, host µs per run under cProfile)}, "stats":
+    pstats text of the ``top`` functions by own time and of cuconv's by cumulative time}."""
+    import cProfile
+    import io
+    import pstats
+    import time
+
+    import torch
+
+    def run():
+        with torch.no_grad(), mode.autocast():
+            return model(x)
+
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        run()
+    torch.cuda.synchronize()
+    forward_ms = (time.perf_counter() - t0) / calls * 1e3
+    graph_ms = bench_models._graph_ms([run], reps=5, calls=2)[0]
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        run()
+    profiler.disable()
+    torch.cuda.synchronize()
+    stream = io.StringIO()
+    stats = pstats.Stats(profiler, stream=stream)
+    # the modules' forwards: per forward, how often each runs and its host µs per run (nested ones count in both)
+    forwards = {f"{k[0].rsplit('/', 1)[-1]}:{k[1]}": (v[1] / calls, v[3] / v[1] * 1e6)
+                for k, v in stats.stats.items() if k[2] == "forward" and "cuconv" in k[0] and v[1]}
+    if top:
+        stats.sort_stats("tottime").print_stats(top)
+        stats.sort_stats("cumulative").print_stats("cuconv", top)
+    return dict(forward_ms=forward_ms, graph_ms=graph_ms, forwards=forwards, stats=stream.getvalue())
+
+
+def epilogue_summary() -> dict:
+    """{(algorithm, "in its kernels" | "as a pass after"): layers} over the layers with an epilogue that cuconv's
+    torch door has planned in this process (``cuconv.nn.functional``'s kept layers, their aligned forwards)."""
+    from cuconv import _plan
+    from cuconv.nn import functional
+
+    counts = collections.Counter()
+    for layer in list(functional._layers.values()):
+        plan = layer._aligned.get("fprop") if layer.epilogue is not None else None
+        if plan is not None:
+            after = any(isinstance(step, _plan.Nested) for step in plan.steps)
+            counts[(plan.algo, "as a pass after" if after else "in its kernels")] += 1
+    return dict(counts)
+
+
+def _main_host(args, mode) -> int:
+    import copy
+
+    import torch
+
+    import cuconv.nn
+
+    for name in args.models.split(","):
+        theirs = bench_models._build(name).cuda().eval()
+        x = torch.randn(args.infer_batch, 3, args.image, args.image, device="cuda")
+        if args.channels_last:
+            theirs = theirs.to(memory_format=torch.channels_last)
+            x = x.contiguous(memory_format=torch.channels_last)
+        variants = [("fused", True)] + ([("unfused", False)] if args.unfused else [])
+        for label, fuse in variants:
+            ours = cuconv.nn.convert(copy.deepcopy(theirs), fuse=fuse).eval()
+            with mode.autocast():
+                cuconv.nn.warmup(ours, torch.empty(x.shape, device="meta"), backward=False)
+            row = host_profile(ours, x, mode, top=args.top)
+            print(f"\n### {name} cuconv {label} ({args.mode}{', channels_last' if args.channels_last else ''}, "
+                  f"batch {args.infer_batch}): {row['forward_ms']:.2f} ms per forward, GPU {row['graph_ms']:.2f} ms; module forwards (runs per "
+                  f"forward, host µs per run under cProfile): " + ", ".join(
+                      f"{k} {n:.0f}x {us:.1f}" for k, (n, us) in row["forwards"].items()))
+            if fuse:
+                print("epilogues so far (algorithm, where: layers): " + ", ".join(
+                    f"{a} {where}: {n}" for (a, where), n in sorted(epilogue_summary().items())))
+            print(row["stats"])
+        torch_row = host_profile(theirs, x, mode, top=0)
+        print(f"### {name} torch: {torch_row['forward_ms']:.2f} ms per forward, GPU {torch_row['graph_ms']:.2f} ms")
+        del theirs
+        torch.cuda.empty_cache()
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m cuconv profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", required=True, metavar="NAMES",
@@ -75,10 +171,14 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=5, help="profiled calls per layer and side")
     ap.add_argument("--top", type=int, default=30, help="layers listed (the most time lost first)")
     ap.add_argument("--json", metavar="PATH", help="also write every layer's kernel times to this JSON file")
+    ap.add_argument("--host", action="store_true",
+                    help="where eager inference's host time goes (cProfile of the fused converted model)")
+    ap.add_argument("--unfused", action="store_true", help="with --host: the unfused converted model too")
+    ap.add_argument("--infer-batch", type=int, default=64, help="with --host: the inference batch (default 64)")
     args = ap.parse_args(argv)
-    for option in ("batch", "image", "iters", "top"):
+    for option in ("batch", "image", "iters", "top", "infer_batch"):
         if getattr(args, option) < 1:
-            ap.error(f"--{option} must be positive")
+            ap.error(f"--{option.replace('_', '-')} must be positive")
     try:
         import torch
     except ImportError:
@@ -89,6 +189,9 @@ def main(argv=None) -> int:
         return 1
     torch.backends.cudnn.benchmark = True
     mode = bench_models._Mode(args.mode)
+    if args.host:
+        with mode:
+            return _main_host(args, mode)
     rows = []
     with mode:
         for name in args.models.split(","):
