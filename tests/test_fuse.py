@@ -164,6 +164,25 @@ def test_the_fold_follows_every_change_of_the_batchnorm():
     assert y.dtype == torch.float32 and (y.double() - ref(x)).norm() / ref(x).norm() <= 1e-5
 
 
+def test_a_fold_to_autocasts_dtype_is_the_cast_of_the_fold_and_kept_apart():
+    """Under autocast the fold is kept in autocast's dtype (no cast per call): the same values as the float32 fold
+    cast, and a fold of another dtype is not served from the same cache entry."""
+    conv = cuconv.nn.Conv2d(3, 8, 3, bias=True).float()
+    bn = torch.nn.BatchNorm2d(8).eval()
+    with torch.no_grad():
+        for t in (bn.weight, bn.bias, bn.running_mean):
+            t.normal_()
+        bn.running_var.uniform_(0.5, 2.0)
+    fused = FusedConv2d(conv, bn, "relu").eval()
+    with torch.no_grad():
+        w32, b32 = fused._fold()
+        w16, b16 = fused._fold(torch.bfloat16)
+        assert w16.dtype == b16.dtype == torch.bfloat16
+        assert torch.equal(w16, w32.to(torch.bfloat16)) and torch.equal(b16, b32.to(torch.bfloat16))
+        assert fused._fold()[0].dtype == torch.float32  # (each dtype its own entry: the last is refolded)
+    assert FusedConv2d._autocast_dtype(conv.weight) is None  # (a CPU weight: autocast on CUDA does not apply)
+
+
 def test_train_mode_runs_the_original_graph():
     ref, fused = _pair()
     ref.train()

@@ -128,7 +128,8 @@ class FusedConv2d(torch.nn.Module):
         if (bn is None or not bn.training) and not active and conv.padding_mode == "zeros":
             # the whole chain as one call of cuconv's conv2d with its epilogue (on CUDA without gradients: one
             # plan, the epilogue a pass of it or inside its kernels)
-            weight, bias = self._fold() if bn is not None else (conv.weight, conv.bias)
+            weight, bias = self._fold(self._autocast_dtype(conv.weight)) if bn is not None else (conv.weight,
+                                                                                                 conv.bias)
             return F.conv2d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups, algo=conv.algo,
                             activation=self.activation, negative_slope=self.slope, residual=residual,
                             residual_position=self.residual or "before")
@@ -147,10 +148,19 @@ class FusedConv2d(torch.nn.Module):
         leave their version counters alone, so the fold cannot see them)."""
         self._folded = None
 
-    def _fold(self):
+    @staticmethod
+    def _autocast_dtype(w: torch.Tensor):
+        """The dtype CUDA autocast would cast a float32 ``w`` to for a convolution (None: no cast, or a weight of
+        another dtype, whose fold rounded to it first and cast after may differ from one rounding to autocast's)."""
+        if w.dtype == torch.float32 and w.is_cuda and torch.is_autocast_enabled("cuda"):
+            return torch.get_autocast_dtype("cuda")
+        return None
+
+    def _fold(self, dtype=None):
         """``conv``'s weight and bias with ``bn`` (eval mode: its running statistics) folded in, computed in
-        float32 (float64 for a float64 weight) and rounded once to the weight's dtype; kept while the tensors'
-        data pointers and versions stay (``refold`` after edits through ``.data``)."""
+        float32 (float64 for a float64 weight) and rounded once to the weight's dtype, or to ``dtype`` (autocast's:
+        the same values autocast's cast of the weight-dtype fold would give, without a cast per call); kept while
+        the tensors' data pointers and versions stay (``refold`` after edits through ``.data``)."""
         conv, bn = self.conv, self.bn
         # (num_batches_tracked: a BatchNorm's training forward counts it up in place, whichever module runs it,
         # where its own kernel may update the statistics without a new version)
@@ -162,7 +172,7 @@ class FusedConv2d(torch.nn.Module):
         w = conv.weight
         try:
             key = None if recording or torch.compiler.is_compiling() or torch._C._is_tracing() or w.is_meta else (
-                bn.eps,) + tuple(
+                bn.eps, dtype) + tuple(
                 None if t is None else (t.data_ptr(), t._version, t.dtype, t.device, t.shape) for t in tensors)
         except RuntimeError:  # (inference tensors have no version counter: folded on every call)
             key = None
@@ -178,8 +188,10 @@ class FusedConv2d(torch.nn.Module):
             shift = shift + conv.bias.to(acc) * scale
         if bn.bias is not None:
             shift = shift + bn.bias.to(acc)
-        weight = (w.to(acc) * scale.reshape(-1, 1, 1, 1)).to(w.dtype)
-        bias = shift.to(w.dtype)
+        if dtype is None or recording:  # (recording: autocast casts the fold, differentiably, as torch's would)
+            dtype = w.dtype
+        weight = (w.to(acc) * scale.reshape(-1, 1, 1, 1)).to(dtype)
+        bias = shift.to(dtype)
         if key is not None:
             self._folded = (key, weight, bias)
         return weight, bias
