@@ -4,6 +4,7 @@
 // 4 silu, 5 gelu (erf), 6 gelu_tanh, 7 hardswish, 8 hardsigmoid, 9 sigmoid. Each is torch's formula; NaN stays
 // NaN through every one (the comparisons are written so that a NaN falls through to itself).
 #pragma once
+#include "common.cuh"
 
 namespace cuconv {
 
@@ -50,6 +51,39 @@ __device__ __forceinline__ A activate(int act, A v, A alpha) {
         case 8: return activate<8, A>(v, alpha);
         case 9: return activate<9, A>(v, alpha);
         default: return v;
+    }
+}
+
+// A forward's epilogue as the kernels that apply it in their stores take it (depthwise; implicit_gemm has its own
+// Epilogue, with an fp32 slope), launch-wide: act the activation's code (0: none), res where the residual is
+// added (0: none, 1: before the activation, 2: after it), alpha leaky_relu's slope, a double so that a float64
+// convolution's is not rounded to fp32 (EPILOGUE_ARGS_DTYPE in cuconv/blocks/epilogue.py has this layout).
+// Backward passes and plain forwards take zeros: their stores write the sums as they are.
+struct EpilogueArgs {
+    int act, res;
+    double alpha;
+};
+static_assert(sizeof(EpilogueArgs) == 16, "EPILOGUE_ARGS_DTYPE in cuconv/blocks/epilogue.py has this layout");
+
+// v (a sum with its bias, in the arithmetic type A) through the residual r[off] (r lies as the output does; read
+// only where e.res says so) and the activation, before the caller's one rounding to the output's type.
+template <typename T, typename A>
+__device__ __forceinline__ A epilogue(A v, const EpilogueArgs& e, const T* __restrict__ r, long long off) {
+    if (e.res == 1) v += to_acc(r[off]);
+    if (e.act != 0) v = activate<A>(e.act, v, static_cast<A>(e.alpha));
+    if (e.res == 2) v += to_acc(r[off]);
+    return v;
+}
+
+// epilogue() in the instances that apply one (kEpi), v as it is in the others: a kernel's plain instance keeps the
+// registers it had without an epilogue (the code of nine activations at every store cost the depthwise rows
+// kernel 27 registers, and with them a resident block per SM, though no branch to it was taken).
+template <bool kEpi, typename T, typename A>
+__device__ __forceinline__ A epilogue_if(A v, const EpilogueArgs& e, const T* __restrict__ r, long long off) {
+    if constexpr (kEpi) {
+        return epilogue(v, e, r, off);
+    } else {
+        return v;
     }
 }
 

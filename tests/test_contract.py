@@ -93,7 +93,7 @@ def test_epilogues_not_fused_are_a_pass_after_the_convolution(monkeypatch, name)
                      Epilogue(bias=True, activation="leaky_relu", alpha=0.1, residual="before")):
         for dtype, precision in _DTYPES:
             problem = Problem.of(spec, dtype, precision, "fprop", epilogue=epilogue)
-            if algorithm.can_implement(problem, env) is not None or algorithm.fuses(epilogue):
+            if algorithm.can_implement(problem, env) is not None or algorithm.fuses(problem):
                 continue
             plain = Problem.of(spec, dtype, precision, "fprop", epilogue=Epilogue(bias=epilogue.bias))
             inner = algorithm.plan(plain, env, **dict(select.knobs(name, plain, env)))
@@ -196,7 +196,7 @@ def test_implicit_gemm_applies_its_epilogue_where_it_stores(monkeypatch, layout,
     residual_index = len(_plan.OPERANDS["fprop"]) + 1
     for epilogue in (Epilogue(bias=True, activation="relu"), Epilogue(bias=True, activation="silu", residual="after")):
         problem = Problem.of(spec, dtype, precision, "fprop", layout, epilogue=epilogue)
-        assert algorithm.fuses(epilogue) and algorithm.can_implement(problem, env) is None
+        assert algorithm.fuses(problem) and algorithm.can_implement(problem, env) is None
         for knobs in algorithm.knobs(problem, env):
             del recorder.launches[:]
             plan = algorithm.plan(problem, env, **knobs)
@@ -206,6 +206,36 @@ def test_implicit_gemm_applies_its_epilogue_where_it_stores(monkeypatch, layout,
                                    for s in writers)
             if epilogue.residual:
                 assert not any("_st<" in s.kernel.name or "_pst<" in s.kernel.name for s in writers)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("shape,kwargs", [((2, 32, 16, 24), dict(padding=1)), ((3, 32, 13, 11), dict(stride=2,
+                                                                                                   padding=2))])
+def test_depthwise_applies_its_epilogue_where_it_stores(monkeypatch, layout, shape, kwargs):
+    """depthwise's forward kernels apply the activation and the residual in their kEpi instances (every kernel it
+    offers, the residual's pointer given to the launch that writes the output); float64 runs the plain instance and
+    the pass after."""
+    recorder = fake_device(monkeypatch)
+    k = 5 if kwargs.get("stride") else 3
+    spec = cuconv.ConvSpec.from_args(shape, (shape[1], 1, k, k), groups=shape[1], **kwargs)
+    env = ENVS["sm90"]
+    algorithm = algos.get("depthwise")
+    residual_index = len(_plan.OPERANDS["fprop"]) + 1
+    epilogue = Epilogue(bias=True, activation="hardswish", residual="after")
+    for dtype in (numpy.float16, numpy.float32):
+        problem = Problem.of(spec, dtype, "ieee", "fprop", layout, epilogue=epilogue)
+        assert algorithm.fuses(problem) and algorithm.can_implement(problem, env) is None
+        for knobs in algorithm.knobs(problem, env):
+            del recorder.launches[:]
+            plan = algorithm.plan(problem, env, **knobs)
+            assert all(stem != "blocks/epilogue" for stem, *_ in recorder.launches), knobs
+            writer = plan.steps[-1]
+            assert writer.kernel.name.endswith(",true>") and writer.refs[3:] == ((3, 0), (residual_index, 0))
+    problem = Problem.of(spec, numpy.float64, "ieee", "fprop", layout, epilogue=epilogue)
+    assert not algorithm.fuses(problem)
+    plan = algorithm.plan(problem, env)
+    assert isinstance(plan.steps[0], _plan.Nested) and plan.steps[0].plan.steps[-1].kernel.name.endswith(",false>")
+    assert recorder.launches[-1][0] == "blocks/epilogue"
 
 
 def test_a_split_asked_of_an_nchw_tile_does_not_apply(monkeypatch):
@@ -226,7 +256,7 @@ def test_a_split_asked_of_an_nchw_tile_does_not_apply(monkeypatch):
 def test_an_epilogue_has_one_form_in_implicit_gemm_launches():
     """The slope matters to leaky_relu alone: another activation (or none) with a slope set keys and runs as the
     same epilogue (the block-diagonal forward, which takes no epilogue codes, still plans it)."""
-    from cuconv.algos.implicit_gemm.launch import epilogue_codes
+    from cuconv.blocks.epilogue import epilogue_codes
 
     assert epilogue_codes(Epilogue(activation="relu", alpha=0.3)) == epilogue_codes(Epilogue(activation="relu"))
     assert epilogue_codes(Epilogue(bias=True, alpha=0.3)) == (0, 0, 0.0)

@@ -166,14 +166,15 @@ def test_structs_match_the_kernels():
     import re
 
     from cuconv import _loader
-    from cuconv.blocks import col2im, dgrad_forward
+    from cuconv.blocks import col2im, dgrad_forward, epilogue
     from cuconv.algos import depthwise, direct_smem, grouped_direct, grouped_mma, winograd, winograd_fused
     from cuconv.algos.implicit_gemm import launch, pack, wgrad_tma
 
-    types = {"int": numpy.int32, "long long": numpy.int64, "float": numpy.float32}
+    types = {"int": numpy.int32, "long long": numpy.int64, "float": numpy.float32, "double": numpy.float64}
     for stem, dtype, struct in (("implicit_gemm/pack", pack.PACK_SHAPE_DTYPE, "PackShape"),
                                 ("implicit_gemm/igemm.cuh", launch.GEOMETRY_DTYPE, "Geometry"),
                                 ("implicit_gemm/igemm.cuh", launch.EPILOGUE_DTYPE, "Epilogue"),
+                                ("epilogue.cuh", epilogue.EPILOGUE_ARGS_DTYPE, "EpilogueArgs"),
                                 ("implicit_gemm/pack", pack.SPLIT_SUM_DTYPE, "SplitSum"),
                                 ("implicit_gemm/pack", pack.PHASE_WEIGHTS_DTYPE, "PhaseWeights"),
                                 ("implicit_gemm/pack", pack.SWAP_SHAPE_DTYPE, "SwapShape"),
@@ -191,7 +192,7 @@ def test_structs_match_the_kernels():
                                 ("common.cuh", _loader._conv_geometry_dtype(), "ConvGeometry")):
         source = (REPO_KERNELS / (stem if stem.endswith(".cuh") else f"{stem}.cu")).read_text()
         body = re.search(r"struct %s \{(.*?)\};" % struct, source, re.S).group(1)
-        fields = [(name.strip(), types[kind]) for kind, names in re.findall(r"(long long|int|float) ([^;]+);", body)
+        fields = [(name.strip(), types[kind]) for kind, names in re.findall(r"(long long|int|float|double) ([^;]+);", body)
                   for name in names.split(",")]
         assert [(name, dtype.fields[name][0]) for name in dtype.names] == fields
         assert re.search(r"sizeof\(%s\) == %d\b" % (struct, dtype.itemsize), source)

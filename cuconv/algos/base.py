@@ -43,6 +43,7 @@ class Algorithm:
     weight_layouts: tuple = ("kcrs",)    # weight layouts its channels-last plans read (and wgrad writes)
     activations: tuple = ()              # Epilogue.activation values its kernels apply (of ACTIVATIONS)
     residual: bool = False               # whether its kernels add a residual tensor (others: a pass after them)
+    epilogue_dtypes: tuple = None        # dtypes in which its kernels apply the two (None: every dtype it runs)
     scale: bool = False                  # whether it scales the sum
     exact_on_integers: bool = True       # integer-valued inputs give exact sums (no fractional transforms)
     # The family's own limits, ``check(spec, dtype, pass_, precision, limits) -> reason | None``: on any activations,
@@ -83,14 +84,17 @@ class Algorithm:
         """``knobs`` as text, the same in every process (``""``: none)."""
         return ",".join(f"{k}={v}" for k, v in sorted(knobs.items()))
 
-    def fuses(self, ep: Epilogue) -> bool:
-        """Whether its kernels apply ``ep``'s activation and residual themselves."""
-        return (ep.activation is None or ep.activation in self.activations) and (ep.residual is None or self.residual)
+    def fuses(self, problem: Problem) -> bool:
+        """Whether its kernels apply ``problem``'s epilogue (activation, residual) themselves: those it declares
+        (``activations``, ``residual``), in the dtypes it declares (``epilogue_dtypes``; None: every dtype)."""
+        ep = problem.epilogue
+        return ((ep.activation is None or ep.activation in self.activations) and (ep.residual is None or self.residual)
+                and (self.epilogue_dtypes is None or problem.dtype in self.epilogue_dtypes))
 
     def plan(self, problem: Problem, env: "_plan.Env", **knobs) -> "_plan.Plan":
         """The plan of ``problem`` on ``env.device`` with ``knobs`` (``{}``: the algorithm's defaults)."""
         ep = problem.epilogue
-        if not self.fuses(ep):  # the convolution with its bias, then the epilogue as a pass of its own
+        if ep.fused and not self.fuses(problem):  # the convolution with its bias, then the epilogue in a pass after
             inner = self.plan(dataclasses.replace(problem, epilogue=Epilogue(bias=ep.bias)), env, **knobs)
             return with_epilogue(self.name, problem, env, inner)
         nothing = degenerate(self.name, problem, env)

@@ -1,6 +1,7 @@
 """Python twin of ``kernels_cu/blocks/epilogue.cu``: a convolution's epilogue (activation, residual add) as one
-pass over its output, for the algorithms that do not apply it in their own kernels; and the same epilogue on
-NumPy arrays for the CPU path."""
+pass over its output, for the algorithms that do not apply it in their own kernels; the codes and the struct
+(``epilogue_codes``, ``epilogue_args``: ``EpilogueArgs`` of ``kernels_cu/epilogue.cuh``) by which the kernels that
+apply it in their stores take it; and the same epilogue on NumPy arrays for the CPU path."""
 
 from __future__ import annotations
 
@@ -11,13 +12,32 @@ import numpy
 from .. import _dtypes, _loader
 from ..problem import ACTIVATIONS
 
-__all__ = ["launch", "apply_numpy", "ACT_CODES", "RES_CODES", "NAME_EXPRESSIONS", "STEM"]
+__all__ = ["launch", "apply_numpy", "epilogue_codes", "epilogue_args", "ACT_CODES", "RES_CODES", "NO_EPILOGUE",
+           "EPILOGUE_ARGS_DTYPE", "NAME_EXPRESSIONS", "STEM"]
 
 STEM = "blocks/epilogue"
 _MAX_BLOCKS = 1 << 16
 ACT_CODES = {None: 0, **{name: i + 1 for i, name in enumerate(ACTIVATIONS)}}  # (epilogue.cuh's ACT)
 RES_CODES = {None: 0, "before": 1, "after": 2}  # (the kernels' res: where the residual is added)
 NAME_EXPRESSIONS = tuple(f"epilogue<{t}>" for t in _dtypes.ALL_CTYPE_NAMES)
+NO_EPILOGUE = (0, 0, 0.0)  # epilogue_codes of none: the bias alone (backward passes, plain forwards)
+# epilogue.cuh's EpilogueArgs: the activation's code, where the residual is added, leaky_relu's slope (a double)
+EPILOGUE_ARGS_DTYPE = numpy.dtype([("act", numpy.int32), ("res", numpy.int32), ("alpha", numpy.float64)],
+                                  align=True)
+
+
+def epilogue_codes(ep) -> tuple:
+    """(activation code, residual code, slope) of an ``Epilogue`` (None: none): the hashable form the memoized
+    launches are keyed by (the slope 0 but for leaky_relu, so that one epilogue has one form)."""
+    if ep is None:
+        return NO_EPILOGUE
+    alpha = float(ep.alpha) if ep.activation == "leaky_relu" else 0.0
+    return (ACT_CODES[ep.activation], RES_CODES[ep.residual], alpha)
+
+
+def epilogue_args(codes: tuple = NO_EPILOGUE):
+    """``EPILOGUE_ARGS_DTYPE`` of ``epilogue_codes``: the kernels' last argument."""
+    return numpy.array(codes, dtype=EPILOGUE_ARGS_DTYPE)[()]
 
 
 def launch(dtype, n: int, activation, residual, alpha: float = 0.0) -> "_loader.PreparedLaunch":

@@ -5,7 +5,10 @@
 // This file: the forward kernels on NCHW activations (and dgrad at stride 1, multiplier 1, as the forward of dy
 // reading the weight flipped). Their planning: cuconv/algos/depthwise/nchw_fwd.py.
 //
-// Kernels (T: storage type; sums in cuconv::Acc<T>, i.e. float for half types, rounded once):
+// Kernels (T: storage type; sums in cuconv::Acc<T>, i.e. float for half types, rounded once). Each takes, after
+// out, the residual `res` and, last, the epilogue `epi` (cuconv::EpilogueArgs, epilogue.cuh); its instances with
+// the last template parameter kEpi put every sum (bias included) through them before the one rounding, the others
+// (plain forwards, a dgrad as the forward of dy) leave both unread.
 //   depthwise_fwd<T, KR, KS>(x, w, bias, out, ...)
 //       blockIdx.x = one output plane (n, k), blockIdx.y = one 32×64 tile of it; 32×8 threads. The block
 //       stages its input tile, halo and dilation included ((32-1)·sh + (R-1)·dh + 1 rows × (64-1)·sw +
@@ -52,8 +55,9 @@
 //   depthwise_fwd_gather2<T, KR, KS, SW>(x, w, bias, out, DwGeometry)
 //       the gather at dilation 1 and column stride SW = 1 or 2: two neighbouring outputs per thread, their
 //       shared window columns loaded once.
-// Layouts: x (N, C, H, W), w (K, 1, R, S), out (N, K, P, Q), all contiguous; 64-bit plane offsets.
+// Layouts: x (N, C, H, W), w (K, 1, R, S), out and res (N, K, P, Q), all contiguous; 64-bit plane offsets.
 #include "depthwise/depthwise.cuh"
+#include "epilogue.cuh"
 
 // Tap i = r·S + s of filter k's R·S taps: as stored, or with `flip` (dgrad at stride 1 as the forward
 // convolution of dy: the kernel flipped in both axes, w'[k][r][s] = w[k][R-1-r][S-1-s], the flattened taps
@@ -72,10 +76,11 @@ constexpr int kTileQ = 32 * kColsPerThread;
 // KR, KS > 0: the kernel size is known at compile time (tap loops unrolled); 0: read R, S at run time.
 // kUnit: stride and dilation are 1, so with KR, KS the tile's shape and every shared-memory offset are
 // compile-time constants (ncu showed the general kernel issue-bound on index arithmetic, DRAM at 25%).
-template <typename T, int KR, int KS, bool kUnit>
+template <typename T, int KR, int KS, bool kUnit, bool kEpi>
 __global__ void __launch_bounds__(256)
 depthwise_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ out,
-              const cuconv::ConvGeometry geo, const DwWork work) {
+              const T* __restrict__ res, const cuconv::ConvGeometry geo, const DwWork work,
+              const cuconv::EpilogueArgs epi) {
     const i64 C = geo.c, H = geo.h, W = geo.w, K = geo.k, R_rt = geo.r, S_rt = geo.s, P = geo.p, Q = geo.q;
     const i64 mult = work.mult, stride_h = geo.stride_h, stride_w = geo.stride_w, pad_top = geo.pad_top;
     const i64 pad_left = geo.pad_left, dil_h = geo.dil_h, dil_w = geo.dil_w, tiles_q = work.tiles_q;
@@ -157,14 +162,15 @@ depthwise_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restr
             }
         }
     }
-    T* __restrict__ out_plane = out + static_cast<i64>(plane) * P * Q;
+    const i64 plane_off = static_cast<i64>(plane) * P * Q;
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
         const int p = p0 + ty + 8 * i;
 #pragma unroll
         for (int j = 0; j < kColsPerThread; ++j) {
             const int q = q0 + tx + 32 * j;
-            if (p < P && q < Q) out_plane[static_cast<i64>(p) * Q + q] = cuconv::from_acc<T>(acc[i][j]);
+            const i64 o = plane_off + static_cast<i64>(p) * Q + q;
+            if (p < P && q < Q) out[o] = cuconv::from_acc<T>(cuconv::epilogue_if<kEpi>(acc[i][j], epi, res, o));
         }
     }
 }
@@ -205,10 +211,11 @@ __device__ __forceinline__ Acc strip_step(Acc (&win)[KR][KS], const Acc (&new_ro
 }
 
 // Forward, stride = dilation = 1, compile-time KR × KS: a column strip of output rows per thread (see top).
-template <typename T, int KR, int KS, bool kFlat>
+template <typename T, int KR, int KS, bool kFlat, bool kEpi>
 __global__ void __launch_bounds__(256)
 depthwise_fwd_strips(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
-                     T* __restrict__ out, const cuconv::ConvGeometry geo, const DwWork work) {
+                     T* __restrict__ out, const T* __restrict__ res, const cuconv::ConvGeometry geo,
+                     const DwWork work, const cuconv::EpilogueArgs epi) {
     const i64 C = geo.c, H = geo.h, W = geo.w, K = geo.k, P = geo.p, Q = geo.q, mult = work.mult;
     const i64 pad_top = geo.pad_top, pad_left = geo.pad_left, rows_per_strip = work.rows, strips = work.strips;
     const i64 items = work.items;
@@ -232,7 +239,7 @@ depthwise_fwd_strips(const T* __restrict__ x, const T* __restrict__ w, const T* 
     const int k = plane % static_cast<int>(K);
     const int n = plane / static_cast<int>(K);
     const T* __restrict__ x_plane = x + (static_cast<i64>(n) * C + k / static_cast<int>(mult)) * H * W;
-    T* __restrict__ out_col = out + static_cast<i64>(plane) * P * Q + q;
+    const i64 col_off = static_cast<i64>(plane) * P * Q + q;  // output (p, q) at col_off + p·Q
 
     Acc wr[KR][KS];
     const Acc b = load_taps(wr, w, bias, k, work.flip != 0);
@@ -252,7 +259,8 @@ depthwise_fwd_strips(const T* __restrict__ x, const T* __restrict__ w, const T* 
     for (int p = p0; p < p1; ++p) {
         Acc row[KS];
         strip_row<KS>(row, x_plane, p - static_cast<int>(pad_top) + KR - 1, Hi, W, iw0, col_ok);
-        out_col[static_cast<i64>(p) * Q] = cuconv::from_acc<T>(strip_step(win, row, wr, b));
+        const i64 o = col_off + static_cast<i64>(p) * Q;
+        out[o] = cuconv::from_acc<T>(cuconv::epilogue_if<kEpi>(strip_step(win, row, wr, b), epi, res, o));
     }
 }
 
@@ -320,10 +328,11 @@ struct RowsWindowRow {
 // rows of a multiple of kBytes: kBytes vectors per thread (see top). kSegmented: rows of more than 32
 // vectors, cut into segments whose edge lanes read their halo from memory (the instance without it has
 // no such loads: fewer instructions per row).
-template <typename T, int KR, int KS, bool kSegmented, int kBytes>
+template <typename T, int KR, int KS, bool kSegmented, int kBytes, bool kEpi>
 __global__ void __launch_bounds__(256, rows_min_blocks<T, KR>())
 depthwise_fwd_rows(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
-                   T* __restrict__ out, const cuconv::ConvGeometry geo, const DwWork work) {
+                   T* __restrict__ out, const T* __restrict__ res, const cuconv::ConvGeometry geo,
+                   const DwWork work, const cuconv::EpilogueArgs epi) {
     const i64 C = geo.c, H = geo.h, W = geo.w, K = geo.k, P = geo.p, mult = work.mult, pad_top = geo.pad_top;
     const i64 slots = work.slots, strips = work.strips, segs = work.segs, seg_lanes = work.seg_lanes;
     const i64 rows_per_strip = work.rows;
@@ -434,7 +443,7 @@ depthwise_fwd_rows(const T* __restrict__ x, const T* __restrict__ w, const T* __
 #pragma unroll
                         for (int s = 0; s < KS; ++s) acc = fma(wr[r][s], win[(u + r) % KR].at(e + s), acc);
                     }
-                    o.v[e] = cuconv::from_acc<T>(acc);
+                    o.v[e] = cuconv::from_acc<T>(cuconv::epilogue_if<kEpi>(acc, epi, res, (dst - out) + e));
                 }
                 if (i + u < n_store) *reinterpret_cast<Vec*>(dst) = o;
             }
@@ -450,10 +459,11 @@ __host__ __device__ constexpr int plane_min_blocks() {
 }
 
 // Forward, stride = dilation = 1, compile-time KR × KS, whole input planes in shared memory (see top).
-template <typename T, int KR, int KS>
+template <typename T, int KR, int KS, bool kEpi>
 __global__ void __launch_bounds__(256, plane_min_blocks<T, KR>())
 depthwise_fwd_plane(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
-                    T* __restrict__ out, const cuconv::ConvGeometry geo, const DwWork work) {
+                    T* __restrict__ out, const T* __restrict__ res, const cuconv::ConvGeometry geo,
+                    const DwWork work, const cuconv::EpilogueArgs epi) {
     const i64 N = geo.n, C = geo.c, H = geo.h, W = geo.w, K = geo.k, P = geo.p, Q = geo.q, mult = work.mult;
     const i64 pad_top = geo.pad_top, pad_left = geo.pad_left, rows_per_strip = work.rows, strips = work.strips;
     const i64 lead = work.lead, pitch = work.pitch, stages = work.stages;
@@ -529,7 +539,7 @@ depthwise_fwd_plane(const T* __restrict__ x, const T* __restrict__ w, const T* _
             const int k = c * m + j;
             Acc wr[KR][KS];
             const Acc b = load_taps(wr, w, bias, static_cast<i64>(k), work.flip != 0);
-            T* __restrict__ out_plane = out + (n * K + k) * P * Q;
+            const i64 plane_off = (n * K + k) * P * Q;
             for (int idx = tid; idx < n_strips * Qi; idx += 256) {
                 const int strip = idx / Qi, q = idx - strip * Qi;
                 const int p0 = strip * rps, p1 = min(p0 + rps, Pi);
@@ -546,7 +556,8 @@ depthwise_fwd_plane(const T* __restrict__ x, const T* __restrict__ w, const T* _
                     Acc row[KS];
 #pragma unroll
                     for (int s = 0; s < KS; ++s) row[s] = cuconv::to_acc(src[s]);
-                    out_plane[static_cast<i64>(p) * Q + q] = cuconv::from_acc<T>(strip_step(xw, row, wr, b));
+                    const i64 o = plane_off + static_cast<i64>(p) * Q + q;
+                    out[o] = cuconv::from_acc<T>(cuconv::epilogue_if<kEpi>(strip_step(xw, row, wr, b), epi, res, o));
                 }
             }
         }
@@ -558,10 +569,10 @@ depthwise_fwd_plane(const T* __restrict__ x, const T* __restrict__ w, const T* _
 // One thread per output (n, k, p, q), flat over the batch's planes, so that small planes (7x7, 14x14) and
 // strided layers keep every thread busy; the KR x KS window comes through L1, where the neighbouring outputs'
 // windows overlap it.
-template <typename T, int KR, int KS>
+template <typename T, int KR, int KS, bool kEpi>
 __global__ void __launch_bounds__(256)
 depthwise_fwd_gather(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
-                     T* __restrict__ out, DwGeometry g) {
+                     T* __restrict__ out, const T* __restrict__ res, DwGeometry g, const cuconv::EpilogueArgs epi) {
     typedef typename cuconv::Acc<T>::type Acc;
     for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < g.total; idx += gridDim.x * blockDim.x) {
         const int q = idx % g.q;
@@ -585,16 +596,16 @@ depthwise_fwd_gather(const T* __restrict__ x, const T* __restrict__ w, const T* 
                               cuconv::to_acc(x_plane[ih * g.w + iw]), acc);
             }
         }
-        out[idx] = cuconv::from_acc<T>(acc);
+        out[idx] = cuconv::from_acc<T>(cuconv::epilogue_if<kEpi>(acc, epi, res, idx));
     }
 }
 
 // The same at dilation 1 and a column stride SW of 1 or 2, two neighbouring outputs (p, 2j) and (p, 2j + 1) per
 // thread: their windows share KS - SW columns, so a window row is KS + SW loads for two outputs, not 2·KS.
-template <typename T, int KR, int KS, int SW>
+template <typename T, int KR, int KS, int SW, bool kEpi>
 __global__ void __launch_bounds__(256)
 depthwise_fwd_gather2(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
-                      T* __restrict__ out, DwGeometry g) {
+                      T* __restrict__ out, const T* __restrict__ res, DwGeometry g, const cuconv::EpilogueArgs epi) {
     typedef typename cuconv::Acc<T>::type Acc;
     constexpr int kCols = KS + SW;  // window columns iw0 .. iw0 + SW + KS - 1
     const int pairs = (g.q + 1) / 2;
@@ -628,8 +639,8 @@ depthwise_fwd_gather2(const T* __restrict__ x, const T* __restrict__ w, const T*
                 acc1 = fma(wv, v[s + SW], acc1);
             }
         }
-        T* __restrict__ out_row = out + static_cast<i64>(plane) * g.p * g.q + p * g.q;
-        out_row[q] = cuconv::from_acc<T>(acc0);
-        if (q + 1 < g.q) out_row[q + 1] = cuconv::from_acc<T>(acc1);
+        const i64 o = static_cast<i64>(plane) * g.p * g.q + p * g.q + q;
+        out[o] = cuconv::from_acc<T>(cuconv::epilogue_if<kEpi>(acc0, epi, res, o));
+        if (q + 1 < g.q) out[o + 1] = cuconv::from_acc<T>(cuconv::epilogue_if<kEpi>(acc1, epi, res, o + 1));
     }
 }

@@ -5,6 +5,7 @@
 // This file: every pass on channels-last activations, x/dx (N, H, W, C) and out/dy (N, P, Q, C), multiplier 1.
 // Their planning: cuconv/algos/depthwise/nhwc.py.
 #include "depthwise/depthwise.cuh"
+#include "epilogue.cuh"
 
 // V = 16 / sizeof(T) accumulators rounded to T once and stored as one 16-byte vector at p (the channels-last
 // kernels' output: V adjacent channels of a pixel).
@@ -16,16 +17,27 @@ __device__ __forceinline__ void store_vector(T* __restrict__ p, const Acc* acc) 
     *reinterpret_cast<RowsOut<T, 16>*>(p) = o;
 }
 
+// The same at out + off, each sum through the forward's epilogue first (res: the residual, lying as out does).
+template <bool kEpi, typename T, typename Acc>
+__device__ __forceinline__ void store_vector(T* __restrict__ out, i64 off, Acc* acc, const T* __restrict__ res,
+                                             const cuconv::EpilogueArgs& epi) {
+#pragma unroll
+    for (int e = 0; e < 16 / static_cast<int>(sizeof(T)); ++e)
+        acc[e] = cuconv::epilogue_if<kEpi>(acc[e], epi, res, off + e);
+    store_vector<T>(out + off, acc);
+}
+
 // ---- channels-last (NHWC) activations -------------------------------------------------------------------------
 // depthwise_nhwc_weight<T>(w, wt, C, taps, flip)
 //     the weight (C, 1, R, S) as (R·S, C), so that a tap's weights of V adjacent channels are one 16-byte
 //     vector; with `flip` the taps reversed (the kernel flipped in both axes: dgrad at stride 1 as the forward
 //     convolution of dy).
-// depthwise_nhwc_fwd<T, KR, Index>(x, wt, bias, out, ConvGeometry, total)
+// depthwise_nhwc_fwd<T, KR, Index, kEpi>(x, wt, bias, out, res, ConvGeometry, total, epi)
 //     multiplier 1, x (N, H, W, C) and out (N, P, Q, C) channels-last, C a multiple of V = 16 / sizeof(T),
 //     x, wt and out 16-byte aligned: a thread per (output pixel, V adjacent channels), flat over the batch with
 //     the channels fastest (a warp's loads of one tap are consecutive 16-byte vectors; the taps' overlap comes
-//     through L1); per tap one 16-byte load of x and one of wt, V FMAs in Acc<T>; bias added; one 16-byte
+//     through L1); per tap one 16-byte load of x and one of wt, V FMAs in Acc<T>; bias added; the epilogue
+//     (kEpi: epi, a cuconv::EpilogueArgs, and res, the residual lying as out does); one 16-byte
 //     store. KR > 0: a KR x KR kernel with its tap loops unrolled; 0: R x S read at run time. Index: int
 //     where total and every tensor's element count fit 31 bits (32-bit decodes), else long long.
 template <typename T>
@@ -39,10 +51,11 @@ depthwise_nhwc_weight(const T* __restrict__ w, T* __restrict__ wt, long long c, 
     }
 }
 
-template <typename T, int KR, typename Index>
+template <typename T, int KR, typename Index, bool kEpi>
 __global__ void __launch_bounds__(256)
 depthwise_nhwc_fwd(const T* __restrict__ x, const T* __restrict__ wt, const T* __restrict__ bias,
-                   T* __restrict__ out, const cuconv::ConvGeometry g, long long total) {
+                   T* __restrict__ out, const T* __restrict__ res, const cuconv::ConvGeometry g, long long total,
+                   const cuconv::EpilogueArgs epi) {
     using Acc = typename cuconv::Acc<T>::type;
     constexpr int V = 16 / static_cast<int>(sizeof(T));
     const Index vectors = static_cast<Index>(g.c / V), q_count = static_cast<Index>(g.q);
@@ -74,21 +87,22 @@ depthwise_nhwc_fwd(const T* __restrict__ x, const T* __restrict__ wt, const T* _
                 for (int e = 0; e < V; ++e) acc[e] = fma(elem_of<T>(xv, e), elem_of<T>(wv, e), acc[e]);
             }
         }
-        store_vector<T>(out + static_cast<i64>(pix) * c + c0, acc);
+        store_vector<kEpi, T>(out, static_cast<i64>(pix) * c + c0, acc, res, epi);
     }
 }
 
-// depthwise_nhwc_fwd_q<T, KR, QT, kUnit, Index>(x, wt, bias, out, ConvGeometry, total)
+// depthwise_nhwc_fwd_q<T, KR, QT, kUnit, Index, kEpi>(x, wt, bias, out, res, ConvGeometry, total, epi)
 //     depthwise_nhwc_fwd for a KR x KR kernel with QT adjacent output pixels of a row a thread (V channels each):
 //     a tap's weight vector is loaded and converted to Acc<T> once for the QT pixels; with kUnit (stride and
 //     dilation 1 along the row) a kernel row's KR + QT - 1 input vectors are loaded and converted once and shared
 //     by every tap that overlaps them (the one-pixel kernel converts 2·KR vectors per kernel row for KR
 //     pixel-taps' FMAs). Work items: (n, p, tile of QT pixels along q, vector of channels), channels fastest;
 //     pixels past Q are computed from in-bounds loads and not stored.
-template <typename T, int KR, int QT, bool kUnit, typename Index>
+template <typename T, int KR, int QT, bool kUnit, typename Index, bool kEpi>
 __global__ void __launch_bounds__(256)
 depthwise_nhwc_fwd_q(const T* __restrict__ x, const T* __restrict__ wt, const T* __restrict__ bias,
-                     T* __restrict__ out, const cuconv::ConvGeometry g, long long total) {
+                     T* __restrict__ out, const T* __restrict__ res, const cuconv::ConvGeometry g, long long total,
+                     const cuconv::EpilogueArgs epi) {
     using Acc = typename cuconv::Acc<T>::type;
     constexpr int V = 16 / static_cast<int>(sizeof(T)), kWindow = kUnit ? KR + QT - 1 : 1;
     const Index vectors = static_cast<Index>(g.c / V), q_count = static_cast<Index>(g.q);
@@ -151,16 +165,16 @@ depthwise_nhwc_fwd_q(const T* __restrict__ x, const T* __restrict__ wt, const T*
                 }
             }
         }
-        T* __restrict__ o = out + (static_cast<i64>(n * p_count + op) * q_count + oq0) * c + c0;
+        const i64 o = (static_cast<i64>(n * p_count + op) * q_count + oq0) * c + c0;
 #pragma unroll
         for (int q = 0; q < QT; ++q) {
             if (oq0 + q >= q_count) break;
-            store_vector<T>(o + static_cast<i64>(q) * c, acc[q]);
+            store_vector<kEpi, T>(out, o + static_cast<i64>(q) * c, acc[q], res, epi);
         }
     }
 }
 
-// depthwise_nhwc_fwd_tile<T, KR, SR, QT>(x, wt, bias, out, ConvGeometry)
+// depthwise_nhwc_fwd_tile<T, KR, SR, QT, kEpi>(x, wt, bias, out, res, ConvGeometry, epi)
 //     the 16-bit types' channels-last forward for a square KR x KR kernel at stride SR along both axes, dilation
 //     1: a block per (tile of 8 output rows x 2·QT columns, 32 channels, sample) stages the tile's input window
 //     of its 32 channels in shared memory once (16-byte vectors, 12 or fewer loads in flight a thread; zeros
@@ -179,10 +193,11 @@ __host__ __device__ constexpr int dw_tile_row_words(int hc, int sr) {
     return rp;
 }
 
-template <typename T, int KR, int SR, int QT>
+template <typename T, int KR, int SR, int QT, bool kEpi>
 __global__ void __launch_bounds__(256)
 depthwise_nhwc_fwd_tile(const T* __restrict__ x, const T* __restrict__ wt, const T* __restrict__ bias,
-                        T* __restrict__ out, const cuconv::ConvGeometry g) {
+                        T* __restrict__ out, const T* __restrict__ res, const cuconv::ConvGeometry g,
+                        const cuconv::EpilogueArgs epi) {
     static_assert(sizeof(T) == 2, "16-bit storage: a word is a channel pair");
     constexpr int TP = kDwTileRows, TQ = 2 * QT, kPairs = kDwTileChannels / 2;
     constexpr int HR = (TP - 1) * SR + KR, HC = (TQ - 1) * SR + KR;
@@ -256,12 +271,14 @@ depthwise_nhwc_fwd_tile(const T* __restrict__ x, const T* __restrict__ wt, const
     }
     const int op = p0 + row;
     if (op >= P || c >= C) return;
-    T* __restrict__ o = out + ((static_cast<i64>(blockIdx.z) * P + op) * Q) * C + c;
+    const i64 o = ((static_cast<i64>(blockIdx.z) * P + op) * Q) * C + c;
 #pragma unroll
     for (int q = 0; q < QT; ++q) {
         const int oq = q0 + qg * QT + q;
+        const i64 at = o + static_cast<i64>(oq) * C;
         if (oq < Q)
-            *reinterpret_cast<unsigned*>(o + static_cast<i64>(oq) * C) = cuconv::pair_word<T>(acc[q][0], acc[q][1]);
+            *reinterpret_cast<unsigned*>(out + at) = cuconv::pair_word<T>(cuconv::epilogue_if<kEpi>(acc[q][0], epi, res, at),
+                                                                        cuconv::epilogue_if<kEpi>(acc[q][1], epi, res, at + 1));
     }
 }
 

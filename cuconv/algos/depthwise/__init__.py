@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import numpy
 
-from ... import _loader, _plan
+from ... import _dtypes, _plan
 from ...blocks import dgrad_forward
-from ...problem import PASSES, Problem
+from ...blocks.epilogue import NO_EPILOGUE, epilogue_codes
+from ...problem import ACTIVATIONS, PASSES, Epilogue, Problem
 from ...spec import ConvSpec
 from ..base import Algorithm
 from . import nchw_bwd, nchw_fwd, nhwc
@@ -76,30 +77,32 @@ def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, kernel: str = N
     launch = _forward_prepared(spec, x.dtype, x.data.ptr % 16 == 0, out.data.ptr % 16 == 0, _plan.current_env(),
                                kernel)
     launch(cupy.cuda.get_current_stream().ptr, x.data.ptr, w.data.ptr, 0 if bias is None else bias.data.ptr,
-           out.data.ptr)
+           out.data.ptr, 0)
 
 
 def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
-            kernel: str = None, layout: str = "nchw") -> "_plan.Plan":
+            kernel: str = None, layout: str = "nchw", epilogue: Epilogue = None) -> "_plan.Plan":
     """The plan of ``pass_`` (see ``cuconv._plan``): the forward is one launch (``kernel`` forces one of
-    ``FORWARD_KERNELS``); dgrad one launch of the forward kernel on dy reading the weight flipped where that is
+    ``FORWARD_KERNELS``) whose stores apply ``epilogue``'s activation and residual; dgrad one launch of the forward kernel on dy reading the weight flipped where that is
     the same convolution (stride 1, multiplier 1), else a gather per dx element (no atomics); wgrad per-chunk
     partial sums in the workspace, then an ordered sum. ``layout="nhwc"``: channels-last activations, every
     pass (``reason_unsupported_nhwc``, ``_nhwc_prepare``)."""
     dtype = numpy.dtype(dtype)
+    codes = epilogue_codes(epilogue) if pass_ == "fprop" else NO_EPILOGUE
     if layout == "nhwc":
-        return _nhwc_prepare(pass_, spec, dtype, env, bias, kernel)
+        return _nhwc_prepare(pass_, spec, dtype, env, bias, kernel, codes)
     b = _plan.Builder(pass_, env)
     if pass_ == "fprop":
-        launch = _forward_prepared(spec, dtype, env.aligned, env.aligned, env, kernel)
-        b.launch(launch, b.ref("x"), b.ref("w"), b.ref("bias"), b.ref("out"))
+        launch = _forward_prepared(spec, dtype, env.aligned, env.aligned, env, kernel, False, codes)
+        b.launch(launch, b.ref("x"), b.ref("w"), b.ref("bias"), b.ref("out"),
+                 b.ref("residual") if codes[1] else _plan.NULL)
     elif pass_ == "dgrad":
         transposed = dgrad_forward.forward_spec(spec)
         if transposed is not None and reason_unsupported(transposed, dtype, limits=env) is None:
             # (multiplier 1: the transposed convolution's weight is the layer's, flipped, which the forward
             # kernels read in place: one launch, no flipped copy)
             launch = _forward_prepared(transposed, dtype, env.aligned, env.aligned, env, None, True)
-            b.launch(launch, b.ref("dy"), b.ref("w"), _plan.NULL, b.ref("dx"))
+            b.launch(launch, b.ref("dy"), b.ref("w"), _plan.NULL, b.ref("dx"), _plan.NULL)
         else:
             b.launch(_dgrad_launch(spec, dtype), b.ref("dy"), b.ref("w"), b.ref("dx"))
     else:
@@ -127,6 +130,9 @@ class Depthwise(Algorithm):
     name = "depthwise"
     passes = PASSES
     layouts = ("nchw", "nhwc")
+    activations = ACTIVATIONS  # (every forward kernel has instances whose stores apply the epilogue, kEpi)
+    residual = True
+    epilogue_dtypes = tuple(numpy.dtype(_dtypes.by_name(c)) for c in ("float16", "bfloat16", "float32"))
     nchw_limits = staticmethod(reason_unsupported)
     nhwc_limits = staticmethod(reason_unsupported_nhwc)
 
@@ -149,7 +155,8 @@ class Depthwise(Algorithm):
         return tuple({"kernel": k} for k in dict.fromkeys([chosen["kernel"]] + kernels))
 
     def build(self, p: Problem, env: "_plan.Env", **knobs) -> "_plan.Plan":
-        return prepare(p.pass_, p.spec, p.dtype, p.precision, env, p.bias, layout=p.layout, **knobs)
+        return prepare(p.pass_, p.spec, p.dtype, p.precision, env, p.bias, layout=p.layout, epilogue=p.epilogue,
+                       **knobs)
 
 
 ALGORITHM = Depthwise()

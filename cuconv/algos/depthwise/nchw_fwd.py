@@ -11,8 +11,10 @@ import functools
 import numpy
 
 from ... import _dtypes, _loader, _plan  # noqa: F401  (_plan: annotations)
+from ...blocks.epilogue import NO_EPILOGUE, epilogue_args
 from ...spec import ConvSpec
-from .shared import (_FIXED_KERNELS, _MAX_GRID_Y, _THREADS, _acc_size, _dw_geometry, _fits_int, _geometry)
+from .shared import (EPILOGUE_CTYPES, _FIXED_KERNELS, _MAX_GRID_Y, _THREADS, _acc_size, _dw_geometry, _fits_int,
+                     _geometry, epilogue_instances, with_epilogue_flag)
 
 STEM = "depthwise/nchw_fwd"
 # Kernel sizes of depthwise_fwd_plane, for double and for float sums: its window and weights live in
@@ -22,7 +24,7 @@ _PLANE_KERNELS = {False: ((3, 3),), True: ((3, 3), (5, 5))}
 _ROWS_KERNELS = _PLANE_KERNELS
 
 
-NAME_EXPRESSIONS = tuple(
+NAME_EXPRESSIONS = tuple(epilogue_instances(
     [f"depthwise_fwd<{t},{r},{s},{u}>" for t in _dtypes.ALL_CTYPE_NAMES
      for r, s, u in [(r, s, u) for r, s in ((3, 3), (5, 5), (7, 7)) for u in ("true", "false")] + [(0, 0, "false")]]
     + [f"depthwise_fwd_strips<{t},{r},{s},{f}>" for t in _dtypes.ALL_CTYPE_NAMES for r, s in ((3, 3), (5, 5), (7, 7))
@@ -32,7 +34,7 @@ NAME_EXPRESSIONS = tuple(
        for r, s in _ROWS_KERNELS[t != "double"] for seg in ("false", "true")
        for vb in ((16, 8) if t in ("__half", "__nv_bfloat16") else (16,))]
     + [f"depthwise_fwd_gather<{t},{r},{r}>" for t in _dtypes.ALL_CTYPE_NAMES for r in (3, 5, 7)]
-    + [f"depthwise_fwd_gather2<{t},{r},{r},{sw}>" for t in _dtypes.ALL_CTYPE_NAMES for r in (3, 5, 7) for sw in (1, 2)])
+    + [f"depthwise_fwd_gather2<{t},{r},{r},{sw}>" for t in _dtypes.ALL_CTYPE_NAMES for r in (3, 5, 7) for sw in (1, 2)]))
 
 
 _TILE_P, _TILE_Q = 32, 64  # kTileP, kTileQ in depthwise/nchw_fwd.cu
@@ -195,12 +197,13 @@ def rows_strips(spec: ConvSpec, segs: int, per_warp: int, resident_warps: int):
     return best[1:]
 
 
-def _rows_launch(spec: ConvSpec, dtype, layout, sm_count: int):
-    """(kernel, grid, scalar arguments) of ``depthwise_fwd_rows``: a persistent grid of the blocks that are
-    resident at once (the kernel's registers decide), strips cut for it (``rows_strips``)."""
+def _rows_launch(spec: ConvSpec, dtype, layout, sm_count: int, fused: bool = False):
+    """(kernel, grid, scalar arguments) of ``depthwise_fwd_rows`` (``fused``: its instance applying an epilogue):
+    a persistent grid of the blocks that are resident at once (the kernel's registers decide), strips cut for it
+    (``rows_strips``)."""
     segs, lanes, per_warp = layout
-    name = (f"depthwise_fwd_rows<{_dtypes.ctype_of(dtype)},{spec.r},{spec.s},{'true' if segs > 1 else 'false'},"
-            f"{rows_vector_bytes(spec, dtype)}>")
+    name = with_epilogue_flag(f"depthwise_fwd_rows<{_dtypes.ctype_of(dtype)},{spec.r},{spec.s},"
+                              f"{'true' if segs > 1 else 'false'},{rows_vector_bytes(spec, dtype)}>", fused)
     regs = -(-max(1, _fn(name).num_regs) // 8) * 8
     blocks_per_sm = max(1, min(2048 // _THREADS, 65536 // (regs * _THREADS)))
     resident_warps = sm_count * blocks_per_sm * (_THREADS // 32)
@@ -220,14 +223,19 @@ _FLAT_STRIPS_MAX_PIXELS = 14 * 14
 
 @functools.lru_cache(maxsize=1024)
 def _forward_prepared(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, env: "_plan.Env",
-                      kernel: str = None, flip: bool = False) -> "_loader.PreparedLaunch":
-    """``_forward_launch`` prepared (``_loader.PreparedLaunch``) on ``env``'s device: a call passes four pointers
-    to one driver call instead of CuPy marshalling sixteen arguments (~8 µs of host time on a 0.06 ms layer).
-    ``flip``: the kernel reads the weight flipped in both axes (dgrad at stride 1 as this forward of dy)."""
-    name, grid, block, smem, geometry = _forward_launch(spec, dtype, x_aligned, out_aligned, env, kernel)
+                      kernel: str = None, flip: bool = False, codes: tuple = NO_EPILOGUE) -> "_loader.PreparedLaunch":
+    """``_forward_launch`` prepared (``_loader.PreparedLaunch``) on ``env``'s device: a call passes five pointers
+    (x, w, bias, out, the residual or 0) to one driver call instead of CuPy marshalling sixteen arguments (~8 µs of
+    host time on a 0.06 ms layer). ``flip``: the kernel reads the weight flipped in both axes (dgrad at stride 1 as
+    this forward of dy); ``codes``: the epilogue its stores apply (``blocks.epilogue.epilogue_codes``; an instance
+    with kEpi, of a type of ``EPILOGUE_CTYPES``)."""
+    fused = codes != NO_EPILOGUE
+    if fused and _dtypes.ctype_of(dtype) not in EPILOGUE_CTYPES:
+        raise ValueError(f"cuconv: depthwise applies no epilogue in its {numpy.dtype(dtype)} kernels")
+    name, grid, block, smem, geometry = _forward_launch(spec, dtype, x_aligned, out_aligned, env, kernel, fused)
     if flip:
         geometry = tuple(_flipped(g) for g in geometry)
-    return _loader.PreparedLaunch(_fn(name), name, grid, block, 4, geometry, smem)
+    return _loader.PreparedLaunch(_fn(name), name, grid, block, 5, geometry + (epilogue_args(codes),), smem)
 
 
 def _flipped(struct):
@@ -255,10 +263,12 @@ def forward_kernels(spec: ConvSpec, dtype, smem_limit: int, x_aligned: bool = Tr
     return tuple(k for k in FORWARD_KERNELS if usable[k])
 
 
-def _forward_launch(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, env: "_plan.Env", kernel: str = None):
+def _forward_launch(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, env: "_plan.Env", kernel: str = None,
+                    fused: bool = False):
     """(kernel, grid, block, shared memory, scalar arguments) of the forward: ``kernel`` (None: the one auto runs,
-    ``cuconv.select.depthwise.forward_kernel``). Planned once per problem, alignment and device: its one caller,
-    ``_forward_prepared``, is memoized."""
+    ``cuconv.select.depthwise.forward_kernel``), its instance applying an epilogue where ``fused``. Planned once
+    per problem, alignment and device: its one caller, ``_forward_prepared``, is memoized."""
+    flag = lambda name: with_epilogue_flag(name, fused)  # noqa: E731
     ctype = _dtypes.ctype_of(dtype)
     if kernel not in (None,) + FORWARD_KERNELS:
         raise ValueError(f"cuconv: unknown depthwise forward kernel {kernel!r}; expected one of {FORWARD_KERNELS}")
@@ -278,14 +288,14 @@ def _forward_launch(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, e
         else:
             total = spec.n * spec.k * spec.p * spec.q
             name = f"depthwise_fwd_gather<{ctype},{spec.r},{spec.s}>"
-        return name, (_loader.blocks(total, 1 << 20), 1, 1), (_THREADS, 1, 1), 0, (_dw_geometry(spec, total),)
+        return flag(name), (_loader.blocks(total, 1 << 20), 1, 1), (_THREADS, 1, 1), 0, (_dw_geometry(spec, total),)
     if kernel == "rows":
-        name, grid, geometry = _rows_launch(spec, dtype, rows_layout(spec, dtype), env.sm_count)
+        name, grid, geometry = _rows_launch(spec, dtype, rows_layout(spec, dtype), env.sm_count, fused)
         return name, grid, (_THREADS, 1, 1), 0, geometry
     if kernel == "plane":
         rows, count, lead, pitch, stages, smem = plane_plan(spec, dtype, env.smem_limit)
         geometry = _geometry(spec, rows=rows, strips=count, lead=lead, pitch=pitch, stages=stages)
-        return (f"depthwise_fwd_plane<{ctype},{spec.r},{spec.s}>", (_plane_grid(spec, dtype, smem, env), 1, 1),
+        return (flag(f"depthwise_fwd_plane<{ctype},{spec.r},{spec.s}>"), (_plane_grid(spec, dtype, smem, env), 1, 1),
                 (_THREADS, 1, 1), smem, geometry)
     if kernel == "strips":
         rows, count = strips_plan(spec)
@@ -293,12 +303,12 @@ def _forward_launch(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool, e
         geometry = _geometry(spec, rows=rows, strips=count, items=items)
         flat = spec.p * spec.q <= _FLAT_STRIPS_MAX_PIXELS
         grid = (_loader.blocks(items, None), 1, 1) if flat else (spec.n * spec.k, _loader.blocks(count * spec.q), 1)
-        return (f"depthwise_fwd_strips<{ctype},{spec.r},{spec.s},{'true' if flat else 'false'}>", grid,
+        return (flag(f"depthwise_fwd_strips<{ctype},{spec.r},{spec.s},{'true' if flat else 'false'}>"), grid,
                 (_THREADS, 1, 1), 0, geometry)
     smem = forward_smem(spec, dtype.itemsize, _acc_size(dtype))
     tiles_q = -(-spec.q // _TILE_Q)
     tiles = -(-spec.p // _TILE_P) * tiles_q
     kr, ks = (spec.r, spec.s) if (spec.r, spec.s) in _FIXED_KERNELS else (0, 0)
     unit = "true" if kr and spec.stride == (1, 1) and spec.dilation == (1, 1) else "false"
-    return (f"depthwise_fwd<{ctype},{kr},{ks},{unit}>", (spec.n * spec.k, tiles, 1), (32, 8, 1), smem,
+    return (flag(f"depthwise_fwd<{ctype},{kr},{ks},{unit}>"), (spec.n * spec.k, tiles, 1), (32, 8, 1), smem,
             _geometry(spec, tiles_q=tiles_q))

@@ -9,8 +9,10 @@ import numpy
 
 from ... import _dtypes, _loader, _plan
 from ...blocks import dgrad_forward
+from ...blocks.epilogue import NO_EPILOGUE, epilogue_args
 from ...spec import ConvSpec
-from .shared import ALGORITHM_NAME, _MAX_GRID_Y, _THREADS, _is_depthwise
+from .shared import (ALGORITHM_NAME, EPILOGUE_CTYPES, _MAX_GRID_Y, _THREADS, _is_depthwise, epilogue_instances,
+                     with_epilogue_flag)
 
 STEM = "depthwise/nhwc"
 # depthwise_nhwc_fwd's square kernels with unrolled tap loops (0: R x S read at run time)
@@ -35,12 +37,13 @@ _NHWC_TILE_ROWS, _NHWC_TILE_CHANNELS = 8, 32  # kDwTileRows, kDwTileChannels
 
 NAME_EXPRESSIONS = tuple(
     [f"depthwise_nhwc_weight<{t}>" for t in _dtypes.ALL_CTYPE_NAMES]
-    + [f"depthwise_nhwc_fwd<{t},{r},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for r in _NHWC_KERNELS
-       for i in ("int", "long long")]
-    + [f"depthwise_nhwc_fwd_q<{t},{r},{qt},{u},{i}>" for t in _dtypes.ALL_CTYPE_NAMES
-       for r, qt in _NHWC_Q_PIXELS.items() for u in ("true", "false") for i in ("int", "long long")]
-    + [f"depthwise_nhwc_fwd_tile<{t},{kr},{sr},{qt}>" for t in ("__half", "__nv_bfloat16")
-       for kr, sr, qt in _NHWC_TILE_INSTANCES]
+    + epilogue_instances(
+        [f"depthwise_nhwc_fwd<{t},{r},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for r in _NHWC_KERNELS
+         for i in ("int", "long long")]
+        + [f"depthwise_nhwc_fwd_q<{t},{r},{qt},{u},{i}>" for t in _dtypes.ALL_CTYPE_NAMES
+           for r, qt in _NHWC_Q_PIXELS.items() for u in ("true", "false") for i in ("int", "long long")]
+        + [f"depthwise_nhwc_fwd_tile<{t},{kr},{sr},{qt}>" for t in ("__half", "__nv_bfloat16")
+           for kr, sr, qt in _NHWC_TILE_INSTANCES])
     + [f"depthwise_nhwc_dgrad<{t},{i}>" for t in _dtypes.ALL_CTYPE_NAMES for i in ("int", "long long")]
     + [f"depthwise_nhwc_wgrad<{t},{r},{sw}>" for t in _dtypes.ALL_CTYPE_NAMES
        for r, sw in [(r, sw) for r in _NHWC_WGRAD_WIDTHS for sw in (1, 2)] + [(0, 0)]]
@@ -95,20 +98,26 @@ def _nhwc_tile(spec: ConvSpec, dtype):
     return (kr, sr, qt) if (kr, sr, qt) in _NHWC_TILE_INSTANCES else None
 
 
-def _nhwc_launches(spec: ConvSpec, dtype, flip: bool, tiled: bool = False, tile=None):
+def _nhwc_launches(spec: ConvSpec, dtype, flip: bool, tiled: bool = False, tile=None, codes: tuple = NO_EPILOGUE):
     """(weight bytes, the weight's (R·S, C) launch, the forward launch) of ``depthwise_nhwc_fwd`` on ``spec``
     (``tiled``: ``depthwise_nhwc_fwd_q``, where the kernel is square and of ``_NHWC_Q_PIXELS``; ``tile``: the
     (KR, SR, QT) of ``depthwise_nhwc_fwd_tile``, ``_nhwc_tile``); ``flip``: the weight transposed with its taps
-    reversed (dgrad of the layer whose dgrad ``spec`` is the forward of)."""
+    reversed (dgrad of the layer whose dgrad ``spec`` is the forward of); ``codes``: the epilogue the forward's
+    stores apply (``blocks.epilogue.epilogue_codes``). The forward's pointers: x, the weight as (R·S, C), bias, out,
+    the residual (or 0)."""
     ctype = _dtypes.ctype_of(dtype)
+    fused = codes != NO_EPILOGUE
+    if fused and ctype not in EPILOGUE_CTYPES:
+        raise ValueError(f"cuconv: depthwise applies no epilogue in its {numpy.dtype(dtype)} kernels")
     weight = _nhwc_weight(spec, dtype, flip)
     vec = 16 // numpy.dtype(dtype).itemsize
     index = _nhwc_index(spec, dtype)
     if tile is not None:
         kr, sr, qt = tile
         grid = (-(-spec.p // _NHWC_TILE_ROWS) * -(-spec.q // (2 * qt)), -(-spec.c // _NHWC_TILE_CHANNELS), spec.n)
-        forward = _loader.prepare(STEM, NAME_EXPRESSIONS, f"depthwise_nhwc_fwd_tile<{ctype},{kr},{sr},{qt}>", grid,
-                                  (_THREADS, 1, 1), 4, (_loader.conv_geometry(spec),))
+        name = with_epilogue_flag(f"depthwise_nhwc_fwd_tile<{ctype},{kr},{sr},{qt}>", fused)
+        forward = _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid,
+                                  (_THREADS, 1, 1), 5, (_loader.conv_geometry(spec), epilogue_args(codes)))
         return spec.r * spec.s * spec.c * numpy.dtype(dtype).itemsize, weight, forward
     if tiled and spec.r == spec.s and spec.r in _NHWC_Q_PIXELS:
         qt = _NHWC_Q_PIXELS[spec.r]
@@ -119,8 +128,8 @@ def _nhwc_launches(spec: ConvSpec, dtype, flip: bool, tiled: bool = False, tile=
         total = spec.n * spec.p * spec.q * spec.c // vec
         kr = spec.r if spec.r == spec.s and spec.r in _NHWC_KERNELS else 0
         name = f"depthwise_nhwc_fwd<{ctype},{kr},{index}>"
-    forward = _loader.prepare(STEM, NAME_EXPRESSIONS, name, (_loader.blocks(total, 1 << 20), 1, 1), (_THREADS, 1, 1),
-                              4, (_loader.conv_geometry(spec), numpy.int64(total)))
+    forward = _loader.prepare(STEM, NAME_EXPRESSIONS, with_epilogue_flag(name, fused),
+                              (_loader.blocks(total, 1 << 20), 1, 1), (_THREADS, 1, 1), 5, (_loader.conv_geometry(spec), numpy.int64(total), epilogue_args(codes)))
     return spec.r * spec.s * spec.c * numpy.dtype(dtype).itemsize, weight, forward
 
 
@@ -178,7 +187,7 @@ def _nhwc_wgrad_launches(spec: ConvSpec, dtype, sm_count: int):
 
 
 def _nhwc_prepare(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", bias: bool,
-                  kernel: str = None) -> "_plan.Plan":
+                  kernel: str = None, codes: tuple = NO_EPILOGUE) -> "_plan.Plan":
     """A pass on channels-last activations: the weight as (R·S, C) into the workspace, then
     ``depthwise_nhwc_fwd`` over the forward (x into out) or, for dgrad at stride 1, over the forward of dy with
     the kernel flipped (into dx); a strided dgrad gathers (``depthwise_nhwc_dgrad``); wgrad sums slices of dy's
@@ -220,11 +229,12 @@ def _nhwc_prepare(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", bias: boo
         kernel = choice.nhwc_kernel(fspec, dtype)
     tile = _nhwc_tile(fspec, dtype) if kernel == "nhwc_tile" else None
     tiled = kernel == "nhwc_q"
-    weight_bytes, weight, forward = _nhwc_launches(fspec, dtype, pass_ == "dgrad", tiled, tile)
+    weight_bytes, weight, forward = _nhwc_launches(fspec, dtype, pass_ == "dgrad", tiled, tile, codes)
     wt = b.take(weight_bytes)
     b.launch(weight, b.ref("w"), wt)
     if pass_ == "fprop":
-        b.launch(forward, b.ref("x"), wt, b.ref("bias") if bias else _plan.NULL, b.ref("out"))
+        b.launch(forward, b.ref("x"), wt, b.ref("bias") if bias else _plan.NULL, b.ref("out"),
+                 b.ref("residual") if codes[1] else _plan.NULL)
     else:
-        b.launch(forward, b.ref("dy"), wt, _plan.NULL, b.ref("dx"))
+        b.launch(forward, b.ref("dy"), wt, _plan.NULL, b.ref("dx"), _plan.NULL)
     return b.plan(ALGORITHM_NAME)

@@ -26,6 +26,26 @@ DW_GEOMETRY_DTYPE = numpy.dtype([(f, numpy.int32) for f in (
     "total", "rows", "strips", "chunk", "flip")])
 
 
+# The forward kernels' last template parameter, kEpi: their instances that apply the epilogue where they store, for
+# the types networks run in (float64 runs the plain instance, its epilogue a pass after: cuconv.algos.base).
+EPILOGUE_CTYPES = ("__half", "__nv_bfloat16", "float")
+
+
+def with_epilogue_flag(name: str, fused: bool) -> str:
+    """``name`` (a forward kernel's instance without its last template argument) with kEpi = ``fused``."""
+    return f"{name[:-1]},{'true' if fused else 'false'}>"
+
+
+def epilogue_instances(names) -> list:
+    """Every forward kernel instance of ``names`` (without kEpi): the plain one, and the fused one where its type is
+    of ``EPILOGUE_CTYPES``."""
+    out = []
+    for name in names:
+        ctype = name.split("<", 1)[1].split(",", 1)[0]
+        out += [with_epilogue_flag(name, fused) for fused in (False, True) if not fused or ctype in EPILOGUE_CTYPES]
+    return out
+
+
 def _dw_geometry(spec: ConvSpec, total: int, rows: int = 0, strips: int = 0, chunk: int = 0):
     """The ``DwGeometry`` of ``spec`` for ``total`` work items (wgrad's strips: ``rows`` per strip, ``strips``
     per plane, ``chunk`` items per block)."""

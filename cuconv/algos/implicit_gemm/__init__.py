@@ -44,13 +44,14 @@ import numpy
 
 from ... import _plan, _tma  # noqa: F401  (_tma: tests reach it as implicit_gemm._tma)
 from ...blocks import dgrad_forward
+from ...blocks.epilogue import NO_EPILOGUE, epilogue_codes
 from ...problem import ACTIVATIONS, PASSES, Epilogue, Problem
 from ...spec import ConvSpec
 from ..base import Algorithm, with_epilogue
 from .tiles import (
     NchwTile, Plan, TILES, TMA_ROWS_TILES, TMA_TILES, Tile, WGRAD_TMA_TILES, WgmmaTile, WgmmaTmaRowsTile,
     WgmmaTmaTile, WgradTmaTile, _INT_MAX, _MAX_GRID_Y, resident_blocks, tile_name, wgmma_available)
-from .launch import EPILOGUE_DTYPE, GEOMETRY_DTYPE, NO_EPILOGUE, choice, epilogue_codes, kernel_stem
+from .launch import EPILOGUE_DTYPE, GEOMETRY_DTYPE, choice, kernel_stem
 from .pack import (
     BLOCK_DIAGONAL_DTYPE, PACK_SHAPE_DTYPE, PHASE_WEIGHTS_DTYPE, SPLIT_SUM_DTYPE, SWAP_SHAPE_DTYPE, division_magic,
     pack_operands)

@@ -9,7 +9,7 @@ import importlib
 import numpy
 
 from ... import _loader
-from ...blocks.epilogue import ACT_CODES, RES_CODES
+from ...blocks.epilogue import NO_EPILOGUE
 from ...spec import ConvSpec
 from .tiles import Plan
 
@@ -66,16 +66,6 @@ GEMM_POINTERS = 5
 # before the activation, 2 after it), leaky_relu's slope.
 EPILOGUE_DTYPE = numpy.dtype([("act", numpy.int32), ("res", numpy.int32), ("alpha", numpy.float32),
                               ("unused", numpy.int32)], align=True)
-NO_EPILOGUE = (0, 0, 0.0)  # epilogue_codes of none: the bias alone (backward passes, split-K's partial sums)
-
-
-def epilogue_codes(ep) -> tuple:
-    """(activation code, residual code, slope) of an ``Epilogue`` (None: none): the hashable form the memoized
-    launches are keyed by (the slope 0 but for leaky_relu, so that one epilogue has one form)."""
-    if ep is None:
-        return NO_EPILOGUE
-    alpha = float(ep.alpha) if ep.activation == "leaky_relu" else 0.0
-    return (ACT_CODES[ep.activation], RES_CODES[ep.residual], alpha)
 
 
 def epilogue_struct(codes: tuple = NO_EPILOGUE):

@@ -55,7 +55,7 @@ def test_strips_pack_small_planes_flat(hw, flat):
     name, grid, _, _, geometry = nchw_fwd._forward_launch(spec, numpy.dtype(numpy.float32), False, False, env,
                                                            "strips")
     rows, strips = depthwise.strips_plan(spec)
-    assert name == f"depthwise_fwd_strips<float,5,5,{'true' if flat else 'false'}>"
+    assert name == f"depthwise_fwd_strips<float,5,5,{'true' if flat else 'false'},false>"
     items = spec.n * spec.k * strips * spec.q
     assert int(geometry[1]["items"]) == items
     if flat:
