@@ -115,11 +115,11 @@ def conv2d(x: Array, weight: Array, bias: Optional[Array] = None, stride: IntOrP
     # torch's rule for the result's memory format: channels-last where the input or the weight is; on the GPU
     # computed so in place where an algorithm serves channels-last activations for this call's ``algo``
     channels_last = _layout.result_channels_last(x, weight, on_gpu)
-    name = (_select.select_nhwc(algo, spec, x.dtype, precision, "fprop", workspace_limit) if channels_last and on_gpu
-            else None)
+    name = (_select.select_nhwc(algo, spec, x.dtype, precision, "fprop", workspace_limit, ep)
+            if channels_last and on_gpu else None)
     layout = "nchw" if name is None else "nhwc"
     if name is None:
-        name = _select.resolve(algo, spec, x.dtype, precision, on_gpu, "fprop", workspace_limit)
+        name = _select.resolve(algo, spec, x.dtype, precision, on_gpu, "fprop", workspace_limit, ep)
     result_shape = spec.output_shape[1:] if unbatched else spec.output_shape
     if out is not None:
         check_out(out, result_shape, x.dtype)

@@ -8,7 +8,7 @@ import pytest
 
 import cuconv
 from cases import select_auto, select_nhwc_auto, reason_under
-from cuconv.problem import PASSES
+from cuconv.problem import PASSES, Epilogue
 from cuconv import _dtypes, select
 from cuconv.problems import PROBLEMS
 from cuconv.select import implicit_gemm as choice
@@ -85,6 +85,31 @@ def test_pointwise_layers_take_a_gemm_except_small_planes_on_wgmma(dtype, precis
     assert select_auto(spec, dtype, precision, True, "fprop", wgmma=wgmma, **limits) == expected
     dgrad = (spec, dtype, precision, True, "dgrad")  # a GEMM (few channels x filters: implicit_gemm's slower)
     assert select_auto(*dgrad, wgmma=wgmma, **limits) == "im2col_gemm"
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("epilogue,hw,expected", [
+    (Epilogue(bias=True), 56, "im2col_gemm"),
+    (Epilogue(bias=True, activation="hardswish"), 56, "implicit_gemm"),
+    (Epilogue(bias=True, residual="after"), 28, "implicit_gemm"),
+    (Epilogue(bias=True, activation="relu"), 1, "im2col_gemm"),
+], ids=["bias", "hardswish", "residual", "se_relu"])
+def test_pointwise_forwards_with_an_epilogue_take_the_kernels_that_apply_it(epilogue, hw, expected, layout):
+    """A 1x1 forward with an activation or a residual: implicit_gemm, which applies them where it stores, not
+    im2col_gemm's GEMM followed by a pass over the output; the bias alone stays in cuBLASLt's GEMM, and
+    squeeze-excitation's 1x1 planes stay one short GEMM over the batch."""
+    from cuconv import _plan
+    from cuconv.problem import Problem
+
+    spec = cuconv.ConvSpec.from_args((32, 24, hw, hw), (144, 24, 1, 1))
+    limits = _plan.Limits(227 << 10, True, cuconv.config.workspace_limit)
+    for dtype, precision in ((_F16, "ieee"), (_F32, "tf32")):
+        problem = Problem.of(spec, dtype, precision, "fprop", layout, epilogue=epilogue)
+        assert select.algorithm(problem, limits) == expected
+        plain = Problem.of(spec, dtype, precision, "fprop", layout, epilogue=Epilogue(bias=epilogue.bias))
+        assert select.algorithm(plain, limits) == ("im2col_gemm" if hw != 13 else "implicit_gemm")
+    ffma = Problem.of(spec, _F32, "ieee", "fprop", layout, epilogue=epilogue)  # (FFMA: no tensor-core tiles)
+    assert select.algorithm(ffma, limits) != "implicit_gemm"
 
 
 @pytest.mark.parametrize("hw,c,k,expected", [(7, 512, 2048, "im2col_gemm"), (7, 2048, 512, "implicit_gemm"),

@@ -207,7 +207,8 @@ class Layer:
         if self.channels_last and self.index >= 0:
             for pass_ in PASSES:
                 self.nhwc[pass_] = _select.select_nhwc(algo if pass_ == "fprop" else backward_algo(algo, pass_),
-                                                         spec, self.np_dtype, precision, pass_, self.workspace_limit)
+                                                         spec, self.np_dtype, precision, pass_, self.workspace_limit,
+                                                         epilogue if pass_ == "fprop" else None)
         # the memory format the forward takes x in (None: contiguous, the path without keyword arguments)
         self.x_format = torch.channels_last if self.nhwc["fprop"] else None
         # a channels-last weight (not also contiguous: 1x1 and depthwise ones are) read where it is by the passes
@@ -224,7 +225,7 @@ class Layer:
         if self.index >= 0:  # the forward's algorithm is resolved now: a forced one that cannot serve raises here
             self._bytes = torch.empty(0, dtype=torch.uint8, device=device)
             name = self.nhwc["fprop"] or _select.resolve(algo, spec, self.np_dtype, precision, True, "fprop",
-                                                           self.workspace_limit)
+                                                           self.workspace_limit, epilogue)
             self.fprop = self._prepare("fprop", name, True)
             if not benchmark or self.nhwc["fprop"]:  # (benchmark: the first aligned call times the candidates)
                 self._aligned["fprop"] = self.fprop
@@ -250,7 +251,8 @@ class Layer:
                 if plan is None:
                     algo = self.algo if pass_ == "fprop" else backward_algo(self.algo, pass_)
                     name = self.nhwc[pass_] or _select.resolve(algo, self.spec, self.np_dtype, self.precision,
-                                                                 True, pass_, self.workspace_limit)
+                                                                 True, pass_, self.workspace_limit,
+                                                                 self.epilogue if pass_ == "fprop" else None)
                     knobs = None
                     # (a layer with an epilogue is not timed: its candidates would need its residual)
                     if algo == "auto" and self.benchmark and not self.nhwc[pass_] and self.epilogue is None:

@@ -19,7 +19,7 @@ import functools
 from typing import NamedTuple, Optional, Tuple
 
 from .. import _plan, algos as _algorithms
-from ..problem import PASSES, Problem
+from ..problem import PASSES, PLAIN, Problem
 from ..spec import ConvSpec
 from . import depthwise as _depthwise, implicit_gemm as _implicit_gemm, rules
 
@@ -58,8 +58,9 @@ def _algorithm(problem: Problem, limits: "_plan.Limits", algo: str) -> Optional[
             return None
         raise NotImplementedError(f"cuconv: algo {algo!r} cannot run this {problem.pass_}: {reason}")
     spec, dtype, precision, pass_ = problem.spec, problem.dtype, problem.precision, problem.pass_
-    candidates = (rules.preference_nhwc(spec, dtype, precision, pass_, limits.wgmma) if problem.layout == "nhwc"
-                  else rules.preference(spec, dtype, precision, pass_, limits.wgmma))
+    candidates = (rules.preference_nhwc(spec, dtype, precision, pass_, limits.wgmma, problem.epilogue)
+                  if problem.layout == "nhwc"
+                  else rules.preference(spec, dtype, precision, pass_, limits.wgmma, problem.epilogue))
     for name in candidates:
         if _can_implement(name, problem, limits) is None:
             return name
@@ -125,26 +126,29 @@ def select_algorithm(spec: ConvSpec, dtype, precision: str = "ieee", on_gpu: boo
 
 
 def select_nhwc(algo: str, spec: ConvSpec, dtype, precision: str = "ieee", pass_: str = "fprop",
-                workspace_limit: int = None) -> Optional[str]:
+                workspace_limit: int = None, epilogue=None) -> Optional[str]:
     """The algorithm that runs ``pass_`` on channels-last activations in place for a call asking for ``algo``
     (``"auto"``: the first of ``rules.preference_nhwc`` that serves it; a forced name: itself where it serves
-    it), or None: the call then runs ``algo`` on NCHW copies."""
+    it), or None: the call then runs ``algo`` on NCHW copies. ``epilogue``: a forward's (``Epilogue``; None: the
+    bias at most), which the choice weighs (``rules.preference``)."""
     if algo != "auto" and algo not in _algorithms.names():
         return None
-    return algorithm(Problem.of(spec, dtype, precision, pass_, "nhwc"), _plan.current_limits(workspace_limit), algo)
+    problem = Problem.of(spec, dtype, precision, pass_, "nhwc", epilogue=epilogue or PLAIN)
+    return algorithm(problem, _plan.current_limits(workspace_limit), algo)
 
 
 def resolve(algo: str, spec: ConvSpec, dtype, precision: str, on_gpu: bool, pass_: str = "fprop",
-            workspace_limit: int = None) -> str:
+            workspace_limit: int = None, epilogue=None) -> str:
     """Validate a user's ``algo=`` and turn ``"auto"`` into a concrete name for ``pass_`` under
-    ``workspace_limit`` (default ``cuconv.config.workspace_limit``)."""
+    ``workspace_limit`` (default ``cuconv.config.workspace_limit``); ``epilogue``: as ``select_nhwc``'s."""
     if not isinstance(algo, str):
         raise TypeError(f"conv2d(): argument 'algo' must be str, not {type(algo).__name__}")
     if algo != "auto" and algo not in _algorithms.names():
         raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {_algorithms.names()}")
     if algo != "auto" and not on_gpu:
         return algo  # the CPU path serves every algorithm name
-    return algorithm(Problem.of(spec, dtype, precision, pass_), _plan.current_limits(workspace_limit), algo)
+    return algorithm(Problem.of(spec, dtype, precision, pass_, epilogue=epilogue or PLAIN),
+                     _plan.current_limits(workspace_limit), algo)
 
 
 def _clear() -> None:

@@ -18,7 +18,18 @@ from ..spec import ConvSpec
 __all__ = ["preference", "preference_nhwc"]
 
 
-def preference_nhwc(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool):
+def _epilogue_in_kernels(spec: ConvSpec, pass_: str, epilogue) -> bool:
+    """A forward with an activation or a residual on a 1x1 stride-1 unpadded layer but squeeze-excitation's (on 1x1
+    planes the whole batch is one short GEMM, 2-3x faster than implicit_gemm's tiles, and its pass after is one
+    small launch): implicit_gemm applies the epilogue where it stores, while im2col_gemm's GEMM per sample would
+    be followed by a pass over the output (and, on NCHW planes, by a bias filled in first for the GEMM to add to):
+    an expansion layer's output, 4-6x its input, crosses memory five times instead of once."""
+    return (pass_ == "fprop" and epilogue is not None and (epilogue.activation is not None
+                                                          or epilogue.residual is not None)
+            and spec.is_pointwise_identity and not im2col_gemm.pixel_folded(spec))
+
+
+def preference_nhwc(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool, epilogue=None):
     """Candidates on channels-last activations, best first: 1x1 stride-1 unpadded layers of one group as one GEMM
     over every pixel (``im2col_gemm``: no swap, no per-sample batch, the bias in cuBLASLt's epilogue), and so every
     pass of strided ones over the pixels they read (gathered into, or spread from, a column matrix: 1.1-4x
@@ -27,15 +38,17 @@ def preference_nhwc(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bo
     (``_columns_wgrad_nhwc``), then the NCHW order (``preference``) among the families that serve
     NHWC. Before that column matrix, on compute capability 9.0, the wgrad of overlapping k x k windows where
     ``implicit_gemm``'s TMA wgrad serves it (``_wgrad_by_tma``), and grouped forwards of 16, 32 or 64 channels a
-    group through a block-diagonal weight (``implicit_gemm.block_diagonal_tile``)."""
+    group through a block-diagonal weight (``implicit_gemm.block_diagonal_tile``). A forward whose ``epilogue`` (a
+    ``cuconv.problem.Epilogue``; None: the bias at most) implicit_gemm would apply in its kernels on a 1x1 layer
+    (``_epilogue_in_kernels``) leaves that GEMM for the NCHW order."""
     if pass_ == "wgrad" and wgmma and _wgrad_by_tma(spec, dtype):
         yield "implicit_gemm"
     if pass_ == "fprop" and wgmma and implicit_gemm.block_diagonal_tile(spec, dtype) is not None:
         yield "implicit_gemm"  # (groups of 16-64 channels through a block-diagonal weight, before grouped_mma)
-    if (im2col_gemm.pointwise_nhwc(spec) or im2col_gemm.strided_pointwise_nhwc(spec)
-            or pass_ == "wgrad" and _columns_wgrad_nhwc(spec, dtype)):
+    if ((im2col_gemm.pointwise_nhwc(spec) and not _epilogue_in_kernels(spec, pass_, epilogue))
+            or im2col_gemm.strided_pointwise_nhwc(spec) or pass_ == "wgrad" and _columns_wgrad_nhwc(spec, dtype)):
         yield "im2col_gemm"
-    yield from preference(spec, dtype, precision, pass_, wgmma)
+    yield from preference(spec, dtype, precision, pass_, wgmma, epilogue)
 
 
 # k x k wgrads on channels-last tensors through the column matrix: the GEMM's work per byte of the column matrix
@@ -202,7 +215,7 @@ _GROUPED_MMA_TF32_MAX_PIXELS = 14 * 14
 _GROUPED_MMA_MIN_BLOCKS = 256
 
 
-def preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool = False):
+def preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool = False, epilogue=None):
     """Candidates, best first, from what each family is good at. "In the pass": a dgrad at stride 1 is a forward
     convolution of dy with C/groups filters over K/groups channels (``dgrad_forward``).
 
@@ -230,8 +243,8 @@ def preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool = 
       (``im2col_gemm.batch_foldable``), where implicit_gemm's NchwTile reads them as they are, a dgrad on
       small planes with many channels and filters (``_pointwise_dgrad_by_implicit``), or a TF32 forward on
       14x14 to 27x27 planes with a large weight or on smaller planes narrowing the channels 5x or more
-      (``_pointwise_by_implicit_tf32``): ``implicit_gemm``, which
-      never writes the column matrix;
+      (``_pointwise_by_implicit_tf32``), or a forward whose ``epilogue`` has an activation or a residual
+      (``_epilogue_in_kernels``): ``implicit_gemm``, which never writes the column matrix;
     - tensor-core arithmetic, wgrad (grouped ones too: all groups in one launch), except 1x1 stride-1 unpadded
       layers on large planes (in TF32 but large weights on planes below 28x28), on 1x1 planes, or folded over the
       batch, and strided 1x1 ones on large input planes (``_pointwise_wgrad_by_gemm``):
@@ -251,7 +264,8 @@ def preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool = 
     filters = {"fprop": spec.k_per_group, "dgrad": spec.c_per_group}.get(pass_)
     channels = {"fprop": spec.c_per_group, "dgrad": spec.k_per_group}.get(pass_)
     pointwise = spec.is_pointwise_identity and not (
-        (wgmma and pass_ == "fprop" and implicit_gemm.nchw_fits(spec, dtype)
+        _epilogue_in_kernels(spec, pass_, epilogue)
+        or (wgmma and pass_ == "fprop" and implicit_gemm.nchw_fits(spec, dtype)
          and spec.p * spec.q < _POINTWISE_GEMM_MIN_PIXELS
          and spec.n * spec.p * spec.q >= _POINTWISE_IMPLICIT_MIN_OUTPUTS
          and not (im2col_gemm.batch_foldable(spec) and spec.c >= spec.k))
