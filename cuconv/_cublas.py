@@ -318,8 +318,8 @@ def _set_matmul_attrs(lt, desc, trans_a: str, trans_b: str, bias: bool) -> None:
 
 class _BiasDesc:
     """A PreparedGemm's own matmul descriptor with the bias epilogue: the bias pointer is an attribute of the
-    descriptor, so each call sets it (under the lock: a plan, and its GEMMs, serve every layer of its shape,
-    from any thread) just before ``cublasLtMatmul`` reads it."""
+    descriptor, so each call sets it where it changed (under the lock: a plan, and its GEMMs, serve every layer of
+    its shape, from any thread) just before ``cublasLtMatmul`` reads it."""
 
     __slots__ = ("desc", "lock", "_pointer", "_set", "_owner")
 
@@ -337,9 +337,13 @@ class _BiasDesc:
         self._set = lt.cublasLtMatmulDescSetAttribute
 
     def point(self, bias: int) -> None:
+        if self._pointer.value == bias:  # (inference: the same folded bias every call, no driver-side call)
+            return
         self._pointer.value = bias
-        _check(self._set(self.desc, _LT_DESC_BIAS_POINTER, ctypes.byref(self._pointer), 8),
-               "cublasLtMatmulDescSetAttribute(BIAS_POINTER)")
+        status = self._set(self.desc, _LT_DESC_BIAS_POINTER, ctypes.byref(self._pointer), 8)
+        if status:
+            self._pointer.value = 0  # (not set: the next call tries again)
+            _check(status, "cublasLtMatmulDescSetAttribute(BIAS_POINTER)")
 
 
 def _lt_plan(key):

@@ -109,6 +109,7 @@ class FusedConv2d(torch.nn.Module):
         object.__setattr__(self, "passthrough", tuple(passthrough))
         self.activation, self.slope, self.residual = activation, float(slope), residual
         self._folded = None  # (key, weight, bias) of the last fold
+        self._casted = None  # (key, weight, bias) of the last cast to autocast's dtype (no BatchNorm)
 
     def extra_repr(self) -> str:
         parts = [f"bn={self.bn is not None}", f"activation={self.activation!r}"]
@@ -128,8 +129,8 @@ class FusedConv2d(torch.nn.Module):
         if (bn is None or not bn.training) and not active and conv.padding_mode == "zeros":
             # the whole chain as one call of cuconv's conv2d with its epilogue (on CUDA without gradients: one
             # plan, the epilogue a pass of it or inside its kernels)
-            weight, bias = self._fold(self._autocast_dtype(conv.weight)) if bn is not None else (conv.weight,
-                                                                                                 conv.bias)
+            low = self._autocast_dtype(conv.weight)
+            weight, bias = self._fold(low) if bn is not None else self._cast(low)
             return F.conv2d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups, algo=conv.algo,
                             activation=self.activation, negative_slope=self.slope, residual=residual,
                             residual_position=self.residual or "before")
@@ -146,7 +147,7 @@ class FusedConv2d(torch.nn.Module):
     def refold(self) -> None:
         """Forget the folded weight: for edits of the convolution's or BatchNorm's tensors through ``.data`` (which
         leave their version counters alone, so the fold cannot see them)."""
-        self._folded = None
+        self._folded = self._casted = None
 
     @staticmethod
     def _autocast_dtype(w: torch.Tensor):
@@ -155,6 +156,28 @@ class FusedConv2d(torch.nn.Module):
         if w.dtype == torch.float32 and w.is_cuda and torch.is_autocast_enabled("cuda"):
             return torch.get_autocast_dtype("cuda")
         return None
+
+    def _cast(self, dtype):
+        """``conv``'s weight and bias, cast to ``dtype`` (autocast's; None: as they are) once while their data
+        pointers and versions stay, where autocast would cast them on every call (squeeze-excitation's convolutions,
+        which have no BatchNorm to fold)."""
+        conv = self.conv
+        w, b = conv.weight, conv.bias
+        if dtype is None or (torch.is_grad_enabled() and (w.requires_grad or (b is not None and b.requires_grad))):
+            return w, b  # (recording: autocast casts them, differentiably)
+        try:
+            key = None if torch.compiler.is_compiling() or torch._C._is_tracing() or w.is_meta else (
+                dtype, w.data_ptr(), w._version, w.dtype, w.shape,
+                None if b is None else (b.data_ptr(), b._version, b.dtype))
+        except RuntimeError:  # (inference tensors have no version counter)
+            key = None
+        cached = self._casted
+        if key is not None and cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        weight, bias = w.to(dtype), None if b is None else b.to(dtype)
+        if key is not None:
+            self._casted = (key, weight, bias)
+        return weight, bias
 
     def _fold(self, dtype=None):
         """``conv``'s weight and bias with ``bn`` (eval mode: its running statistics) folded in, computed in
