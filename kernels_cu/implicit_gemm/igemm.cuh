@@ -124,26 +124,46 @@ __device__ __forceinline__ float bias_at(const Epi<T>& ep, long long filter) {
     return ep.bias != nullptr ? to_acc(ep.bias[filter]) : 0.f;
 }
 
-// v through the epilogue's activation alone (the TMA-store kernels, which the plans give no residual).
+// Whether the stores apply more than the bias. Each store loop is compiled twice, kEpi (the activation and the
+// residual) and not, and the kernel takes one of them by this launch-wide test: the nine activations' code at
+// every element of an unrolled store loop made the plain store's loop 14x longer in PTX (branches around code
+// never run), and the large problems' channels-last forwards, issue-bound in that loop, 1.4x slower.
 template <typename T>
+__device__ __forceinline__ bool epi_full(const Epi<T>& ep) {
+    return ep.act != 0 || ep.res != 0;
+}
+
+// v through the epilogue's activation alone (the TMA-store kernels, which the plans give no residual); v itself
+// in the instances without the epilogue (kEpi false).
+template <bool kEpi = true, typename T>
 __device__ __forceinline__ float activated(float v, const Epi<T>& ep) {
-    return ep.act != 0 ? activate<float>(ep.act, v, ep.alpha) : v;
+    if constexpr (kEpi) {
+        return ep.act != 0 ? activate<float>(ep.act, v, ep.alpha) : v;
+    } else {
+        return v;
+    }
 }
 
 // v (the sum plus its bias) through the residual and the activation; off: the element's offset in the output
 // (and in r). The residual is read where its value is needed (rv: a value already loaded, where the caller
 // read a vector of them).
-template <typename T>
+template <bool kEpi = true, typename T>
 __device__ __forceinline__ float finish(float v, const Epi<T>& ep, float rv) {
-    if (ep.res == 1) v += rv;
-    v = activated(v, ep);
-    if (ep.res == 2) v += rv;
+    if constexpr (kEpi) {
+        if (ep.res == 1) v += rv;
+        v = activated(v, ep);
+        if (ep.res == 2) v += rv;
+    }
     return v;
 }
 
-template <typename T>
+template <bool kEpi = true, typename T>
 __device__ __forceinline__ float finish_at(float v, const Epi<T>& ep, long long off) {
-    return finish(v, ep, ep.res != 0 ? to_acc(ep.r[off]) : 0.f);
+    if constexpr (kEpi) {
+        return finish(v, ep, ep.res != 0 ? to_acc(ep.r[off]) : 0.f);
+    } else {
+        return v;
+    }
 }
 
 // One thread's share of a k tile: the 16-byte vector column `vec` of ROWS_A rows of A (output pixels,
@@ -224,7 +244,7 @@ struct TileLoader {
 // row-band tile's run starts where its output row does) a lane writes 4 consecutive pixels per store, 128
 // pixels of a filter row per warp store; elsewhere 32 pixels per store
 // (whole 128-byte runs in fp32 where dense), each pixel's image and place found on its own.
-template <typename T, int BM, int BN, int WARPS>
+template <typename T, int BM, int BN, int WARPS, bool kEpi = true>
 __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geometry& g, const Epi<T>& ep,
                                                 T* __restrict__ y, int m0, int n0, int warp, int lane) {
     constexpr int kCPitch = BM + 4;
@@ -249,10 +269,10 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
 #pragma unroll
                 for (int j = 0; j < BM / 128; ++j) {
                     float4 v = *reinterpret_cast<const float4*>(&c_smem[nl * kCPitch + 128 * j + 4 * lane]);
-                    v.x = finish_at(v.x + b, ep, off + 128 * j);
-                    v.y = finish_at(v.y + b, ep, off + 128 * j + 1);
-                    v.z = finish_at(v.z + b, ep, off + 128 * j + 2);
-                    v.w = finish_at(v.w + b, ep, off + 128 * j + 3);
+                    v.x = finish_at<kEpi>(v.x + b, ep, off + 128 * j);
+                    v.y = finish_at<kEpi>(v.y + b, ep, off + 128 * j + 1);
+                    v.z = finish_at<kEpi>(v.z + b, ep, off + 128 * j + 2);
+                    v.w = finish_at<kEpi>(v.w + b, ep, off + 128 * j + 3);
                     // (in PTX: the C++ float4 store came out of NVRTC as four 4-byte stores)
                     if constexpr (sizeof(T) == 4) {
                         asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + 128 * j),
@@ -282,7 +302,7 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
             for (int nl = lane; nl < BN; nl += 32) {
                 const int n = n0 + nl;
                 if (n >= g.k) break;
-                y[off + n] = from_acc<T>(finish_at(c_smem[nl * kCPitch + ml] + bias_at(ep, filter0 + n), ep, off + n));
+                y[off + n] = from_acc<T>(finish_at<kEpi>(c_smem[nl * kCPitch + ml] + bias_at(ep, filter0 + n), ep, off + n));
             }
         }
         return;
@@ -304,7 +324,7 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
 #pragma unroll
         for (int j = 0; j < kCols; ++j)
             if (m_ok[j])
-                y[fo + out_off[j]] = from_acc<T>(finish_at(c_smem[nl * kCPitch + lane + 32 * j] + b, ep,
+                y[fo + out_off[j]] = from_acc<T>(finish_at<kEpi>(c_smem[nl * kCPitch + lane + 32 * j] + b, ep,
                                                            fo + out_off[j]));
     }
 }
@@ -324,7 +344,7 @@ __device__ __forceinline__ bool nhwc_vectors(const Geometry& g, const T* y, cons
 // The tile from c_smem[pixel][filter] (pitch BN + 4) to channels-last pixels, bias added before the one
 // rounding: a thread per (pixel, 16-byte vector of filters), 8 consecutive threads 8 pixels of one vector
 // (their 16-byte reads 4 banks apart: no conflicts), so a warp stores 4 vectors, 64 bytes, of each of 8 pixels.
-template <typename T, int BM, int BN, int WARPS>
+template <typename T, int BM, int BN, int WARPS, bool kEpi = true>
 __device__ __forceinline__ void store_tile_nhwc(const float* c_smem, const Geometry& g, const Epi<T>& ep,
                                                 T* __restrict__ y, int m0, int n0, int tid) {
     constexpr int kVec = 16 / static_cast<int>(sizeof(T)), kPitch = BN + 4, kVectors = BN / kVec;
@@ -342,7 +362,7 @@ __device__ __forceinline__ void store_tile_nhwc(const float* c_smem, const Geome
         const long long off = img * g.out_img + op * g.out_row + (rem - op * g.q) * g.out_col + filter0 + n;
         T* yp = y + off;
         uint4 rw = make_uint4(0, 0, 0, 0);  // the residual's vector (it lies as y: 16-byte aligned with it)
-        if (ep.res != 0) rw = *reinterpret_cast<const uint4*>(ep.r + off);
+        if (kEpi && ep.res != 0) rw = *reinterpret_cast<const uint4*>(ep.r + off);
         const T* re = reinterpret_cast<const T*>(&rw);
         unsigned word[4];
 #pragma unroll
@@ -353,22 +373,35 @@ __device__ __forceinline__ void store_tile_nhwc(const float* c_smem, const Geome
             for (int i = 0; i < 4; ++i) {
                 const int el = 4 * v + i;
                 const float acc = e[i] + bias_at(ep, filter0 + n + el);
-                put_bits(word[el / kPerWord], el % kPerWord, from_acc<T>(finish(acc, ep, to_acc(re[el]))));
+                put_bits(word[el / kPerWord], el % kPerWord, from_acc<T>(finish<kEpi>(acc, ep, to_acc(re[el]))));
             }
         }
         *reinterpret_cast<uint4*>(yp) = make_uint4(word[0], word[1], word[2], word[3]);
     }
 }
 
-// The block's tile to the output in T, or, split over k (split_stride), to its fp32 partial sums.
+// The block's tile to the output in T (its store loop with the epilogue or without: epi_full), or, split over k
+// (split_stride), to its fp32 partial sums.
 template <typename T, int BM, int BN, int WARPS>
 __device__ __forceinline__ void store_tile(const float* c_smem, const Geometry& g, const Epi<T>& ep,
                                            T* __restrict__ y, int m0, int n0, int warp, int lane) {
     if (g.split_stride != 0)
-        store_tile_nchw<float, BM, BN, WARPS>(c_smem, g, Epi<float>{}, reinterpret_cast<float*>(y) +
-                                              blockIdx.z * g.split_stride, m0, n0, warp, lane);
+        store_tile_nchw<float, BM, BN, WARPS, false>(c_smem, g, Epi<float>{}, reinterpret_cast<float*>(y) +
+                                                     blockIdx.z * g.split_stride, m0, n0, warp, lane);
+    else if (epi_full(ep))
+        store_tile_nchw<T, BM, BN, WARPS, true>(c_smem, g, ep, y, m0, n0, warp, lane);
     else
-        store_tile_nchw<T, BM, BN, WARPS>(c_smem, g, ep, y, m0, n0, warp, lane);
+        store_tile_nchw<T, BM, BN, WARPS, false>(c_smem, g, ep, y, m0, n0, warp, lane);
+}
+
+// store_tile_nhwc with the epilogue or without (epi_full).
+template <typename T, int BM, int BN, int WARPS>
+__device__ __forceinline__ void store_tile_nhwc_any(const float* c_smem, const Geometry& g, const Epi<T>& ep,
+                                                    T* __restrict__ y, int m0, int n0, int tid) {
+    if (epi_full(ep))
+        store_tile_nhwc<T, BM, BN, WARPS, true>(c_smem, g, ep, y, m0, n0, tid);
+    else
+        store_tile_nhwc<T, BM, BN, WARPS, false>(c_smem, g, ep, y, m0, n0, tid);
 }
 
 }  // namespace igemm

@@ -111,7 +111,7 @@ __device__ __forceinline__ void mma_block(const T* __restrict__ x, const T* __re
                 *reinterpret_cast<float2*>(&c_smem[(m + 8) * kNPitch + n]) = make_float2(acc[i][j][2], acc[i][j][3]);
             }
         __syncthreads();
-        store_tile_nhwc<T, BM, BN, WARPS_M * WARPS_N>(c_smem, g, ep, y, m0, n0, threadIdx.x);
+        store_tile_nhwc_any<T, BM, BN, WARPS_M * WARPS_N>(c_smem, g, ep, y, m0, n0, threadIdx.x);
         return;
     }
     constexpr int kCPitch = BM + 4;

@@ -276,7 +276,7 @@ __device__ __forceinline__ void wgmma_epilogue(float (&acc)[NW][64], unsigned ch
                 c_smem[(col + 1) * kFPitch + row + 8] = acc[n][4 * j + 3];
             }
         epilogue_sync<kThreads, NAMED>();
-        store_tile_nhwc<T, BP, BF, kThreads / 32>(c_smem, g, ep, y, m0, n0, tid);
+        store_tile_nhwc_any<T, BP, BF, kThreads / 32>(c_smem, g, ep, y, m0, n0, tid);
         return;
     }
     constexpr int kCPitch = BP + 4;  // rows 4 banks apart: a warp's 8 rows x 8 columns hit 32 banks

@@ -90,7 +90,7 @@ __device__ __forceinline__ void tma_store_drain() { asm volatile("cp.async.bulk.
 // The epilogue's activation alone (`activated`): the plans give these kernels no residual (the TMA store clips what
 // lies past the output, a residual's loads would need guards of their own; a residual takes the kernels that store
 // from shared memory, store_tile_nhwc).
-template <typename T, int BF, int BP, int NW, bool kRows = false, bool kOverlap = false>
+template <typename T, int BF, int BP, int NW, bool kRows = false, bool kOverlap = false, bool kEpi = false>
 __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigned stage, const Geometry& g,
                                                    const Epi<T>& ep, const TensorMap& y_map, int m0,
                                                    int n0, int row = 0) {
@@ -113,7 +113,7 @@ __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigne
             for (int k = 0; k < 4; ++k) {
                 const int i = 4 * (j + k / 2) + 2 * (k % 2);
                 const float b = k % 2 ? b1 : b0;
-                v[k] = pair_word<T>(activated(acc[n][i] + b, ep), activated(acc[n][i + 1] + b, ep));
+                v[k] = pair_word<T>(activated<kEpi>(acc[n][i] + b, ep), activated<kEpi>(acc[n][i + 1] + b, ep));
             }
             const int pixel = n * 128 + 8 * (j + q / 2) + r;
             const unsigned addr = box + pixel * 128 + ((chunk ^ (pixel % 8)) << 4);
@@ -253,7 +253,10 @@ __device__ __forceinline__ void wgmma_tma_block(const T* __restrict__ x, const T
     // Every slot was full before a consumer read it, so every copy has landed: once the consumers meet (the
     // epilogue's first barrier), the slots are free for the staging.
     if (y_map != nullptr) {  // (implicit_gemm_wgmma_tma_st; never with a block-diagonal weight: no fixup here)
-        tma_store_epilogue<T, BF, BP, NW>(acc, base, g, ep, *y_map, m0, n0);
+        if (epi_full(ep))
+            tma_store_epilogue<T, BF, BP, NW, false, false, true>(acc, base, g, ep, *y_map, m0, n0);
+        else
+            tma_store_epilogue<T, BF, BP, NW, false, false, false>(acc, base, g, ep, *y_map, m0, n0);
         return;
     }
     wgmma_epilogue<T, BF, BP, 1, NW, true>(acc, smem + (base - smem_addr(smem)), g, ep, y, m0, n0);
@@ -368,7 +371,10 @@ implicit_gemm_wgmma_tma_pst(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::
         mbarrier_arrive(empty + 8 * ((it - 1) % STAGES));
 #pragma unroll
         for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
-        tma_store_epilogue<T, BF, BP, NW, false, true>(acc, staging, g, ep, y_map, mb * BP, n0);
+        if (epi_full(ep))
+            tma_store_epilogue<T, BF, BP, NW, false, true, true>(acc, staging, g, ep, y_map, mb * BP, n0);
+        else
+            tma_store_epilogue<T, BF, BP, NW, false, true, false>(acc, staging, g, ep, y_map, mb * BP, n0);
     }
     if (tid == 0) tma_store_drain();  // (the staging stays allocated until the stores have read it)
 #else
@@ -521,7 +527,10 @@ __device__ __forceinline__ void wgmma_tma_rows_block(const T* __restrict__ x, co
     for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
 
     if (y_map != nullptr) {
-        tma_store_epilogue<T, BF, BP, NW, true>(acc, base, g, ep, *y_map, q0, n0, row);
+        if (epi_full(ep))
+            tma_store_epilogue<T, BF, BP, NW, true, false, true>(acc, base, g, ep, *y_map, q0, n0, row);
+        else
+            tma_store_epilogue<T, BF, BP, NW, true, false, false>(acc, base, g, ep, *y_map, q0, n0, row);
         return;
     }
     Geometry row_g = g;  // the epilogue stores this row's pixels only
