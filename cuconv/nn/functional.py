@@ -22,7 +22,7 @@ from ..checks import epilogue_of
 from ..dispatch import call_key
 from ..select import algorithms
 from ..spec import ConvSpec, output_size, pair
-from . import _bridge
+from . import _bridge, _transforms
 
 __all__ = ["conv2d", "torch_precision"]
 
@@ -120,10 +120,12 @@ def _layer(x, w, b, spec: ConvSpec, algo: str, precision: str, settings) -> "_br
     if device.type == "cuda" and device.index != torch.cuda.current_device():
         with torch.cuda.device(device.index):
             return _layer(x, w, b, spec, algo, precision, settings)
+    # (inside a torch.func transform the tensors' strides are not theirs to ask: an NCHW layer)
+    plain = not _transforms_active()
     return _bridge.Layer(spec, x.dtype, device, precision, algo, b is not None, tuple(x.shape), settings.benchmark,
                          settings.workspace_limit,
-                         channels_last=_layout.result_channels_last(x, w, device.type == "cuda"),
-                         w_channels_last=_only_channels_last(w), benchmark_cache=settings.benchmark_cache)
+                         channels_last=plain and _layout.result_channels_last(x, w, device.type == "cuda"),
+                         w_channels_last=plain and _only_channels_last(w), benchmark_cache=settings.benchmark_cache)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -140,6 +142,13 @@ def _save(ctx, x, w, layer) -> None:
 def _backward(ctx, dy):
     x, w = ctx.saved_tensors
     need_x, need_w, need_b, _ = ctx.needs_input_grad
+    if _transforms_active() or _forward_ad._current_level >= 0:
+        # a backward under a transform (vmap over it, as jacrev runs it), or
+        # recorded for forward-mode AD (forward-over-reverse): the Functions with vmap rules and jvp
+        grad = _transforms.GradT.apply
+        layer = ctx.layer
+        return (grad(x, w, dy, layer, "x") if need_x else None, grad(x, w, dy, layer, "w") if need_w else None,
+                grad(x, w, dy, layer, "b") if need_b else None, None)
     if _grad_enabled():  # create_graph=True: the custom ops, whose own formulas autograd records
         return _backward_ops(ctx.layer, x, w, dy, need_x, need_w, need_b) + (None,)
     dx, dw, db = ctx.layer.backward(dy, x, w, need_x, need_w, need_b, True)
@@ -174,29 +183,13 @@ class _Conv2d(torch.autograd.Function):
     AD: the tangent conv2d(ẋ, w) + conv2d(x, ẇ) + ḃ.
 
     The forward takes ``ctx`` (no ``setup_context``): ``Function.apply`` of a class with ``setup_context`` binds
-    its arguments through ``inspect.signature`` on every call. ``_Conv2dTransformable`` is the same function in
-    the form functorch transforms (``torch.func``) require."""
+    its arguments through ``inspect.signature`` on every call. While a ``torch.func`` transform is active the
+    functions of ``_transforms`` run instead (setup_context, vmap rules, every derivative one of them)."""
 
     @staticmethod
     def forward(ctx, x, w, b, layer):
         _save(ctx, x, w, layer)
         return layer.forward(x, w, b, True)
-
-    backward = staticmethod(_backward)
-    jvp = staticmethod(_jvp)
-
-
-class _Conv2dTransformable(torch.autograd.Function):
-    """``_Conv2d`` with ``setup_context``, for calls inside ``torch.func`` transforms."""
-
-    @staticmethod
-    def forward(x, w, b, layer):
-        return layer.forward(x, w, b, True)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, w, _, layer = inputs
-        _save(ctx, x, w, layer)
 
     backward = staticmethod(_backward)
     jvp = staticmethod(_jvp)
@@ -241,6 +234,8 @@ def _run_layer(layer, x, w, b):
     if layer.index >= 0 and layer.index != _current_device():
         with torch.cuda.device(layer.index):
             return _run_layer(layer, x, w, b)
+    if _transforms_active():  # (torch.func: tensors that may be batched or wrapped, laid out inside the Function)
+        return _transforms.Conv2dT.apply(x, w, b, layer)
     if layer.x_format is not None:  # (a channels-last forward in place)
         if not x.is_contiguous(memory_format=layer.x_format):
             x = x.contiguous(memory_format=layer.x_format)
@@ -255,8 +250,6 @@ def _run_layer(layer, x, w, b):
         b = b.contiguous()
     if ((_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)))
             or _forward_ad._current_level >= 0):
-        if _transforms_active():
-            return _Conv2dTransformable.apply(x, w, b, layer)
         # ``Function.apply`` itself, less its Python preamble (no setup_context to bind arguments for, no
         # transform active): the tensors unwrapped where a finished ``torch.func`` transform left them wrapped
         return _conv2d_apply(_unwrap_if_dead(x), _unwrap_if_dead(w), None if b is None else _unwrap_if_dead(b),
@@ -541,7 +534,8 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     if activation is not None or residual is not None:
         return _with_epilogue(input, weight, bias, stride, padding, dilation, groups, algo, activation,
                               negative_slope, residual, residual_position)
-    if type(input) is _Tensor and input.is_cuda and not _is_compiling() and not _is_tracing():
+    if (type(input) is _Tensor and input.is_cuda and not _is_compiling() and not _is_tracing()
+            and not _transforms_active()):
         # the path of a layer seen before: its signature, one lookup, its launches
         settings = _settings()
         if _autocast_enabled("cuda"):
@@ -710,7 +704,7 @@ def _checked(input, weight, bias, stride, padding, dilation, groups, algo, setti
     if settings is None:
         settings = _settings()
     layer = _layer(input, weight, bias, spec, algo, precision, settings)
-    if input.is_cuda and _plain_tensor(weight) and (bias is None or _plain_tensor(bias)):
+    if input.is_cuda and _plain_tensor(weight) and (bias is None or _plain_tensor(bias)) and not _transforms_active():
         key = _signature(input, weight, bias, stride, padding, dilation, groups, algo, settings)
         if key is not None:
             _remember(key, layer)

@@ -1,0 +1,69 @@
+"""torch.func on cuconv's convolution (``cuconv.nn._transforms``): every transform and their compositions against
+torch's convolution in float64, on the CPU and (marked) on the GPU, to rounding."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cuconv.nn.functional as F  # noqa: E402
+
+_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+# (input, weight, keywords): plain, strided with groups, and an unbatched input
+_CASES = [
+    pytest.param((2, 3, 6, 7), (4, 3, 3, 3), dict(padding=1), id="3x3"),
+    pytest.param((2, 4, 7, 7), (6, 2, 3, 3), dict(stride=2, groups=2), id="s2_g2"),
+    pytest.param((3, 5, 6), (4, 3, 1, 2), dict(padding=(0, 1)), id="unbatched"),
+]
+
+
+def _operands(x_shape, w_shape, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    make = lambda *shape: torch.randn(*shape, dtype=torch.float64, generator=g).to(device)  # noqa: E731
+    return make(*x_shape), make(*w_shape), make(w_shape[0])
+
+
+def _both(kwargs):
+    return (lambda x, w, b: F.conv2d(x, w, b, **kwargs),
+            lambda x, w, b: torch.nn.functional.conv2d(x, w, b, **kwargs))
+
+
+_TRANSFORMS = {
+    "grad_of_a_square": lambda f, x, w, b: torch.func.grad(lambda w: f(x, w, b).square().sum())(w),
+    "grad_argnums": lambda f, x, w, b: torch.func.grad(lambda x, w, b: f(x, w, b).sin().sum(), argnums=(0, 1, 2))(
+        x, w, b),
+    "vmap_inputs": lambda f, x, w, b: torch.func.vmap(lambda x: f(x, w, b))(torch.stack([x, 2 * x, x.cos()])),
+    "vmap_inputs_dim1": lambda f, x, w, b: torch.func.vmap(lambda x: f(x, w, b), in_dims=1)(
+        torch.stack([x, x.sin()], 1)),
+    "vmap_weights": lambda f, x, w, b: torch.func.vmap(lambda w: f(x, w, b))(torch.stack([w, w.exp()])),
+    "vmap_all": lambda f, x, w, b: torch.func.vmap(f)(torch.stack([x, -x]), torch.stack([w, w.sin()]),
+                                                     torch.stack([b, b + 1])),
+    "jvp": lambda f, x, w, b: torch.func.jvp(lambda x, w: f(x, w, b), (x, w), (x.cos(), w.sin()))[1],
+    "jacrev": lambda f, x, w, b: torch.func.jacrev(lambda w: f(x, w, b).sum(0))(w),
+    "jacfwd": lambda f, x, w, b: torch.func.jacfwd(lambda w: f(x, w, b).sum(0))(w),
+    "hessian": lambda f, x, w, b: torch.func.hessian(lambda w: f(x, w, b).square().sum())(w),
+    "per_sample_grads": lambda f, x, w, b: torch.func.vmap(
+        torch.func.grad(lambda w, xi: f(xi.unsqueeze(0), w, b).square().sum()), in_dims=(None, 0))(w, x)
+    if x.dim() == 4 else torch.func.grad(lambda w: f(x, w, b).square().sum())(w),
+}
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", _CASES)
+@pytest.mark.parametrize("name", sorted(_TRANSFORMS))
+def test_torch_func_transforms_match_torch(name, x_shape, w_shape, kwargs, device):
+    ours, theirs = _both(kwargs)
+    x, w, b = _operands(x_shape, w_shape, device)
+    got, want = _TRANSFORMS[name](ours, x, w, b), _TRANSFORMS[name](theirs, x, w, b)
+    for g, t in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert g.shape == t.shape
+        assert (g - t).norm() <= 1e-12 * t.norm()
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_forward_ad_and_forward_over_reverse_gradchecks(device):
+    ours, _ = _both(dict(padding=1, stride=(1, 2)))
+    x, w, b = (t.requires_grad_() for t in _operands((2, 3, 5, 6), (4, 3, 3, 3), device, seed=3))
+    assert torch.autograd.gradcheck(ours, (x, w, b), check_forward_ad=True)
+    assert torch.autograd.gradgradcheck(ours, (x, w, b), check_fwd_over_rev=True)
