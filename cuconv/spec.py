@@ -183,15 +183,16 @@ class ConvSpec:
     # ----- construction --------------------------------------------------------------------------
     @classmethod
     def from_args(cls, input_shape: Sequence[int], weight_shape: Sequence[int], stride: IntOrPair = 1,
-                  padding: Padding = 0, dilation: IntOrPair = 1, groups: int = 1) -> "ConvSpec":
+                  padding: Padding = 0, dilation: IntOrPair = 1, groups: int = 1, memo: bool = True) -> "ConvSpec":
         """Validate torch-style arguments against 4-D shapes and return the spec.
 
         Raises ``TypeError``/``ValueError`` with PyTorch's wording for every misuse of geometry. Arguments of
         plain types (tuples of ints, ints, a padding string) are memoized: a layer called again with its
         shapes costs a dictionary lookup, not a validation (host time per call matters for small layers).
+        ``memo=False``: validated every time (under torch.compile, where the memo's state would be guarded).
         """
         key = (input_shape, weight_shape, stride, padding, dilation, groups)
-        if (_plain(input_shape) and _plain(weight_shape) and _plain(stride) and _plain(padding)
+        if (memo and _plain(input_shape) and _plain(weight_shape) and _plain(stride) and _plain(padding)
                 and _plain(dilation) and _plain(groups)):
             spec = _SPECS.get(key)
             if spec is None:

@@ -67,3 +67,49 @@ def test_forward_ad_and_forward_over_reverse_gradchecks(device):
     x, w, b = (t.requires_grad_() for t in _operands((2, 3, 5, 6), (4, 3, 3, 3), device, seed=3))
     assert torch.autograd.gradcheck(ours, (x, w, b), check_forward_ad=True)
     assert torch.autograd.gradgradcheck(ours, (x, w, b), check_fwd_over_rev=True)
+
+
+def _small_net():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                              torch.nn.Conv2d(8, 4, 1)).double().eval()
+    with torch.no_grad():
+        net[1].running_var.uniform_(0.5, 2.0)
+        net[1].running_mean.normal_()
+    return net
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_export_keeps_a_dynamic_batch_dynamic(fuse):
+    """torch.export with a dynamic batch dimension: one program, right at other batches (it specialised the batch
+    to the example's)."""
+    import cuconv.nn
+
+    ref = _small_net()
+    model = cuconv.nn.convert(_small_net(), fuse=fuse).eval()
+    batch = torch.export.Dim("batch")
+    program = torch.export.export(model, (torch.randn(2, 3, 8, 8, dtype=torch.float64),),
+                                  dynamic_shapes={"input": {0: batch}} if not fuse else ({0: batch},))
+    for n in (1, 5):
+        x = torch.randn(n, 3, 8, 8, dtype=torch.float64)
+        with torch.no_grad():
+            want = ref(x)
+            assert (program.module()(x) - want).norm() <= 1e-12 * want.norm()
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_compile_with_dynamic_shapes_compiles_one_graph_for_every_batch(fuse):
+    import cuconv.nn
+    from torch._dynamo.testing import CompileCounter
+
+    ref = _small_net()
+    model = cuconv.nn.convert(_small_net(), fuse=fuse).eval()
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter, dynamic=True)
+    with torch.no_grad():
+        for n in (2, 3, 4, 5):
+            x = torch.randn(n, 3, 8, 8, dtype=torch.float64)
+            assert (compiled(x) - ref(x)).norm() <= 1e-12 * ref(x).norm()
+    torch._dynamo.reset()
+    assert counter.frame_count == 1

@@ -576,9 +576,10 @@ def _check_epilogue(input, weight, bias, stride, padding, dilation, groups, acti
         raise TypeError(f"conv2d(): argument 'residual' must be Tensor, not {type(residual).__name__}")
     if residual is not None and isinstance(input, _Tensor) and isinstance(weight, _Tensor) and \
             input.dim() in (3, 4) and weight.dim() == 4:  # (the residual's size checked before anything runs)
-        spec = ConvSpec.from_args(tuple(input.shape) if input.dim() == 4 else (1, *input.shape), tuple(weight.shape),
-                                  stride, padding, dilation, groups)
-        shape = spec.output_shape if input.dim() == 4 else spec.output_shape[1:]
+        batched = input.dim() == 4
+        spec = ConvSpec.from_args(_concrete_batch(tuple(input.shape) if batched else (1, *input.shape)),
+                                  tuple(weight.shape), stride, padding, dilation, groups, memo=not _is_compiling())
+        shape = (input.shape[0],) + spec.output_shape[1:] if batched else spec.output_shape[1:]
         if tuple(residual.shape) != tuple(shape):
             raise ValueError(f"conv2d(): expected residual of size {list(shape)}, but got residual of size "
                              f"{list(residual.shape)}")
@@ -638,6 +639,16 @@ def _checked_layer(input, weight, bias, stride, padding, dilation, groups, algo,
     return layer
 
 
+def _concrete_batch(x_shape: tuple) -> tuple:
+    """``x_shape`` for the geometry's checks: a symbolic batch (torch.compile with dynamic shapes, torch.export with
+    a dynamic dimension) as 1. No check reads the batch, and making a spec of it (ints) would specialise it to the
+    example's value; the custom ops' fake kernels carry it through symbolically. (Under dynamo a symbolic size
+    passes for an int: while compiling the batch is always replaced.)"""
+    if type(x_shape[0]) is int and not _is_compiling():
+        return x_shape
+    return (1,) + tuple(x_shape[1:])
+
+
 def _weight_dim_error(input, weight, stride, padding) -> ConvValueError:
     """torch's refusal of a weight that is not 4-D, in its words: its convolution takes the weight's dimensions for
     the convolution's (a 3-D weight makes a 1-D convolution, whose stride has one value)."""
@@ -688,8 +699,10 @@ def _checked(input, weight, bias, stride, padding, dilation, groups, algo, setti
     if algo != "auto" and algo not in algorithms():
         raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {algorithms()}")
     unbatched = input.dim() == 3
-    x_shape = (1,) + tuple(input.shape) if unbatched else tuple(input.shape)
-    spec = ConvSpec.from_args(x_shape, tuple(weight.shape), stride, padding, dilation, groups)
+    x_shape = _concrete_batch((1,) + tuple(input.shape) if unbatched else tuple(input.shape))
+    # (compiling: not through the memo, whose being empty or not dynamo would guard, compiling the call twice)
+    spec = ConvSpec.from_args(x_shape, tuple(weight.shape), stride, padding, dilation, groups,
+                              memo=not _is_compiling())
     precision = torch_precision()
     if (torch.compiler.is_compiling() or _is_tracing() or input.device.type not in ("cuda", "cpu")
             or type(input) is not _Tensor):
