@@ -113,3 +113,15 @@ def test_compile_with_dynamic_shapes_compiles_one_graph_for_every_batch(fuse):
             assert (compiled(x) - ref(x)).norm() <= 1e-12 * ref(x).norm()
     torch._dynamo.reset()
     assert counter.frame_count == 1
+
+
+def test_second_order_transforms_of_a_biased_layer_and_tangents_that_reach_no_pass():
+    """The tangent and double-backward convolutions of a layer with a bias add none (its plans read a bias
+    pointer: they are given zeros), and a pass no tangent reaches has a zero tangent (hessian in x alone)."""
+    ours, theirs = _both(dict(padding=1))
+    x, w, b = _operands((2, 3, 5, 5), (4, 3, 3, 3), "cpu", seed=5)
+    for f in (lambda f: torch.func.hessian(lambda x: f(x, w, b).square().sum())(x),
+              lambda f: torch.func.hessian(lambda x: f(x, w, b).sum())(x),
+              lambda f: torch.func.jacfwd(torch.func.grad(lambda w: f(x, w, b).sin().sum()))(w)):
+        got, want = f(ours), f(theirs)
+        assert (got - want).norm() <= 1e-12 * max(want.norm(), 1e-300) or want.norm() == got.norm() == 0

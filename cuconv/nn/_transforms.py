@@ -35,6 +35,19 @@ def _add(a, b):
     return b if a is None else a if b is None else a + b
 
 
+def _no_bias(layer, like):
+    """The bias argument of a convolution through ``layer`` that adds none: None, or zeros where the layer's plans
+    were made for a bias (they read its pointer)."""
+    return torch.zeros(layer.spec.k, dtype=like.dtype, device=like.device) if layer.bias else None
+
+
+def _zeros_of(layer, which: str, like):
+    """A zero result of ``GradT``'s pass ``which`` (a tangent none of whose inputs' tangents reaches it)."""
+    spec = layer.spec
+    shape = {"x": layer.x_shape, "w": spec.weight_shape, "b": (spec.k,)}[which]
+    return torch.zeros(shape, dtype=like.dtype, device=like.device)
+
+
 def _loop(fn, info, in_dims, args) -> tuple:
     """A vmap rule by a loop: ``fn`` on each batch entry of ``args`` (their batch dimensions ``in_dims``; None: the
     same argument for every entry), the results stacked along dimension 0."""
@@ -74,13 +87,13 @@ class Conv2dT(torch.autograd.Function):
         layer = ctx.layer
         y_t = None
         if x_t is not None:
-            y_t = Conv2dT.apply(x_t, w, None, layer)
+            y_t = Conv2dT.apply(x_t, w, _no_bias(layer, x), layer)
         if w_t is not None:
-            y_t = _add(y_t, Conv2dT.apply(x, w_t, None, layer))
+            y_t = _add(y_t, Conv2dT.apply(x, w_t, _no_bias(layer, x), layer))
         if b_t is not None:
             shape = (-1, 1, 1) if len(layer.x_shape) == 3 else (1, -1, 1, 1)
             y_t = _add(y_t, b_t.reshape(shape).expand(layer.out_shape))
-        return y_t
+        return y_t if y_t is not None else torch.zeros(layer.out_shape, dtype=x.dtype, device=x.device)
 
     @staticmethod
     def vmap(info, in_dims, x, w, b, layer):
@@ -131,10 +144,10 @@ class GradT(torch.autograd.Function):
         d_x = d_w = d_dy = None
         if which == "x":  # dx = dgrad(w, dy)
             d_w = GradT.apply(g, w, dy, layer, "w") if need_w else None
-            d_dy = Conv2dT.apply(g, w, None, layer) if need_dy else None
+            d_dy = Conv2dT.apply(g, w, _no_bias(layer, g), layer) if need_dy else None
         elif which == "w":  # dW = wgrad(x, dy)
             d_x = GradT.apply(x, g, dy, layer, "x") if need_x else None
-            d_dy = Conv2dT.apply(x, g, None, layer) if need_dy else None
+            d_dy = Conv2dT.apply(x, g, _no_bias(layer, g), layer) if need_dy else None
         elif need_dy:  # db = Σ dy over all but the channels
             shape = (-1, 1, 1) if len(ctx.dy_shape) == 3 else (1, -1, 1, 1)
             d_dy = g.reshape(shape).expand(ctx.dy_shape)
@@ -157,7 +170,7 @@ class GradT(torch.autograd.Function):
                 out = _add(out, GradT.apply(x, w, dy_t, layer, "w"))
         elif dy_t is not None:
             out = GradT.apply(x, w, dy_t, layer, "b")
-        return out
+        return out if out is not None else _zeros_of(layer, which, dy)
 
     @staticmethod
     def vmap(info, in_dims, x, w, dy, layer, which):

@@ -443,7 +443,10 @@ depthwise_fwd_rows(const T* __restrict__ x, const T* __restrict__ w, const T* __
 #pragma unroll
                         for (int s = 0; s < KS; ++s) acc = fma(wr[r][s], win[(u + r) % KR].at(e + s), acc);
                     }
-                    o.v[e] = cuconv::from_acc<T>(cuconv::epilogue_if<kEpi>(acc, epi, res, (dst - out) + e));
+                    if constexpr (kEpi) {  // (rows and lanes not stored read no residual: it may end there)
+                        if (i + u < n_store) acc = cuconv::epilogue(acc, epi, res, (dst - out) + e);
+                    }
+                    o.v[e] = cuconv::from_acc<T>(acc);
                 }
                 if (i + u < n_store) *reinterpret_cast<Vec*>(dst) = o;
             }
