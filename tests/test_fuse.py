@@ -175,21 +175,21 @@ def test_a_fold_to_autocasts_dtype_is_the_cast_of_the_fold_and_kept_apart():
         bn.running_var.uniform_(0.5, 2.0)
     fused = FusedConv2d(conv, bn, "relu").eval()
     with torch.no_grad():
-        w32, b32 = fused._fold()
-        w16, b16 = fused._fold(torch.bfloat16)
+        w32, b32 = fused._weights()
+        w16, b16 = fused._weights(torch.bfloat16)
         assert w16.dtype == b16.dtype == torch.bfloat16
         assert torch.equal(w16, w32.to(torch.bfloat16)) and torch.equal(b16, b32.to(torch.bfloat16))
-        assert fused._fold()[0].dtype == torch.float32  # (each dtype its own entry: the last is refolded)
+        assert fused._weights()[0].dtype == torch.float32  # (each dtype its own entry: the last is refolded)
     assert FusedConv2d._autocast_dtype(conv.weight) is None  # (a CPU weight: autocast on CUDA does not apply)
     plain = FusedConv2d(conv, None, "sigmoid").eval()  # (no BatchNorm: the weight and bias cast once, kept)
     with torch.no_grad():
-        w16, b16 = plain._cast(torch.bfloat16)
+        w16, b16 = plain._weights(torch.bfloat16)
         assert torch.equal(w16, conv.weight.to(torch.bfloat16)) and torch.equal(b16, conv.bias.to(torch.bfloat16))
-        assert plain._cast(torch.bfloat16)[0] is w16
+        assert plain._weights(torch.bfloat16)[0] is w16
         conv.weight.add_(1.0)  # (in place: a new version, cast again)
-        assert torch.equal(plain._cast(torch.bfloat16)[0], conv.weight.to(torch.bfloat16))
-        assert plain._cast(None)[0] is conv.weight
-    assert plain._cast(torch.bfloat16)[0] is conv.weight  # (gradients on: autocast casts, differentiably)
+        assert torch.equal(plain._weights(torch.bfloat16)[0], conv.weight.to(torch.bfloat16))
+        assert plain._weights(None)[0] is conv.weight
+    assert plain._weights(torch.bfloat16)[0] is conv.weight  # (gradients on: autocast casts, differentiably)
 
 
 def test_train_mode_runs_the_original_graph():

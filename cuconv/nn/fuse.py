@@ -108,8 +108,7 @@ class FusedConv2d(torch.nn.Module):
         # residual added after it: applied when one of them is training
         object.__setattr__(self, "passthrough", tuple(passthrough))
         self.activation, self.slope, self.residual = activation, float(slope), residual
-        self._folded = None  # (key, weight, bias) of the last fold
-        self._casted = None  # (key, weight, bias) of the last cast to autocast's dtype (no BatchNorm)
+        self._folded = None  # (key, weight, bias) of the last fold (or, without a BatchNorm, cast: ``_weights``)
 
     def extra_repr(self) -> str:
         parts = [f"bn={self.bn is not None}", f"activation={self.activation!r}"]
@@ -129,8 +128,7 @@ class FusedConv2d(torch.nn.Module):
         if (bn is None or not bn.training) and not active and conv.padding_mode == "zeros":
             # the whole chain as one call of cuconv's conv2d with its epilogue (on CUDA without gradients: one
             # plan, the epilogue a pass of it or inside its kernels)
-            low = self._autocast_dtype(conv.weight)
-            weight, bias = self._fold(low) if bn is not None else self._cast(low)
+            weight, bias = self._weights(self._autocast_dtype(conv.weight))
             return F.conv2d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups, algo=conv.algo,
                             activation=self.activation, negative_slope=self.slope, residual=residual,
                             residual_position=self.residual or "before")
@@ -138,7 +136,7 @@ class FusedConv2d(torch.nn.Module):
             self._folded = None  # (the running statistics change)
             y = bn(conv(x))
         elif bn is not None:
-            weight, bias = self._fold()
+            weight, bias = self._weights()
             y = conv._conv_forward(x, weight, bias)
         else:
             y = conv(x)
@@ -147,7 +145,7 @@ class FusedConv2d(torch.nn.Module):
     def refold(self) -> None:
         """Forget the folded weight: for edits of the convolution's or BatchNorm's tensors through ``.data`` (which
         leave their version counters alone, so the fold cannot see them)."""
-        self._folded = self._casted = None
+        self._folded = None
 
     @staticmethod
     def _autocast_dtype(w: torch.Tensor):
@@ -157,64 +155,51 @@ class FusedConv2d(torch.nn.Module):
             return torch.get_autocast_dtype("cuda")
         return None
 
-    def _cast(self, dtype):
-        """``conv``'s weight and bias, cast to ``dtype`` (autocast's; None: as they are) once while their data
-        pointers and versions stay, where autocast would cast them on every call (squeeze-excitation's convolutions,
-        which have no BatchNorm to fold)."""
-        conv = self.conv
-        w, b = conv.weight, conv.bias
-        if dtype is None or (torch.is_grad_enabled() and (w.requires_grad or (b is not None and b.requires_grad))):
-            return w, b  # (recording: autocast casts them, differentiably)
-        try:
-            key = None if torch.compiler.is_compiling() or torch._C._is_tracing() or w.is_meta else (
-                dtype, w.data_ptr(), w._version, w.dtype, w.shape,
-                None if b is None else (b.data_ptr(), b._version, b.dtype))
-        except RuntimeError:  # (inference tensors have no version counter)
-            key = None
-        cached = self._casted
-        if key is not None and cached is not None and cached[0] == key:
-            return cached[1], cached[2]
-        weight, bias = w.to(dtype), None if b is None else b.to(dtype)
-        if key is not None:
-            self._casted = (key, weight, bias)
-        return weight, bias
-
-    def _fold(self, dtype=None):
-        """``conv``'s weight and bias with ``bn`` (eval mode: its running statistics) folded in, computed in
-        float32 (float64 for a float64 weight) and rounded once to the weight's dtype, or to ``dtype`` (autocast's:
-        the same values autocast's cast of the weight-dtype fold would give, without a cast per call); kept while
-        the tensors' data pointers and versions stay (``refold`` after edits through ``.data``)."""
+    def _weights(self, dtype=None):
+        """The weight and bias this call convolves with: ``conv``'s with ``bn`` (eval mode: its running statistics)
+        folded in, computed in float32 (float64 for a float64 weight) and rounded once to the weight's dtype, or to
+        ``dtype`` (autocast's: the values autocast's cast of the weight-dtype fold would give, without a cast per
+        call); without a BatchNorm ``conv``'s own, cast to ``dtype`` (None: as they are). Kept while the tensors'
+        data pointers and versions stay (``refold`` after edits through ``.data``)."""
         conv, bn = self.conv, self.bn
+        if bn is None and dtype is None:
+            return conv.weight, conv.bias
         # (num_batches_tracked: a BatchNorm's training forward counts it up in place, whichever module runs it,
         # where its own kernel may update the statistics without a new version)
-        tensors = (conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var,
-                   bn.num_batches_tracked)
+        tensors = (conv.weight, conv.bias) if bn is None else (
+            conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.num_batches_tracked)
         recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors[:4])
+        if recording:  # (autocast casts the result, differentiably, as torch's would)
+            if bn is None:
+                return conv.weight, conv.bias
+            dtype = None
         # (under torch.compile or torch.jit.trace the fold is part of the graph: no data pointers to key a cache by,
         # and a kept fold would be traced as a constant)
         w = conv.weight
         try:
             key = None if recording or torch.compiler.is_compiling() or torch._C._is_tracing() or w.is_meta else (
-                bn.eps, dtype) + tuple(
+                None if bn is None else bn.eps, dtype) + tuple(
                 None if t is None else (t.data_ptr(), t._version, t.dtype, t.device, t.shape) for t in tensors)
         except RuntimeError:  # (inference tensors have no version counter: folded on every call)
             key = None
         if key is not None and self._folded is not None and self._folded[0] == key:
             return self._folded[1], self._folded[2]
-        acc = torch.float64 if w.dtype == torch.float64 else torch.float32
-        var, mean = bn.running_var.to(acc), bn.running_mean.to(acc)
-        scale = torch.rsqrt(var + bn.eps)
-        if bn.weight is not None:
-            scale = scale * bn.weight.to(acc)
-        shift = -mean * scale
-        if conv.bias is not None:
-            shift = shift + conv.bias.to(acc) * scale
-        if bn.bias is not None:
-            shift = shift + bn.bias.to(acc)
-        if dtype is None or recording:  # (recording: autocast casts the fold, differentiably, as torch's would)
-            dtype = w.dtype
-        weight = (w.to(acc) * scale.reshape(-1, 1, 1, 1)).to(dtype)
-        bias = shift.to(dtype)
+        dtype = dtype or w.dtype
+        if bn is None:
+            weight, bias = w.to(dtype), None if conv.bias is None else conv.bias.to(dtype)
+        else:
+            acc = torch.float64 if w.dtype == torch.float64 else torch.float32
+            var, mean = bn.running_var.to(acc), bn.running_mean.to(acc)
+            scale = torch.rsqrt(var + bn.eps)
+            if bn.weight is not None:
+                scale = scale * bn.weight.to(acc)
+            shift = -mean * scale
+            if conv.bias is not None:
+                shift = shift + conv.bias.to(acc) * scale
+            if bn.bias is not None:
+                shift = shift + bn.bias.to(acc)
+            weight = (w.to(acc) * scale.reshape(-1, 1, 1, 1)).to(dtype)
+            bias = shift.to(dtype)
         if key is not None:
             self._folded = (key, weight, bias)
         return weight, bias
