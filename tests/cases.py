@@ -321,3 +321,32 @@ def reason_under(name, spec, dtype, pass_, precision, smem_limit, wgmma, workspa
 
     return algos.get(name).can_implement(Problem.of(spec, dtype, precision, pass_, layout),
                                          _plan.Limits(smem_limit, wgmma, workspace_limit))
+
+
+def epilogue_case(x_shape, w_shape, kwargs, epilogue, dtype, layout, seed):
+    """A forward with an epilogue on GPU arrays against its oracle: (x, w, b, r on the GPU, laid out as ``layout``
+    says; b None without a bias, r None without a residual; ``want``, the float64 convolution of the same rounded
+    inputs with the epilogue applied by ``blocks.epilogue.apply_numpy``, NCHW; ``to_nchw``, which turns a result
+    laid out so back into NCHW; ``out_shape``, the result's shape laid out so): (x, w, b, r, want, out_shape,
+    to_nchw)."""
+    import cupy
+    import torch
+
+    from cuconv.blocks.epilogue import apply_numpy
+    from cuconv.spec import ConvSpec
+
+    spec = ConvSpec.from_args(x_shape, w_shape, **kwargs)
+    rng = numpy.random.default_rng(seed)
+    x = rng.standard_normal(x_shape).astype(dtype)
+    w = (rng.standard_normal(w_shape) / numpy.sqrt(spec.crs_per_group)).astype(dtype)
+    b = rng.standard_normal(w_shape[0]).astype(dtype) if epilogue.bias else None
+    r = rng.standard_normal(spec.output_shape).astype(dtype)
+    f64 = lambda a: torch.from_numpy(a.astype(numpy.float64))  # noqa: E731
+    y64 = torch.nn.functional.conv2d(f64(x), f64(w), None if b is None else f64(b), **kwargs).numpy()
+    want = numpy.empty_like(y64)
+    apply_numpy(y64, r.astype(numpy.float64), epilogue.activation, epilogue.residual, epilogue.alpha, want)
+    nhwc = layout == "nhwc"
+    laid = (lambda a: numpy.ascontiguousarray(a.transpose(0, 2, 3, 1))) if nhwc else (lambda a: a)  # noqa: E731
+    to_nchw = (lambda a: a.transpose(0, 3, 1, 2)) if nhwc else (lambda a: a)  # noqa: E731
+    return (cupy.asarray(laid(x)), cupy.asarray(w), None if b is None else cupy.asarray(b),
+            cupy.asarray(laid(r)) if epilogue.residual else None, want, laid(want).shape, to_nchw)

@@ -11,11 +11,10 @@ import pytest
 
 from cuconv import _dtypes, _plan, dispatch
 from cuconv.algos import depthwise
-from cuconv.blocks.epilogue import apply_numpy
 from cuconv.problem import Epilogue, Problem
 from cuconv.spec import ConvSpec
 
-from cases import TOLERANCE, rel_err
+from cases import TOLERANCE, epilogue_case, rel_err
 
 _EPILOGUES = [
     pytest.param(Epilogue(bias=True, activation="relu6"), id="relu6"),
@@ -45,40 +44,24 @@ def _kernels(problem, env) -> list:
 @pytest.mark.parametrize("epilogue", _EPILOGUES)
 def test_fused_epilogue_matches_the_oracle_on_every_kernel(epilogue, x_shape, w_shape, kwargs, layout, dtype_name):
     import cupy
-    import torch
 
     dtype = _dtypes.by_name(dtype_name)
     spec = ConvSpec.from_args(x_shape, w_shape, **kwargs)
-    rng = numpy.random.default_rng(7)
-    x = rng.standard_normal(x_shape).astype(dtype)
-    w = (rng.standard_normal(w_shape) / numpy.sqrt(spec.crs_per_group)).astype(dtype)
-    b = rng.standard_normal(w_shape[0]).astype(dtype) if epilogue.bias else None
-    r = rng.standard_normal(spec.output_shape).astype(dtype)
-    y64 = torch.nn.functional.conv2d(torch.from_numpy(x.astype(numpy.float64)),
-                                     torch.from_numpy(w.astype(numpy.float64)),
-                                     None if b is None else torch.from_numpy(b.astype(numpy.float64)),
-                                     **kwargs).numpy()
-    want = numpy.empty_like(y64)
-    apply_numpy(y64, r.astype(numpy.float64), epilogue.activation, epilogue.residual, epilogue.alpha, want)
     problem = Problem.of(spec, dtype, "ieee", "fprop", layout, epilogue=epilogue)
     env = _plan.current_env()
     if depthwise.ALGORITHM.can_implement(problem, env) is not None:
         pytest.skip(f"depthwise does not run this case: {depthwise.ALGORITHM.can_implement(problem, env)}")
-    nhwc = (lambda a: numpy.ascontiguousarray(a.transpose(0, 2, 3, 1))) if layout == "nhwc" else (lambda a: a)
-    gx, gw = cupy.asarray(nhwc(x)), cupy.asarray(w)
-    gb = None if b is None else cupy.asarray(b)
-    gr = cupy.asarray(nhwc(r)) if epilogue.residual else None
+    gx, gw, gb, gr, want, out_shape, to_nchw = epilogue_case(x_shape, w_shape, kwargs, epilogue, dtype, layout,
+                                                             seed=7)
     fused = dtype_name != "float64"
     assert depthwise.ALGORITHM.fuses(problem) == fused
     for kernel in _kernels(problem, env):
         knobs = (("kernel", kernel),) if kernel else ()
         plan = dispatch.prepare("depthwise", "fprop", spec, dtype, "ieee", env, layout=layout, knobs=knobs,
                                 epilogue=epilogue)
-        out = cupy.full(nhwc(want).shape, numpy.nan, dtype=dtype)
+        out = cupy.full(out_shape, numpy.nan, dtype=dtype)
         _plan.run_arrays(plan, gx, gw, gb, out, residual=gr)
-        got = cupy.asnumpy(out).astype(numpy.float64)
-        if layout == "nhwc":
-            got = got.transpose(0, 3, 1, 2)
+        got = to_nchw(cupy.asnumpy(out).astype(numpy.float64))
         assert rel_err(got, want) <= TOLERANCE[dtype_name], (kernel, rel_err(got, want))
         last = plan.steps[-1]
         if fused:  # (the forward, last, is a kEpi instance; no pass after it)

@@ -10,11 +10,10 @@ import pytest
 
 from cuconv import _dtypes, _plan, dispatch, select
 from cuconv.algos import implicit_gemm
-from cuconv.blocks.epilogue import apply_numpy
 from cuconv.problem import Epilogue, Problem
 from cuconv.spec import ConvSpec
 
-from cases import TOLERANCE, rel_err
+from cases import TOLERANCE, epilogue_case, rel_err
 
 _EPILOGUES = [
     pytest.param(Epilogue(bias=True, activation="relu"), id="relu"),
@@ -48,26 +47,11 @@ def test_fused_epilogue_matches_the_oracle_on_every_tile(epilogue, x_shape, w_sh
 
     dtype = _dtypes.by_name(dtype_name)
     spec = ConvSpec.from_args(x_shape, w_shape, **kwargs)
-    rng = numpy.random.default_rng(3)
-    x = rng.standard_normal(x_shape).astype(dtype)
-    w = (rng.standard_normal(w_shape) / numpy.sqrt(spec.crs_per_group)).astype(dtype)
-    b = rng.standard_normal(w_shape[0]).astype(dtype) if epilogue.bias else None
-    r = rng.standard_normal(spec.output_shape).astype(dtype)
-    import torch
-
-    y64 = torch.nn.functional.conv2d(torch.from_numpy(x.astype(numpy.float64)),
-                                     torch.from_numpy(w.astype(numpy.float64)),
-                                     None if b is None else torch.from_numpy(b.astype(numpy.float64)),
-                                     **kwargs).numpy()
-    want = numpy.empty_like(y64)
-    apply_numpy(y64, r.astype(numpy.float64), epilogue.activation, epilogue.residual, epilogue.alpha, want)
     problem = Problem.of(spec, dtype, precision, "fprop", layout, epilogue=epilogue)
     env = _plan.current_env()
     assert select.can_implement("implicit_gemm", problem, env) is None
-    nhwc = (lambda a: numpy.ascontiguousarray(a.transpose(0, 2, 3, 1))) if layout == "nhwc" else (lambda a: a)
-    gx, gw = cupy.asarray(nhwc(x)), cupy.asarray(w)
-    gb = None if b is None else cupy.asarray(b)
-    gr = cupy.asarray(nhwc(r)) if epilogue.residual else None
+    gx, gw, gb, gr, want, out_shape, to_nchw = epilogue_case(x_shape, w_shape, kwargs, epilogue, dtype, layout,
+                                                             seed=3)
     for tile in _tiles(problem, env):
         for splits in (None, 3):
             if layout == "nhwc" and splits is not None and implicit_gemm.nhwc_in_place(spec, dtype):
@@ -78,11 +62,9 @@ def test_fused_epilogue_matches_the_oracle_on_every_tile(epilogue, x_shape, w_sh
                                         knobs=knobs, epilogue=epilogue)
             except (ValueError, NotImplementedError):  # (a tile that cannot take this geometry)
                 continue
-            out = cupy.full(nhwc(want).shape, numpy.nan, dtype=dtype)
+            out = cupy.full(out_shape, numpy.nan, dtype=dtype)
             _plan.run_arrays(plan, gx, gw, gb, out, residual=gr)
-            got = cupy.asnumpy(out).astype(numpy.float64)
-            if layout == "nhwc":
-                got = got.transpose(0, 3, 1, 2)
+            got = to_nchw(cupy.asnumpy(out).astype(numpy.float64))
             tol = TOLERANCE["tf32" if precision == "tf32" else dtype_name]
             assert rel_err(got, want) <= tol, (implicit_gemm.tile_name(tile), splits, rel_err(got, want))
             assert plan.steps[-1].kernel.name.split("<")[0] != "epilogue"  # (fused: no pass after)
