@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy
 
-from ... import _dtypes, _plan
+from ... import _plan
 from ...blocks import dgrad_forward
 from ...blocks.epilogue import NO_EPILOGUE, epilogue_codes
 from ...problem import ACTIVATIONS, PASSES, Epilogue, Problem
@@ -42,8 +42,8 @@ from .nchw_bwd import _dgrad_launch, _wgrad_launches, wgrad_strips_plan
 from .nchw_fwd import (FORWARD_KERNELS, _forward_prepared, forward_kernels, forward_smem, plane_plan, rows_layout,
                        rows_strips, rows_vector_bytes, strips_plan)
 from .nhwc import _NHWC_Q_PIXELS, _nhwc_prepare, _nhwc_tile, reason_unsupported_nhwc
-from .shared import (ALGORITHM_NAME, DW_GEOMETRY_DTYPE, DW_WORK_DTYPE, _SMEM_LIMIT, _acc_size, _is_depthwise,
-                     _wgrad_threads)
+from .shared import (ALGORITHM_NAME, DW_GEOMETRY_DTYPE, DW_WORK_DTYPE, EPILOGUE_DTYPES, _SMEM_LIMIT, _acc_size,
+                     _is_depthwise, _wgrad_threads)
 
 __all__ = ["ALGORITHM", "Depthwise", "prepare", "forward_gpu", "dgrad_gpu", "wgrad_gpu", "reason_unsupported",
            "reason_unsupported_nhwc", "forward_smem", "rows_layout", "rows_strips", "rows_vector_bytes", "plane_plan",
@@ -83,8 +83,9 @@ def forward_gpu(x, w, bias, spec: ConvSpec, out, precision: str, kernel: str = N
 def prepare(pass_: str, spec: ConvSpec, dtype, precision: str, env: "_plan.Env", bias: bool = False,
             kernel: str = None, layout: str = "nchw", epilogue: Epilogue = None) -> "_plan.Plan":
     """The plan of ``pass_`` (see ``cuconv._plan``): the forward is one launch (``kernel`` forces one of
-    ``FORWARD_KERNELS``) whose stores apply ``epilogue``'s activation and residual; dgrad one launch of the forward kernel on dy reading the weight flipped where that is
-    the same convolution (stride 1, multiplier 1), else a gather per dx element (no atomics); wgrad per-chunk
+    ``FORWARD_KERNELS``) whose stores apply ``epilogue``'s activation and residual; dgrad one launch of the
+    forward kernel on dy reading the weight flipped where that is the same convolution (stride 1, multiplier 1),
+    else a gather per dx element (no atomics); wgrad per-chunk
     partial sums in the workspace, then an ordered sum. ``layout="nhwc"``: channels-last activations, every
     pass (``reason_unsupported_nhwc``, ``_nhwc_prepare``)."""
     dtype = numpy.dtype(dtype)
@@ -132,7 +133,7 @@ class Depthwise(Algorithm):
     layouts = ("nchw", "nhwc")
     activations = ACTIVATIONS  # (every forward kernel has instances whose stores apply the epilogue, kEpi)
     residual = True
-    epilogue_dtypes = tuple(numpy.dtype(_dtypes.by_name(c)) for c in ("float16", "bfloat16", "float32"))
+    epilogue_dtypes = EPILOGUE_DTYPES
     nchw_limits = staticmethod(reason_unsupported)
     nhwc_limits = staticmethod(reason_unsupported_nhwc)
 

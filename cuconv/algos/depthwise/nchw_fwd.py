@@ -13,8 +13,8 @@ import numpy
 from ... import _dtypes, _loader, _plan  # noqa: F401  (_plan: annotations)
 from ...blocks.epilogue import NO_EPILOGUE, epilogue_args
 from ...spec import ConvSpec
-from .shared import (EPILOGUE_CTYPES, _FIXED_KERNELS, _MAX_GRID_Y, _THREADS, _acc_size, _dw_geometry, _fits_int,
-                     _geometry, epilogue_instances, with_epilogue_flag)
+from .shared import (_FIXED_KERNELS, _MAX_GRID_Y, _THREADS, _acc_size, _dw_geometry, _fits_int, _geometry,
+                     epilogue_instances, fused_instance, with_epilogue_flag)
 
 STEM = "depthwise/nchw_fwd"
 # Kernel sizes of depthwise_fwd_plane, for double and for float sums: its window and weights live in
@@ -227,11 +227,9 @@ def _forward_prepared(spec: ConvSpec, dtype, x_aligned: bool, out_aligned: bool,
     """``_forward_launch`` prepared (``_loader.PreparedLaunch``) on ``env``'s device: a call passes five pointers
     (x, w, bias, out, the residual or 0) to one driver call instead of CuPy marshalling sixteen arguments (~8 µs of
     host time on a 0.06 ms layer). ``flip``: the kernel reads the weight flipped in both axes (dgrad at stride 1 as
-    this forward of dy); ``codes``: the epilogue its stores apply (``blocks.epilogue.epilogue_codes``; an instance
-    with kEpi, of a type of ``EPILOGUE_CTYPES``)."""
-    fused = codes != NO_EPILOGUE
-    if fused and _dtypes.ctype_of(dtype) not in EPILOGUE_CTYPES:
-        raise ValueError(f"cuconv: depthwise applies no epilogue in its {numpy.dtype(dtype)} kernels")
+    this forward of dy); ``codes``: the epilogue its stores apply (``blocks.epilogue.epilogue_codes``; a kEpi
+    instance: ``fused_instance``)."""
+    fused = fused_instance(codes, dtype)
     name, grid, block, smem, geometry = _forward_launch(spec, dtype, x_aligned, out_aligned, env, kernel, fused)
     if flip:
         geometry = tuple(_flipped(g) for g in geometry)

@@ -11,7 +11,7 @@ from ... import _dtypes, _loader, _plan
 from ...blocks import dgrad_forward
 from ...blocks.epilogue import NO_EPILOGUE, epilogue_args
 from ...spec import ConvSpec
-from .shared import (ALGORITHM_NAME, EPILOGUE_CTYPES, _MAX_GRID_Y, _THREADS, _is_depthwise, epilogue_instances,
+from .shared import (ALGORITHM_NAME, _MAX_GRID_Y, _THREADS, _is_depthwise, epilogue_instances, fused_instance,
                      with_epilogue_flag)
 
 STEM = "depthwise/nhwc"
@@ -106,9 +106,7 @@ def _nhwc_launches(spec: ConvSpec, dtype, flip: bool, tiled: bool = False, tile=
     stores apply (``blocks.epilogue.epilogue_codes``). The forward's pointers: x, the weight as (R·S, C), bias, out,
     the residual (or 0)."""
     ctype = _dtypes.ctype_of(dtype)
-    fused = codes != NO_EPILOGUE
-    if fused and ctype not in EPILOGUE_CTYPES:
-        raise ValueError(f"cuconv: depthwise applies no epilogue in its {numpy.dtype(dtype)} kernels")
+    fused = fused_instance(codes, dtype)
     weight = _nhwc_weight(spec, dtype, flip)
     vec = 16 // numpy.dtype(dtype).itemsize
     index = _nhwc_index(spec, dtype)
@@ -116,8 +114,8 @@ def _nhwc_launches(spec: ConvSpec, dtype, flip: bool, tiled: bool = False, tile=
         kr, sr, qt = tile
         grid = (-(-spec.p // _NHWC_TILE_ROWS) * -(-spec.q // (2 * qt)), -(-spec.c // _NHWC_TILE_CHANNELS), spec.n)
         name = with_epilogue_flag(f"depthwise_nhwc_fwd_tile<{ctype},{kr},{sr},{qt}>", fused)
-        forward = _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid,
-                                  (_THREADS, 1, 1), 5, (_loader.conv_geometry(spec), epilogue_args(codes)))
+        forward = _loader.prepare(STEM, NAME_EXPRESSIONS, name, grid, (_THREADS, 1, 1), 5,
+                                  (_loader.conv_geometry(spec), epilogue_args(codes)))
         return spec.r * spec.s * spec.c * numpy.dtype(dtype).itemsize, weight, forward
     if tiled and spec.r == spec.s and spec.r in _NHWC_Q_PIXELS:
         qt = _NHWC_Q_PIXELS[spec.r]
@@ -129,7 +127,8 @@ def _nhwc_launches(spec: ConvSpec, dtype, flip: bool, tiled: bool = False, tile=
         kr = spec.r if spec.r == spec.s and spec.r in _NHWC_KERNELS else 0
         name = f"depthwise_nhwc_fwd<{ctype},{kr},{index}>"
     forward = _loader.prepare(STEM, NAME_EXPRESSIONS, with_epilogue_flag(name, fused),
-                              (_loader.blocks(total, 1 << 20), 1, 1), (_THREADS, 1, 1), 5, (_loader.conv_geometry(spec), numpy.int64(total), epilogue_args(codes)))
+                              (_loader.blocks(total, 1 << 20), 1, 1), (_THREADS, 1, 1), 5,
+                              (_loader.conv_geometry(spec), numpy.int64(total), epilogue_args(codes)))
     return spec.r * spec.s * spec.c * numpy.dtype(dtype).itemsize, weight, forward
 
 

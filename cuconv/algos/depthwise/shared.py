@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy
 
-from ... import _loader
+from ... import _dtypes, _loader
+from ...blocks.epilogue import NO_EPILOGUE
 from ...spec import ConvSpec
 
 ALGORITHM_NAME = "depthwise"  # its plans' name (Plan.algo)
@@ -29,11 +30,22 @@ DW_GEOMETRY_DTYPE = numpy.dtype([(f, numpy.int32) for f in (
 # The forward kernels' last template parameter, kEpi: their instances that apply the epilogue where they store, for
 # the types networks run in (float64 runs the plain instance, its epilogue a pass after: cuconv.algos.base).
 EPILOGUE_CTYPES = ("__half", "__nv_bfloat16", "float")
+EPILOGUE_DTYPES = tuple(d for d in _dtypes.SUPPORTED if _dtypes.ctype_of(d) in EPILOGUE_CTYPES)  # (this process's)
 
 
 def with_epilogue_flag(name: str, fused: bool) -> str:
     """``name`` (a forward kernel's instance without its last template argument) with kEpi = ``fused``."""
     return f"{name[:-1]},{'true' if fused else 'false'}>"
+
+
+def fused_instance(codes: tuple, dtype) -> bool:
+    """Whether a forward of ``dtype`` with the epilogue ``codes`` (``blocks.epilogue.epilogue_codes``) runs a kEpi
+    instance; ValueError for an epilogue in a type without one (the algorithm's ``epilogue_dtypes`` keep it from
+    being asked)."""
+    fused = codes != NO_EPILOGUE
+    if fused and _dtypes.ctype_of(dtype) not in EPILOGUE_CTYPES:
+        raise ValueError(f"cuconv: depthwise applies no epilogue in its {numpy.dtype(dtype)} kernels")
+    return fused
 
 
 def epilogue_instances(names) -> list:
