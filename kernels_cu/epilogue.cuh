@@ -54,6 +54,17 @@ __device__ __forceinline__ A activate(int act, A v, A alpha) {
     }
 }
 
+// v through the residual's value rv, added before the activation (res 1) or after it (res 2), and the activation
+// act (0: none): the epilogue's one order, for every kernel that applies it (cuconv::epilogue below, implicit_gemm's
+// igemm::finish).
+template <typename A>
+__device__ __forceinline__ A finish_value(A v, int act, int res, A alpha, A rv) {
+    if (res == 1) v += rv;
+    if (act != 0) v = activate<A>(act, v, alpha);
+    if (res == 2) v += rv;
+    return v;
+}
+
 // A forward's epilogue as the kernels that apply it in their stores take it (depthwise; implicit_gemm has its own
 // Epilogue, with an fp32 slope), launch-wide: act the activation's code (0: none), res where the residual is
 // added (0: none, 1: before the activation, 2: after it), alpha leaky_relu's slope, a double so that a float64
@@ -69,10 +80,8 @@ static_assert(sizeof(EpilogueArgs) == 16, "EPILOGUE_ARGS_DTYPE in cuconv/blocks/
 // only where e.res says so) and the activation, before the caller's one rounding to the output's type.
 template <typename T, typename A>
 __device__ __forceinline__ A epilogue(A v, const EpilogueArgs& e, const T* __restrict__ r, long long off) {
-    if (e.res == 1) v += to_acc(r[off]);
-    if (e.act != 0) v = activate<A>(e.act, v, static_cast<A>(e.alpha));
-    if (e.res == 2) v += to_acc(r[off]);
-    return v;
+    const A rv = e.res != 0 ? static_cast<A>(to_acc(r[off])) : A(0);
+    return finish_value<A>(v, e.act, e.res, static_cast<A>(e.alpha), rv);
 }
 
 // epilogue() in the instances that apply one (kEpi), v as it is in the others: a kernel's plain instance keeps the

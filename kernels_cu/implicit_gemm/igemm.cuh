@@ -138,7 +138,7 @@ __device__ __forceinline__ bool epi_full(const Epi<T>& ep) {
 template <bool kEpi = true, typename T>
 __device__ __forceinline__ float activated(float v, const Epi<T>& ep) {
     if constexpr (kEpi) {
-        return ep.act != 0 ? activate<float>(ep.act, v, ep.alpha) : v;
+        return finish_value<float>(v, ep.act, 0, ep.alpha, 0.f);
     } else {
         return v;
     }
@@ -149,11 +149,7 @@ __device__ __forceinline__ float activated(float v, const Epi<T>& ep) {
 // read a vector of them).
 template <bool kEpi = true, typename T>
 __device__ __forceinline__ float finish(float v, const Epi<T>& ep, float rv) {
-    if constexpr (kEpi) {
-        if (ep.res == 1) v += rv;
-        v = activated(v, ep);
-        if (ep.res == 2) v += rv;
-    }
+    if constexpr (kEpi) v = finish_value<float>(v, ep.act, ep.res, ep.alpha, rv);
     return v;
 }
 
@@ -302,7 +298,8 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
             for (int nl = lane; nl < BN; nl += 32) {
                 const int n = n0 + nl;
                 if (n >= g.k) break;
-                y[off + n] = from_acc<T>(finish_at<kEpi>(c_smem[nl * kCPitch + ml] + bias_at(ep, filter0 + n), ep, off + n));
+                const float v = c_smem[nl * kCPitch + ml] + bias_at(ep, filter0 + n);
+                y[off + n] = from_acc<T>(finish_at<kEpi>(v, ep, off + n));
             }
         }
         return;

@@ -90,7 +90,7 @@ __device__ __forceinline__ void tma_store_drain() { asm volatile("cp.async.bulk.
 // The epilogue's activation alone (`activated`): the plans give these kernels no residual (the TMA store clips what
 // lies past the output, a residual's loads would need guards of their own; a residual takes the kernels that store
 // from shared memory, store_tile_nhwc).
-template <typename T, int BF, int BP, int NW, bool kRows = false, bool kOverlap = false, bool kEpi = false>
+template <typename T, int BF, int BP, int NW, bool kRows, bool kOverlap, bool kEpi>
 __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigned stage, const Geometry& g,
                                                    const Epi<T>& ep, const TensorMap& y_map, int m0,
                                                    int n0, int row = 0) {
@@ -135,6 +135,17 @@ __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigne
         else
             tma_store_commit_and_wait();
     }
+}
+
+// tma_store_epilogue with the activation or without (epi_full).
+template <typename T, int BF, int BP, int NW, bool kRows = false, bool kOverlap = false>
+__device__ __forceinline__ void tma_store_epilogue_any(float (&acc)[NW][64], unsigned stage, const Geometry& g,
+                                                       const Epi<T>& ep, const TensorMap& y_map, int m0, int n0,
+                                                       int row = 0) {
+    if (epi_full(ep))
+        tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, true>(acc, stage, g, ep, y_map, m0, n0, row);
+    else
+        tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, false>(acc, stage, g, ep, y_map, m0, n0, row);
 }
 #endif
 }  // namespace igemm
@@ -253,10 +264,7 @@ __device__ __forceinline__ void wgmma_tma_block(const T* __restrict__ x, const T
     // Every slot was full before a consumer read it, so every copy has landed: once the consumers meet (the
     // epilogue's first barrier), the slots are free for the staging.
     if (y_map != nullptr) {  // (implicit_gemm_wgmma_tma_st; never with a block-diagonal weight: no fixup here)
-        if (epi_full(ep))
-            tma_store_epilogue<T, BF, BP, NW, false, false, true>(acc, base, g, ep, *y_map, m0, n0);
-        else
-            tma_store_epilogue<T, BF, BP, NW, false, false, false>(acc, base, g, ep, *y_map, m0, n0);
+        tma_store_epilogue_any<T, BF, BP, NW>(acc, base, g, ep, *y_map, m0, n0);
         return;
     }
     wgmma_epilogue<T, BF, BP, 1, NW, true>(acc, smem + (base - smem_addr(smem)), g, ep, y, m0, n0);
@@ -371,10 +379,7 @@ implicit_gemm_wgmma_tma_pst(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::
         mbarrier_arrive(empty + 8 * ((it - 1) % STAGES));
 #pragma unroll
         for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
-        if (epi_full(ep))
-            tma_store_epilogue<T, BF, BP, NW, false, true, true>(acc, staging, g, ep, y_map, mb * BP, n0);
-        else
-            tma_store_epilogue<T, BF, BP, NW, false, true, false>(acc, staging, g, ep, y_map, mb * BP, n0);
+        tma_store_epilogue_any<T, BF, BP, NW, false, true>(acc, staging, g, ep, y_map, mb * BP, n0);
     }
     if (tid == 0) tma_store_drain();  // (the staging stays allocated until the stores have read it)
 #else
@@ -527,10 +532,7 @@ __device__ __forceinline__ void wgmma_tma_rows_block(const T* __restrict__ x, co
     for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
 
     if (y_map != nullptr) {
-        if (epi_full(ep))
-            tma_store_epilogue<T, BF, BP, NW, true, false, true>(acc, base, g, ep, *y_map, q0, n0, row);
-        else
-            tma_store_epilogue<T, BF, BP, NW, true, false, false>(acc, base, g, ep, *y_map, q0, n0, row);
+        tma_store_epilogue_any<T, BF, BP, NW, true>(acc, base, g, ep, *y_map, q0, n0, row);
         return;
     }
     Geometry row_g = g;  // the epilogue stores this row's pixels only
