@@ -143,8 +143,8 @@ def _backward(ctx, dy):
     x, w = ctx.saved_tensors
     need_x, need_w, need_b, _ = ctx.needs_input_grad
     if _transforms_active() or _forward_ad._current_level >= 0:
-        # a backward under a transform (vmap over it, as jacrev runs it), or
-        # recorded for forward-mode AD (forward-over-reverse): the Functions with vmap rules and jvp
+        # a backward under a transform (vmap over it, as jacrev runs it) or recorded for forward-mode AD
+        # (forward-over-reverse): the Functions with vmap rules and jvp
         grad = _transforms.GradT.apply
         layer = ctx.layer
         return (grad(x, w, dy, layer, "x") if need_x else None, grad(x, w, dy, layer, "w") if need_w else None,
@@ -577,8 +577,8 @@ def _check_epilogue(input, weight, bias, stride, padding, dilation, groups, acti
     if residual is not None and isinstance(input, _Tensor) and isinstance(weight, _Tensor) and \
             input.dim() in (3, 4) and weight.dim() == 4:  # (the residual's size checked before anything runs)
         batched = input.dim() == 4
-        spec = ConvSpec.from_args(_concrete_batch(tuple(input.shape) if batched else (1, *input.shape)),
-                                  tuple(weight.shape), stride, padding, dilation, groups, memo=not _is_compiling())
+        spec = _spec_of(tuple(input.shape) if batched else (1, *input.shape), tuple(weight.shape), stride, padding,
+                        dilation, groups)
         shape = (input.shape[0],) + spec.output_shape[1:] if batched else spec.output_shape[1:]
         if tuple(residual.shape) != tuple(shape):
             raise ValueError(f"conv2d(): expected residual of size {list(shape)}, but got residual of size "
@@ -639,14 +639,15 @@ def _checked_layer(input, weight, bias, stride, padding, dilation, groups, algo,
     return layer
 
 
-def _concrete_batch(x_shape: tuple) -> tuple:
-    """``x_shape`` for the geometry's checks: a symbolic batch (torch.compile with dynamic shapes, torch.export with
-    a dynamic dimension) as 1. No check reads the batch, and making a spec of it (ints) would specialise it to the
-    example's value; the custom ops' fake kernels carry it through symbolically. (Under dynamo a symbolic size
-    passes for an int: while compiling the batch is always replaced.)"""
-    if type(x_shape[0]) is int and not _is_compiling():
-        return x_shape
-    return (1,) + tuple(x_shape[1:])
+def _spec_of(x_shape: tuple, w_shape: tuple, stride, padding, dilation, groups) -> ConvSpec:
+    """``ConvSpec.from_args`` of a call's 4-D shapes and arguments (torch's checks). While compiling or exporting
+    the batch is taken as 1: no check reads it, and a spec (of ints) would specialise a dynamic batch to the
+    example's value (under dynamo a symbolic size passes for an int), while the custom ops' fake kernels carry it
+    through symbolically; and the spec is made without the memo, whose being empty or not dynamo would guard
+    (a second graph)."""
+    if _is_compiling() or type(x_shape[0]) is not int:
+        return ConvSpec.from_args((1,) + tuple(x_shape[1:]), w_shape, stride, padding, dilation, groups, memo=False)
+    return ConvSpec.from_args(x_shape, w_shape, stride, padding, dilation, groups)
 
 
 def _weight_dim_error(input, weight, stride, padding) -> ConvValueError:
@@ -699,10 +700,8 @@ def _checked(input, weight, bias, stride, padding, dilation, groups, algo, setti
     if algo != "auto" and algo not in algorithms():
         raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {algorithms()}")
     unbatched = input.dim() == 3
-    x_shape = _concrete_batch((1,) + tuple(input.shape) if unbatched else tuple(input.shape))
-    # (compiling: not through the memo, whose being empty or not dynamo would guard, compiling the call twice)
-    spec = ConvSpec.from_args(x_shape, tuple(weight.shape), stride, padding, dilation, groups,
-                              memo=not _is_compiling())
+    x_shape = (1,) + tuple(input.shape) if unbatched else tuple(input.shape)
+    spec = _spec_of(x_shape, tuple(weight.shape), stride, padding, dilation, groups)
     precision = torch_precision()
     if (torch.compiler.is_compiling() or _is_tracing() or input.device.type not in ("cuda", "cpu")
             or type(input) is not _Tensor):

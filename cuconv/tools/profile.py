@@ -70,8 +70,9 @@ def profile_layer(geometry: dict, shape: tuple, first: bool, mode: "bench_models
 
 def host_profile(model, x, mode: "bench_models._Mode", calls: int = 20, top: int = 25) -> dict:
     """Eager inference of ``model`` on ``x``: {"forward_ms": wall ms per forward (one synchronisation after all
-    ``calls``), "graph_ms": GPU ms per forward (CUDA-graph replay), "forwards": {cuconv module forward: (runs per forward, host µs per run under cProfile)}, "stats":
-    pstats text of the ``top`` functions by own time and of cuconv's by cumulative time}."""
+    ``calls``), "graph_ms": GPU ms per forward (CUDA-graph replay), "forwards": {cuconv module forward: (runs per
+    forward, host µs per run under cProfile)}, "stats": pstats text of the ``top`` functions by own time and of
+    cuconv's by cumulative time}."""
     import cProfile
     import io
     import pstats
@@ -79,10 +80,7 @@ def host_profile(model, x, mode: "bench_models._Mode", calls: int = 20, top: int
 
     import torch
 
-    def run():
-        with torch.no_grad(), mode.autocast():
-            return model(x)
-
+    run = bench_models._infer_fn(model, x, mode)
     for _ in range(3):
         run()
     torch.cuda.synchronize()
@@ -133,10 +131,9 @@ def _main_host(args, mode) -> int:
 
     for name in args.models.split(","):
         theirs = bench_models._build(name).cuda().eval()
-        x = torch.randn(args.infer_batch, 3, args.image, args.image, device="cuda")
+        x, _ = bench_models._inputs(args.infer_batch, args.image, args.channels_last, 1)
         if args.channels_last:
             theirs = theirs.to(memory_format=torch.channels_last)
-            x = x.contiguous(memory_format=torch.channels_last)
         variants = [("fused", True)] + ([("unfused", False)] if args.unfused else [])
         for label, fuse in variants:
             ours = cuconv.nn.convert(copy.deepcopy(theirs), fuse=fuse).eval()
@@ -144,8 +141,8 @@ def _main_host(args, mode) -> int:
                 cuconv.nn.warmup(ours, torch.empty(x.shape, device="meta"), backward=False)
             row = host_profile(ours, x, mode, top=args.top)
             print(f"\n### {name} cuconv {label} ({args.mode}{', channels_last' if args.channels_last else ''}, "
-                  f"batch {args.infer_batch}): {row['forward_ms']:.2f} ms per forward, GPU {row['graph_ms']:.2f} ms; module forwards (runs per "
-                  f"forward, host µs per run under cProfile): " + ", ".join(
+                  f"batch {args.infer_batch}): {row['forward_ms']:.2f} ms per forward, GPU {row['graph_ms']:.2f} ms; "
+                  f"module forwards (runs per forward, host µs per run under cProfile): " + ", ".join(
                       f"{k} {n:.0f}x {us:.1f}" for k, (n, us) in row["forwards"].items()))
             if fuse:
                 print("epilogues so far (algorithm, where: layers): " + ", ".join(

@@ -34,7 +34,8 @@ NAME_EXPRESSIONS = tuple(epilogue_instances(
        for r, s in _ROWS_KERNELS[t != "double"] for seg in ("false", "true")
        for vb in ((16, 8) if t in ("__half", "__nv_bfloat16") else (16,))]
     + [f"depthwise_fwd_gather<{t},{r},{r}>" for t in _dtypes.ALL_CTYPE_NAMES for r in (3, 5, 7)]
-    + [f"depthwise_fwd_gather2<{t},{r},{r},{sw}>" for t in _dtypes.ALL_CTYPE_NAMES for r in (3, 5, 7) for sw in (1, 2)]))
+    + [f"depthwise_fwd_gather2<{t},{r},{r},{sw}>" for t in _dtypes.ALL_CTYPE_NAMES for r in (3, 5, 7)
+       for sw in (1, 2)]))
 
 
 _TILE_P, _TILE_Q = 32, 64  # kTileP, kTileQ in depthwise/nchw_fwd.cu
