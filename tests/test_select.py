@@ -88,26 +88,29 @@ def test_pointwise_layers_take_a_gemm_except_small_planes_on_wgmma(dtype, precis
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-@pytest.mark.parametrize("epilogue,hw,expected", [
-    (Epilogue(bias=True), 56, "im2col_gemm"),
-    (Epilogue(bias=True, activation="hardswish"), 56, "implicit_gemm"),
-    (Epilogue(bias=True, residual="after"), 28, "implicit_gemm"),
-    (Epilogue(bias=True, activation="relu"), 1, "im2col_gemm"),
-], ids=["bias", "hardswish", "residual", "se_relu"])
-def test_pointwise_forwards_with_an_epilogue_take_the_kernels_that_apply_it(epilogue, hw, expected, layout):
-    """A 1x1 forward with an activation or a residual: implicit_gemm, which applies them where it stores, not
-    im2col_gemm's GEMM followed by a pass over the output; the bias alone stays in cuBLASLt's GEMM, and
-    squeeze-excitation's 1x1 planes stay one short GEMM over the batch."""
+@pytest.mark.parametrize("epilogue,hw,c,nchw", [
+    (Epilogue(bias=True), 56, 24, "im2col_gemm"),
+    (Epilogue(bias=True, activation="hardswish"), 56, 24, "implicit_gemm"),
+    (Epilogue(bias=True, activation="relu"), 28, 512, "im2col_gemm"),
+    (Epilogue(bias=True, residual="after"), 28, 24, "im2col_gemm"),
+    (Epilogue(bias=True, activation="relu", residual="before"), 28, 24, "im2col_gemm"),
+    (Epilogue(bias=True, activation="relu"), 1, 24, "im2col_gemm"),
+], ids=["bias", "hardswish", "relu_wide", "residual", "residual_relu", "se_relu"])
+def test_pointwise_forwards_with_an_epilogue(epilogue, hw, c, nchw, layout):
+    """A 1x1 NCHW forward on few channels with an activation and no residual: implicit_gemm, which applies it where
+    it stores, not im2col_gemm's GEMM per sample and a pass over the output; on more channels, with a residual,
+    on channels-last tensors (one GEMM over every pixel) and on squeeze-excitation's 1x1 planes (one short GEMM
+    over the batch) the GEMM and its pass; the bias alone stays in cuBLASLt's GEMM."""
     from cuconv import _plan
     from cuconv.problem import Problem
 
-    spec = cuconv.ConvSpec.from_args((32, 24, hw, hw), (144, 24, 1, 1))
+    spec = cuconv.ConvSpec.from_args((32, c, hw, hw), (144, c, 1, 1))
     limits = _plan.Limits(227 << 10, True, cuconv.config.workspace_limit)
     for dtype, precision in ((_F16, "ieee"), (_F32, "tf32")):
         problem = Problem.of(spec, dtype, precision, "fprop", layout, epilogue=epilogue)
-        assert select.algorithm(problem, limits) == expected
+        assert select.algorithm(problem, limits) == (nchw if layout == "nchw" else "im2col_gemm")
         plain = Problem.of(spec, dtype, precision, "fprop", layout, epilogue=Epilogue(bias=epilogue.bias))
-        assert select.algorithm(plain, limits) == ("im2col_gemm" if hw != 13 else "implicit_gemm")
+        assert select.algorithm(plain, limits) == "im2col_gemm"
     ffma = Problem.of(spec, _F32, "ieee", "fprop", layout, epilogue=epilogue)  # (FFMA: no tensor-core tiles)
     assert select.algorithm(ffma, limits) != "implicit_gemm"
 

@@ -18,14 +18,26 @@ from ..spec import ConvSpec
 __all__ = ["preference", "preference_nhwc"]
 
 
+# A 1x1 NCHW forward's activation in implicit_gemm's store, or im2col_gemm's GEMM per sample and a pass over the
+# output after it: measured (H200, bf16, batch 64, the 1x1 layers of ResNet-50, MobileNetV3, RegNetY-800MF; GPU
+# time, CUDA-graph replay; docs/perf-notes.md "Fused blocks"), implicit_gemm's fused store is 0.57-1.01x the GEMM
+# and its pass on up to 320 input channels (an expansion layer's output, 4-6x its input, crosses memory once
+# instead of three times) and 1.08-1.78x from 480 (its k loop over the longer reduction is slower than cuBLAS's
+# by more than the pass costs). With a residual implicit_gemm is slower at every width measured but three
+# (0.85-0.94x; elsewhere 1.04-2.2x): its NCHW store reads the residual element by element behind each store.
+# On channels-last tensors im2col_gemm's one GEMM over every pixel and its pass win at nearly every layer
+# (implicit_gemm 0.73-2.3x its time, 1.3x at the median), so its 1x1 forwards stay the GEMM.
+_EPILOGUE_IN_KERNELS_MAX_CHANNELS = 400
+
+
 def _epilogue_in_kernels(spec: ConvSpec, pass_: str, epilogue) -> bool:
-    """A forward with an activation or a residual on a 1x1 stride-1 unpadded layer but squeeze-excitation's (on 1x1
-    planes the whole batch is one short GEMM, 2-3x faster than implicit_gemm's tiles, and its pass after is one
-    small launch): implicit_gemm applies the epilogue where it stores, while im2col_gemm's GEMM per sample would
-    be followed by a pass over the output (and, on NCHW planes, by a bias filled in first for the GEMM to add to):
-    an expansion layer's output, 4-6x its input, crosses memory five times instead of once."""
-    return (pass_ == "fprop" and epilogue is not None and (epilogue.activation is not None
-                                                          or epilogue.residual is not None)
+    """An NCHW forward on a 1x1 stride-1 unpadded layer of up to ``_EPILOGUE_IN_KERNELS_MAX_CHANNELS`` input
+    channels whose epilogue has an activation and no residual, but squeeze-excitation's (on 1x1 planes the whole
+    batch is one short GEMM, 2-3x faster than implicit_gemm's tiles, and its pass after is one small launch):
+    implicit_gemm applies the activation where it stores, where im2col_gemm's GEMM per sample would be followed
+    by a pass over the output."""
+    return (pass_ == "fprop" and epilogue is not None and epilogue.activation is not None
+            and epilogue.residual is None and spec.c <= _EPILOGUE_IN_KERNELS_MAX_CHANNELS
             and spec.is_pointwise_identity and not im2col_gemm.pixel_folded(spec))
 
 
@@ -38,15 +50,15 @@ def preference_nhwc(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bo
     (``_columns_wgrad_nhwc``), then the NCHW order (``preference``) among the families that serve
     NHWC. Before that column matrix, on compute capability 9.0, the wgrad of overlapping k x k windows where
     ``implicit_gemm``'s TMA wgrad serves it (``_wgrad_by_tma``), and grouped forwards of 16, 32 or 64 channels a
-    group through a block-diagonal weight (``implicit_gemm.block_diagonal_tile``). A forward whose ``epilogue`` (a
-    ``cuconv.problem.Epilogue``; None: the bias at most) implicit_gemm would apply in its kernels on a 1x1 layer
-    (``_epilogue_in_kernels``) leaves that GEMM for the NCHW order."""
+    group through a block-diagonal weight (``implicit_gemm.block_diagonal_tile``). A 1x1 forward's activation or
+    residual (``epilogue``, a ``cuconv.problem.Epilogue``; None: the bias at most) runs in a pass after its GEMM
+    (``_EPILOGUE_IN_KERNELS_MAX_CHANNELS``)."""
     if pass_ == "wgrad" and wgmma and _wgrad_by_tma(spec, dtype):
         yield "implicit_gemm"
     if pass_ == "fprop" and wgmma and implicit_gemm.block_diagonal_tile(spec, dtype) is not None:
         yield "implicit_gemm"  # (groups of 16-64 channels through a block-diagonal weight, before grouped_mma)
-    if ((im2col_gemm.pointwise_nhwc(spec) and not _epilogue_in_kernels(spec, pass_, epilogue))
-            or im2col_gemm.strided_pointwise_nhwc(spec) or pass_ == "wgrad" and _columns_wgrad_nhwc(spec, dtype)):
+    if (im2col_gemm.pointwise_nhwc(spec) or im2col_gemm.strided_pointwise_nhwc(spec)
+            or pass_ == "wgrad" and _columns_wgrad_nhwc(spec, dtype)):
         yield "im2col_gemm"
     yield from preference(spec, dtype, precision, pass_, wgmma, epilogue)
 
@@ -243,8 +255,8 @@ def preference(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool = 
       (``im2col_gemm.batch_foldable``), where implicit_gemm's NchwTile reads them as they are, a dgrad on
       small planes with many channels and filters (``_pointwise_dgrad_by_implicit``), or a TF32 forward on
       14x14 to 27x27 planes with a large weight or on smaller planes narrowing the channels 5x or more
-      (``_pointwise_by_implicit_tf32``), or a forward whose ``epilogue`` has an activation or a residual
-      (``_epilogue_in_kernels``): ``implicit_gemm``, which never writes the column matrix;
+      (``_pointwise_by_implicit_tf32``), or a forward on few channels whose ``epilogue`` has an activation
+      and no residual (``_epilogue_in_kernels``): ``implicit_gemm``, which never writes the column matrix;
     - tensor-core arithmetic, wgrad (grouped ones too: all groups in one launch), except 1x1 stride-1 unpadded
       layers on large planes (in TF32 but large weights on planes below 28x28), on 1x1 planes, or folded over the
       batch, and strided 1x1 ones on large input planes (``_pointwise_wgrad_by_gemm``):
