@@ -26,11 +26,13 @@ def _sums(fwd_gpu, fb_gpu):
 
 def _results(date="2026-12-01", device="NVIDIA H200"):
     e2e = dict(torch_infer_ms=10.0, cuconv_infer_ms=8.0, torch_train_ms=30.0, cuconv_train_ms=40.0)
+    fused = dict(e2e, torch_eager_infer_ms=10.0, torch_folded_eager_infer_ms=9.0, cuconv_fused_eager_infer_ms=5.0,
+                 torch_graph_infer_ms=6.0, cuconv_fused_graph_infer_ms=4.0)  # (--fuse)
     return dict(
         meta=dict(device=device, torch="2.11.0+cu130", cudnn=91900, date=date, batch=32, infer_batch=64,
                   image=224, memory_format="channels_last", modes=["bf16"], commit="abc1234"),
         models=dict(
-            resnet50=dict(modes=dict(bf16=dict(e2e=e2e, sums=_sums(1.10, 1.05)))),
+            resnet50=dict(modes=dict(bf16=dict(e2e=fused, sums=_sums(1.10, 1.05)))),
             # layers only (--no-e2e), and a mode the meta does not list
             regnet_y_800mf=dict(modes=dict(bf16=dict(sums=_sums(1.02, 0.95)), tf32=dict(e2e=e2e))),
             # a failed mode keeps its row
@@ -59,12 +61,14 @@ def test_table_and_plot_written_idempotently(tmp_path):
     assert first.startswith("# title\n\nintro\n\n" + report.BEGIN + "\n")
     assert first.endswith(report.END + "\n\n## after\n")
     assert first.count(report.BEGIN) == 1 and first.count(report.END) == 1
-    assert ("**NVIDIA H200, 2026-12-01**, torch 2.11.0+cu130, cuDNN 9.19.0, commit abc1234; channels-last, batch 32 "
+    assert ("**NVIDIA H200, 2026-12-01**, torch 2.11.0+cu130, cuDNN 9.19.0; channels-last, batch 32 "
             "(64 for inference), 224×224; tf32: TF32, bf16: `torch.autocast` (both sides alike)") in first
     assert "](benchmarks/results/models-h200-2026-12-01.png)" in first  # relative to the README
-    assert "| resnet50 | bf16 | 1.25 | 0.75 | 1.10 | 1.05 | 0.90 | 0.80 | 45 / 40 | 350 / 300 |" in first
-    assert "| regnet_y_800mf | bf16 | – | – | 1.02 | 0.95 | 0.90 | 0.80 | 45 / 40 | 350 / 300 |" in first
-    assert "| regnet_y_800mf | tf32 | 1.25 | 0.75 | – | – | – | – | – | – |" in first
+    assert "abc1234" not in first  # (the commit stays in the results file)
+    assert ("| resnet50 | bf16 | 1.25 | 2.00 | 1.80 | 1.50 | 0.75 | 1.10 | 1.05 | 0.90 | 0.80 | 45 / 40 | 350 / 300 |"
+            in first)
+    assert "| regnet_y_800mf | bf16 | – | – | – | – | – | 1.02 | 0.95 | 0.90 | 0.80 | 45 / 40 | 350 / 300 |" in first
+    assert "| regnet_y_800mf | tf32 | 1.25 | – | – | – | 0.75 | – | – | – | – | – | – |" in first
     assert "| convnext_tiny | bf16 | failed (see the results file) | – |" in first
 
     assert report.main([str(results), "--readme", str(readme)]) == 0
@@ -97,12 +101,10 @@ def test_missing_markers_is_an_error(tmp_path):
     assert readme.read_text() == "# no markers\n"
 
 
-def test_commits_per_model_and_cudnn_8():
-    meta = dict(device="X", date="d", cudnn=8907, commits=dict(a="1111111", b="1111111"))
-    assert "cuDNN 8.9.7, commit 1111111; NCHW (both sides alike)." in report.caption(dict(meta=meta, models={}))
-    meta["commits"]["b"] = "2222222"
-    assert "commit a 1111111, b 2222222;" in report.caption(dict(meta=meta, models={}))
-    assert "commit not recorded" in report.caption(dict(meta={}, models={}))
+def test_cudnn_8_and_no_commit_in_the_caption():
+    meta = dict(device="X", date="d", cudnn=8907, commits=dict(a="1111111", b="2222222"))
+    text = report.caption(dict(meta=meta, models={}))
+    assert "cuDNN 8.9.7; NCHW (both sides alike)." in text and "1111111" not in text
 
 
 def test_readme_table_is_generated_from_the_latest_results():

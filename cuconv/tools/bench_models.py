@@ -98,6 +98,17 @@ def _events_ms(fn, reps: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
+def _alternating_ms(fns: dict, rounds: int = 3, reps: int = 5) -> dict:
+    """{name: median milliseconds of one call} of each of ``fns`` (name: function), timed as ``_events_ms`` in
+    ``rounds`` rounds of ``reps`` calls, every side in each, the order flipped each round: a drift of the clocks, or
+    of the host's other load, falls on every side alike."""
+    times = {k: [] for k in fns}
+    for rnd in range(rounds):
+        for k in (list(fns) if rnd % 2 == 0 else reversed(list(fns))):
+            times[k].append(_events_ms(fns[k], reps=reps, warmup=2 if rnd == 0 else 1))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def _graph_ms(fns, reps: int, calls: int = 5) -> list:
     """Median milliseconds per call of each of ``fns`` (the two sides) with host time taken out: ``calls`` calls
     of each captured in a CUDA graph (after a warm-up on a side stream, as torch's notes on graphs show), the
@@ -394,18 +405,20 @@ def _train_fn(model, x, labels, mode: _Mode):
 
 
 def measure_e2e(pair, args, mode: _Mode) -> dict:
-    """Eager inference and training steps of both models in one mode (and compiled, with --compile)."""
+    """Eager inference and training steps of both models in one mode, the two sides in alternating rounds (and
+    compiled, with --compile)."""
     import torch
 
     theirs, ours = pair
     row = {}
     x_inf, _ = _inputs(args.infer_batch, args.image, args.channels_last, 1)
     x_tr, labels = _inputs(args.batch, args.image, args.channels_last, 2)
-    for side, model in (("torch", theirs), ("cuconv", ours)):
-        model.eval()
-        row[f"{side}_infer_ms"] = _events_ms(_infer_fn(model, x_inf, mode), reps=10, warmup=3)
-        model.train()
-        row[f"{side}_train_ms"] = _events_ms(_train_fn(model, x_tr, labels, mode), reps=10, warmup=3)
+    sides = (("torch", theirs), ("cuconv", ours))
+    for kind, fn_of, train in (("infer", lambda m: _infer_fn(m, x_inf, mode), False),
+                               ("train", lambda m: _train_fn(m, x_tr, labels, mode), True)):
+        for _, model in sides:
+            model.train(train)
+        row.update(_alternating_ms({f"{side}_{kind}_ms": fn_of(model) for side, model in sides}))
     if args.compile:
         for how in ("default", "reduce-overhead"):
             for side, model in (("torch", theirs), ("cuconv", ours)):
@@ -455,11 +468,7 @@ def measure_fused(pair, args, mode: _Mode, x) -> dict:
     for model in sides.values():
         model.eval()
     fns = {k: _infer_fn(m, x, mode) for k, m in sides.items()}
-    row = {}
-    for rnd in range(3):  # (alternating rounds: a drift of the clocks falls on every side alike)
-        for k in (fns if rnd % 2 == 0 else reversed(list(fns))):
-            row.setdefault(k, []).append(_events_ms(fns[k], reps=5, warmup=2 if rnd == 0 else 1))
-    out = {f"{k}_eager_infer_ms": statistics.median(v) for k, v in row.items()}
+    out = {f"{k}_eager_infer_ms": ms for k, ms in zip(fns, _alternating_ms(fns).values())}
     graph = _graph_ms(list(fns.values()), reps=10, calls=2)
     out.update({f"{k}_graph_infer_ms": ms for k, ms in zip(fns, graph)})
     if args.compile:

@@ -2,9 +2,9 @@
 benchmark table and plot, generated from a model-benchmark results file.
 
 The results file is what ``python -m cuconv bench --models ... --json PATH`` writes (``bench_models.run``):
-``meta`` (device, date, torch and cuDNN versions, memory format, modes; ``commit`` or ``commits`` where the
-run recorded them) and, per model and mode, ``e2e`` (end-to-end eager times) and ``sums`` (the per-layer times
-summed by occurrence). Without RESULTS.json the latest file in ``benchmarks/results/`` is taken (by its
+``meta`` (device, date, torch and cuDNN versions, memory format, modes; the commit, kept there and not in the
+README) and, per model and mode, ``e2e`` (end-to-end times, eager, and with ``--fuse`` fused and as CUDA-graph
+replays) and ``sums`` (the per-layer times summed by occurrence). Without RESULTS.json the latest file in ``benchmarks/results/`` is taken (by its
 ``meta.date``, then its name). Every figure is optional: a run of one mode, without end-to-end times or without
 layers, or one whose mode failed, gives a table of what it holds ("–" elsewhere).
 
@@ -30,11 +30,15 @@ END = "<!-- /benchmark-table -->"
 RESULTS_DIR = pathlib.Path("benchmarks") / "results"
 
 # (heading, how a row's cell is computed): a ratio is torch time / cuconv time (above 1: cuconv faster)
-HEADINGS = ("model", "mode", "inference", "training step", "layers, GPU alone: fwd", "fwd+bwd",
-            "layers, eager: fwd", "fwd+bwd", "host µs, cuconv / torch: fwd", "fwd+bwd")
-_RATIOS = (("e2e", "infer_ms"), ("e2e", "train_ms"), ("sums", "fwd_gpu_ms"), ("sums", "fb_gpu_ms"),
-           ("sums", "fwd_ms"), ("sums", "fb_ms"))
-_HOST = ("fwd_host_us", "fb_host_us")
+HEADINGS = ("model", "mode", "inference", "fused inference: vs torch", "vs torch folded", "CUDA graph",
+            "training step", "layers, GPU alone: fwd", "fwd+bwd", "layers, eager: fwd", "fwd+bwd",
+            "host µs, cuconv / torch: fwd", "fwd+bwd")
+# each cell after model and mode: ("ratio", section, key) of torch_<key> / cuconv_<key>; ("fused", torch's key)
+# of that e2e time over cuconv fused's of its kind (eager or graph); ("host", key) the medians side by side
+_CELLS = (("ratio", "e2e", "infer_ms"), ("fused", "torch_eager_infer_ms"), ("fused", "torch_folded_eager_infer_ms"),
+          ("fused", "torch_graph_infer_ms"), ("ratio", "e2e", "train_ms"), ("ratio", "sums", "fwd_gpu_ms"),
+          ("ratio", "sums", "fb_gpu_ms"), ("ratio", "sums", "fwd_ms"), ("ratio", "sums", "fb_ms"),
+          ("host", "fwd_host_us"), ("host", "fb_host_us"))
 _PANELS = ((("sums", "fwd_gpu_ms"), "layers, GPU time alone: forward"),
            (("sums", "fb_gpu_ms"), "layers, GPU time alone: forward+backward"))
 _PANELS_E2E = ((("e2e", "infer_ms"), "eager inference"), (("e2e", "train_ms"), "eager training step"))
@@ -80,12 +84,31 @@ def _ratio(result: dict, section: str, key: str):
     return theirs / ours
 
 
+def _fused(result: dict, key: str):
+    """torch's e2e time ``key`` over cuconv fused's eager or graph inference time, whichever ``key`` is, or None."""
+    e2e = result.get("e2e") or {}
+    theirs = e2e.get(key)
+    ours = e2e.get("cuconv_fused_graph_infer_ms" if "_graph_" in key else "cuconv_fused_eager_infer_ms")
+    if not isinstance(theirs, (int, float)) or not isinstance(ours, (int, float)) or ours <= 0:
+        return None
+    return theirs / ours
+
+
 def _host(result: dict, key: str):
     sums = result.get("sums") or {}
     ours, theirs = sums.get(f"cuconv_median_{key}"), sums.get(f"torch_median_{key}")
     if not isinstance(ours, (int, float)) or not isinstance(theirs, (int, float)):
         return None
     return ours, theirs
+
+
+def _cell(result: dict, how: tuple) -> str:
+    kind, *args = how
+    if kind == "host":
+        pair = _host(result, *args)
+        return DASH if pair is None else f"{pair[0]:.0f} / {pair[1]:.0f}"
+    value = _ratio(result, *args) if kind == "ratio" else _fused(result, *args)
+    return DASH if value is None else f"{value:.2f}"
 
 
 def _modes(report: dict) -> list:
@@ -108,18 +131,10 @@ def table_rows(report: dict) -> list:
             result = results.get(mode)
             if result is None:
                 continue
-            cells = [DASH] * (len(HEADINGS) - 2)
             if "error" in result:
-                cells[0] = "failed (see the results file)"
+                cells = ["failed (see the results file)"] + [DASH] * (len(_CELLS) - 1)
             else:
-                for i, (section, key) in enumerate(_RATIOS):
-                    value = _ratio(result, section, key)
-                    if value is not None:
-                        cells[i] = f"{value:.2f}"
-                for i, key in enumerate(_HOST, start=len(_RATIOS)):
-                    pair = _host(result, key)
-                    if pair is not None:
-                        cells[i] = f"{pair[0]:.0f} / {pair[1]:.0f}"
+                cells = [_cell(result, how) for how in _CELLS]
             rows.append((name, mode, cells))
     return rows
 
@@ -132,18 +147,6 @@ def _cudnn(version) -> str:
     return f"{version // base}.{version % base // 100}.{version % 100}"
 
 
-def _commit(meta: dict):
-    if meta.get("commit"):
-        return str(meta["commit"])
-    commits = meta.get("commits")
-    if isinstance(commits, dict) and commits:
-        distinct = list(dict.fromkeys(str(c) for c in commits.values()))
-        if len(distinct) == 1:
-            return distinct[0]
-        return ", ".join(f"{model} {c}" for model, c in commits.items())
-    return None
-
-
 def caption(report: dict, source: str = "") -> str:
     """One paragraph: what was run where, taken from ``meta``, and how to read the table."""
     meta = report["meta"]
@@ -153,8 +156,6 @@ def caption(report: dict, source: str = "") -> str:
         versions.append(f"torch {meta['torch']}")
     if meta.get("cudnn"):
         versions.append(f"cuDNN {_cudnn(meta['cudnn'])}")
-    commit = _commit(meta)
-    versions.append(f"commit {commit}" if commit else "commit not recorded")
     run = [{"nchw": "NCHW", "channels_last": "channels-last"}.get(meta.get("memory_format"), "NCHW")]
     if meta.get("batch"):
         run.append(f"batch {meta['batch']}" + (f" ({meta['infer_batch']} for inference)"
@@ -167,8 +168,10 @@ def caption(report: dict, source: str = "") -> str:
         modes.append(f"{' and '.join(halves)}: `torch.autocast`")
     setting = "; ".join(filter(None, [", ".join(run), ", ".join(modes)]))
     text = (f"**{where}**, {', '.join(versions)}; {setting} (both sides alike). Ratio = torch time / cuconv time "
-            "(above 1: cuconv faster): eager end to end, and per distinct layer summed by occurrence, GPU time "
-            "alone (CUDA-graph replay) and eager; host: median µs per call over the layers.")
+            "(above 1: cuconv faster): eager end to end; fused inference (`convert(model, fuse=True)`) against torch "
+            "eager, torch with its BatchNorms folded into its convolutions, and as one CUDA-graph replay against "
+            "torch's; per distinct layer summed by occurrence, GPU time alone (CUDA-graph replay) and eager; host: "
+            "median µs per call over the layers.")
     if source:
         text += f" From `{source}`."
     return text
