@@ -20,13 +20,13 @@ __all__ = ["preference", "preference_nhwc"]
 
 # A 1x1 NCHW forward's activation in implicit_gemm's store, or im2col_gemm's GEMM per sample and a pass over the
 # output after it: measured (H200, bf16, batch 64, the 1x1 layers of ResNet-50, MobileNetV3, RegNetY-800MF; GPU
-# time, CUDA-graph replay; docs/perf-notes.md "Fused blocks"), implicit_gemm's fused store is 0.57-1.01x the GEMM
-# and its pass on up to 320 input channels (an expansion layer's output, 4-6x its input, crosses memory once
-# instead of three times) and 1.08-1.78x from 480 (its k loop over the longer reduction is slower than cuBLAS's
-# by more than the pass costs). With a residual implicit_gemm is slower at every width measured but three
-# (0.85-0.94x; elsewhere 1.04-2.2x): its NCHW store reads the residual element by element behind each store.
-# On channels-last tensors im2col_gemm's one GEMM over every pixel and its pass win at nearly every layer
-# (implicit_gemm 0.73-2.3x its time, 1.3x at the median), so its 1x1 forwards stay the GEMM.
+# time, CUDA-graph replay; docs/perf-notes.md "Fused blocks"), implicit_gemm's fused store takes 0.57-1.01x the
+# time of the GEMM and its pass on up to 320 input channels (0.78x at the median: an expansion layer's output,
+# 4-6x its input, crosses memory once instead of three times) and 0.94-1.78x from 480 (1.17x at the median: its
+# k loop over the longer reduction is slower than cuBLAS's by more than the pass costs). With a residual it is
+# slower at every width measured but three (0.85-0.94x; elsewhere 1.04-2.2x): its NCHW store reads the residual
+# element by element behind each store. On channels-last tensors im2col_gemm's one GEMM over every pixel and
+# its pass win at most layers (implicit_gemm 0.73-2.3x their time, 1.3x at the median), so those stay the GEMM.
 _EPILOGUE_IN_KERNELS_MAX_CHANNELS = 400
 
 
