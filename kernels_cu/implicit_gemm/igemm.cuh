@@ -133,17 +133,6 @@ __device__ __forceinline__ bool epi_full(const Epi<T>& ep) {
     return ep.act != 0 || ep.res != 0;
 }
 
-// v through the epilogue's activation alone (the TMA-store kernels, which the plans give no residual); v itself
-// in the instances without the epilogue (kEpi false).
-template <bool kEpi = true, typename T>
-__device__ __forceinline__ float activated(float v, const Epi<T>& ep) {
-    if constexpr (kEpi) {
-        return finish_value<float>(v, ep.act, 0, ep.alpha, 0.f);
-    } else {
-        return v;
-    }
-}
-
 // v (the sum plus its bias) through the residual and the activation; off: the element's offset in the output
 // (and in r). The residual is read where its value is needed (rv: a value already loaded, where the caller
 // read a vector of them).
@@ -232,6 +221,20 @@ struct TileLoader {
     }
 };
 
+// Four consecutive elements at p (4-element aligned) in one vector load, as fp32.
+template <typename T>
+__device__ __forceinline__ void load4_acc(const T* p, float (&out)[4]) {
+    if constexpr (sizeof(T) == 4) {
+        const float4 f = *reinterpret_cast<const float4*>(p);
+        out[0] = f.x, out[1] = f.y, out[2] = f.z, out[3] = f.w;
+    } else {
+        const uint2 u = *reinterpret_cast<const uint2*>(p);
+        const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) out[i] = to_acc(e[i]);
+    }
+}
+
 // The epilogue's second half, shared by all GEMM kernels: the block's fp32 tile, staged in shared memory as
 // c_smem[filter][pixel] (pitch BM + 4), goes to NCHW rows (or, where filters are adjacent, out_k == 1, to
 // channels-last pixels, lanes along the filters) with bias added before the one rounding. A warp
@@ -253,34 +256,56 @@ __device__ __forceinline__ void store_tile_nchw(const float* c_smem, const Geome
         const int img = m0 / pq, rem = m0 - img * pq;
         if (rem + BM <= pq && m0 + BM <= g.m && rem % 4 == 0 && pq % 4 == 0 && g.out_img % 4 == 0 && g.out_k % 4 == 0 &&
             g.out_col == 1 && g.out_row == g.q &&
-            reinterpret_cast<unsigned long long>(y) % (4 * sizeof(T)) == 0) {
+            reinterpret_cast<unsigned long long>(y) % (4 * sizeof(T)) == 0 &&
+            (!kEpi || ep.res == 0 || reinterpret_cast<unsigned long long>(ep.r) % (4 * sizeof(T)) == 0)) {
             const long long base = img * g.out_img + rem + 4 * lane;
             T* yl = y + base;
-            for (int nl = warp; nl < BN; nl += WARPS) {
-                const int n = n0 + nl;
-                if (n >= g.k) break;
-                const float b = bias_at(ep, filter0 + n);
-                const long long off = base + (filter0 + n) * g.out_k;
-                T* dst = yl + (filter0 + n) * g.out_k;
+            constexpr int kJ = BM / 128;
+            // A warp's filter rows kAhead at a time, their residual (where there is one) loaded before any of their
+            // stores: the stores are asm volatile with a memory clobber, so a residual read between them would
+            // wait a global load's latency once per filter row.
+            constexpr int kAhead = 4;
+            for (int nl0 = warp; nl0 < BN; nl0 += WARPS * kAhead) {
+                float rv[kAhead][kJ][4] = {};
+                if constexpr (kEpi) {
+                    if (ep.res != 0) {
 #pragma unroll
-                for (int j = 0; j < BM / 128; ++j) {
-                    float4 v = *reinterpret_cast<const float4*>(&c_smem[nl * kCPitch + 128 * j + 4 * lane]);
-                    v.x = finish_at<kEpi>(v.x + b, ep, off + 128 * j);
-                    v.y = finish_at<kEpi>(v.y + b, ep, off + 128 * j + 1);
-                    v.z = finish_at<kEpi>(v.z + b, ep, off + 128 * j + 2);
-                    v.w = finish_at<kEpi>(v.w + b, ep, off + 128 * j + 3);
-                    // (in PTX: the C++ float4 store came out of NVRTC as four 4-byte stores)
-                    if constexpr (sizeof(T) == 4) {
-                        asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + 128 * j),
-                                     "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
-                    } else {
-                        unsigned lo, hi;
-                        put_bits(lo, 0, from_acc<T>(v.x));
-                        put_bits(lo, 1, from_acc<T>(v.y));
-                        put_bits(hi, 0, from_acc<T>(v.z));
-                        put_bits(hi, 1, from_acc<T>(v.w));
-                        asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(dst + 128 * j), "r"(lo), "r"(hi)
-                                     : "memory");
+                        for (int u = 0; u < kAhead; ++u) {
+                            const int nl = nl0 + u * WARPS, n = n0 + nl;
+                            if (nl < BN && n < g.k) {
+#pragma unroll
+                                for (int j = 0; j < kJ; ++j)
+                                    load4_acc(ep.r + base + (filter0 + n) * g.out_k + 128 * j, rv[u][j]);
+                            }
+                        }
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < kAhead; ++u) {
+                    const int nl = nl0 + u * WARPS, n = n0 + nl;
+                    if (nl >= BN || n >= g.k) break;
+                    const float b = bias_at(ep, filter0 + n);
+                    T* dst = yl + (filter0 + n) * g.out_k;
+#pragma unroll
+                    for (int j = 0; j < kJ; ++j) {
+                        float4 v = *reinterpret_cast<const float4*>(&c_smem[nl * kCPitch + 128 * j + 4 * lane]);
+                        v.x = finish<kEpi>(v.x + b, ep, rv[u][j][0]);
+                        v.y = finish<kEpi>(v.y + b, ep, rv[u][j][1]);
+                        v.z = finish<kEpi>(v.z + b, ep, rv[u][j][2]);
+                        v.w = finish<kEpi>(v.w + b, ep, rv[u][j][3]);
+                        // (in PTX: the C++ float4 store came out of NVRTC as four 4-byte stores)
+                        if constexpr (sizeof(T) == 4) {
+                            asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + 128 * j),
+                                         "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+                        } else {
+                            unsigned lo, hi;
+                            put_bits(lo, 0, from_acc<T>(v.x));
+                            put_bits(lo, 1, from_acc<T>(v.y));
+                            put_bits(hi, 0, from_acc<T>(v.z));
+                            put_bits(hi, 1, from_acc<T>(v.w));
+                            asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(dst + 128 * j), "r"(lo), "r"(hi)
+                                         : "memory");
+                        }
                     }
                 }
             }

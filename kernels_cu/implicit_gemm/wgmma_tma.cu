@@ -87,10 +87,19 @@ __device__ __forceinline__ void tma_store_drain() { asm volatile("cp.async.bulk.
 // kOverlap (implicit_gemm_wgmma_tma_pst, a staging of its own): the stores of the block's previous tile may still
 // be reading it: the storing thread waits for them before the consumers meet, and returns as soon as this tile's
 // are issued (the block's last ones: tma_store_drain before it exits).
-// The epilogue's activation alone (`activated`): the plans give these kernels no residual (the TMA store clips what
-// lies past the output, a residual's loads would need guards of their own; a residual takes the kernels that store
-// from shared memory, store_tile_nhwc).
-template <typename T, int BF, int BP, int NW, bool kRows, bool kOverlap, bool kEpi>
+// The epilogue's activation alone, kAct (0: none; cuconv::activate's codes; -1: ep.act's, chosen per element): the
+// plans give these kernels no residual (the TMA store clips what lies past the output, a residual's loads would
+// need guards of their own; a residual takes the kernels that store from shared memory, store_tile_nhwc).
+template <int kAct, typename T>
+__device__ __forceinline__ float act_of(float v, const Epi<T>& ep) {
+    if constexpr (kAct < 0) {
+        return activate<float>(ep.act, v, ep.alpha);
+    } else {
+        return activate<kAct, float>(v, ep.alpha);
+    }
+}
+
+template <typename T, int BF, int BP, int NW, bool kRows, bool kOverlap, int kAct>
 __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigned stage, const Geometry& g,
                                                    const Epi<T>& ep, const TensorMap& y_map, int m0,
                                                    int n0, int row = 0) {
@@ -113,7 +122,7 @@ __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigne
             for (int k = 0; k < 4; ++k) {
                 const int i = 4 * (j + k / 2) + 2 * (k % 2);
                 const float b = k % 2 ? b1 : b0;
-                v[k] = pair_word<T>(activated<kEpi>(acc[n][i] + b, ep), activated<kEpi>(acc[n][i + 1] + b, ep));
+                v[k] = pair_word<T>(act_of<kAct>(acc[n][i] + b, ep), act_of<kAct>(acc[n][i + 1] + b, ep));
             }
             const int pixel = n * 128 + 8 * (j + q / 2) + r;
             const unsigned addr = box + pixel * 128 + ((chunk ^ (pixel % 8)) << 4);
@@ -137,15 +146,26 @@ __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigne
     }
 }
 
-// tma_store_epilogue with the activation or without (epi_full).
+// tma_store_epilogue with the launch's activation, its store loop compiled with that activation's code alone where
+// it is cheap (GELU's two, whose erf and tanh cost the persistent kernel spilled registers, choose per element): the
+// code of every activation chosen at each of the 64·NW elements of one unrolled loop made the loop 14x longer, and
+// a 1x1 channels-last layer with a ReLU twice as slow as with a residual and the shared-memory store
+// (docs/perf-notes.md, "Fused blocks").
 template <typename T, int BF, int BP, int NW, bool kRows = false, bool kOverlap = false>
 __device__ __forceinline__ void tma_store_epilogue_any(float (&acc)[NW][64], unsigned stage, const Geometry& g,
                                                        const Epi<T>& ep, const TensorMap& y_map, int m0, int n0,
                                                        int row = 0) {
-    if (epi_full(ep))
-        tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, true>(acc, stage, g, ep, y_map, m0, n0, row);
-    else
-        tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, false>(acc, stage, g, ep, y_map, m0, n0, row);
+    switch (ep.act) {
+        case 0: tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, 0>(acc, stage, g, ep, y_map, m0, n0, row); break;
+        case 1: tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, 1>(acc, stage, g, ep, y_map, m0, n0, row); break;
+        case 2: tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, 2>(acc, stage, g, ep, y_map, m0, n0, row); break;
+        case 3: tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, 3>(acc, stage, g, ep, y_map, m0, n0, row); break;
+        case 4: tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, 4>(acc, stage, g, ep, y_map, m0, n0, row); break;
+        case 7: tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, 7>(acc, stage, g, ep, y_map, m0, n0, row); break;
+        case 8: tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, 8>(acc, stage, g, ep, y_map, m0, n0, row); break;
+        case 9: tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, 9>(acc, stage, g, ep, y_map, m0, n0, row); break;
+        default: tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, -1>(acc, stage, g, ep, y_map, m0, n0, row);
+    }
 }
 #endif
 }  // namespace igemm
