@@ -92,6 +92,16 @@ def test_latest_results_by_date_through_the_command(tmp_path):
     assert "![" not in text  # --no-plot: no image
 
 
+def test_columns_no_model_has_are_left_out():
+    results = _results()
+    results["models"] = {"resnet50": results["models"]["resnet50"]}
+    del results["models"]["resnet50"]["modes"]["bf16"]["sums"]  # (--no-layers)
+    block = report.readme_block(results)
+    assert "| model | mode | inference | fused inference: vs torch | vs torch folded | CUDA graph | training step |" \
+        in block
+    assert "| resnet50 | bf16 | 1.25 | 2.00 | 1.80 | 1.50 | 0.75 |" in block and "host µs" not in block
+
+
 def test_missing_markers_is_an_error(tmp_path):
     results = tmp_path / "r.json"
     results.write_text(json.dumps(_results()))

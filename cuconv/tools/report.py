@@ -182,10 +182,13 @@ def caption(report: dict, source: str = "") -> str:
 # --------------------------------------------------------------------------------------------------------
 def readme_block(report: dict, source: str = "", plot: str = "") -> str:
     """The markdown between the markers: caption, table and (where ``plot`` is a path) the plot."""
-    lines = [caption(report, source), "", "| " + " | ".join(HEADINGS) + " |",
-             "|" + "---|" * len(HEADINGS)]
-    for name, mode, cells in table_rows(report):
-        lines.append("| " + " | ".join([name, mode, *cells]) + " |")
+    rows = table_rows(report)
+    # (a column the run did not measure for any model, --no-layers' or a run without --fuse, is left out)
+    keep = [i for i in range(len(HEADINGS) - 2) if not rows or any(cells[i] != DASH for _, _, cells in rows)]
+    headings = list(HEADINGS[:2]) + [HEADINGS[2 + i] for i in keep]
+    lines = [caption(report, source), "", "| " + " | ".join(headings) + " |", "|" + "---|" * len(headings)]
+    for name, mode, cells in rows:
+        lines.append("| " + " | ".join([name, mode, *(cells[i] for i in keep)]) + " |")
     if plot:
         lines += ["", f"![torch time / cuconv time per model and mode]({plot})"]
     return "\n".join(lines)
