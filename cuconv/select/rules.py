@@ -24,9 +24,11 @@ __all__ = ["preference", "preference_nhwc"]
 # time of the GEMM and its pass on up to 320 input channels (0.78x at the median: an expansion layer's output,
 # 4-6x its input, crosses memory once instead of three times) and 0.94-1.78x from 480 (1.17x at the median: its
 # k loop over the longer reduction is slower than cuBLAS's by more than the pass costs). With a residual it is
-# slower at every width measured but three (0.85-0.94x; elsewhere 1.04-2.2x): its NCHW store reads the residual
-# element by element behind each store. On channels-last tensors im2col_gemm's one GEMM over every pixel and
-# its pass win at most layers (implicit_gemm 0.73-2.3x their time, 1.3x at the median), so those stay the GEMM.
+# slower at every width measured but three (0.85-0.94x; elsewhere 1.04-2.2x): with a residual its NCHW store
+# takes the layer 1.2-3.1x (1.9x at the median) its time without an epilogue. On channels-last tensors im2col_gemm's one GEMM over every pixel and
+# its pass won at most layers (implicit_gemm 0.73-2.3x their time, 1.3x at the median), so those stay the GEMM;
+# measured so before the TMA store compiled its loop per activation, after which implicit_gemm with a ReLU takes
+# 0.27-1.66x (0.56x at the median) the GEMM's time there (the perf notes: the rule to redraw).
 _EPILOGUE_IN_KERNELS_MAX_CHANNELS = 400
 
 

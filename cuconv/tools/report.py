@@ -39,9 +39,11 @@ _CELLS = (("ratio", "e2e", "infer_ms"), ("fused", "torch_eager_infer_ms"), ("fus
           ("fused", "torch_graph_infer_ms"), ("ratio", "e2e", "train_ms"), ("ratio", "sums", "fwd_gpu_ms"),
           ("ratio", "sums", "fb_gpu_ms"), ("ratio", "sums", "fwd_ms"), ("ratio", "sums", "fb_ms"),
           ("host", "fwd_host_us"), ("host", "fb_host_us"))
-_PANELS = ((("sums", "fwd_gpu_ms"), "layers, GPU time alone: forward"),
-           (("sums", "fb_gpu_ms"), "layers, GPU time alone: forward+backward"))
-_PANELS_E2E = ((("e2e", "infer_ms"), "eager inference"), (("e2e", "train_ms"), "eager training step"))
+_PANELS = ((("ratio", "sums", "fwd_gpu_ms"), "layers, GPU time alone: forward"),
+           (("ratio", "sums", "fb_gpu_ms"), "layers, GPU time alone: forward+backward"))
+_PANELS_E2E = ((("ratio", "e2e", "infer_ms"), "eager inference"), (("ratio", "e2e", "train_ms"), "eager training step"))
+_PANELS_FUSED = ((("fused", "torch_eager_infer_ms"), "fused inference, eager: vs torch eager"),
+                 (("fused", "torch_graph_infer_ms"), "fused inference, CUDA graph: vs torch's"))
 _MODE_WORDS = {"tf32": "TF32", "ieee": "float32 without TF32"}
 _AUTOCAST = ("bf16", "fp16")
 DASH = "–"
@@ -167,11 +169,16 @@ def caption(report: dict, source: str = "") -> str:
     if halves:
         modes.append(f"{' and '.join(halves)}: `torch.autocast`")
     setting = "; ".join(filter(None, [", ".join(run), ", ".join(modes)]))
+    results = [r for e in report["models"].values() for r in (e.get("modes") or {}).values() if isinstance(r, dict)]
+    measures = ["eager end to end"]
+    if any(_fused(r, "torch_eager_infer_ms") is not None for r in results):
+        measures.append("fused inference (`convert(model, fuse=True)`) against torch eager, torch with its "
+                        "BatchNorms folded into its convolutions, and as one CUDA-graph replay against torch's")
+    if any(r.get("sums") for r in results):
+        measures.append("per distinct layer summed by occurrence, GPU time alone (CUDA-graph replay) and eager; "
+                        "host: median µs per call over the layers")
     text = (f"**{where}**, {', '.join(versions)}; {setting} (both sides alike). Ratio = torch time / cuconv time "
-            "(above 1: cuconv faster): eager end to end; fused inference (`convert(model, fuse=True)`) against torch "
-            "eager, torch with its BatchNorms folded into its convolutions, and as one CUDA-graph replay against "
-            "torch's; per distinct layer summed by occurrence, GPU time alone (CUDA-graph replay) and eager; host: "
-            "median µs per call over the layers.")
+            f"(above 1: cuconv faster): {'; '.join(measures)}.")
     if source:
         text += f" From `{source}`."
     return text
@@ -204,7 +211,8 @@ def replace_block(text: str, block: str) -> str:
 
 def render_plot(report: dict, path) -> bool:
     """Bars of torch time / cuconv time per model and mode, one panel per measure (the layers' GPU time alone,
-    forward and forward+backward; the end-to-end times where the run has no layers), a line at 1. False where
+    forward and forward+backward; the end-to-end times where the run has no layers; fused inference, eager and
+    as a CUDA-graph replay, where the run has it), a line at 1. False where
     the results hold nothing to plot."""
     import matplotlib
 
@@ -213,13 +221,15 @@ def render_plot(report: dict, path) -> bool:
 
     modes, models = _modes(report), list(report["models"])
 
-    def values(section, key):
-        return {(n, m): _ratio(r, section, key) for n, e in report["models"].items()
+    def values(kind, *args):
+        of = _ratio if kind == "ratio" else _fused
+        return {(n, m): of(r, *args) for n, e in report["models"].items()
                 for m, r in (e.get("modes") or {}).items() if "error" not in r}
 
     panels = [(title, values(*what)) for what, title in _PANELS]
     if not any(v is not None for _, vals in panels for v in vals.values()):
         panels = [(title, values(*what)) for what, title in _PANELS_E2E]
+    panels += [(title, values(*what)) for what, title in _PANELS_FUSED]
     panels = [(t, v) for t, v in panels if any(x is not None for x in v.values())]
     if not panels:
         return False
