@@ -87,32 +87,44 @@ def test_pointwise_layers_take_a_gemm_except_small_planes_on_wgmma(dtype, precis
     assert select_auto(*dgrad, wgmma=wgmma, **limits) == "im2col_gemm"
 
 
-@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-@pytest.mark.parametrize("epilogue,hw,c,nchw", [
-    (Epilogue(bias=True), 56, 24, "im2col_gemm"),
-    (Epilogue(bias=True, activation="hardswish"), 56, 24, "implicit_gemm"),
-    (Epilogue(bias=True, activation="relu"), 28, 512, "im2col_gemm"),
-    (Epilogue(bias=True, residual="after"), 28, 24, "im2col_gemm"),
-    (Epilogue(bias=True, activation="relu", residual="before"), 28, 24, "im2col_gemm"),
-    (Epilogue(bias=True, activation="relu"), 1, 24, "im2col_gemm"),
-], ids=["bias", "hardswish", "relu_wide", "residual", "residual_relu", "se_relu"])
-def test_pointwise_forwards_with_an_epilogue(epilogue, hw, c, nchw, layout):
-    """A 1x1 NCHW forward on few channels with an activation and no residual: implicit_gemm, which applies it where
-    it stores, not im2col_gemm's GEMM per sample and a pass over the output; on more channels, with a residual,
-    on channels-last tensors (one GEMM over every pixel) and on squeeze-excitation's 1x1 planes (one short GEMM
-    over the batch) the GEMM and its pass; the bias alone stays in cuBLASLt's GEMM."""
+@pytest.mark.parametrize("epilogue,hw,c,k,nchw,nhwc", [
+    (Epilogue(bias=True), 56, 24, 144, "im2col_gemm", "im2col_gemm"),
+    (Epilogue(bias=True, activation="hardswish"), 56, 24, 144, "implicit_gemm", "implicit_gemm"),
+    (Epilogue(bias=True, activation="relu"), 28, 512, 144, "im2col_gemm", "implicit_gemm"),
+    (Epilogue(bias=True, activation="relu"), 56, 72, 24, "im2col_gemm", "im2col_gemm"),
+    (Epilogue(bias=True, activation="relu"), 14, 200, 80, "implicit_gemm", "im2col_gemm"),
+    (Epilogue(bias=True, activation="relu"), 14, 40, 80, "implicit_gemm", "implicit_gemm"),
+    (Epilogue(bias=True, activation="relu"), 7, 960, 160, None, "im2col_gemm"),
+    (Epilogue(bias=True, activation="relu"), 7, 160, 960, None, "implicit_gemm"),
+    (Epilogue(bias=True, residual="after"), 28, 24, 144, "im2col_gemm", "im2col_gemm"),
+    (Epilogue(bias=True, activation="relu", residual="before"), 28, 24, 144, "im2col_gemm", "im2col_gemm"),
+    (Epilogue(bias=True, activation="relu"), 1, 24, 144, "im2col_gemm", "im2col_gemm"),
+], ids=["bias", "hardswish", "relu_wide", "relu_narrowing", "relu_narrowing_80", "relu_widening_80",
+        "relu_7x7_wide", "relu_7x7_expansion", "residual", "residual_relu", "se_relu"])
+def test_pointwise_forwards_with_an_epilogue(epilogue, hw, c, k, nchw, nhwc):
+    """A 1x1 forward with an activation and no residual, where implicit_gemm applies it in its store: NCHW on few
+    channels (not im2col_gemm's GEMM per sample and a pass over the output), channels-last in the half types on a
+    wgmma device but narrowing layers of up to 80 filters and 7x7 planes of 672 channels or more (one GEMM over
+    every pixel and the pass); with a residual and on squeeze-excitation's 1x1 planes (one short GEMM over the
+    batch) the GEMM and its pass; the bias alone stays in cuBLASLt's GEMM. (NCHW 7x7 planes: None, other rules
+    choose there with or without an epilogue.)"""
     from cuconv import _plan
     from cuconv.problem import Problem
 
-    spec = cuconv.ConvSpec.from_args((32, c, hw, hw), (144, c, 1, 1))
-    limits = _plan.Limits(227 << 10, True, cuconv.config.workspace_limit)
-    for dtype, precision in ((_F16, "ieee"), (_F32, "tf32")):
-        problem = Problem.of(spec, dtype, precision, "fprop", layout, epilogue=epilogue)
-        assert select.algorithm(problem, limits) == (nchw if layout == "nchw" else "im2col_gemm")
-        plain = Problem.of(spec, dtype, precision, "fprop", layout, epilogue=Epilogue(bias=epilogue.bias))
-        assert select.algorithm(plain, limits) == "im2col_gemm"
-    ffma = Problem.of(spec, _F32, "ieee", "fprop", layout, epilogue=epilogue)  # (FFMA: no tensor-core tiles)
-    assert select.algorithm(ffma, limits) != "implicit_gemm"
+    spec = cuconv.ConvSpec.from_args((32, c, hw, hw), (k, c, 1, 1))
+    for layout in ("nchw", "nhwc") if nchw is not None else ("nhwc",):
+        for wgmma in (True, False):
+            limits = _plan.Limits(227 << 10, wgmma, cuconv.config.workspace_limit)
+            for dtype, precision in ((_F16, "ieee"), (_F32, "tf32")):
+                problem = Problem.of(spec, dtype, precision, "fprop", layout, epilogue=epilogue)
+                expected = nchw if layout == "nchw" else nhwc if (wgmma and dtype == _F16) else "im2col_gemm"
+                if wgmma or layout == "nhwc":
+                    assert select.algorithm(problem, limits) == expected, (layout, wgmma, dtype)
+                plain = Problem.of(spec, dtype, precision, "fprop", layout, epilogue=Epilogue(bias=epilogue.bias))
+                if wgmma:
+                    assert select.algorithm(plain, limits) == "im2col_gemm", (layout, dtype)
+            ffma = Problem.of(spec, _F32, "ieee", "fprop", layout, epilogue=epilogue)  # (FFMA: no tensor-core tiles)
+            assert select.algorithm(ffma, limits) != "implicit_gemm"
 
 
 @pytest.mark.parametrize("hw,c,k,expected", [(7, 512, 2048, "im2col_gemm"), (7, 2048, 512, "implicit_gemm"),

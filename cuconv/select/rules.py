@@ -27,9 +27,19 @@ __all__ = ["preference", "preference_nhwc"]
 # slower at every width measured but three (0.85-0.94x; elsewhere 1.04-2.2x): with a residual its NCHW store
 # takes the layer 1.2-3.1x (1.9x at the median) its time without an epilogue. On channels-last tensors im2col_gemm's one GEMM over every pixel and
 # its pass won at most layers (implicit_gemm 0.73-2.3x their time, 1.3x at the median), so those stay the GEMM;
-# measured so before the TMA store compiled its loop per activation, after which implicit_gemm with a ReLU takes
-# 0.27-1.66x (0.56x at the median) the GEMM's time there (the perf notes: the rule to redraw).
+# measured so before the TMA store compiled its loop per activation; see _epilogue_in_kernels_nhwc for after.
 _EPILOGUE_IN_KERNELS_MAX_CHANNELS = 400
+
+# A channels-last 1x1 forward with an activation and no residual, on a device that runs wgmma, in float16 or
+# bfloat16: implicit_gemm's TMA store applies the activation at the cost of the plain store (1.03x its time at the
+# median of 40 layers), so it takes 0.27-1.66x (0.56x at the median) the time of im2col_gemm's one GEMM over every
+# pixel and the pass after it (H200, bf16, batch 64, the 1x1 layers of ResNet-50, MobileNetV3, EfficientNet-B0,
+# RegNetY-800MF). It loses on narrowing layers of up to 80 filters (a 24- to 80-wide output tile leaves most of a
+# wgmma tile idle where cuBLAS picks a narrow one) and on 7x7 planes of 672 channels or more (a batch of 64 gives
+# implicit_gemm's tiles too few output rows for the long reduction); those stay the GEMM and the pass.
+_EPILOGUE_NHWC_NARROW_MAX_FILTERS = 80
+_EPILOGUE_NHWC_SMALL_PLANE = 7 * 7
+_EPILOGUE_NHWC_SMALL_PLANE_MAX_CHANNELS = 672
 
 
 def _epilogue_in_kernels(spec: ConvSpec, pass_: str, epilogue) -> bool:
@@ -43,6 +53,21 @@ def _epilogue_in_kernels(spec: ConvSpec, pass_: str, epilogue) -> bool:
             and spec.is_pointwise_identity and not im2col_gemm.pixel_folded(spec))
 
 
+def _epilogue_in_kernels_nhwc(spec: ConvSpec, dtype, pass_: str, epilogue) -> bool:
+    """A channels-last forward on a 1x1 stride-1 unpadded layer of one group, in a 16-bit type, whose epilogue has
+    an activation and no residual (a residual takes implicit_gemm's store from shared memory, which costs the
+    layer 1.3-11x its plain time), but narrowing layers of up to ``_EPILOGUE_NHWC_NARROW_MAX_FILTERS`` filters,
+    small planes of many channels and squeeze-excitation's 1x1 planes (not measured: the batch is one short GEMM
+    there): implicit_gemm's TMA store applies the activation where im2col_gemm's GEMM would be followed by a pass
+    over the output."""
+    return (pass_ == "fprop" and epilogue is not None and epilogue.activation is not None
+            and epilogue.residual is None and numpy.dtype(dtype).itemsize == 2
+            and im2col_gemm.pointwise_nhwc(spec) and spec.h * spec.w > 1
+            and not (spec.k <= _EPILOGUE_NHWC_NARROW_MAX_FILTERS and spec.k < spec.c)
+            and not (spec.p * spec.q <= _EPILOGUE_NHWC_SMALL_PLANE
+                     and spec.c >= _EPILOGUE_NHWC_SMALL_PLANE_MAX_CHANNELS))
+
+
 def preference_nhwc(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool, epilogue=None):
     """Candidates on channels-last activations, best first: 1x1 stride-1 unpadded layers of one group as one GEMM
     over every pixel (``im2col_gemm``: no swap, no per-sample batch, the bias in cuBLASLt's epilogue), and so every
@@ -53,12 +78,15 @@ def preference_nhwc(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bo
     NHWC. Before that column matrix, on compute capability 9.0, the wgrad of overlapping k x k windows where
     ``implicit_gemm``'s TMA wgrad serves it (``_wgrad_by_tma``), and grouped forwards of 16, 32 or 64 channels a
     group through a block-diagonal weight (``implicit_gemm.block_diagonal_tile``). A 1x1 forward's activation or
-    residual (``epilogue``, a ``cuconv.problem.Epilogue``; None: the bias at most) runs in a pass after its GEMM
-    (``_EPILOGUE_IN_KERNELS_MAX_CHANNELS``)."""
+    residual (``epilogue``, a ``cuconv.problem.Epilogue``; None: the bias at most) runs in a pass after its GEMM,
+    but an activation alone on a device that runs wgmma, in the half types, which ``implicit_gemm`` applies in its
+    TMA store (``_epilogue_in_kernels_nhwc``)."""
     if pass_ == "wgrad" and wgmma and _wgrad_by_tma(spec, dtype):
         yield "implicit_gemm"
     if pass_ == "fprop" and wgmma and implicit_gemm.block_diagonal_tile(spec, dtype) is not None:
         yield "implicit_gemm"  # (groups of 16-64 channels through a block-diagonal weight, before grouped_mma)
+    if wgmma and _epilogue_in_kernels_nhwc(spec, dtype, pass_, epilogue):
+        yield "implicit_gemm"
     if (im2col_gemm.pointwise_nhwc(spec) or im2col_gemm.strided_pointwise_nhwc(spec)
             or pass_ == "wgrad" and _columns_wgrad_nhwc(spec, dtype)):
         yield "im2col_gemm"
