@@ -56,8 +56,10 @@ def add_arguments(ap) -> None:
     """The options of ``--models`` (on ``python -m cuconv bench``'s parser)."""
     g = ap.add_argument_group("models (python -m cuconv bench --models NAME[,NAME...])")
     g.add_argument("--models", metavar="NAMES",
-                   help="torchvision classification models (weights=None), comma-separated, e.g. "
-                        "resnet50,mobilenet_v3_large,efficientnet_b0,regnet_y_800mf,convnext_tiny")
+                   help="comma-separated names of torchvision models (weights=None; classification and "
+                        "segmentation), fpn_resnet50 or unet; 'models' stands for MODELS.md's five (resnet50, "
+                        "mobilenet_v3_large, efficientnet_b0, regnet_y_800mf, convnext_tiny), 'zoo' for the wider "
+                        "set of cuconv.tools.zoo")
     g.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)} (default all)")
     g.add_argument("--batch", type=int, default=32, help="batch of the layers and the training step (default 32)")
     g.add_argument("--infer-batch", type=int, default=64, help="batch of end-to-end inference (default 64)")
@@ -234,9 +236,22 @@ def _set_tf32(on: bool) -> None:
 # the layers of a model
 # --------------------------------------------------------------------------------------------------------
 def _build(name: str):
-    import torchvision
+    from . import zoo
 
-    return torchvision.models.get_model(name, weights=None)
+    return zoo.build(name)
+
+
+def model_names(spec: str) -> list:
+    """``--models``' names: comma-separated, ``models`` standing for MODELS.md's five and ``zoo`` for the wider
+    set (``cuconv.tools.zoo``), each name once in the order given."""
+    from . import zoo
+
+    names = []
+    for name in (n.strip() for n in spec.split(",")):
+        for n in {"models": zoo.MODELS, "zoo": zoo.ZOO}.get(name, (name,) if name else ()):
+            if n not in names:
+                names.append(n)
+    return names
 
 
 def distinct_layers(model, batch: int, image: int, channels_last: bool = False):
@@ -392,13 +407,13 @@ def _infer_fn(model, x, mode: _Mode):
 
 
 def _train_fn(model, x, labels, mode: _Mode):
-    import torch
+    from . import zoo
 
     def run():
         model.zero_grad(set_to_none=True)
         with mode.autocast():
             out = model(x)
-        loss = torch.nn.functional.cross_entropy(out.float(), labels)
+        loss = zoo.loss(out, labels)
         loss.backward()
         return loss
     return run
@@ -438,17 +453,22 @@ def measure_e2e(pair, args, mode: _Mode) -> dict:
 
 def fused_pair(theirs, channels_last: bool):
     """(torch's model with its convolutions and BatchNorms folded by ``torch.fx.experimental.optimization.fuse``,
-    cuconv's fused by ``cuconv.nn.convert(fuse=True)``), both of copies of ``theirs`` in eval mode."""
+    cuconv's fused by ``cuconv.nn.convert(fuse=True)``), both of copies of ``theirs`` in eval mode; the first None
+    where torch's ``fuse`` cannot trace the model."""
     import torch
     import torch.fx.experimental.optimization as fx_opt
 
     import cuconv.nn
 
-    folded = fx_opt.fuse(copy.deepcopy(theirs).eval())
+    try:
+        folded = fx_opt.fuse(copy.deepcopy(theirs).eval())
+    except Exception as exc:  # (symbolic tracing's refusals are of many types)
+        print(f"torch.fx.experimental.optimization.fuse: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        folded = None
     fused = cuconv.nn.convert(copy.deepcopy(theirs).eval(), fuse=True)
     if channels_last:
-        folded, fused = (m.to(memory_format=torch.channels_last) for m in (folded, fused))
-    return folded.eval(), fused.eval()
+        folded, fused = (None if m is None else m.to(memory_format=torch.channels_last) for m in (folded, fused))
+    return None if folded is None else folded.eval(), fused.eval()
 
 
 def measure_fused(pair, args, mode: _Mode, x) -> dict:
@@ -465,6 +485,7 @@ def measure_fused(pair, args, mode: _Mode, x) -> dict:
 
         cuconv.nn.warmup(fused, torch.empty(x.shape, device="meta"), backward=False)
     sides = {"torch": theirs, "torch_folded": folded, "cuconv": ours, "cuconv_fused": fused}
+    sides = {k: m for k, m in sides.items() if m is not None}
     for model in sides.values():
         model.eval()
     fns = {k: _infer_fn(m, x, mode) for k, m in sides.items()}
@@ -523,6 +544,8 @@ def _check_model(pair, args, mode: _Mode) -> dict:
 
     import cuconv.nn
 
+    from . import zoo
+
     theirs, ours = pair
     x, labels = _inputs(min(args.batch, 8), args.image, args.channels_last, 3)
 
@@ -533,7 +556,7 @@ def _check_model(pair, args, mode: _Mode) -> dict:
             torch.manual_seed(4)  # dropout and stochastic depth draw the same masks on both sides
             with m.autocast():
                 out = model(x)
-            torch.nn.functional.cross_entropy(out.float(), labels).backward()
+            zoo.loss(out, labels).backward()
             grads = torch.cat([p.grad.flatten().double() for p in model.parameters() if p.grad is not None])
             model.eval()
             with torch.no_grad(), m.autocast():
@@ -562,7 +585,7 @@ def _check_model(pair, args, mode: _Mode) -> dict:
         for model in (t64, o64):
             model.train()
             torch.manual_seed(5)
-            torch.nn.functional.cross_entropy(model(x64), labels[:2]).backward()
+            zoo.loss(model(x64), labels[:2]).backward()
         grads = [(po.grad, pt.grad) for po, pt in zip(o64.parameters(), t64.parameters()) if pt.grad is not None]
         # normwise over every gradient; and the worst parameter among those whose gradient is not analytically zero
         # (a bias ahead of a training-mode BatchNorm gets only rounding noise, ~1e-17, on both sides)
@@ -606,7 +629,7 @@ def run(args) -> dict:
     import cuconv.nn
 
     torch.backends.cudnn.benchmark = True
-    names = [n for n in args.models.split(",") if n]
+    names = model_names(args.models)
     modes = [_Mode(m) for m in args.modes.split(",") if m]
     report = dict(meta=dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                             cudnn=torch.backends.cudnn.version(), cuconv=cuconv.__version__,
@@ -753,14 +776,23 @@ def print_tables(report: dict) -> None:
     if fused:
         print("\ninference, cuconv fused: torch time / cuconv fused time against torch eager, torch with its "
               "BatchNorms folded, cuconv unfused; eager, then CUDA-graph replay (GPU time alone); torch.compile")
+        columns = [(f"{k}_eager_infer_ms", "cuconv_fused_eager_infer_ms") for k in ("torch", "torch_folded", "cuconv")]
+        columns += [(f"{k}_graph_infer_ms", "cuconv_fused_graph_infer_ms") for k in ("torch", "torch_folded")]
+        if any("torch_compile_default_infer_ms" in e for _, _, e in fused):
+            columns.append(("torch_compile_default_infer_ms", "cuconv_fused_eager_infer_ms"))
+        per_mode = {}
         for name, mode, e in fused:
-            cells = [e[f"{k}_eager_infer_ms"] / e["cuconv_fused_eager_infer_ms"]
-                     for k in ("torch", "torch_folded", "cuconv")]
-            cells += [e[f"{k}_graph_infer_ms"] / e["cuconv_fused_graph_infer_ms"] for k in ("torch", "torch_folded")]
-            if "torch_compile_default_infer_ms" in e:
-                cells.append(e["torch_compile_default_infer_ms"] / e["cuconv_fused_eager_infer_ms"])
+            cells = [e[a] / e[b] if a in e and b in e else None for a, b in columns]
+            for i, v in enumerate(cells):
+                if v is not None:
+                    per_mode.setdefault(mode, {}).setdefault(i, []).append(v)
             err = (f"; output {e['fused_out_err']:.1e} / {e['torch_out_err']:.1e}" if "fused_out_err" in e else "")
-            print(f"  {name:<20} {mode:<5} " + " ".join(f"{v:.2f}x" for v in cells) + err)
+            print(f"  {name:<20} {mode:<5} " + " ".join("  –  " if v is None else f"{v:.2f}x" for v in cells) + err)
+        for mode, by_column in per_mode.items():  # (each column over the models that have it)
+            means = [statistics.geometric_mean(by_column[i]) if i in by_column else None for i in range(len(columns))]
+            print(f"  {'geometric mean':<20} {mode:<5} " + " ".join("  –  " if v is None else f"{v:.2f}x"
+                                                                    for v in means)
+                  + f"; every model vs torch eager >= {min(by_column.get(0, [float('nan')])):.2f}x")
     checks = [(n, m, r["check"]) for n, e in report["models"].items() for m, r in e["modes"].items() if "check" in r]
     if checks:
         print("\ncorrectness against torch float32 without TF32 (cuconv's error / torch's own at the same precision)")
@@ -815,7 +847,8 @@ def warmup_main(argv) -> int:
     ap = argparse.ArgumentParser(prog="python -m cuconv warmup",
                                  description="Compile the kernels converted torchvision models need, ahead of time "
                                              "(into CuPy's kernel cache), and time the first forward after it.")
-    ap.add_argument("models", help="torchvision classification models (weights=None), comma-separated")
+    ap.add_argument("models", help="models as bench --models names them (torchvision's, fpn_resnet50, unet; 'models', "
+                                   "'zoo'), comma-separated")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)} (default all)")
     ap.add_argument("--batch", type=int, default=32, help="input batch (default 32)")
     ap.add_argument("--image", type=int, default=224, help="input height and width (default 224)")
@@ -834,7 +867,7 @@ def warmup_main(argv) -> int:
 
     import cuconv.nn
 
-    for name in filter(None, args.models.split(",")):
+    for name in model_names(args.models):
         model = cuconv.nn.convert(_build(name)).cuda()
         if args.forward_only:
             model.eval().requires_grad_(False)

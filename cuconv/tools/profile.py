@@ -129,7 +129,7 @@ def _main_host(args, mode) -> int:
 
     import cuconv.nn
 
-    for name in args.models.split(","):
+    for name in bench_models.model_names(args.models):
         theirs = bench_models._build(name).cuda().eval()
         x, _ = bench_models._inputs(args.infer_batch, args.image, args.channels_last, 1)
         if args.channels_last:
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
             return _main_host(args, mode)
     rows = []
     with mode:
-        for name in args.models.split(","):
+        for name in bench_models.model_names(args.models):
             model = bench_models._build(name).cuda()
             if args.channels_last:
                 model = model.to(memory_format=torch.channels_last)

@@ -1,0 +1,44 @@
+"""The benchmark's model zoo (``cuconv.tools.zoo``) on the CPU: the names ``--models`` expands, the U-Net's
+shapes and its fused conversion against the original, the training loss for class scores and score maps."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cuconv.tools import bench_models, zoo  # noqa: E402
+
+
+def test_model_names_expand_models_and_zoo_once_each():
+    assert bench_models.model_names("models") == list(zoo.MODELS)
+    names = bench_models.model_names("resnet50,zoo,unet,,models")
+    assert names[0] == "resnet50" and len(names) == len(set(names)) == len(set(zoo.MODELS + zoo.ZOO))
+    assert len(zoo.ZOO) >= 15 and "unet" in zoo.ZOO
+
+
+def test_unet_fused_matches_the_original():
+    import cuconv.nn
+
+    torch.manual_seed(0)
+    model = zoo.UNet(classes=3, widths=(8, 16, 16, 32, 32)).eval()
+    with torch.no_grad():
+        for m in model.modules():  # (non-trivial statistics, so that folding them matters)
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(2, 3, 32, 48)
+    fused = cuconv.nn.convert(model, fuse=True)
+    assert sum(type(m).__name__ == "FusedConv2d" for m in fused.modules()) == 18  # every conv-BN-ReLU
+    with torch.no_grad():
+        ref, got = model.double()(x.double()), fused.double()(x.double())
+    assert got.shape == (2, 3, 32, 48)
+    assert float((got - ref).norm() / ref.norm()) < 1e-12
+
+
+def test_loss_takes_class_scores_and_score_maps():
+    labels = torch.tensor([3, 1000 + 1])
+    scores = torch.randn(2, 10, requires_grad=True)
+    expected = torch.nn.functional.cross_entropy(scores, torch.tensor([3, 1001 % 10]))
+    assert torch.equal(zoo.loss(scores, labels), expected)
+    maps = torch.randn(2, 4, 5, 6)
+    per_pixel = torch.tensor([3, 1]).view(2, 1, 1).expand(2, 5, 6)
+    assert torch.allclose(zoo.loss(maps, labels), torch.nn.functional.cross_entropy(maps, per_pixel))
