@@ -641,12 +641,17 @@ def run(args) -> dict:
     for name in names:
         started = time.perf_counter()
         torch.manual_seed(0)
-        theirs = _build(name).cuda()
-        ours = cuconv.nn.convert(copy.deepcopy(theirs))
-        if args.channels_last:
-            theirs, ours = (m.to(memory_format=torch.channels_last) for m in (theirs, ours))
         entry = report["models"][name] = dict(layers=[], modes={})
-        layers = distinct_layers(theirs, args.batch, args.image, args.channels_last)
+        try:
+            theirs = _build(name).cuda()
+            ours = cuconv.nn.convert(copy.deepcopy(theirs))
+            if args.channels_last:
+                theirs, ours = (m.to(memory_format=torch.channels_last) for m in (theirs, ours))
+            layers = distinct_layers(theirs, args.batch, args.image, args.channels_last)
+        except Exception as exc:  # (a model this torchvision lacks, or one that fails to run: the others go on)
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            print(f"{name}: {entry['error']}", file=sys.stderr, flush=True)
+            continue
         entry["distinct_layers"] = len(layers)
         entry["convolutions"] = sum(c for _, _, c, _ in layers)
         # the objects alive now (models, torch's and CuPy's modules) out of the collector's full passes while the
