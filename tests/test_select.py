@@ -89,23 +89,25 @@ def test_pointwise_layers_take_a_gemm_except_small_planes_on_wgmma(dtype, precis
 
 @pytest.mark.parametrize("epilogue,hw,c,k,nchw,nhwc", [
     (Epilogue(bias=True), 56, 24, 144, "im2col_gemm", "im2col_gemm"),
-    (Epilogue(bias=True, activation="hardswish"), 56, 24, 144, "implicit_gemm", "implicit_gemm"),
+    (Epilogue(bias=True, activation="hardswish"), 56, 24, 144, "implicit_gemm", "im2col_gemm"),
+    (Epilogue(bias=True, activation="hardswish"), 28, 40, 240, "implicit_gemm", "implicit_gemm"),
     (Epilogue(bias=True, activation="relu"), 28, 512, 144, "im2col_gemm", "implicit_gemm"),
-    (Epilogue(bias=True, activation="relu"), 56, 72, 24, "im2col_gemm", "im2col_gemm"),
-    (Epilogue(bias=True, activation="relu"), 14, 200, 80, "implicit_gemm", "im2col_gemm"),
-    (Epilogue(bias=True, activation="relu"), 14, 40, 80, "implicit_gemm", "implicit_gemm"),
-    (Epilogue(bias=True, activation="relu"), 7, 960, 160, None, "im2col_gemm"),
-    (Epilogue(bias=True, activation="relu"), 7, 160, 960, None, "implicit_gemm"),
+    (Epilogue(bias=True, activation="relu"), 56, 256, 64, "implicit_gemm", "implicit_gemm"),
+    (Epilogue(bias=True, activation="silu"), 56, 24, 144, "implicit_gemm", "im2col_gemm"),
+    (Epilogue(bias=True, activation="silu"), 28, 40, 240, "implicit_gemm", "implicit_gemm"),
+    (Epilogue(bias=True, activation="relu6"), 112, 16, 96, "implicit_gemm", "implicit_gemm"),
+    (Epilogue(bias=True, activation="relu"), 7, 2048, 512, None, "im2col_gemm"),
+    (Epilogue(bias=True, activation="silu"), 7, 192, 1152, None, "implicit_gemm"),
     (Epilogue(bias=True, residual="after"), 28, 24, 144, "im2col_gemm", "im2col_gemm"),
     (Epilogue(bias=True, activation="relu", residual="before"), 28, 24, 144, "im2col_gemm", "im2col_gemm"),
     (Epilogue(bias=True, activation="relu"), 1, 24, 144, "im2col_gemm", "im2col_gemm"),
-], ids=["bias", "hardswish", "relu_wide", "relu_narrowing", "relu_narrowing_80", "relu_widening_80",
-        "relu_7x7_wide", "relu_7x7_expansion", "residual", "residual_relu", "se_relu"])
+], ids=["bias", "hardswish_56", "hardswish_28", "relu_wide", "relu_narrowing", "silu_56", "silu_28", "relu6_112", "relu_7x7_wide",
+        "silu_7x7_expansion", "residual", "residual_relu", "se_relu"])
 def test_pointwise_forwards_with_an_epilogue(epilogue, hw, c, k, nchw, nhwc):
     """A 1x1 forward with an activation and no residual, where implicit_gemm applies it in its store: NCHW on few
     channels (not im2col_gemm's GEMM per sample and a pass over the output), channels-last in the half types on a
-    wgmma device but narrowing layers of up to 80 filters and 7x7 planes of 672 channels or more (one GEMM over
-    every pixel and the pass); with a residual and on squeeze-excitation's 1x1 planes (one short GEMM over the
+    wgmma device but 7x7 planes of 672 channels or more and, for activations other than the ReLUs, planes over
+    28x28 (one GEMM over every pixel and the pass); with a residual and on squeeze-excitation's 1x1 planes (one short GEMM over the
     batch) the GEMM and its pass; the bias alone stays in cuBLASLt's GEMM. (NCHW 7x7 planes: None, other rules
     choose there with or without an epilogue.)"""
     from cuconv import _plan

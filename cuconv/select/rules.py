@@ -31,15 +31,19 @@ __all__ = ["preference", "preference_nhwc"]
 _EPILOGUE_IN_KERNELS_MAX_CHANNELS = 400
 
 # A channels-last 1x1 forward with an activation and no residual, on a device that runs wgmma, in float16 or
-# bfloat16: implicit_gemm's TMA store applies the activation at the cost of the plain store (1.03x its time at the
-# median of 40 layers), so it takes 0.27-1.66x (0.56x at the median) the time of im2col_gemm's one GEMM over every
-# pixel and the pass after it (H200, bf16, batch 64, the 1x1 layers of ResNet-50, MobileNetV3, EfficientNet-B0,
-# RegNetY-800MF). It loses on narrowing layers of up to 80 filters (a 24- to 80-wide output tile leaves most of a
-# wgmma tile idle where cuBLAS picks a narrow one) and on 7x7 planes of 672 channels or more (a batch of 64 gives
-# implicit_gemm's tiles too few output rows for the long reduction); those stay the GEMM and the pass.
-_EPILOGUE_NHWC_NARROW_MAX_FILTERS = 80
+# bfloat16: implicit_gemm applies the activation in its store, im2col_gemm's one GEMM over every pixel is followed
+# by a pass over the output. Measured layer by layer in the models' fused calls (H200, bf16, batch 64, GPU time as
+# CUDA-graph replays; benchmarks/fused_layers.py on ResNet-50, MobileNetV3-Large, EfficientNet-B0, RegNetY-800MF;
+# docs/perf-notes.md "Fused blocks"): with a ReLU implicit_gemm takes about its plain time, 0.28-0.79x the GEMM
+# and its pass on planes from 112x112 to 14x14 (256->64@56x56 39.6 us against 85.0; one exception, 24->72@56x56,
+# 1.06x), but 1.11x on 7x7 planes of 2048 channels; ReLU6 and LeakyReLU (a clamp, a multiply) go with ReLU,
+# not measured on their own. The activations with a transcendental or a division (SiLU, Hardswish, Sigmoid,
+# GELU) cost its store 2-6x its plain time: from 28x28 down it still wins (0.71-0.96x; 112->672@14x14 SiLU
+# 1.06x), on 56x56 and 112x112 planes it loses (SiLU 1.34-1.46x). Those stay the GEMM and the pass.
+_EPILOGUE_NHWC_CHEAP = ("relu", "relu6", "leaky_relu")  # activations that cost the store little
+_EPILOGUE_NHWC_MAX_PIXELS = 28 * 28  # the other activations: planes up to this
 _EPILOGUE_NHWC_SMALL_PLANE = 7 * 7
-_EPILOGUE_NHWC_SMALL_PLANE_MAX_CHANNELS = 672
+_EPILOGUE_NHWC_SMALL_PLANE_MAX_CHANNELS = 672  # (from this many input channels on such planes: the GEMM)
 
 
 def _epilogue_in_kernels(spec: ConvSpec, pass_: str, epilogue) -> bool:
@@ -56,16 +60,18 @@ def _epilogue_in_kernels(spec: ConvSpec, pass_: str, epilogue) -> bool:
 def _epilogue_in_kernels_nhwc(spec: ConvSpec, dtype, pass_: str, epilogue) -> bool:
     """A channels-last forward on a 1x1 stride-1 unpadded layer of one group, in a 16-bit type, whose epilogue has
     an activation and no residual (a residual takes implicit_gemm's store from shared memory, which costs the
-    layer 1.3-11x its plain time), but narrowing layers of up to ``_EPILOGUE_NHWC_NARROW_MAX_FILTERS`` filters,
-    small planes of many channels and squeeze-excitation's 1x1 planes (not measured: the batch is one short GEMM
-    there): implicit_gemm's TMA store applies the activation where im2col_gemm's GEMM would be followed by a pass
-    over the output."""
-    return (pass_ == "fprop" and epilogue is not None and epilogue.activation is not None
+    layer 1.3-11x its plain time), but on small planes of many channels, squeeze-excitation's 1x1 planes (the
+    batch is one short GEMM there) and, for activations other than the ReLUs, planes over
+    ``_EPILOGUE_NHWC_MAX_PIXELS``: implicit_gemm applies the activation where it stores, where im2col_gemm's GEMM
+    would be followed by a pass over the output."""
+    if not (pass_ == "fprop" and epilogue is not None and epilogue.activation is not None
             and epilogue.residual is None and numpy.dtype(dtype).itemsize == 2
-            and im2col_gemm.pointwise_nhwc(spec) and spec.h * spec.w > 1
-            and not (spec.k <= _EPILOGUE_NHWC_NARROW_MAX_FILTERS and spec.k < spec.c)
-            and not (spec.p * spec.q <= _EPILOGUE_NHWC_SMALL_PLANE
-                     and spec.c >= _EPILOGUE_NHWC_SMALL_PLANE_MAX_CHANNELS))
+            and im2col_gemm.pointwise_nhwc(spec) and spec.h * spec.w > 1):
+        return False
+    pixels = spec.p * spec.q
+    if pixels <= _EPILOGUE_NHWC_SMALL_PLANE and spec.c >= _EPILOGUE_NHWC_SMALL_PLANE_MAX_CHANNELS:
+        return False
+    return epilogue.activation in _EPILOGUE_NHWC_CHEAP or pixels <= _EPILOGUE_NHWC_MAX_PIXELS
 
 
 def preference_nhwc(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool, epilogue=None):
