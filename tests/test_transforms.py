@@ -125,3 +125,66 @@ def test_second_order_transforms_of_a_biased_layer_and_tangents_that_reach_no_pa
               lambda f: torch.func.jacfwd(torch.func.grad(lambda w: f(x, w, b).sin().sum()))(w)):
         got, want = f(ours), f(theirs)
         assert (got - want).norm() <= 1e-12 * max(want.norm(), 1e-300) or want.norm() == got.norm() == 0
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_compile_with_dynamic_shapes_compiles_one_graph_for_every_image_size(fuse):
+    """torch.compile(dynamic=True) over inputs of several heights and widths: one graph, as torch compiles (the
+    spatial sizes were specialised to each input's, a graph per size)."""
+    import cuconv.nn
+    from torch._dynamo.testing import CompileCounter
+
+    ref = _small_net()
+    model = cuconv.nn.convert(_small_net(), fuse=fuse).eval()
+    counts = []
+    for m in (ref, model):  # (torch's own count beside ours; the first sizes all differ, or duck sizing ties them)
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        compiled = torch.compile(m, backend=counter, dynamic=True)
+        with torch.no_grad():
+            for n, h, w in ((2, 9, 12), (3, 8, 8), (2, 16, 7), (5, 11, 10)):
+                x = torch.randn(n, 3, h, w, dtype=torch.float64)
+                want = ref(x)
+                assert (compiled(x) - want).norm() <= 1e-12 * want.norm()
+        counts.append(counter.frame_count)
+    torch._dynamo.reset()
+    assert counts == [1, 1]
+
+
+def _strided_net():
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2, padding=1), torch.nn.ReLU(),
+                               torch.nn.Conv2d(8, 8, 3, padding="same", dilation=2),
+                               torch.nn.Conv2d(8, 4, (1, 3), stride=(1, 2))).double().eval()
+
+
+@pytest.mark.parametrize("net", [_small_net, _strided_net])
+def test_export_keeps_dynamic_spatial_sizes_dynamic(net):
+    """torch.export with dynamic batch, height and width: one program, right at other sizes (strided, dilated and
+    "same"-padded layers among them); an input too small for a kernel is refused when the program runs."""
+    import cuconv.nn
+
+    ref = net()
+    model = cuconv.nn.convert(net()).eval()
+    # (sizes from which no layer's output is one position wide: torch specialises a size of one)
+    dims = {0: torch.export.Dim("batch"), 2: torch.export.Dim("height", min=12), 3: torch.export.Dim("width", min=12)}
+    program = torch.export.export(model, (torch.randn(2, 3, 16, 20, dtype=torch.float64),),
+                                  dynamic_shapes={"input": dims})
+    for shape in ((1, 3, 13, 17), (3, 3, 24, 12)):
+        x = torch.randn(*shape, dtype=torch.float64)
+        with torch.no_grad():
+            want = ref(x)
+            assert (program.module()(x) - want).norm() <= 1e-12 * want.norm()
+
+
+def test_compiled_dynamic_spatial_sizes_refuse_an_input_smaller_than_the_kernel():
+    import cuconv.nn
+
+    model = cuconv.nn.convert(torch.nn.Conv2d(3, 4, 5).double())
+    torch._dynamo.reset()
+    compiled = torch.compile(model, dynamic=True, backend="eager")
+    with torch.no_grad():
+        compiled(torch.randn(2, 3, 9, 11, dtype=torch.float64))
+        with pytest.raises(Exception, match="Kernel size can't be greater than actual input size"):
+            compiled(torch.randn(2, 3, 4, 12, dtype=torch.float64))
+    torch._dynamo.reset()

@@ -577,9 +577,9 @@ def _check_epilogue(input, weight, bias, stride, padding, dilation, groups, acti
     if residual is not None and isinstance(input, _Tensor) and isinstance(weight, _Tensor) and \
             input.dim() in (3, 4) and weight.dim() == 4:  # (the residual's size checked before anything runs)
         batched = input.dim() == 4
-        spec = _spec_of(tuple(input.shape) if batched else (1, *input.shape), tuple(weight.shape), stride, padding,
-                        dilation, groups)
-        shape = (input.shape[0],) + spec.output_shape[1:] if batched else spec.output_shape[1:]
+        x_shape = tuple(input.shape) if batched else (1, *input.shape)
+        out_shape = _output_shape(x_shape, _spec_of(x_shape, tuple(weight.shape), stride, padding, dilation, groups))
+        shape = out_shape if batched else out_shape[1:]
         if tuple(residual.shape) != tuple(shape):
             raise ValueError(f"conv2d(): expected residual of size {list(shape)}, but got residual of size "
                              f"{list(residual.shape)}")
@@ -645,9 +645,34 @@ def _spec_of(x_shape: tuple, w_shape: tuple, stride, padding, dilation, groups) 
     example's value (under dynamo a symbolic size passes for an int), while the custom ops' fake kernels carry it
     through symbolically; and the spec is made without the memo, whose being empty or not dynamo would guard
     (a second graph)."""
-    if _is_compiling() or type(x_shape[0]) is not int:
-        return ConvSpec.from_args((1,) + tuple(x_shape[1:]), w_shape, stride, padding, dilation, groups, memo=False)
-    return ConvSpec.from_args(x_shape, w_shape, stride, padding, dilation, groups)
+    if not (_is_compiling() or any(type(v) is not int for v in x_shape)):
+        return ConvSpec.from_args(x_shape, w_shape, stride, padding, dilation, groups)
+    _, c, h, w = x_shape
+    if not (isinstance(h, torch.SymInt) or isinstance(w, torch.SymInt)):  # (jit.trace's sizes are 0-d tensors)
+        return ConvSpec.from_args((1, c, h, w), w_shape, stride, padding, dilation, groups, memo=False)
+    # Symbolic spatial sizes (torch.compile(dynamic=True), torch.export with dynamic dimensions): an int would
+    # specialise them as it would the batch. The spec is made of placeholders, the smallest size the dilated
+    # kernel fits (every other check reads no spatial size), and the one check that does, an output of at least
+    # one position, is torch's symbolic assertion on the real sizes.
+    dilation_hw = pair(dilation, "dilation")
+    placeholder = [d * (int(k) - 1) + 1 if isinstance(v, torch.SymInt) else v
+                   for v, k, d in zip((h, w), w_shape[2:], dilation_hw)]
+    spec = ConvSpec.from_args((1, c, *placeholder), w_shape, stride, padding, dilation, groups, memo=False)
+    for axis, size in enumerate((h, w)):
+        if isinstance(size, torch.SymInt):
+            lo, hi = spec.pad[2 * axis], spec.pad[2 * axis + 1]
+            extent = spec.dilation[axis] * ((spec.r, spec.s)[axis] - 1) + 1
+            torch._check(size + lo + hi >= extent, lambda: "Kernel size can't be greater than actual input size")
+    return spec
+
+
+def _output_shape(x_shape: tuple, spec: ConvSpec) -> tuple:
+    """(N, K, P, Q) of a call on 4-D ``x_shape`` (whose sizes may be symbolic, where ``spec``'s are placeholders:
+    ``_spec_of``)."""
+    n, _, h, w = x_shape
+    p = output_size(h, spec.r, spec.stride[0], spec.pad[0], spec.pad[1], spec.dilation[0])
+    q = output_size(w, spec.s, spec.stride[1], spec.pad[2], spec.pad[3], spec.dilation[1])
+    return (n, spec.k, p, q)
 
 
 def _weight_dim_error(input, weight, stride, padding) -> ConvValueError:
