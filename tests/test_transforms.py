@@ -69,6 +69,29 @@ def test_forward_ad_and_forward_over_reverse_gradchecks(device):
     assert torch.autograd.gradgradcheck(ours, (x, w, b), check_fwd_over_rev=True)
 
 
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", _CASES)
+def test_gradchecks_with_batched_gradients(x_shape, w_shape, kwargs, device):
+    """``check_batched_grad`` (torch's legacy vmap over the backward: grad_outputs batched, no transform active)
+    and batched gradients of the gradients, with and without a bias."""
+    ours, _ = _both(kwargs)
+    x, w, b = (t.requires_grad_() for t in _operands(x_shape, w_shape, device, seed=7))
+    assert torch.autograd.gradcheck(ours, (x, w, b), check_batched_grad=True)
+    assert torch.autograd.gradgradcheck(ours, (x, w, b), check_batched_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: ours(x, w, None), (x, w), check_batched_grad=True)
+
+
+def test_batched_grad_outputs_match_torch():
+    """``torch.autograd.grad(..., is_grads_batched=True)``: a batch of vector-Jacobian products in one call."""
+    ours, theirs = _both(dict(padding=1, stride=(2, 1)))
+    x, w, b = (t.requires_grad_() for t in _operands((2, 3, 6, 7), (4, 3, 3, 3), "cpu", seed=8))
+    g = torch.randn(5, *theirs(x, w, b).shape, dtype=torch.float64)
+    got = torch.autograd.grad(ours(x, w, b), (x, w, b), g, is_grads_batched=True)
+    want = torch.autograd.grad(theirs(x, w, b), (x, w, b), g, is_grads_batched=True)
+    for a, e in zip(got, want):
+        assert a.shape == e.shape and (a - e).norm() <= 1e-12 * e.norm()
+
+
 def _small_net():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),

@@ -149,7 +149,10 @@ def _backward(ctx, dy):
         layer = ctx.layer
         return (grad(x, w, dy, layer, "x") if need_x else None, grad(x, w, dy, layer, "w") if need_w else None,
                 grad(x, w, dy, layer, "b") if need_b else None, None)
-    if _grad_enabled():  # create_graph=True: the custom ops, whose own formulas autograd records
+    if _grad_enabled() or _is_batched(dy):
+        # create_graph=True: the custom ops, whose own formulas autograd records; a batch of grad_outputs
+        # (``autograd.grad(is_grads_batched=True)``, gradcheck's ``check_batched_grad``: torch's legacy vmap, no
+        # transform active): the custom ops, which its fallback runs sample by sample
         return _backward_ops(ctx.layer, x, w, dy, need_x, need_w, need_b) + (None,)
     dx, dw, db = ctx.layer.backward(dy, x, w, need_x, need_w, need_b, True)
     return dx, dw, db, None
@@ -194,6 +197,12 @@ class _Conv2d(torch.autograd.Function):
     backward = staticmethod(_backward)
     jvp = staticmethod(_jvp)
 
+
+try:  # (the legacy vmap's batched tensors: autograd's is_grads_batched)
+    _is_batched = torch._C._functorch.is_legacy_batchedtensor
+except AttributeError:  # pragma: no cover - a torch without it
+    def _is_batched(t) -> bool:
+        return False
 
 try:
     _transforms_active = torch._C._are_functorch_transforms_active
