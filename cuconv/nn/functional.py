@@ -15,7 +15,7 @@ from typing import List, Optional
 
 import torch
 
-from .. import _layout
+from .. import _layout, variants as _variants
 from .._config import config
 from .._errors import ConvTypeError, ConvValueError
 from ..checks import epilogue_of
@@ -24,7 +24,7 @@ from ..select import algorithms
 from ..spec import ConvSpec, output_size, pair
 from . import _bridge, _transforms
 
-__all__ = ["conv2d", "torch_precision"]
+__all__ = ["conv2d", "conv_transpose2d", "conv1d", "torch_precision"]
 
 _TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _Tensor = torch.Tensor
@@ -757,3 +757,57 @@ def _checked(input, weight, bias, stride, padding, dilation, groups, algo, setti
     if not run:
         return None
     return _run_layer(layer, input, weight, bias)
+
+
+def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, stride=1,
+                     padding=0, output_padding=0, groups: int = 1, dilation=1, *, algo: str = "auto") -> torch.Tensor:
+    """``torch.nn.functional.conv_transpose2d`` computed by cuconv, with autograd: the dgrad of the convolution it
+    transposes (``cuconv.variants``), through the custom op ``cuconv::conv2d_input`` (its derivatives are the
+    forward and the wgrad; compile, export and CUDA graphs as for conv2d), the bias added after it. ``algo``
+    names the algorithm of that dgrad (``auto`` where the one named has none). Autocast and float32's TF32 switch
+    as for :func:`conv2d`."""
+    for name, t in (("input", input), ("weight", weight), ("bias", bias)):
+        if not isinstance(t, _Tensor) and not (name == "bias" and t is None):
+            raise TypeError(f"conv_transpose2d(): argument '{name}' must be Tensor, not {type(t).__name__}")
+    if not isinstance(algo, str):
+        raise TypeError(f"conv_transpose2d(): argument 'algo' must be str, not {type(algo).__name__}")
+    if algo != "auto" and algo not in algorithms():
+        raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {algorithms()}")
+    device_type = input.device.type
+    if device_type in ("cuda", "cpu") and torch.is_autocast_enabled(device_type):
+        input, weight, bias = _autocast(input, weight, bias, device_type)
+    shape, (stride, padding, _, dilation) = _variants.transposed_output_shape(
+        tuple(input.shape), tuple(weight.shape), None if bias is None else tuple(bias.shape), stride, padding,
+        output_padding, groups, dilation)
+    if input.dtype not in _TORCH_DTYPES:
+        raise ConvTypeError(f"cuconv: input dtype {input.dtype} is not supported; expected one of "
+                            f"{', '.join(map(str, _TORCH_DTYPES))}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype != input.dtype:
+            raise ConvTypeError(f"Input type ({input.dtype}) and {name} type ({t.dtype}) should be the same")
+        if t is not None and t.device != input.device:
+            raise ConvValueError(f"Expected all tensors to be on the same device, but found input on "
+                                 f"{input.device} and {name} on {t.device}")
+    unbatched = input.dim() == 3
+    x = input.unsqueeze(0) if unbatched else input
+    shape = [v if isinstance(v, (int, torch.SymInt)) else int(v) for v in shape]  # (jit.trace's sizes: 0-d tensors)
+    y = torch.ops.cuconv.conv2d_input(shape, weight, x, list(stride), [padding[0], padding[0], padding[1],
+                                      padding[1]], list(dilation), int(groups), _bridge.backward_algo(algo, "dgrad"),
+                                      torch_precision())
+    if bias is not None:  # (a pass after the dgrad, whose plans take no bias)
+        y = y + bias.reshape(1, -1, 1, 1)
+    return y.squeeze(0) if unbatched else y
+
+
+def conv1d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, stride=1, padding=0,
+           dilation=1, groups: int = 1, *, algo: str = "auto") -> torch.Tensor:
+    """``torch.nn.functional.conv1d`` computed by cuconv, with autograd: :func:`conv2d` over a plane of height one
+    (``input`` ``(N, C, L)`` or ``(C, L)``, ``weight`` ``(K, C / groups, S)``; ``padding`` an int, ``"same"`` or
+    ``"valid"``)."""
+    for name, t in (("input", input), ("weight", weight)):
+        if not isinstance(t, _Tensor):
+            raise TypeError(f"conv1d(): argument '{name}' must be Tensor, not {type(t).__name__}")
+    stride2, padding2, dilation2 = _variants.conv1d_args(tuple(input.shape), tuple(weight.shape), stride, padding,
+                                                         dilation, groups)
+    return conv2d(input.unsqueeze(-2), weight.unsqueeze(-2), bias, stride2, padding2, dilation2, groups,
+                  algo=algo).squeeze(-2)

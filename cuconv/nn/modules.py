@@ -1,4 +1,5 @@
-"""``cuconv.nn.Conv2d``, a drop-in for ``torch.nn.Conv2d``, and ``convert`` for existing models.
+"""``cuconv.nn.Conv2d``, a drop-in for ``torch.nn.Conv2d`` (``ConvTranspose2d`` and ``Conv1d`` likewise for torch's),
+and ``convert`` for existing models.
 
 ``Conv2d`` *is* a ``torch.nn.Conv2d`` (a subclass): same constructor, attributes, parameter shapes,
 ``reset_parameters`` (so one ``torch.manual_seed`` gives bit-identical weights), state_dict keys and
@@ -14,13 +15,17 @@ import torch
 
 from .._types import IntOrPair, Padding
 from ..select import algorithms
+from .functional import conv1d as _cuconv_conv1d
 from .functional import conv2d as _cuconv_conv2d
+from .functional import conv_transpose2d as _cuconv_conv_transpose2d
 
 # torch.fx records a call of cuconv's conv2d as one node (a Proxy never reaches its checks): models converted to
 # cuconv trace with torch.fx.symbolic_trace as torch's do
 torch.fx.wrap("_cuconv_conv2d")
+torch.fx.wrap("_cuconv_conv_transpose2d")
+torch.fx.wrap("_cuconv_conv1d")
 
-__all__ = ["Conv2d", "convert"]
+__all__ = ["Conv2d", "ConvTranspose2d", "Conv1d", "convert"]
 
 
 class Conv2d(torch.nn.Conv2d):
@@ -68,6 +73,68 @@ class Conv2d(torch.nn.Conv2d):
         raise RuntimeError(NOT_SCRIPTABLE)
 
 
+def _check_algo(algo: str) -> None:
+    if algo != "auto" and algo not in algorithms():
+        raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {algorithms()}")
+
+
+class ConvTranspose2d(torch.nn.ConvTranspose2d):
+    """``torch.nn.ConvTranspose2d`` computed by cuconv (``cuconv.nn.functional.conv_transpose2d``): torch's
+    constructor, attributes, initialisation and state_dict, ``forward(input, output_size=None)``; plus ``algo``
+    (keyword-only: the algorithm of the dgrad that computes it)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: IntOrPair, stride: IntOrPair = 1,
+                 padding: IntOrPair = 0, output_padding: IntOrPair = 0, groups: int = 1, bias: bool = True,
+                 dilation: IntOrPair = 1, padding_mode: str = "zeros", device: Any = None,
+                 dtype: Optional[torch.dtype] = None, *, algo: str = "auto") -> None:
+        _check_algo(algo)
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, bias,
+                         dilation, padding_mode, device, dtype)
+        self.algo = algo
+
+    def forward(self, input: torch.Tensor, output_size: Optional[list] = None) -> torch.Tensor:
+        if self.padding_mode != "zeros":
+            raise ValueError("Only `zeros` padding mode is supported for ConvTranspose2d")
+        output_padding = self._output_padding(input, output_size, self.stride, self.padding, self.kernel_size, 2,
+                                              self.dilation)
+        return _cuconv_conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding, output_padding,
+                                        self.groups, self.dilation, algo=self.algo)
+
+    def extra_repr(self) -> str:
+        text = super().extra_repr()
+        return text if self.algo == "auto" else f"{text}, algo={self.algo!r}"
+
+    def __prepare_scriptable__(self):
+        raise RuntimeError(NOT_SCRIPTABLE)
+
+
+class Conv1d(torch.nn.Conv1d):
+    """``torch.nn.Conv1d`` computed by cuconv (``cuconv.nn.functional.conv1d``: a 2-D convolution over a plane of
+    height one): torch's constructor, attributes, initialisation, state_dict and padding modes; plus ``algo``."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device: Any = None,
+                 dtype: Optional[torch.dtype] = None, *, algo: str = "auto") -> None:
+        _check_algo(algo)
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         padding_mode, device, dtype)
+        self.algo = algo
+
+    def _conv_forward(self, input, weight, bias):
+        if self.padding_mode != "zeros":
+            padded = torch.nn.functional.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+            return _cuconv_conv1d(padded, weight, bias, self.stride, 0, self.dilation, self.groups, algo=self.algo)
+        return _cuconv_conv1d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups,
+                              algo=self.algo)
+
+    def extra_repr(self) -> str:
+        text = super().extra_repr()
+        return text if self.algo == "auto" else f"{text}, algo={self.algo!r}"
+
+    def __prepare_scriptable__(self):
+        raise RuntimeError(NOT_SCRIPTABLE)
+
+
 NOT_QUANTIZABLE = ("cuconv: cuconv's Conv2d computes in floating point (float32, TF32, float16, bfloat16, float64) "
                    "and has no quantized form; quantize the torch model (before cuconv.nn.convert)")
 
@@ -79,10 +146,15 @@ NOT_SCRIPTABLE = ("cuconv: torch.jit.script cannot compile cuconv's convolution 
                   "cuconv before torch.jit.load), torch.export or torch.compile instead")
 
 
-def _converted(conv: torch.nn.Conv2d, algo: str) -> Conv2d:
-    """A ``Conv2d`` holding ``conv``'s state: the same Parameter and buffer objects, hooks and training flag, in
-    dicts of its own (a hook registered on one module later does not fire on the other)."""
-    new = Conv2d.__new__(Conv2d)
+# torch's convolution modules convert swaps, each for cuconv's twin
+_TWINS = {torch.nn.Conv2d: Conv2d, torch.nn.ConvTranspose2d: ConvTranspose2d, torch.nn.Conv1d: Conv1d}
+
+
+def _converted(conv: torch.nn.Module, algo: str) -> torch.nn.Module:
+    """cuconv's twin of ``conv`` holding its state: the same Parameter and buffer objects, hooks and training flag,
+    in dicts of its own (a hook registered on one module later does not fire on the other)."""
+    twin = _TWINS[type(conv)]
+    new = twin.__new__(twin)
     for name, value in conv.__dict__.items():
         object.__setattr__(new, name, value.copy() if isinstance(value, (dict, set)) else value)
     new.algo = algo
@@ -90,7 +162,8 @@ def _converted(conv: torch.nn.Conv2d, algo: str) -> Conv2d:
 
 
 def convert(model: torch.nn.Module, *, algo: str = "auto", fuse: bool = False) -> torch.nn.Module:
-    """Replace every ``torch.nn.Conv2d`` in ``model`` by :class:`Conv2d`, in place; returns the model.
+    """Replace every ``torch.nn.Conv2d`` in ``model`` by :class:`Conv2d` (``ConvTranspose2d`` and ``Conv1d`` by
+    cuconv's), in place; returns the model.
 
     Every use of a convolution is replaced, and a module used in several places (or under several names) by one
     converted module, shared as the original was. The new modules hold the old ones' Parameter and buffer
@@ -144,13 +217,14 @@ def convert(model: torch.nn.Module, *, algo: str = "auto", fuse: bool = False) -
 
 
 def _left_alone(module: torch.nn.Module) -> str:
-    """Why a subclass of torch's Conv2d stays on torch."""
+    """Why a subclass of one of torch's convolutions stays on torch."""
+    base = next(b for b in _TWINS if isinstance(module, b))
     if isinstance(module, torch.nn.modules.lazy.LazyModuleMixin):
-        return "a LazyConv2d before its first forward (run one forward, then convert)"
+        return f"a Lazy{base.__name__} before its first forward (run one forward, then convert)"
     if torch.nn.utils.parametrize.is_parametrized(module):
         return ("a parametrized weight (weight_norm, spectral_norm, ...), computed by torch on each call "
                 "(torch.nn.utils.parametrize.remove_parametrizations first to convert it)")
-    return f"a subclass of torch.nn.Conv2d ({type(module).__module__}.{type(module).__qualname__})"
+    return f"a subclass of torch.nn.{base.__name__} ({type(module).__module__}.{type(module).__qualname__})"
 
 
 def _convert(module: torch.nn.Module, algo: str, done: dict, walked: set, left: list,
@@ -158,12 +232,13 @@ def _convert(module: torch.nn.Module, algo: str, done: dict, walked: set, left: 
     """``module`` with its convolutions replaced; ``done`` maps each original (by id) to (original, replacement),
     so a module met again gets the same one, ``walked`` holds the containers already walked, and ``left`` gets
     the path and reason of each subclass of Conv2d left alone."""
-    if isinstance(module, torch.nn.Conv2d) and type(module) is not torch.nn.Conv2d and not isinstance(module, Conv2d):
+    if (isinstance(module, tuple(_TWINS)) and type(module) not in _TWINS
+            and not isinstance(module, tuple(_TWINS.values()))):
         if id(module) not in walked:
             walked.add(id(module))
             left.append(f"{path or '(the model)'}: {_left_alone(module)}")
         return module
-    if type(module) is torch.nn.Conv2d:
+    if type(module) in _TWINS:
         entry = done.get(id(module))
         if entry is None:  # (the original is kept in ``done`` while the walk lasts: its id cannot be reused)
             entry = done[id(module)] = (module, _converted(module, algo))

@@ -1,0 +1,161 @@
+"""``conv_transpose2d`` and ``conv1d`` on arrays, on cuconv's 2-D passes, with torch's semantics and refusals.
+
+A transposed convolution is the dgrad of the convolution it transposes: ``conv_transpose2d(x, w)`` is
+``conv2d_input(output_size, w, x)`` with ``w`` of shape ``(C_in, C_out / groups, R, S)`` read as that
+convolution's ``(K, C / groups, R, S)``, plus the bias after it; ``output_padding`` (below the stride or the
+dilation) only lengthens the output by rows and columns the kernel windows do not reach. A 1-D convolution is a
+2-D one over a plane of height one. The torch door (``cuconv.nn.functional``) checks its tensors with the same
+functions, so both doors refuse alike, in torch's words.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ._errors import ConvValueError
+from ._types import Array, IntOrPair
+from .spec import _is_int, pair
+
+__all__ = ["conv_transpose2d", "conv1d", "transposed_output_shape", "conv1d_args"]
+
+
+def _int_pair(value, name: str, op: str) -> tuple:
+    if isinstance(value, str):
+        raise TypeError(f"{op}(): argument '{name}' must be tuple of ints, not str")
+    return pair(value, name)
+
+
+def transposed_output_shape(x_shape: tuple, w_shape: tuple, b_shape: Optional[tuple], stride, padding,
+                            output_padding, groups, dilation) -> tuple:
+    """The output shape of ``conv_transpose2d`` (4-D, the batch 1 for an unbatched input) and its arguments as
+    pairs ``(stride, padding, output_padding, dilation)``, after torch's checks in its words."""
+    op = "conv_transpose2d"
+    if len(x_shape) not in (3, 4):
+        raise ConvValueError(f"Expected 3D (unbatched) or 4D (batched) input to {op}, but got input of size: "
+                             f"{list(x_shape)}")
+    if len(w_shape) != 4:
+        raise ConvValueError("weight should have at least three dimensions" if len(w_shape) < 3 else
+                             f"Expected {len(w_shape)}-dimensional input for {len(w_shape)}-dimensional weight "
+                             f"{list(w_shape)}, but got {len(x_shape)}-dimensional input of size {list(x_shape)} "
+                             f"instead")
+    stride, padding = _int_pair(stride, "stride", op), _int_pair(padding, "padding", op)
+    output_padding, dilation = _int_pair(output_padding, "output_padding", op), _int_pair(dilation, "dilation", op)
+    if not _is_int(groups):
+        raise TypeError(f"{op}(): argument 'groups' must be int, not {type(groups).__name__}")
+    groups = int(groups)
+    if any(s <= 0 for s in stride):
+        raise ConvValueError("non-positive stride is not supported")
+    if any(p < 0 for p in padding):
+        raise ConvValueError("negative padding is not supported")
+    if any(p < 0 for p in output_padding):
+        raise ConvValueError("negative output_padding is not supported")
+    if any(d <= 0 for d in dilation):
+        raise ConvValueError("dilation should be greater than zero")
+    if groups <= 0:
+        raise ConvValueError("non-positive groups is not supported")
+    x4 = (1, *x_shape) if len(x_shape) == 3 else tuple(x_shape)
+    n, c, h, w = x4
+    c_in, c_out_g, r, s = w_shape
+    if c_in % groups:
+        raise ConvValueError(f"Given groups={groups}, expected weight to be divisible by {groups} at dimension 0, "
+                             f"but got weight of size [{list(w_shape)}] instead")
+    if c != c_in:
+        raise ConvValueError(f"Given transposed=1, weight of size {list(w_shape)}, expected input{list(x_shape)} to "
+                             f"have {c_in} channels, but got {c} channels instead")
+    if not all(op_ < st or op_ < d for op_, st, d in zip(output_padding, stride, dilation)):
+        raise ConvValueError(
+            f"output padding must be smaller than either stride or dilation, but got output_padding_height: "
+            f"{output_padding[0]} output_padding_width: {output_padding[1]} stride_height: {stride[0]} stride_width: "
+            f"{stride[1]} dilation_height: {dilation[0]} dilation_width: {dilation[1]}")
+    c_out = c_out_g * groups
+    if b_shape is not None and tuple(b_shape) != (c_out,):
+        raise ConvValueError(f"Given transposed=1, weight of size {list(w_shape)}, expected bias to be 1-dimensional "
+                             f"with {c_out} elements, but got bias of size {list(b_shape)} instead")
+    size = [(length - 1) * st - 2 * p + d * (k - 1) + op_ + 1
+            for length, st, p, d, k, op_ in zip((h, w), stride, padding, dilation, (r, s), output_padding)]
+    if any(v <= 0 for v in size):
+        raise ConvValueError(f"Given input size per channel: ({h} x {w}). Calculated output size per channel: "
+                             f"({size[0]} x {size[1]}). Output size is too small")
+    return (n, c_out, size[0], size[1]), (stride, padding, output_padding, dilation)
+
+
+def conv1d_args(x_shape: tuple, w_shape: tuple, stride, padding, dilation, groups) -> tuple:
+    """``conv1d``'s arguments as ``conv2d``'s over a plane of height one, ``(stride, padding, dilation)``, after
+    the checks whose words name 1-D sizes (the rest are ``conv2d``'s)."""
+    if len(x_shape) not in (2, 3):
+        raise ConvValueError(f"Expected 2D (unbatched) or 3D (batched) input to conv1d, but got input of size: "
+                             f"{list(x_shape)}")
+    if len(w_shape) != 3:
+        raise ConvValueError("weight should have at least three dimensions" if len(w_shape) < 3 else
+                             f"Expected {len(w_shape)}-dimensional input for {len(w_shape)}-dimensional weight "
+                             f"{list(w_shape)}, but got {len(x_shape)}-dimensional input of size {list(x_shape)} "
+                             f"instead")
+
+    def single(value, name):
+        if isinstance(value, (tuple, list)):
+            if len(value) != 1:
+                raise ConvValueError(f"expected {name} to be a single integer value or a list of 1 values to match "
+                                     f"the convolution dimensions, but got {name}={list(value)}")
+            value = value[0]
+        return value
+
+    stride, dilation = single(stride, "stride"), single(dilation, "dilation")
+    padding = padding if isinstance(padding, str) else single(padding, "padding")
+    c = x_shape[-2]
+    if _is_int(groups) and int(groups) > 0 and c != w_shape[1] * int(groups):
+        raise ConvValueError(f"Given groups={int(groups)}, weight of size {list(w_shape)}, expected input"
+                             f"{list(x_shape)} to have {w_shape[1] * int(groups)} channels, but got {c} channels "
+                             f"instead")
+    if (_is_int(stride) and _is_int(dilation) and _is_int(padding) and int(dilation) > 0 and int(padding) >= 0
+            and x_shape[-1] + 2 * int(padding) < int(dilation) * (w_shape[2] - 1) + 1):
+        raise ConvValueError(f"Calculated padded input size per channel: ({x_shape[-1] + 2 * int(padding)}). Kernel "
+                             f"size: ({int(dilation) * (w_shape[2] - 1) + 1}). Kernel size can't be greater than "
+                             f"actual input size")
+    return ((1, stride), padding if isinstance(padding, str) else (0, padding), (1, dilation))
+
+
+def conv_transpose2d(x: Array, weight: Array, bias: Optional[Array] = None, stride: IntOrPair = 1,
+                     padding: IntOrPair = 0, output_padding: IntOrPair = 0, groups: int = 1,
+                     dilation: IntOrPair = 1, *, algo: str = "auto", precision: Optional[str] = None) -> Array:
+    """2-D transposed convolution with the semantics of ``torch.nn.functional.conv_transpose2d``.
+
+    Parameters
+    ----------
+    x : numpy.ndarray or cupy.ndarray
+        ``(N, C_in, H, W)`` or unbatched ``(C_in, H, W)``.
+    weight : array of the same library and dtype, ``(C_in, C_out / groups, R, S)``
+    bias : array ``(C_out,)``, optional
+    stride, padding, output_padding, dilation : int or (int, int)
+        ``output_padding`` must be smaller than the stride or the dilation on each axis.
+    groups : int
+    algo, precision
+        As :func:`cuconv.conv2d_input`'s (the pass that computes it).
+
+    Returns
+    -------
+    array ``(N, C_out, (H - 1)·stride - 2·padding + dilation·(R - 1) + output_padding + 1, ...)``.
+    """
+    from .backward import conv2d_input
+
+    shape, (stride, padding, _, dilation) = transposed_output_shape(
+        tuple(x.shape), tuple(weight.shape), None if bias is None else tuple(bias.shape), stride, padding,
+        output_padding, groups, dilation)
+    unbatched = x.ndim == 3
+    y = conv2d_input(shape[1:] if unbatched else shape, weight, x, stride, padding, dilation, groups, algo=algo,
+                     precision=precision)
+    if bias is not None:  # (a pass after the dgrad: its plans take no bias)
+        y += bias.reshape((-1, 1, 1))
+    return y
+
+
+def conv1d(x: Array, weight: Array, bias: Optional[Array] = None, stride=1, padding=0, dilation=1, groups: int = 1,
+           *, algo: str = "auto", precision: Optional[str] = None) -> Array:
+    """1-D convolution with the semantics of ``torch.nn.functional.conv1d``: ``x`` ``(N, C, L)`` or ``(C, L)``,
+    ``weight`` ``(K, C / groups, S)``, ``padding`` an int, ``"same"`` or ``"valid"``; computed as
+    :func:`cuconv.conv2d` over a plane of height one (its ``algo``, ``precision``)."""
+    from .conv import conv2d
+
+    stride2, padding2, dilation2 = conv1d_args(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups)
+    y = conv2d(x[..., None, :], weight[:, :, None, :], bias, stride2, padding2, dilation2, groups, algo=algo,
+               precision=precision)
+    return y[..., 0, :]

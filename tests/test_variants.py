@@ -1,0 +1,210 @@
+"""conv_transpose2d and conv1d (``cuconv.variants``, ``cuconv.nn.functional``, ``cuconv.nn.ConvTranspose2d`` and
+``Conv1d``, ``convert``) against torch's in float64: outputs, gradients, the modules as drop-ins, and every
+refusal in torch's words; on the CPU and (marked) on the GPU."""
+
+from __future__ import annotations
+
+import numpy
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cuconv  # noqa: E402
+import cuconv.nn  # noqa: E402
+import cuconv.nn.functional as F  # noqa: E402
+
+_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+_TF = torch.nn.functional
+
+# (input, weight, keywords): transposed convolutions of decoders and odd ones
+_TRANSPOSED = [
+    pytest.param((2, 4, 5, 6), (4, 3, 3, 2), dict(), id="plain"),
+    pytest.param((2, 8, 7, 7), (8, 4, 4, 4), dict(stride=2, padding=1), id="unet_up_4x4_s2"),
+    pytest.param((1, 6, 5, 4), (6, 5, 2, 2), dict(stride=2), id="up_2x2_s2_batch1"),
+    pytest.param((2, 4, 5, 6), (4, 3, 3, 3), dict(stride=2, padding=1, output_padding=1), id="output_padding"),
+    pytest.param((3, 6, 4, 5), (6, 2, 3, 2), dict(stride=(2, 3), padding=(1, 0), output_padding=(1, 2),
+                                                 dilation=(1, 2), groups=3), id="groups_dilation_rect"),
+    pytest.param((4, 5, 6), (4, 2, 3, 3), dict(padding=1), id="unbatched"),
+    pytest.param((2, 6, 5, 5), (6, 1, 3, 3), dict(stride=2, padding=1, groups=6), id="depthwise"),
+]
+_ONE_D = [
+    pytest.param((2, 6, 17), (6, 1, 4), dict(groups=6, padding=3), id="depthwise_causal_window"),
+    pytest.param((2, 4, 19), (5, 4, 3), dict(stride=2, padding=1, dilation=2), id="strided_dilated"),
+    pytest.param((3, 12), (4, 3, 5), dict(padding="same"), id="unbatched_same"),
+    pytest.param((2, 8, 9), (8, 2, 3), dict(groups=4, padding="valid"), id="grouped_valid"),
+]
+
+
+def _make(shape, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, dtype=torch.float64, generator=g).to(device)
+
+
+def _close(a, b, tol=1e-12):
+    a, b = a.detach(), b.detach()
+    assert a.shape == b.shape
+    assert float((a - b).norm()) <= tol * max(float(b.norm()), 1e-300)
+
+
+def _bias_size(w_shape, kwargs, transposed):
+    return w_shape[1] * kwargs.get("groups", 1) if transposed else w_shape[0]
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", _TRANSPOSED)
+def test_conv_transpose2d_and_its_gradients_match_torch(x_shape, w_shape, kwargs, bias, device):
+    x, w = _make(x_shape, device, 1).requires_grad_(), _make(w_shape, device, 2).requires_grad_()
+    b = _make((_bias_size(w_shape, kwargs, True),), device, 3).requires_grad_() if bias else None
+    y, want = F.conv_transpose2d(x, w, b, **kwargs), _TF.conv_transpose2d(x, w, b, **kwargs)
+    _close(y, want)
+    g = _make(want.shape, device, 4)
+    inputs = (x, w) + ((b,) if bias else ())
+    for got, ref in zip(torch.autograd.grad(y, inputs, g), torch.autograd.grad(want, inputs, g)):
+        _close(got, ref)
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_conv_transpose2d_gradchecks(device):
+    x, w, b = (_make(s, device, i).requires_grad_() for i, s in enumerate(((2, 4, 3, 4), (4, 3, 3, 2), (3,))))
+    f = lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (x, w, b))
+    assert torch.autograd.gradgradcheck(f, (x, w, b))
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", _ONE_D)
+def test_conv1d_and_its_gradients_match_torch(x_shape, w_shape, kwargs, bias, device):
+    x, w = _make(x_shape, device, 5).requires_grad_(), _make(w_shape, device, 6).requires_grad_()
+    b = _make((w_shape[0],), device, 7).requires_grad_() if bias else None
+    y, want = F.conv1d(x, w, b, **kwargs), _TF.conv1d(x, w, b, **kwargs)
+    _close(y, want)
+    g = _make(want.shape, device, 8)
+    inputs = (x, w) + ((b,) if bias else ())
+    for got, ref in zip(torch.autograd.grad(y, inputs, g), torch.autograd.grad(want, inputs, g)):
+        _close(got, ref)
+
+
+def _arrays(device):
+    if device == "cpu":
+        return numpy.asarray, lambda a: a
+    import cupy
+
+    return cupy.asarray, cupy.asnumpy
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", _TRANSPOSED)
+def test_array_door_conv_transpose2d_matches_torch(x_shape, w_shape, kwargs, device):
+    to, back = _arrays(device)
+    x, w, b = _make(x_shape, "cpu", 1), _make(w_shape, "cpu", 2), _make((_bias_size(w_shape, kwargs, True),), "cpu", 3)
+    y = back(cuconv.conv_transpose2d(to(x.numpy()), to(w.numpy()), to(b.numpy()), **kwargs))
+    _close(torch.from_numpy(numpy.ascontiguousarray(y)), _TF.conv_transpose2d(x, w, b, **kwargs))
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", _ONE_D)
+def test_array_door_conv1d_matches_torch(x_shape, w_shape, kwargs, device):
+    to, back = _arrays(device)
+    x, w, b = _make(x_shape, "cpu", 5), _make(w_shape, "cpu", 6), _make((w_shape[0],), "cpu", 7)
+    y = back(cuconv.conv1d(to(x.numpy()), to(w.numpy()), to(b.numpy()), **kwargs))
+    _close(torch.from_numpy(numpy.ascontiguousarray(y)), _TF.conv1d(x, w, b, **kwargs))
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_modules_are_drop_ins_and_convert_swaps_them(device):
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.ConvTranspose2d(4, 3, 4, stride=2, padding=1), torch.nn.ReLU(),
+                                   torch.nn.Flatten(2), torch.nn.Conv1d(3, 2, 3, padding=1, padding_mode="circular"),
+                                   ).double().to(device)
+
+    ref, ours = model(), cuconv.nn.convert(model())
+    assert [type(m) for m in ours[::3]] == [cuconv.nn.ConvTranspose2d, cuconv.nn.Conv1d]
+    assert ours.state_dict().keys() == ref.state_dict().keys()
+    for a, e in zip(ours.state_dict().values(), ref.state_dict().values()):
+        assert torch.equal(a, e)
+    x = _make((2, 4, 5, 6), device, 9)
+    _close(ours(x), ref(x))
+    torch.manual_seed(1)
+    a = cuconv.nn.ConvTranspose2d(4, 3, 3, stride=2, algo="auto").double().to(device)
+    torch.manual_seed(1)
+    t = torch.nn.ConvTranspose2d(4, 3, 3, stride=2).double().to(device)
+    assert torch.equal(a.weight, t.weight)
+    for size in ([11, 13], [12, 14]):  # output_size picks the output padding, as torch's
+        _close(a(x, output_size=size), t(x, output_size=size))
+
+
+def _refusal(call):
+    try:
+        call()
+    except (TypeError, ValueError, RuntimeError) as exc:
+        return exc
+    raise AssertionError("no exception")
+
+
+_X, _W = (2, 4, 5, 5), (4, 3, 3, 3)
+_BAD_TRANSPOSED = {
+    "channels": ((2, 3, 5, 5), _W, None, dict()),
+    "output_padding": (_X, _W, None, dict(stride=2, output_padding=2)),
+    "output_padding_stride1": (_X, _W, None, dict(output_padding=1)),
+    "bias": (_X, _W, (4,), dict()),
+    "groups0": (_X, _W, None, dict(groups=0)),
+    "groups3": (_X, _W, None, dict(groups=3)),
+    "stride0": (_X, _W, None, dict(stride=0)),
+    "negative_padding": (_X, _W, None, dict(padding=-1)),
+    "input_5d": ((1, 2, 4, 5, 5), _W, None, dict()),
+    "same": (_X, _W, None, dict(padding="same")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_TRANSPOSED))
+def test_conv_transpose2d_refuses_as_torch(case):
+    """Each refusal of torch's CPU conv_transpose2d, in its words and of its types (RuntimeError where torch raises
+    it: ConvValueError is one), from both doors, before anything runs."""
+    x_shape, w_shape, b_shape, kwargs = _BAD_TRANSPOSED[case]
+    make = lambda s: None if s is None else torch.randn(*s, dtype=torch.float64)  # noqa: E731
+    x, w, b = make(x_shape), make(w_shape), make(b_shape)
+    theirs = _refusal(lambda: _TF.conv_transpose2d(x, w, b, **kwargs))
+    for ours in (_refusal(lambda: F.conv_transpose2d(x, w, b, **kwargs)),
+                 _refusal(lambda: cuconv.conv_transpose2d(x.numpy(), w.numpy(), None if b is None else b.numpy(),
+                                                          **kwargs))):
+        assert isinstance(ours, type(theirs)), (ours, theirs)
+        assert str(ours) == str(theirs).splitlines()[0]
+
+
+_BAD_ONE_D = {
+    "input_4d": ((2, 3, 4, 5), (4, 3, 3), dict()),
+    "channels": ((2, 2, 9), (4, 3, 3), dict()),
+    "kernel_larger": ((2, 3, 2), (4, 3, 3), dict()),
+    "weight_4d": ((2, 3, 9), (4, 3, 3, 3), dict()),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_ONE_D))
+def test_conv1d_refuses_as_torch(case):
+    x_shape, w_shape, kwargs = _BAD_ONE_D[case]
+    x, w = torch.randn(*x_shape, dtype=torch.float64), torch.randn(*w_shape, dtype=torch.float64)
+    theirs = _refusal(lambda: _TF.conv1d(x, w, **kwargs))
+    for ours in (_refusal(lambda: F.conv1d(x, w, **kwargs)), _refusal(lambda: cuconv.conv1d(x.numpy(), w.numpy()))):
+        assert isinstance(ours, type(theirs)), (ours, theirs)
+        assert str(ours) == str(theirs).splitlines()[0]
+
+
+def test_graph_tools_take_conv_transpose2d_as_the_custom_op():
+    """torch.compile (fullgraph), torch.export, torch.jit.trace and torch.fx of a converted decoder step."""
+    model = cuconv.nn.convert(torch.nn.Sequential(torch.nn.ConvTranspose2d(3, 2, 3, stride=2), torch.nn.Flatten(2),
+                                                  torch.nn.Conv1d(2, 2, 3)).double()).eval()
+    x = torch.randn(2, 3, 6, 7, dtype=torch.float64)
+    with torch.no_grad():
+        want = model(x)
+        other = torch.randn(2, 3, 6, 7, dtype=torch.float64)
+        _close(torch.jit.trace(model, x)(other), model(other))
+        _close(torch.fx.symbolic_trace(model)(x), want)
+        torch._dynamo.reset()
+        _close(torch.compile(model, backend="eager", fullgraph=True)(x), want)
+        torch._dynamo.reset()
+        program = torch.export.export(model, (x,))
+        _close(program.module()(x), want)
+        assert "cuconv.conv2d_input" in str(program.graph)
