@@ -7,9 +7,9 @@ from .select import algorithms, select_algorithm
 from .backward import conv2d_input, conv2d_weight
 from .conv import conv2d
 from .spec import ConvSpec, output_size
-from .variants import conv1d, conv_transpose2d
+from .variants import conv1d, conv3d, conv_transpose2d
 
 __version__ = "0.1.0"
 
-__all__ = ["conv2d", "conv2d_input", "conv2d_weight", "conv_transpose2d", "conv1d", "algorithms", "select_algorithm", "config", "ConvSpec",
-           "output_size", "ConvValueError", "ConvTypeError", "__version__"]
+__all__ = ["conv2d", "conv2d_input", "conv2d_weight", "conv_transpose2d", "conv1d", "conv3d", "algorithms",
+           "select_algorithm", "config", "ConvSpec", "output_size", "ConvValueError", "ConvTypeError", "__version__"]

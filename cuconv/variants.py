@@ -4,7 +4,10 @@ A transposed convolution is the dgrad of the convolution it transposes: ``conv_t
 ``conv2d_input(output_size, w, x)`` with ``w`` of shape ``(C_in, C_out / groups, R, S)`` read as that
 convolution's ``(K, C / groups, R, S)``, plus the bias after it; ``output_padding`` (below the stride or the
 dilation) only lengthens the output by rows and columns the kernel windows do not reach. A 1-D convolution is a
-2-D one over a plane of height one. The torch door (``cuconv.nn.functional``) checks its tensors with the same
+2-D one over a plane of height one. A 3-D convolution is one 2-D convolution over its depth's columns: the T
+input planes each output plane reads (``depth_columns``: a copy of the input T times over, the batch and output
+depth folded together), their channels side by side, against the weight with its T taps folded into its channels
+(``(K, C/groups, T, R, S)`` as ``(K, T·C/groups, R, S)``, group by group). The torch door (``cuconv.nn.functional``) checks its tensors with the same
 functions, so both doors refuse alike, in torch's words.
 """
 
@@ -16,7 +19,8 @@ from ._errors import ConvValueError
 from ._types import Array, IntOrPair
 from .spec import _is_int, pair
 
-__all__ = ["conv_transpose2d", "conv1d", "transposed_output_shape", "conv1d_args"]
+__all__ = ["conv_transpose2d", "conv1d", "conv3d", "transposed_output_shape", "conv1d_args", "conv3d_args",
+           "depth_columns"]
 
 
 def _int_pair(value, name: str, op: str) -> tuple:
@@ -159,3 +163,134 @@ def conv1d(x: Array, weight: Array, bias: Optional[Array] = None, stride=1, padd
     y = conv2d(x[..., None, :], weight[:, :, None, :], bias, stride2, padding2, dilation2, groups, algo=algo,
                precision=precision)
     return y[..., 0, :]
+
+
+def _triple(value, name: str) -> tuple:
+    if isinstance(value, (tuple, list)):
+        if len(value) == 1:
+            value = tuple(value) * 3
+        if len(value) != 3:
+            raise ConvValueError(f"expected {name} to be a single integer value or a list of 3 values to match the "
+                                 f"convolution dimensions, but got {name}={list(value)}")
+        return tuple(value)
+    return (value,) * 3
+
+
+def conv3d_args(x_shape: tuple, w_shape: tuple, stride, padding, dilation, groups) -> dict:
+    """``conv3d``'s geometry after torch's checks in its words: ``stride``, ``dilation`` (triples), ``pad_d`` (the
+    depth's padding before and after), ``padding_hw`` (the plane's, as conv2d takes it: a pair or a string),
+    ``depth`` (the output's), ``groups``."""
+    if len(x_shape) not in (4, 5):
+        raise ConvValueError(f"Expected 4D (unbatched) or 5D (batched) input to conv3d, but got input of size: "
+                             f"{list(x_shape)}")
+    if len(w_shape) != 5:
+        raise ConvValueError("weight should have at least three dimensions" if len(w_shape) < 3 else
+                             f"Expected {len(w_shape)}-dimensional input for {len(w_shape)}-dimensional weight "
+                             f"{list(w_shape)}, but got {len(x_shape)}-dimensional input of size {list(x_shape)} "
+                             f"instead")
+    stride, dilation = _triple(stride, "stride"), _triple(dilation, "dilation")
+    for name, values in (("stride", stride), ("dilation", dilation)):
+        if not all(_is_int(v) for v in values):
+            raise TypeError(f"conv3d(): argument '{name}' must be tuple of ints, but found element of type "
+                            f"{type(next(v for v in values if not _is_int(v))).__name__}")
+    stride, dilation = tuple(int(v) for v in stride), tuple(int(v) for v in dilation)
+    if not _is_int(groups):
+        raise TypeError(f"conv3d(): argument 'groups' must be int, not {type(groups).__name__}")
+    groups = int(groups)
+    if any(v <= 0 for v in stride):
+        raise ConvValueError("non-positive stride is not supported")
+    if any(v <= 0 for v in dilation):
+        raise ConvValueError("dilation should be greater than zero")
+    if groups <= 0:
+        raise ConvValueError("non-positive groups is not supported")
+    x5 = (1, *x_shape) if len(x_shape) == 4 else tuple(x_shape)
+    _, c, d, h, w = x5
+    k, c_g, t, r, s = w_shape
+    if c != c_g * groups:
+        raise ConvValueError(f"Given groups={groups}, weight of size {list(w_shape)}, expected input{list(x_shape)} to "
+                             f"have {c_g * groups} channels, but got {c} channels instead")
+    if k % groups:
+        raise ConvValueError(f"Given groups={groups}, expected weight to be divisible by {groups} at dimension 0, "
+                             f"but got weight of size {list(w_shape)} instead")
+    extents = [dl * (kk - 1) + 1 for dl, kk in zip(dilation, (t, r, s))]
+    if isinstance(padding, str):
+        if padding not in ("same", "valid"):
+            raise ConvValueError(f"Invalid padding string '{padding}', should be one of ['valid', 'same']")
+        if padding == "same" and any(v != 1 for v in stride):
+            raise ConvValueError("padding='same' is not supported for strided convolutions")
+        total = extents[0] - 1 if padding == "same" else 0
+        pads = [(total // 2, total - total // 2)] + [(0, 0)] * 2
+        padding_hw = padding
+    else:
+        triple = _triple(padding, "padding")
+        if not all(_is_int(v) for v in triple):
+            raise TypeError("conv3d(): argument 'padding' must be tuple of ints")
+        if any(int(v) < 0 for v in triple):
+            raise ConvValueError("negative padding is not supported")
+        pads = [(int(v), int(v)) for v in triple]
+        padding_hw = (int(triple[1]), int(triple[2]))
+    if padding == "same":
+        pads = [pads[0]] + [((e - 1) // 2, e - 1 - (e - 1) // 2) for e in extents[1:]]
+    padded = [size + lo + hi for size, (lo, hi) in zip((d, h, w), pads)]
+    if any(p < e for p, e in zip(padded, extents)):
+        raise ConvValueError(f"Calculated padded input size per channel: ({padded[0]} x {padded[1]} x {padded[2]}). "
+                             f"Kernel size: ({extents[0]} x {extents[1]} x {extents[2]}). Kernel size can't be greater "
+                             f"than actual input size")
+    depth = (padded[0] - extents[0]) // stride[0] + 1
+    return dict(stride=stride, dilation=dilation, pad_d=pads[0], padding_hw=padding_hw, depth=depth, groups=groups)
+
+
+def depth_columns(xp, x, geometry: dict, taps: int, channels_per_group: int):
+    """The columns of a 3-D convolution's depth for its one 2-D convolution: from ``x`` ``(N, C, D, H, W)`` of the
+    array or tensor module ``xp`` (numpy, cupy or torch, whose ``pad``/``stack`` it takes), the array
+    ``(N·D_out, groups·T·C/groups, H, W)`` whose sample ``n·D_out + d`` holds, group by group, the T input planes
+    output plane ``d`` reads (zeros in the depth's padding)."""
+    n, c, d, h, w = x.shape
+    lo, hi = geometry["pad_d"]
+    if lo or hi:
+        if xp.__name__ == "torch":
+            x = xp.nn.functional.pad(x, (0, 0, 0, 0, lo, hi))
+        else:
+            x = xp.pad(x, ((0, 0), (0, 0), (lo, hi), (0, 0), (0, 0)))
+    depth, st, dl = geometry["depth"], geometry["stride"][0], geometry["dilation"][0]
+    g = geometry["groups"]
+    planes = [x[:, :, t * dl: t * dl + st * (depth - 1) + 1: st] for t in range(taps)]  # each (N, C, D_out, H, W)
+    cols = xp.stack(planes, 1)  # (N, T, C, D_out, H, W)
+    cols = cols.reshape(n, taps, g, channels_per_group, depth, h, w)
+    # (N, D_out, g, T, C/g, H, W): channels of one group together, its taps outermost within it
+    order = (0, 4, 2, 1, 3, 5, 6)
+    cols = cols.permute(*order) if xp.__name__ == "torch" else cols.transpose(order)
+    return cols.reshape(n * depth, g * taps * channels_per_group, h, w)
+
+
+def folded_weight(w):
+    """A 3-D weight ``(K, C/groups, T, R, S)`` as the 2-D one of ``depth_columns``' convolution, ``(K, T·C/groups,
+    R, S)`` (NumPy and CuPy arrays: ``transpose``; tensors: ``permute``)."""
+    k, c_g, t, r, s = w.shape
+    moved = w.permute(0, 2, 1, 3, 4) if hasattr(w, "permute") else w.transpose(0, 2, 1, 3, 4)
+    return moved.reshape(k, t * c_g, r, s)
+
+
+def conv3d(x: Array, weight: Array, bias: Optional[Array] = None, stride=1, padding=0, dilation=1, groups: int = 1,
+           *, algo: str = "auto", precision: Optional[str] = None) -> Array:
+    """3-D convolution with the semantics of ``torch.nn.functional.conv3d``: ``x`` ``(N, C, D, H, W)`` or
+    ``(C, D, H, W)``, ``weight`` ``(K, C / groups, T, R, S)``, ``padding`` an int, a triple, ``"same"`` or
+    ``"valid"``; computed as one :func:`cuconv.conv2d` over the depth's columns (``depth_columns``; its ``algo``,
+    ``precision``): a copy of the input T times over."""
+    import numpy
+
+    from . import _backend
+    from .conv import conv2d
+
+    geometry = conv3d_args(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups)
+    xp = numpy if _backend.is_numpy_array(x) else _backend.cupy_or_none()
+    unbatched = x.ndim == 4
+    x5 = x[None] if unbatched else x
+    n, k, taps = x5.shape[0], weight.shape[0], weight.shape[2]
+    cols = xp.ascontiguousarray(depth_columns(xp, x5, geometry, taps, weight.shape[1]))
+    w2 = xp.ascontiguousarray(folded_weight(weight))
+    y = conv2d(cols, w2, bias, geometry["stride"][1:], geometry["padding_hw"], geometry["dilation"][1:],
+               geometry["groups"], algo=algo, precision=precision)  # (N·D_out, K, P, Q)
+    y = y.reshape(n, geometry["depth"], k, *y.shape[2:]).transpose(0, 2, 1, 3, 4)
+    y = xp.ascontiguousarray(y)
+    return y[0] if unbatched else y

@@ -1,5 +1,5 @@
-"""conv_transpose2d and conv1d (``cuconv.variants``, ``cuconv.nn.functional``, ``cuconv.nn.ConvTranspose2d`` and
-``Conv1d``, ``convert``) against torch's in float64: outputs, gradients, the modules as drop-ins, and every
+"""conv_transpose2d, conv1d and conv3d (``cuconv.variants``, ``cuconv.nn.functional``, ``cuconv.nn.ConvTranspose2d``,
+``Conv1d`` and ``Conv3d``, ``convert``) against torch's in float64: outputs, gradients, the modules as drop-ins, and every
 refusal in torch's words; on the CPU and (marked) on the GPU."""
 
 from __future__ import annotations
@@ -32,6 +32,16 @@ _ONE_D = [
     pytest.param((2, 4, 19), (5, 4, 3), dict(stride=2, padding=1, dilation=2), id="strided_dilated"),
     pytest.param((3, 12), (4, 3, 5), dict(padding="same"), id="unbatched_same"),
     pytest.param((2, 8, 9), (8, 2, 3), dict(groups=4, padding="valid"), id="grouped_valid"),
+]
+
+_THREE_D = [
+    pytest.param((2, 4, 5, 6, 7), (6, 4, 3, 3, 3), dict(padding=1), id="r3d_3x3x3"),
+    pytest.param((2, 4, 7, 6, 7), (6, 2, 3, 2, 3), dict(stride=(2, 1, 2), padding=(1, 0, 1), dilation=(2, 1, 1),
+                                                    groups=2), id="strided_dilated_grouped"),
+    pytest.param((4, 5, 6, 7), (6, 4, 2, 3, 3), dict(padding="same"), id="unbatched_same_even_depth"),
+    pytest.param((1, 6, 4, 5, 5), (6, 1, 3, 3, 3), dict(groups=6, padding=1), id="depthwise"),
+    pytest.param((2, 3, 6, 9, 9), (5, 3, 3, 1, 1), dict(padding=(1, 0, 0)), id="r2plus1d_temporal"),
+    pytest.param((2, 3, 4, 9, 9), (5, 3, 1, 3, 3), dict(stride=(1, 2, 2), padding=(0, 1, 1)), id="r2plus1d_spatial"),
 ]
 
 
@@ -86,6 +96,29 @@ def test_conv1d_and_its_gradients_match_torch(x_shape, w_shape, kwargs, bias, de
         _close(got, ref)
 
 
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", _THREE_D)
+def test_conv3d_and_its_gradients_match_torch(x_shape, w_shape, kwargs, bias, device):
+    x, w = _make(x_shape, device, 10).requires_grad_(), _make(w_shape, device, 11).requires_grad_()
+    b = _make((w_shape[0],), device, 12).requires_grad_() if bias else None
+    y, want = F.conv3d(x, w, b, **kwargs), _TF.conv3d(x, w, b, **kwargs)
+    _close(y, want)
+    g = _make(want.shape, device, 13)
+    inputs = (x, w) + ((b,) if bias else ())
+    for got, ref in zip(torch.autograd.grad(y, inputs, g), torch.autograd.grad(want, inputs, g)):
+        _close(got, ref)
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_conv3d_keeps_channels_last_3d(device):
+    x = _make((2, 4, 5, 6, 7), device, 14).contiguous(memory_format=torch.channels_last_3d)
+    w = _make((3, 4, 3, 3, 3), device, 15)
+    y = F.conv3d(x, w, padding=1)
+    assert y.is_contiguous(memory_format=torch.channels_last_3d)
+    _close(y, _TF.conv3d(x, w, padding=1))
+
+
 def _arrays(device):
     if device == "cpu":
         return numpy.asarray, lambda a: a
@@ -110,6 +143,29 @@ def test_array_door_conv1d_matches_torch(x_shape, w_shape, kwargs, device):
     x, w, b = _make(x_shape, "cpu", 5), _make(w_shape, "cpu", 6), _make((w_shape[0],), "cpu", 7)
     y = back(cuconv.conv1d(to(x.numpy()), to(w.numpy()), to(b.numpy()), **kwargs))
     _close(torch.from_numpy(numpy.ascontiguousarray(y)), _TF.conv1d(x, w, b, **kwargs))
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", _THREE_D)
+def test_array_door_conv3d_matches_torch(x_shape, w_shape, kwargs, device):
+    to, back = _arrays(device)
+    x, w, b = _make(x_shape, "cpu", 10), _make(w_shape, "cpu", 11), _make((w_shape[0],), "cpu", 12)
+    y = back(cuconv.conv3d(to(x.numpy()), to(w.numpy()), to(b.numpy()), **kwargs))
+    _close(torch.from_numpy(numpy.ascontiguousarray(y)), _TF.conv3d(x, w, b, **kwargs))
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_conv3d_module_is_a_drop_in(device):
+    for mode in ("zeros", "replicate", "circular"):
+        torch.manual_seed(2)
+        ref = torch.nn.Conv3d(3, 4, (3, 3, 1), padding=(1, 1, 0), padding_mode=mode).double().to(device)
+        torch.manual_seed(2)
+        ours = cuconv.nn.Conv3d(3, 4, (3, 3, 1), padding=(1, 1, 0), padding_mode=mode).double().to(device)
+        assert torch.equal(ours.weight, ref.weight)
+        x = _make((2, 3, 4, 5, 6), device, 16)
+        _close(ours(x), ref(x))
+    swapped = cuconv.nn.convert(torch.nn.Sequential(torch.nn.Conv3d(3, 4, 3)))
+    assert type(swapped[0]) is cuconv.nn.Conv3d
 
 
 @pytest.mark.parametrize("device", _DEVICES)
@@ -182,6 +238,27 @@ _BAD_ONE_D = {
 }
 
 
+_BAD_THREE_D = {
+    "input_6d": ((1, 2, 4, 5, 6, 7), (6, 4, 3, 3, 3), dict()),
+    "channels": ((2, 3, 5, 6, 7), (6, 4, 3, 3, 3), dict()),
+    "kernel_larger": ((2, 4, 2, 6, 7), (6, 4, 3, 3, 3), dict()),
+    "stride_length": ((2, 4, 5, 6, 7), (6, 4, 3, 3, 3), dict(stride=(1, 2))),
+    "same_strided": ((2, 4, 5, 6, 7), (6, 4, 3, 3, 3), dict(stride=2, padding="same")),
+    "groups": ((2, 4, 5, 6, 7), (6, 3, 3, 3, 3), dict(groups=3)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_THREE_D))
+def test_conv3d_refuses_as_torch(case):
+    x_shape, w_shape, kwargs = _BAD_THREE_D[case]
+    x, w = torch.randn(*x_shape, dtype=torch.float64), torch.randn(*w_shape, dtype=torch.float64)
+    theirs = _refusal(lambda: _TF.conv3d(x, w, **kwargs))
+    for ours in (_refusal(lambda: F.conv3d(x, w, **kwargs)),
+                 _refusal(lambda: cuconv.conv3d(x.numpy(), w.numpy(), **kwargs))):
+        assert isinstance(ours, type(theirs)), (ours, theirs)
+        assert str(ours) == str(theirs).splitlines()[0]
+
+
 @pytest.mark.parametrize("case", sorted(_BAD_ONE_D))
 def test_conv1d_refuses_as_torch(case):
     x_shape, w_shape, kwargs = _BAD_ONE_D[case]
@@ -208,3 +285,17 @@ def test_graph_tools_take_conv_transpose2d_as_the_custom_op():
         program = torch.export.export(model, (x,))
         _close(program.module()(x), want)
         assert "cuconv.conv2d_input" in str(program.graph)
+
+
+def test_graph_tools_on_conv3d():
+    model = cuconv.nn.convert(torch.nn.Sequential(torch.nn.Conv3d(3, 4, 3, padding=1), torch.nn.ReLU(),
+                                                  torch.nn.Conv3d(4, 2, (1, 3, 3))).double()).eval()
+    x, other = (torch.randn(2, 3, 4, 6, 7, dtype=torch.float64) for _ in range(2))
+    with torch.no_grad():
+        want = model(x)
+        torch._dynamo.reset()
+        _close(torch.compile(model, backend="eager", fullgraph=True)(x), want)
+        torch._dynamo.reset()
+        _close(torch.export.export(model, (x,)).module()(x), want)
+        _close(torch.fx.symbolic_trace(model)(x), want)
+        _close(torch.jit.trace(model, x)(other), model(other))

@@ -24,7 +24,7 @@ from ..select import algorithms
 from ..spec import ConvSpec, output_size, pair
 from . import _bridge, _transforms
 
-__all__ = ["conv2d", "conv_transpose2d", "conv1d", "torch_precision"]
+__all__ = ["conv2d", "conv_transpose2d", "conv1d", "conv3d", "torch_precision"]
 
 _TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _Tensor = torch.Tensor
@@ -811,3 +811,27 @@ def conv1d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
                                                          dilation, groups)
     return conv2d(input.unsqueeze(-2), weight.unsqueeze(-2), bias, stride2, padding2, dilation2, groups,
                   algo=algo).squeeze(-2)
+
+
+def conv3d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, stride=1, padding=0,
+           dilation=1, groups: int = 1, *, algo: str = "auto") -> torch.Tensor:
+    """``torch.nn.functional.conv3d`` computed by cuconv, with autograd: one :func:`conv2d` over the depth's columns
+    (``cuconv.variants.depth_columns``: the T input planes each output plane reads, the batch and the output depth
+    folded together) against the weight with its taps folded into its channels; the gather, its gradient and the
+    layout changes are torch's. ``input`` ``(N, C, D, H, W)`` or ``(C, D, H, W)``; ``padding`` an int, a triple,
+    ``"same"`` or ``"valid"``. The result is channels_last_3d where the input or the weight is, as torch's."""
+    for name, t in (("input", input), ("weight", weight)):
+        if not isinstance(t, _Tensor):
+            raise TypeError(f"conv3d(): argument '{name}' must be Tensor, not {type(t).__name__}")
+    geometry = _variants.conv3d_args(tuple(input.shape), tuple(weight.shape), stride, padding, dilation, groups)
+    unbatched = input.dim() == 4
+    x = input.unsqueeze(0) if unbatched else input
+    cl = any(t.is_contiguous(memory_format=torch.channels_last_3d) and not t.is_contiguous() for t in (x, weight))
+    n, k, taps = x.shape[0], weight.shape[0], weight.shape[2]
+    cols = _variants.depth_columns(torch, x, geometry, taps, weight.shape[1])
+    cols = cols.contiguous(memory_format=torch.channels_last if cl else torch.contiguous_format)
+    y = conv2d(cols, _variants.folded_weight(weight), bias, geometry["stride"][1:], geometry["padding_hw"],
+               geometry["dilation"][1:], geometry["groups"], algo=algo)  # (N·D_out, K, P, Q)
+    y = y.reshape(n, geometry["depth"], k, y.shape[2], y.shape[3]).permute(0, 2, 1, 3, 4)
+    y = y.contiguous(memory_format=torch.channels_last_3d if cl else torch.contiguous_format)
+    return y.squeeze(0) if unbatched else y

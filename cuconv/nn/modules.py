@@ -1,5 +1,5 @@
-"""``cuconv.nn.Conv2d``, a drop-in for ``torch.nn.Conv2d`` (``ConvTranspose2d`` and ``Conv1d`` likewise for torch's),
-and ``convert`` for existing models.
+"""``cuconv.nn.Conv2d``, a drop-in for ``torch.nn.Conv2d`` (``ConvTranspose2d``, ``Conv1d`` and ``Conv3d`` likewise
+for torch's), and ``convert`` for existing models.
 
 ``Conv2d`` *is* a ``torch.nn.Conv2d`` (a subclass): same constructor, attributes, parameter shapes,
 ``reset_parameters`` (so one ``torch.manual_seed`` gives bit-identical weights), state_dict keys and
@@ -16,6 +16,7 @@ import torch
 from .._types import IntOrPair, Padding
 from ..select import algorithms
 from .functional import conv1d as _cuconv_conv1d
+from .functional import conv3d as _cuconv_conv3d
 from .functional import conv2d as _cuconv_conv2d
 from .functional import conv_transpose2d as _cuconv_conv_transpose2d
 
@@ -24,8 +25,9 @@ from .functional import conv_transpose2d as _cuconv_conv_transpose2d
 torch.fx.wrap("_cuconv_conv2d")
 torch.fx.wrap("_cuconv_conv_transpose2d")
 torch.fx.wrap("_cuconv_conv1d")
+torch.fx.wrap("_cuconv_conv3d")
 
-__all__ = ["Conv2d", "ConvTranspose2d", "Conv1d", "convert"]
+__all__ = ["Conv2d", "ConvTranspose2d", "Conv1d", "Conv3d", "convert"]
 
 
 class Conv2d(torch.nn.Conv2d):
@@ -135,6 +137,34 @@ class Conv1d(torch.nn.Conv1d):
         raise RuntimeError(NOT_SCRIPTABLE)
 
 
+class Conv3d(torch.nn.Conv3d):
+    """``torch.nn.Conv3d`` computed by cuconv (``cuconv.nn.functional.conv3d``: one 2-D convolution over the
+    depth's columns): torch's constructor, attributes, initialisation, state_dict and padding modes; plus
+    ``algo`` (the 2-D convolution's)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device: Any = None,
+                 dtype: Optional[torch.dtype] = None, *, algo: str = "auto") -> None:
+        _check_algo(algo)
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         padding_mode, device, dtype)
+        self.algo = algo
+
+    def _conv_forward(self, input, weight, bias):
+        if self.padding_mode != "zeros":
+            padded = torch.nn.functional.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+            return _cuconv_conv3d(padded, weight, bias, self.stride, 0, self.dilation, self.groups, algo=self.algo)
+        return _cuconv_conv3d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups,
+                              algo=self.algo)
+
+    def extra_repr(self) -> str:
+        text = super().extra_repr()
+        return text if self.algo == "auto" else f"{text}, algo={self.algo!r}"
+
+    def __prepare_scriptable__(self):
+        raise RuntimeError(NOT_SCRIPTABLE)
+
+
 NOT_QUANTIZABLE = ("cuconv: cuconv's Conv2d computes in floating point (float32, TF32, float16, bfloat16, float64) "
                    "and has no quantized form; quantize the torch model (before cuconv.nn.convert)")
 
@@ -147,7 +177,8 @@ NOT_SCRIPTABLE = ("cuconv: torch.jit.script cannot compile cuconv's convolution 
 
 
 # torch's convolution modules convert swaps, each for cuconv's twin
-_TWINS = {torch.nn.Conv2d: Conv2d, torch.nn.ConvTranspose2d: ConvTranspose2d, torch.nn.Conv1d: Conv1d}
+_TWINS = {torch.nn.Conv2d: Conv2d, torch.nn.ConvTranspose2d: ConvTranspose2d, torch.nn.Conv1d: Conv1d,
+          torch.nn.Conv3d: Conv3d}
 
 
 def _converted(conv: torch.nn.Module, algo: str) -> torch.nn.Module:
@@ -162,8 +193,8 @@ def _converted(conv: torch.nn.Module, algo: str) -> torch.nn.Module:
 
 
 def convert(model: torch.nn.Module, *, algo: str = "auto", fuse: bool = False) -> torch.nn.Module:
-    """Replace every ``torch.nn.Conv2d`` in ``model`` by :class:`Conv2d` (``ConvTranspose2d`` and ``Conv1d`` by
-    cuconv's), in place; returns the model.
+    """Replace every ``torch.nn.Conv2d`` in ``model`` by :class:`Conv2d` (``ConvTranspose2d``, ``Conv1d`` and
+    ``Conv3d`` by cuconv's), in place; returns the model.
 
     Every use of a convolution is replaced, and a module used in several places (or under several names) by one
     converted module, shared as the original was. The new modules hold the old ones' Parameter and buffer
