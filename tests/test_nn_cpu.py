@@ -431,7 +431,10 @@ class BasicBlock(torch.nn.Module):
 
 
 class OwnConv(torch.nn.Conv2d):
-    """A user's subclass: convert leaves it alone."""
+    """A user's subclass with a method of its own: convert leaves it alone."""
+
+    def flops(self):
+        return self.weight.numel()
 
 
 class Net(torch.nn.Module):
@@ -484,6 +487,36 @@ def test_convert_replaces_plain_convs_and_keeps_everything_else(algo):
     assert all(b is buffers[name] for name, b in model.named_buffers())
     assert all(p.dtype == torch.float64 for p in model.parameters())
     assert list(model.state_dict()) == keys
+
+
+def test_convert_takes_subclasses_that_add_no_behaviour_as_the_plain_convolution():
+    """A subclass adding only a constructor and static methods (torchvision's video models build with such
+    Conv3d subclasses) converts as the plain one, its state kept; one with a method of its own stays, named."""
+    import warnings
+
+    class Simple(torch.nn.Conv3d):
+        def __init__(self, cin, cout):
+            super().__init__(cin, cout, 3, padding=1, bias=False)
+
+        @staticmethod
+        def get_downsample_stride(stride):
+            return stride, stride, stride
+
+    class Simple2d(torch.nn.Conv2d):
+        """Documented, nothing else."""
+
+    model = torch.nn.Sequential(Simple(2, 3), torch.nn.Flatten(1, 2), Simple2d(12, 4, 1), OwnConv(4, 4, 1)).double()
+    x = torch.randn(2, 2, 4, 5, 6, dtype=torch.float64)
+    want = model(x)
+    weight = model[0].weight
+    with pytest.warns(UserWarning, match=r"3: a subclass of torch.nn.Conv2d with methods of its own"):
+        cuconv.nn.convert(model)
+    assert type(model[0]) is cuconv.nn.Conv3d and model[0].weight is weight
+    assert type(model[2]) is cuconv.nn.Conv2d and type(model[3]) is OwnConv
+    assert rel_err(model(x).detach().numpy(), want.detach().numpy()) <= F64_TOL
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cuconv.nn.convert(torch.nn.Sequential(Simple(2, 3)))
 
 
 def test_convert_single_conv_keeps_parameters_and_hooks():

@@ -42,3 +42,10 @@ def test_loss_takes_class_scores_and_score_maps():
     maps = torch.randn(2, 4, 5, 6)
     per_pixel = torch.tensor([3, 1]).view(2, 1, 1).expand(2, 5, 6)
     assert torch.allclose(zoo.loss(maps, labels), torch.nn.functional.cross_entropy(maps, per_pixel))
+
+
+def test_video_models_take_clips():
+    assert bench_models.model_names("video") == list(zoo.VIDEO)
+    assert zoo.sample_shape("r3d_18", 224) == (3, 16, 112, 112) and zoo.sample_shape("resnet50", 160) == (3, 160, 160)
+    assert bench_models._format((3, 16, 112, 112)) is torch.channels_last_3d
+    assert bench_models._format((3, 224, 224)) is torch.channels_last

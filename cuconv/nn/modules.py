@@ -181,10 +181,31 @@ _TWINS = {torch.nn.Conv2d: Conv2d, torch.nn.ConvTranspose2d: ConvTranspose2d, to
           torch.nn.Conv3d: Conv3d}
 
 
+# what a subclass of a torch convolution may define and still be converted as the plain one: its constructor and
+# static or class methods (torchvision's video models build with Conv3d subclasses that add a static method)
+_PLAIN_NAMES = {"__module__", "__qualname__", "__doc__", "__init__", "__annotations__", "__firstlineno__",
+                "__static_attributes__", "__dict__", "__weakref__", "__orig_bases__", "__parameters__"}
+
+
+def _base_of(module: torch.nn.Module):
+    """The torch convolution class ``module`` is an instance of, or None."""
+    return next((b for b in _TWINS if isinstance(module, b)), None)
+
+
+def _plain_subclass(cls: type, base: type) -> bool:
+    """Whether ``cls``, a subclass of ``base``, adds no behaviour to a constructed module: nothing between them
+    but constructors and static or class methods (a forward, another method or a property would be lost)."""
+    for c in cls.__mro__[:cls.__mro__.index(base)]:
+        for name, value in vars(c).items():
+            if name not in _PLAIN_NAMES and not isinstance(value, (staticmethod, classmethod)):
+                return False
+    return True
+
+
 def _converted(conv: torch.nn.Module, algo: str) -> torch.nn.Module:
     """cuconv's twin of ``conv`` holding its state: the same Parameter and buffer objects, hooks and training flag,
     in dicts of its own (a hook registered on one module later does not fire on the other)."""
-    twin = _TWINS[type(conv)]
+    twin = _TWINS[_base_of(conv)]
     new = twin.__new__(twin)
     for name, value in conv.__dict__.items():
         object.__setattr__(new, name, value.copy() if isinstance(value, (dict, set)) else value)
@@ -199,9 +220,10 @@ def convert(model: torch.nn.Module, *, algo: str = "auto", fuse: bool = False) -
     Every use of a convolution is replaced, and a module used in several places (or under several names) by one
     converted module, shared as the original was. The new modules hold the old ones' Parameter and buffer
     objects (so optimizers keep working), hooks, device, dtype and training mode, in dicts of their own.
-    Subclasses of ``torch.nn.Conv2d`` other than plain ones are left alone, with a ``UserWarning`` naming them and
-    why (a ``LazyConv2d`` before its first forward: run one first; a parametrized weight such as
-    ``weight_norm``'s: its parametrization would have to run inside cuconv's call).
+    A subclass that adds nothing but a constructor and static or class methods (torchvision's ``Conv3DSimple``) is
+    converted as the plain one; other subclasses are left alone, with a ``UserWarning`` naming them and why (a
+    ``LazyConv2d`` before its first forward: run one first; a parametrized weight such as ``weight_norm``'s: its
+    parametrization would have to run inside cuconv's call; a subclass's own methods).
 
     ``fuse=True`` then runs each convolution with the BatchNorm2d, activation and residual add after it as one
     call (``cuconv.nn.fuse``): where the model traces with ``torch.fx`` the result is a ``torch.fx.GraphModule``
@@ -247,15 +269,18 @@ def convert(model: torch.nn.Module, *, algo: str = "auto", fuse: bool = False) -
     return model
 
 
-def _left_alone(module: torch.nn.Module) -> str:
-    """Why a subclass of one of torch's convolutions stays on torch."""
-    base = next(b for b in _TWINS if isinstance(module, b))
+def _left_alone(module: torch.nn.Module):
+    """Why a subclass of one of torch's convolutions stays on torch; None where it converts as the plain one."""
+    base = _base_of(module)
     if isinstance(module, torch.nn.modules.lazy.LazyModuleMixin):
         return f"a Lazy{base.__name__} before its first forward (run one forward, then convert)"
     if torch.nn.utils.parametrize.is_parametrized(module):
         return ("a parametrized weight (weight_norm, spectral_norm, ...), computed by torch on each call "
                 "(torch.nn.utils.parametrize.remove_parametrizations first to convert it)")
-    return f"a subclass of torch.nn.{base.__name__} ({type(module).__module__}.{type(module).__qualname__})"
+    if _plain_subclass(type(module), base):
+        return None
+    return (f"a subclass of torch.nn.{base.__name__} with methods of its own "
+            f"({type(module).__module__}.{type(module).__qualname__})")
 
 
 def _convert(module: torch.nn.Module, algo: str, done: dict, walked: set, left: list,
@@ -263,13 +288,15 @@ def _convert(module: torch.nn.Module, algo: str, done: dict, walked: set, left: 
     """``module`` with its convolutions replaced; ``done`` maps each original (by id) to (original, replacement),
     so a module met again gets the same one, ``walked`` holds the containers already walked, and ``left`` gets
     the path and reason of each subclass of Conv2d left alone."""
-    if (isinstance(module, tuple(_TWINS)) and type(module) not in _TWINS
-            and not isinstance(module, tuple(_TWINS.values()))):
+    subclass = (isinstance(module, tuple(_TWINS)) and type(module) not in _TWINS
+                and not isinstance(module, tuple(_TWINS.values())))
+    reason = _left_alone(module) if subclass else None
+    if reason is not None:
         if id(module) not in walked:
             walked.add(id(module))
-            left.append(f"{path or '(the model)'}: {_left_alone(module)}")
+            left.append(f"{path or '(the model)'}: {reason}")
         return module
-    if type(module) in _TWINS:
+    if type(module) in _TWINS or subclass:
         entry = done.get(id(module))
         if entry is None:  # (the original is kept in ``done`` while the walk lasts: its id cannot be reused)
             entry = done[id(module)] = (module, _converted(module, algo))

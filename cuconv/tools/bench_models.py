@@ -243,19 +243,31 @@ def _build(name: str):
 
 
 def model_names(spec: str) -> list:
-    """``--models``' names: comma-separated, ``models`` standing for MODELS.md's five and ``zoo`` for the wider
-    set (``cuconv.tools.zoo``), each name once in the order given."""
+    """``--models``' names: comma-separated, ``models`` standing for MODELS.md's five, ``zoo`` for the wider set
+    and ``video`` for the video models (``cuconv.tools.zoo``), each name once in the order given."""
     from . import zoo
 
     names = []
     for name in (n.strip() for n in spec.split(",")):
-        for n in {"models": zoo.MODELS, "zoo": zoo.ZOO}.get(name, (name,) if name else ()):
+        for n in {"models": zoo.MODELS, "zoo": zoo.ZOO, "video": zoo.VIDEO}.get(name, (name,) if name else ()):
             if n not in names:
                 names.append(n)
     return names
 
 
-def distinct_layers(model, batch: int, image: int, channels_last: bool = False):
+def _sample(args) -> tuple:
+    """One input sample of the model being measured (``args.sample``, set per model; else an image)."""
+    return getattr(args, "sample", None) or (3, args.image, args.image)
+
+
+def _format(sample: tuple):
+    """The channels-last memory format of inputs of this sample's rank."""
+    import torch
+
+    return torch.channels_last_3d if len(sample) == 4 else torch.channels_last
+
+
+def distinct_layers(model, batch: int, image: int, channels_last: bool = False, sample: tuple = None):
     """[(geometry dict, input shape, count, first)] of every ``torch.nn.Conv2d`` the model runs on a
     ``(batch, 3, image, image)`` input, in the order first met; ``first`` marks the model's first convolution
     (its input needs no gradient)."""
@@ -279,9 +291,10 @@ def distinct_layers(model, batch: int, image: int, channels_last: bool = False):
 
     handles = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
     try:
-        x = torch.randn(batch, 3, image, image, device="cuda")
+        sample = sample or (3, image, image)
+        x = torch.randn(batch, *sample, device="cuda")
         if channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
+            x = x.contiguous(memory_format=_format(sample))
         with torch.no_grad():
             model.eval()(x)
     finally:
@@ -387,13 +400,14 @@ def measure_layer(geometry: dict, shape: tuple, first: bool, mode: _Mode, reps: 
 # --------------------------------------------------------------------------------------------------------
 # end to end
 # --------------------------------------------------------------------------------------------------------
-def _inputs(batch: int, image: int, channels_last: bool, seed: int):
+def _inputs(batch: int, image: int, channels_last: bool, seed: int, sample: tuple = None):
     import torch
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(batch, 3, image, image, device="cuda", generator=gen)
+    sample = sample or (3, image, image)
+    x = torch.randn(batch, *sample, device="cuda", generator=gen)
     if channels_last:
-        x = x.contiguous(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=_format(sample))
     labels = torch.randint(0, 1000, (batch,), device="cuda", generator=gen)
     return x, labels
 
@@ -427,8 +441,8 @@ def measure_e2e(pair, args, mode: _Mode) -> dict:
 
     theirs, ours = pair
     row = {}
-    x_inf, _ = _inputs(args.infer_batch, args.image, args.channels_last, 1)
-    x_tr, labels = _inputs(args.batch, args.image, args.channels_last, 2)
+    x_inf, _ = _inputs(args.infer_batch, args.image, args.channels_last, 1, _sample(args))
+    x_tr, labels = _inputs(args.batch, args.image, args.channels_last, 2, _sample(args))
     sides = (("torch", theirs), ("cuconv", ours))
     kinds = (("infer", lambda m: _infer_fn(m, x_inf, mode), False),
              ("train", lambda m: _train_fn(m, x_tr, labels, mode), True))
@@ -453,7 +467,7 @@ def measure_e2e(pair, args, mode: _Mode) -> dict:
     return row
 
 
-def fused_pair(theirs, channels_last: bool):
+def fused_pair(theirs, channels_last: bool, memory_format=None):
     """(torch's model with its convolutions and BatchNorms folded by ``torch.fx.experimental.optimization.fuse``,
     cuconv's fused by ``cuconv.nn.convert(fuse=True)``), both of copies of ``theirs`` in eval mode; the first None
     where torch's ``fuse`` cannot trace the model."""
@@ -469,7 +483,8 @@ def fused_pair(theirs, channels_last: bool):
         folded = None
     fused = cuconv.nn.convert(copy.deepcopy(theirs).eval(), fuse=True)
     if channels_last:
-        folded, fused = (None if m is None else m.to(memory_format=torch.channels_last) for m in (folded, fused))
+        fmt = memory_format or torch.channels_last
+        folded, fused = (None if m is None else m.to(memory_format=fmt) for m in (folded, fused))
     return None if folded is None else folded.eval(), fused.eval()
 
 
@@ -481,7 +496,7 @@ def measure_fused(pair, args, mode: _Mode, x) -> dict:
     import torch
 
     theirs, ours = pair
-    folded, fused = fused_pair(theirs, args.channels_last)
+    folded, fused = fused_pair(theirs, args.channels_last, _format(_sample(args)))
     with mode.autocast():
         import cuconv.nn
 
@@ -519,7 +534,7 @@ def warm_up(model, args, mode: _Mode) -> dict:
     import cuconv.nn
 
     started = time.perf_counter()
-    example = lambda batch: torch.empty(batch, 3, args.image, args.image, device="meta")
+    example = lambda batch: torch.empty(batch, *_sample(args), device="meta")
     with mode.autocast():
         layers = sum(cuconv.nn.warmup(model, example(b), backward=True) for b in {min(args.batch, 8), args.batch})
         layers += cuconv.nn.warmup(model, example(args.infer_batch), backward=False)
@@ -549,7 +564,7 @@ def _check_model(pair, args, mode: _Mode) -> dict:
     from . import zoo
 
     theirs, ours = pair
-    x, labels = _inputs(min(args.batch, 8), args.image, args.channels_last, 3)
+    x, labels = _inputs(min(args.batch, 8), args.image, args.channels_last, 3, _sample(args))
 
     def step(model, m: _Mode):
         with m:
@@ -630,6 +645,8 @@ def run(args) -> dict:
     import cuconv
     import cuconv.nn
 
+    from . import zoo
+
     torch.backends.cudnn.benchmark = True
     names = model_names(args.models)
     modes = [_Mode(m) for m in args.modes.split(",") if m]
@@ -645,9 +662,10 @@ def run(args) -> dict:
         try:
             theirs = _build(name).cuda()
             ours = cuconv.nn.convert(copy.deepcopy(theirs))
+            args.sample = zoo.sample_shape(name, args.image)
             if args.channels_last:
-                theirs, ours = (m.to(memory_format=torch.channels_last) for m in (theirs, ours))
-            layers = distinct_layers(theirs, args.batch, args.image, args.channels_last)
+                theirs, ours = (m.to(memory_format=_format(args.sample)) for m in (theirs, ours))
+            layers = distinct_layers(theirs, args.batch, args.image, args.channels_last, args.sample)
         except Exception as exc:  # (a model this torchvision lacks, or one that fails to run: the others go on)
             entry["error"] = f"{type(exc).__name__}: {exc}"
             print(f"{name}: {entry['error']}", file=sys.stderr, flush=True)
@@ -876,17 +894,20 @@ def warmup_main(argv) -> int:
 
     import cuconv.nn
 
+    from . import zoo
+
     for name in model_names(args.models):
+        sample = zoo.sample_shape(name, args.image)
         model = cuconv.nn.convert(_build(name)).cuda()
         if args.forward_only:
             model.eval().requires_grad_(False)
         for mode in (_Mode(m) for m in args.modes.split(",") if m):
             with mode, mode.autocast():
                 started = time.perf_counter()
-                layers = cuconv.nn.warmup(model, torch.empty(args.batch, 3, args.image, args.image, device="meta"),
+                layers = cuconv.nn.warmup(model, torch.empty(args.batch, *sample, device="meta"),
                                           backward=not args.forward_only, threads=args.threads)
                 warm = time.perf_counter() - started
-                x = torch.randn(args.batch, 3, args.image, args.image, device="cuda")
+                x = torch.randn(args.batch, *sample, device="cuda")
                 torch.cuda.synchronize()
                 started = time.perf_counter()
                 with torch.no_grad():

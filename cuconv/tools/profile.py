@@ -129,11 +129,14 @@ def _main_host(args, mode) -> int:
 
     import cuconv.nn
 
+    from . import zoo
+
     for name in bench_models.model_names(args.models):
         theirs = bench_models._build(name).cuda().eval()
-        x, _ = bench_models._inputs(args.infer_batch, args.image, args.channels_last, 1)
+        sample = zoo.sample_shape(name, args.image)
+        x, _ = bench_models._inputs(args.infer_batch, args.image, args.channels_last, 1, sample)
         if args.channels_last:
-            theirs = theirs.to(memory_format=torch.channels_last)
+            theirs = theirs.to(memory_format=bench_models._format(sample))
         variants = [("fused", True)] + ([("unfused", False)] if args.unfused else [])
         for label, fuse in variants:
             ours = cuconv.nn.convert(copy.deepcopy(theirs), fuse=fuse).eval()

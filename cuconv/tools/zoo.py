@@ -14,8 +14,8 @@ downloaded: torchvision's ``weights=None`` and, for segmentation, ``weights_back
   and up by bilinear upsampling, skip connections concatenated; 64 to 512 channels), its per-pixel scores.
 
 ``ZOO`` names the wider set the benchmark is judged on beside ``MODELS`` (MODELS.md's five): other
-torchvision families, segmentation, a detection backbone and a U-Net. Video models (3-D convolutions) are not
-here: cuconv's convolutions are 2-D.
+torchvision families, segmentation, a detection backbone and a U-Net. ``VIDEO``: torchvision's video models
+(3-D convolutions, ``cuconv.nn.Conv3d``), whose inputs are clips (``sample_shape``).
 """
 
 from __future__ import annotations
@@ -23,14 +23,21 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-__all__ = ["build", "loss", "MODELS", "ZOO"]
+__all__ = ["build", "loss", "sample_shape", "MODELS", "ZOO", "VIDEO"]
 
 MODELS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "regnet_y_800mf", "convnext_tiny")
 ZOO = ("resnet18", "resnext50_32x4d", "wide_resnet50_2", "densenet121", "vgg11_bn", "googlenet", "mobilenet_v2",
        "shufflenet_v2_x1_0", "mnasnet1_0", "squeezenet1_1", "efficientnet_v2_s", "regnet_x_1_6gf",
        "deeplabv3_mobilenet_v3_large", "lraspp_mobilenet_v3_large", "fcn_resnet50", "fpn_resnet50", "unet")
 
+VIDEO = ("r3d_18", "mc3_18", "r2plus1d_18")
 _SEGMENTATION = ("fcn_", "deeplabv3_", "lraspp_")
+_CLIP = (3, 16, 112, 112)  # (channels, frames, height, width) of the video models' Kinetics clips
+
+
+def sample_shape(name: str, image: int) -> tuple:
+    """One input sample of the model ``name``: a clip for the video models, else ``(3, image, image)``."""
+    return _CLIP if name in VIDEO else (3, image, image)
 
 
 def build(name: str):
