@@ -146,15 +146,27 @@ def main(argv=None) -> int:
     report = dict(mode=args.mode, batch=args.batch, channels_last=args.channels_last, models={})
     for name in bench_models.model_names(args.models):
         torch.manual_seed(0)
-        model = cuconv.nn.convert(zoo.build(name).eval(), fuse=True).cuda().eval()
-        fmt = torch.channels_last if args.channels_last else torch.contiguous_format
-        model = model.to(dtype=dtype, memory_format=fmt)
-        x = torch.randn(args.batch, 3, args.image, args.image, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
+        sample = zoo.sample_shape(name, args.image)
+        try:
+            model = cuconv.nn.convert(zoo.build(name).eval(), fuse=True).cuda().eval()
+            fmt = bench_models._format(sample) if args.channels_last else torch.contiguous_format
+            model = model.to(dtype=dtype, memory_format=fmt)
+            x = torch.randn(args.batch, *sample, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
+            calls = fused_calls(model, x)
+        except Exception as exc:  # (one model that fails must not lose the others)
+            print(f"\n{name}: {type(exc).__name__}: {exc}", flush=True)
+            continue
         rows = []
-        for _, d, count in fused_calls(model, x):
+        for _, d, count in calls:
             t = time_layer(d, dtype, algos, args.reps)
+            if "auto" not in t:  # (a layer auto itself refused: reported, not summed)
+                print(f"  {name}: {_label(d)}: auto failed", flush=True)
+                continue
             best = min((v, k) for k, v in t.items() if not k.endswith("/plain"))
             rows.append(dict(layer=_label(d), count=count, auto_algo=chosen(d, dtype), times=t, best=best[1]))
+        if not rows:
+            print(f"\n{name}: no fused calls", flush=True)
+            continue
         total = lambda key: sum(r["count"] * r["times"].get(key, float("nan")) for r in rows)
         oracle = sum(r["count"] * r["times"][r["best"]] for r in rows)
         report["models"][name] = dict(rows=rows, auto_ms=total("auto"), best_ms=oracle,

@@ -15,12 +15,18 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy
+
 from ._errors import ConvValueError
 from ._types import Array, IntOrPair
 from .spec import _is_int, pair
 
-__all__ = ["conv_transpose2d", "conv1d", "conv3d", "transposed_output_shape", "conv1d_args", "conv3d_args",
-           "depth_columns"]
+__all__ = ["conv_transpose2d", "conv1d", "conv3d", "transposed_output_shape", "transposed_plan", "conv1d_args",
+           "conv3d_args", "depth_columns"]
+
+
+def _is_numpy(a) -> bool:
+    return isinstance(a, numpy.ndarray)
 
 
 def _int_pair(value, name: str, op: str) -> tuple:
@@ -60,6 +66,9 @@ def transposed_output_shape(x_shape: tuple, w_shape: tuple, b_shape: Optional[tu
     x4 = (1, *x_shape) if len(x_shape) == 3 else tuple(x_shape)
     n, c, h, w = x4
     c_in, c_out_g, r, s = w_shape
+    if c_in < groups:
+        raise ConvValueError(f"Given groups={groups}, expected weight to be at least {groups} at dimension 0, but "
+                             f"got weight of size {list(w_shape)} instead")
     if c_in % groups:
         raise ConvValueError(f"Given groups={groups}, expected weight to be divisible by {groups} at dimension 0, "
                              f"but got weight of size [{list(w_shape)}] instead")
@@ -81,6 +90,27 @@ def transposed_output_shape(x_shape: tuple, w_shape: tuple, b_shape: Optional[tu
         raise ConvValueError(f"Given input size per channel: ({h} x {w}). Calculated output size per channel: "
                              f"({size[0]} x {size[1]}). Output size is too small")
     return (n, c_out, size[0], size[1]), (stride, padding, output_padding, dilation)
+
+
+def transposed_plan(x_hw: tuple, out_hw: tuple, w_hw: tuple, stride, padding, output_padding, dilation) -> tuple:
+    """How a transposed convolution runs as the dgrad of a convolution, per axis: ``(sizes, pads, fill)``, the
+    dgrad's input size (the output computed), its four-sided padding (top, bottom, left, right) and the rows and
+    columns of zeros after it. The dgrad's convolution must map ``sizes`` back onto ``x_hw`` exactly: with the
+    padding ``p`` before and ``max(0, p - output_padding)`` after, it does where ``output_padding < p + stride``;
+    beyond that (an output padding as large as the dilation allows) the last output positions no kernel window
+    reaches are zeros, and the dgrad computes up to the last one a window reaches."""
+    sizes, pads, fill = [], [], []
+    for length, out, k, st, p, op, d in zip(x_hw, out_hw, w_hw, stride, padding, output_padding, dilation):
+        if op < p + st:
+            sizes.append(out)
+            pads += [p, max(0, p - op)]
+            fill.append(0)
+        else:
+            reached = (length - 1) * st + d * (k - 1) + 1 - p  # (rows up to the last a window reaches)
+            sizes.append(reached)
+            pads += [p, 0]
+            fill.append(out - reached)
+    return tuple(sizes), tuple(pads), tuple(fill)
 
 
 def conv1d_args(x_shape: tuple, w_shape: tuple, stride, padding, dilation, groups) -> tuple:
@@ -105,14 +135,19 @@ def conv1d_args(x_shape: tuple, w_shape: tuple, stride, padding, dilation, group
 
     stride, dilation = single(stride, "stride"), single(dilation, "dilation")
     padding = padding if isinstance(padding, str) else single(padding, "padding")
+    for name, value in (("stride", stride), ("dilation", dilation), ("padding", padding)):
+        if not isinstance(value, str) and not _is_int(value):
+            raise TypeError(f"conv1d(): argument '{name}' must be tuple of ints, but found element of type "
+                            f"{type(value).__name__} at pos 0")
     c = x_shape[-2]
     if _is_int(groups) and int(groups) > 0 and c != w_shape[1] * int(groups):
         raise ConvValueError(f"Given groups={int(groups)}, weight of size {list(w_shape)}, expected input"
                              f"{list(x_shape)} to have {w_shape[1] * int(groups)} channels, but got {c} channels "
                              f"instead")
-    if (_is_int(stride) and _is_int(dilation) and _is_int(padding) and int(dilation) > 0 and int(padding) >= 0
-            and x_shape[-1] + 2 * int(padding) < int(dilation) * (w_shape[2] - 1) + 1):
-        raise ConvValueError(f"Calculated padded input size per channel: ({x_shape[-1] + 2 * int(padding)}). Kernel "
+    pad = 0 if padding == "valid" else padding
+    if (padding != "same" and int(dilation) > 0 and int(pad) >= 0
+            and x_shape[-1] + 2 * int(pad) < int(dilation) * (w_shape[2] - 1) + 1):
+        raise ConvValueError(f"Calculated padded input size per channel: ({x_shape[-1] + 2 * int(pad)}). Kernel "
                              f"size: ({int(dilation) * (w_shape[2] - 1) + 1}). Kernel size can't be greater than "
                              f"actual input size")
     return ((1, stride), padding if isinstance(padding, str) else (0, padding), (1, dilation))
@@ -141,12 +176,22 @@ def conv_transpose2d(x: Array, weight: Array, bias: Optional[Array] = None, stri
     """
     from .backward import conv2d_input
 
-    shape, (stride, padding, _, dilation) = transposed_output_shape(
+    shape, (stride, padding, output_padding, dilation) = transposed_output_shape(
         tuple(x.shape), tuple(weight.shape), None if bias is None else tuple(bias.shape), stride, padding,
         output_padding, groups, dilation)
     unbatched = x.ndim == 3
-    y = conv2d_input(shape[1:] if unbatched else shape, weight, x, stride, padding, dilation, groups, algo=algo,
-                     precision=precision)
+    if all(op < st for op, st in zip(output_padding, stride)):  # (the dgrad of the transposed convolution as it is)
+        y = conv2d_input(shape[1:] if unbatched else shape, weight, x, stride, padding, dilation, groups, algo=algo,
+                         precision=precision)
+    else:  # the whole dgrad without padding, then the output's window of it (zeros where no window reaches)
+        full = [(length - 1) * st + d * (k - 1) + 1 for length, st, d, k in
+                zip(x.shape[-2:], stride, dilation, weight.shape[2:])]
+        whole = conv2d_input((*shape[:2], *full)[1 if unbatched else 0:], weight, x, stride, 0, dilation, groups,
+                             algo=algo, precision=precision)
+        xp = numpy if _is_numpy(x) else __import__("cupy")
+        y = xp.zeros(shape[1:] if unbatched else shape, dtype=whole.dtype)
+        rows = [min(out, f - p) for out, f, p in zip(shape[2:], full, padding)]
+        y[..., :rows[0], :rows[1]] = whole[..., padding[0]:padding[0] + rows[0], padding[1]:padding[1] + rows[1]]
     if bias is not None:  # (a pass after the dgrad: its plans take no bias)
         y += bias.reshape((-1, 1, 1))
     return y
@@ -277,8 +322,6 @@ def conv3d(x: Array, weight: Array, bias: Optional[Array] = None, stride=1, padd
     ``(C, D, H, W)``, ``weight`` ``(K, C / groups, T, R, S)``, ``padding`` an int, a triple, ``"same"`` or
     ``"valid"``; computed as one :func:`cuconv.conv2d` over the depth's columns (``depth_columns``; its ``algo``,
     ``precision``): a copy of the input T times over."""
-    import numpy
-
     from . import _backend
     from .conv import conv2d
 

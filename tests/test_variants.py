@@ -26,6 +26,10 @@ _TRANSPOSED = [
                                                  dilation=(1, 2), groups=3), id="groups_dilation_rect"),
     pytest.param((4, 5, 6), (4, 2, 3, 3), dict(padding=1), id="unbatched"),
     pytest.param((2, 6, 5, 5), (6, 1, 3, 3), dict(stride=2, padding=1, groups=6), id="depthwise"),
+    # an output padding at or past the stride (allowed below the dilation): positions no window reaches
+    pytest.param((1, 2, 3, 3), (2, 2, 2, 2), dict(output_padding=1, dilation=2), id="output_padding_past_stride"),
+    pytest.param((2, 2, 4, 3), (2, 3, 3, 2), dict(stride=(1, 2), padding=(0, 1), output_padding=(2, 1),
+                                                 dilation=(3, 2)), id="output_padding_past_padding_and_stride"),
 ]
 _ONE_D = [
     pytest.param((2, 6, 17), (6, 1, 4), dict(groups=6, padding=3), id="depthwise_causal_window"),
@@ -80,6 +84,42 @@ def test_conv_transpose2d_gradchecks(device):
     f = lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1)  # noqa: E731
     assert torch.autograd.gradcheck(f, (x, w, b))
     assert torch.autograd.gradgradcheck(f, (x, w, b))
+
+
+_TRANSPOSED_TRANSFORMS = {
+    "jvp": lambda f, x, w: torch.func.jvp(lambda x, w: f(x, w), (x, w), (x.cos(), w.sin()))[1],
+    "grad": lambda f, x, w: torch.func.grad(lambda w: f(x, w).sin().sum())(w),
+    "vmap": lambda f, x, w: torch.func.vmap(lambda x: f(x, w))(torch.stack([x, x.cos()])),
+    "hessian": lambda f, x, w: torch.func.hessian(lambda w: f(x, w).square().sum())(w),
+    "jacfwd": lambda f, x, w: torch.func.jacfwd(lambda x: f(x, w).sum(0))(x),
+}
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("name", sorted(_TRANSPOSED_TRANSFORMS))
+def test_conv_transpose2d_under_torch_func(name, device):
+    kwargs = dict(stride=2, padding=1, output_padding=1)
+    x, w = _make((2, 3, 3, 4), device, 20), _make((3, 2, 3, 3), device, 21)
+    got = _TRANSPOSED_TRANSFORMS[name](lambda x, w: F.conv_transpose2d(x, w, **kwargs), x, w)
+    want = _TRANSPOSED_TRANSFORMS[name](lambda x, w: _TF.conv_transpose2d(x, w, **kwargs), x, w)
+    _close(got, want)
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_conv_transpose2d_forward_mode_gradcheck(device):
+    x, w = _make((1, 2, 3, 3), device, 22).requires_grad_(), _make((2, 2, 2, 2), device, 23).requires_grad_()
+    for kwargs in (dict(stride=2, output_padding=1), dict(output_padding=1, dilation=2)):
+        f = lambda x, w: F.conv_transpose2d(x, w, **kwargs)  # noqa: E731
+        assert torch.autograd.gradcheck(f, (x, w), check_forward_ad=True)
+
+
+def test_a_jit_trace_of_conv_transpose2d_refuses_other_shapes_rather_than_reading_past_them():
+    """The trace records the output's size: another input's shape is refused by the dgrad op's check (its plans
+    would read grad_output as the recorded size)."""
+    traced = torch.jit.trace(cuconv.nn.ConvTranspose2d(4, 3, 3, stride=2).double(),
+                             torch.randn(2, 4, 5, 5, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="Expected grad_output of size"):
+        traced(torch.randn(3, 4, 5, 5, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("device", _DEVICES)
@@ -212,6 +252,8 @@ _BAD_TRANSPOSED = {
     "negative_padding": (_X, _W, None, dict(padding=-1)),
     "input_5d": ((1, 2, 4, 5, 5), _W, None, dict()),
     "same": (_X, _W, None, dict(padding="same")),
+    "no_input_channels": ((2, 0, 5, 5), (0, 3, 3, 3), None, dict()),
+    "negative_output_padding": (_X, _W, None, dict(output_padding=-1)),
 }
 
 
@@ -234,6 +276,7 @@ _BAD_ONE_D = {
     "input_4d": ((2, 3, 4, 5), (4, 3, 3), dict()),
     "channels": ((2, 2, 9), (4, 3, 3), dict()),
     "kernel_larger": ((2, 3, 2), (4, 3, 3), dict()),
+    "kernel_larger_valid": ((2, 3, 2), (4, 3, 3), dict(padding="valid")),
     "weight_4d": ((2, 3, 9), (4, 3, 3, 3), dict()),
 }
 
@@ -264,7 +307,8 @@ def test_conv1d_refuses_as_torch(case):
     x_shape, w_shape, kwargs = _BAD_ONE_D[case]
     x, w = torch.randn(*x_shape, dtype=torch.float64), torch.randn(*w_shape, dtype=torch.float64)
     theirs = _refusal(lambda: _TF.conv1d(x, w, **kwargs))
-    for ours in (_refusal(lambda: F.conv1d(x, w, **kwargs)), _refusal(lambda: cuconv.conv1d(x.numpy(), w.numpy()))):
+    for ours in (_refusal(lambda: F.conv1d(x, w, **kwargs)),
+                 _refusal(lambda: cuconv.conv1d(x.numpy(), w.numpy(), **kwargs))):
         assert isinstance(ours, type(theirs)), (ours, theirs)
         assert str(ours) == str(theirs).splitlines()[0]
 

@@ -18,7 +18,7 @@ import torch
 from .. import _layout, variants as _variants
 from .._config import config
 from .._errors import ConvTypeError, ConvValueError
-from ..checks import epilogue_of
+from ..checks import check_grad_output, epilogue_of
 from ..dispatch import call_key
 from ..select import algorithms
 from ..spec import ConvSpec, output_size, pair
@@ -369,6 +369,9 @@ def _conv2d_input_op(input_size: List[int], weight: torch.Tensor, grad_output: t
         grad_output = grad_output.contiguous()
     layer = _traced_layer(grad_output, weight, False, stride, padding, dilation, groups, algo, precision,
                           x_shape=input_size, channels_last=cl, w_channels_last=cl and _only_channels_last(weight))
+    # (the plans read grad_output as the spec's output: a size recorded by jit.trace for other inputs, or a wrong
+    # one, would be read past its end)
+    check_grad_output(grad_output, layer.spec, len(input_size) == 3)
     return layer.dgrad(grad_output, _layer_weight(layer, weight))
 
 
@@ -385,6 +388,7 @@ def _conv2d_weight_op(x: torch.Tensor, weight_size: List[int], grad_output: torc
     if not cl:
         x, grad_output = x.contiguous(), grad_output.contiguous()
     layer = _traced_layer(x, weight_size, False, stride, padding, dilation, groups, algo, precision, channels_last=cl)
+    check_grad_output(grad_output, layer.spec, x.dim() == 3)
     return layer.wgrad(x, grad_output)
 
 
@@ -776,7 +780,7 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[t
     device_type = input.device.type
     if device_type in ("cuda", "cpu") and torch.is_autocast_enabled(device_type):
         input, weight, bias = _autocast(input, weight, bias, device_type)
-    shape, (stride, padding, _, dilation) = _variants.transposed_output_shape(
+    shape, (stride, padding, output_padding, dilation) = _variants.transposed_output_shape(
         tuple(input.shape), tuple(weight.shape), None if bias is None else tuple(bias.shape), stride, padding,
         output_padding, groups, dilation)
     if input.dtype not in _TORCH_DTYPES:
@@ -791,9 +795,19 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[t
     unbatched = input.dim() == 3
     x = input.unsqueeze(0) if unbatched else input
     shape = [v if isinstance(v, (int, torch.SymInt)) else int(v) for v in shape]  # (jit.trace's sizes: 0-d tensors)
-    y = torch.ops.cuconv.conv2d_input(shape, weight, x, list(stride), [padding[0], padding[0], padding[1],
-                                      padding[1]], list(dilation), int(groups), _bridge.backward_algo(algo, "dgrad"),
-                                      torch_precision())
+    sizes, pads, fill = _variants.transposed_plan(tuple(x.shape[2:]), tuple(shape[2:]), tuple(weight.shape[2:]),
+                                                  stride, padding, output_padding, dilation)
+    algo_dgrad, precision = _bridge.backward_algo(algo, "dgrad"), torch_precision()
+    if _transforms_active() or _forward_ad._current_level >= 0:
+        # under a torch.func transform or forward-mode AD: the dgrad Function with vmap rules and jvp
+        layer = _traced_layer(x, weight, False, stride, pads, dilation, int(groups), algo_dgrad, precision,
+                              x_shape=[*shape[:2], *sizes])
+        y = _transforms.GradT.apply(None, weight, x, layer, "x")
+    else:
+        y = torch.ops.cuconv.conv2d_input([*shape[:2], *sizes], weight, x, list(stride), list(pads), list(dilation),
+                                          int(groups), algo_dgrad, precision)
+    if any(fill):  # (output positions no kernel window reaches: an output padding up to the dilation)
+        y = torch.nn.functional.pad(y, (0, fill[1], 0, fill[0]))
     if bias is not None:  # (a pass after the dgrad, whose plans take no bias)
         y = y + bias.reshape(1, -1, 1, 1)
     return y.squeeze(0) if unbatched else y

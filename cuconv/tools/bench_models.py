@@ -458,9 +458,10 @@ def measure_e2e(pair, args, mode: _Mode) -> dict:
                 model.eval()
                 infer = _infer_fn(compiled, x_inf, mode)
                 row[f"{side}_compile_{how}_infer_ms"] = _events_ms(lambda: infer().clone(), reps=10, warmup=3)
-                model.train()
-                train = _train_fn(compiled, x_tr, labels, mode)
-                row[f"{side}_compile_{how}_train_ms"] = _events_ms(train, reps=10, warmup=3)
+                if not getattr(args, "no_train", False):
+                    model.train()
+                    train = _train_fn(compiled, x_tr, labels, mode)
+                    row[f"{side}_compile_{how}_train_ms"] = _events_ms(train, reps=10, warmup=3)
         torch._dynamo.reset()
     if getattr(args, "fuse", False):
         row.update(measure_fused(pair, args, mode, x_inf))
@@ -700,7 +701,8 @@ def run(args) -> dict:
                             bar.update(1)
                         bar.close()
                         result["layers"] = rows
-                        result["sums"] = _sums(rows)
+                        if rows:  # (a model of 3-D convolutions alone has no Conv2d layers to sum)
+                            result["sums"] = _sums(rows)
                         seconds["layers"] = time.perf_counter() - t3
                 except Exception as exc:  # one failing model or mode must not lose the others' figures
                     result["error"] = f"{type(exc).__name__}: {exc}"
@@ -791,13 +793,14 @@ def print_tables(report: dict) -> None:
     print("infer/train: end-to-end eager; fwd/f+b GPU: per-layer GPU time alone (CUDA graph replay) summed by "
           "occurrence; eager: one timed call per layer; host: median over the layers of µs per call, cuconv/torch")
     compiled = [(n, m, r["e2e"]) for n, e in report["models"].items() for m, r in e["modes"].items()
-                if any(k.startswith("torch_compile") for k in r.get("e2e", {}))]
+                if any(k.startswith("cuconv_compile") for k in r.get("e2e", {}))]
     if compiled:
         print("\ntorch.compile (ratio torch / cuconv): default infer, train; reduce-overhead infer, train")
         for name, mode, e in compiled:
-            vals = [e[f"torch_compile_{h}_{k}_ms"] / e[f"cuconv_compile_{h}_{k}_ms"]
+            keys = [(f"torch_compile_{h}_{k}_ms", f"cuconv_compile_{h}_{k}_ms")
                     for h in ("default", "reduce-overhead") for k in ("infer", "train")]
-            print(f"  {name:<20} {mode:<5} " + " ".join(f"{v:.2f}x" for v in vals))
+            print(f"  {name:<20} {mode:<5} " + " ".join(f"{e[a] / e[b]:.2f}x" if a in e and b in e else "  –  "
+                                                        for a, b in keys))
     fused = [(n, m, r["e2e"]) for n, e in report["models"].items() for m, r in e["modes"].items()
              if "cuconv_fused_eager_infer_ms" in r.get("e2e", {})]
     if fused:
