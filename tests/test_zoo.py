@@ -49,3 +49,16 @@ def test_video_models_take_clips():
     assert zoo.sample_shape("r3d_18", 224) == (3, 16, 112, 112) and zoo.sample_shape("resnet50", 160) == (3, 160, 160)
     assert bench_models._format((3, 16, 112, 112)) is torch.channels_last_3d
     assert bench_models._format((3, 224, 224)) is torch.channels_last
+
+
+def test_layer_zoo_collects_distinct_convolutions_per_batch_on_the_meta_device():
+    from cuconv.tools import layer_zoo
+
+    layers = layer_zoo.collect(["unet"], [1, 2], image=32)
+    one = layer_zoo.collect(["unet"], [1], image=32)
+    # the U-Net's 19 convolutions (18 in its double convolutions, the head), each batch its own shapes
+    assert len(layers) == 2 * len(one) and len(one) < 19
+    assert sum(layer["models"]["unet"] for layer in layers) == 2 * 19
+    assert {layer["shape"][0] for layer in layers} == {1, 2}
+    first = layers[0]
+    assert first["shape"] == (1, 3, 32, 32) and first["geometry"]["kernel_size"] == (3, 3)

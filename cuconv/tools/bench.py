@@ -25,7 +25,7 @@ import numpy
 from .. import _dtypes, select as _select
 from ..problem import PASSES
 from ..select import autotune
-from . import bench_models
+from . import bench_models, layer_zoo
 from ..problems import PROBLEMS, SUITES
 
 __all__ = ["main"]
@@ -52,6 +52,7 @@ def _parse(argv):
                          "half types), cuconv's arrays staying NCHW; --channels-last puts both sides in NHWC")
     ap.add_argument("--json", metavar="PATH", help="also write all figures to this JSON file")
     bench_models.add_arguments(ap)
+    layer_zoo.add_arguments(ap)
     args = ap.parse_args(argv)
     names = [n for item in args.problem for n in item.split(",") if n] or list(SUITES[args.suite])
     unknown = [n for n in names if n not in _BY_NAME]
@@ -421,6 +422,8 @@ def main(argv=None) -> int:
     from .. import _backend
 
     args, names, algos = _parse(argv)
+    if args.layer_zoo:
+        return layer_zoo.main(args)
     if args.models:
         return bench_models.main(args)
     if not _backend.gpu_available():

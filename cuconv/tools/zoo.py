@@ -42,10 +42,10 @@ def sample_shape(name: str, image: int) -> tuple:
 
 def build(name: str):
     """The model ``name`` (see the module's docstring), on the CPU, in training mode."""
-    import torchvision
-
     if name == "unet":
         return UNet()
+    import torchvision
+
     if name == "fpn_resnet50":
         from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
 
