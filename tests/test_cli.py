@@ -107,6 +107,18 @@ def test_bench_models_without_gpu_fails_with_the_reason():
     assert "No CUDA GPU visible" in proc.stderr
 
 
+@without_gpu
+def test_bench_layer_zoo_without_gpu_fails_with_the_reason():
+    proc = run_cli("bench", "--layer-zoo", "--models", "unet", "--modes", "bf16")
+    assert proc.returncode == 1
+    assert "No CUDA GPU visible" in proc.stderr
+
+
+def test_bench_layer_zoo_refuses_an_unknown_layout():
+    proc = run_cli("bench", "--layer-zoo", "--layouts", "nhwc")
+    assert proc.returncode == 2 and "--layouts: expected nchw and/or channels_last" in proc.stderr
+
+
 def test_info_refuses_unknown_options():
     proc = run_cli("info", "--bogus")
     assert proc.returncode == 2
