@@ -343,3 +343,39 @@ def test_graph_tools_on_conv3d():
         _close(torch.export.export(model, (x,)).module()(x), want)
         _close(torch.fx.symbolic_trace(model)(x), want)
         _close(torch.jit.trace(model, x)(other), model(other))
+
+
+class _Block3d(torch.nn.Module):
+    """A video ResNet's basic block: conv-BN-ReLU, conv-BN, the residual, ReLU."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.b1 = torch.nn.Conv3d(4, 4, 3, padding=1, bias=False), torch.nn.BatchNorm3d(4)
+        self.c2, self.b2 = torch.nn.Conv3d(4, 4, (1, 3, 3), padding=(0, 1, 1), bias=False), torch.nn.BatchNorm3d(4)
+
+    def forward(self, x):
+        return torch.relu(self.b2(self.c2(torch.relu(self.b1(self.c1(x))))) + x)
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_fuse_folds_conv3d_and_batchnorm3d(device):
+    """convert(fuse=True) fuses Conv3d -> BatchNorm3d -> activation (and the residual) as for 2-D; eval folds the
+    statistics, train mode runs the original graph; the state_dict stays the original's."""
+    import copy
+
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(_Block3d(), _Block3d()).double().to(device)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm3d):
+                m.running_mean.uniform_(-1, 1)
+                m.running_var.uniform_(0.5, 2.0)
+    fused = cuconv.nn.convert(copy.deepcopy(model), fuse=True)
+    assert sum(type(m).__name__ == "FusedConv2d" for m in fused.modules()) == 4
+    assert fused.state_dict().keys() == model.state_dict().keys()
+    x = _make((2, 4, 3, 5, 6), device, 30)
+    for train in (False, True):
+        model.train(train)
+        fused.train(train)
+        with torch.no_grad():
+            _close(fused(x), model(x))

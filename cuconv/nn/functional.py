@@ -828,12 +828,14 @@ def conv1d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
 
 
 def conv3d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, stride=1, padding=0,
-           dilation=1, groups: int = 1, *, algo: str = "auto") -> torch.Tensor:
+           dilation=1, groups: int = 1, *, algo: str = "auto", activation: Optional[str] = None,
+           negative_slope: float = 0.01) -> torch.Tensor:
     """``torch.nn.functional.conv3d`` computed by cuconv, with autograd: one :func:`conv2d` over the depth's columns
     (``cuconv.variants.depth_columns``: the T input planes each output plane reads, the batch and the output depth
     folded together) against the weight with its taps folded into its channels; the gather, its gradient and the
     layout changes are torch's. ``input`` ``(N, C, D, H, W)`` or ``(C, D, H, W)``; ``padding`` an int, a triple,
-    ``"same"`` or ``"valid"``. The result is channels_last_3d where the input or the weight is, as torch's."""
+    ``"same"`` or ``"valid"``. The result is channels_last_3d where the input or the weight is, as torch's. An
+    ``activation`` (as :func:`conv2d`'s) is applied in that 2-D convolution's epilogue."""
     for name, t in (("input", input), ("weight", weight)):
         if not isinstance(t, _Tensor):
             raise TypeError(f"conv3d(): argument '{name}' must be Tensor, not {type(t).__name__}")
@@ -845,7 +847,8 @@ def conv3d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     cols = _variants.depth_columns(torch, x, geometry, taps, weight.shape[1])
     cols = cols.contiguous(memory_format=torch.channels_last if cl else torch.contiguous_format)
     y = conv2d(cols, _variants.folded_weight(weight), bias, geometry["stride"][1:], geometry["padding_hw"],
-               geometry["dilation"][1:], geometry["groups"], algo=algo)  # (N·D_out, K, P, Q)
+               geometry["dilation"][1:], geometry["groups"], algo=algo, activation=activation,
+               negative_slope=negative_slope)  # (N·D_out, K, P, Q)
     y = y.reshape(n, geometry["depth"], k, y.shape[2], y.shape[3]).permute(0, 2, 1, 3, 4)
     y = y.contiguous(memory_format=torch.channels_last_3d if cl else torch.contiguous_format)
     return y.squeeze(0) if unbatched else y

@@ -29,7 +29,8 @@ from typing import Optional
 import torch
 
 from . import functional as F
-from .modules import Conv2d
+from .modules import _TWINS as _twins
+from .modules import Conv2d, Conv3d
 
 __all__ = ["FusedConv2d", "fuse", "activation_of", "apply_epilogue"]
 
@@ -90,7 +91,8 @@ def apply_epilogue(y: torch.Tensor, activation, slope: float, residual, position
 
 
 class FusedConv2d(torch.nn.Module):
-    """One call of ``conv`` (a :class:`cuconv.nn.Conv2d`), the BatchNorm ``bn`` after it (or None), a residual
+    """One call of ``conv`` (a :class:`cuconv.nn.Conv2d`, or a ``Conv3d`` with a BatchNorm3d: the activation then in
+    its one 2-D convolution's epilogue, a residual added after it), the BatchNorm ``bn`` after it (or None), a residual
     added before the activation (``residual="before"``) or after it (``"after"``; None: no residual) and the
     ``activation`` (one of ``cuconv.problem.ACTIVATIONS``, ``slope`` leaky_relu's).
 
@@ -129,6 +131,11 @@ class FusedConv2d(torch.nn.Module):
             # the whole chain as one call of cuconv's conv2d with its epilogue (on CUDA without gradients: one
             # plan, the epilogue a pass of it or inside its kernels)
             weight, bias = self._weights(self._autocast_dtype(conv.weight))
+            if isinstance(conv, Conv3d):  # (its one 2-D convolution applies an activation alone; a residual after)
+                y = F.conv3d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups, algo=conv.algo,
+                             activation=self.activation if residual is None else None, negative_slope=self.slope)
+                return y if residual is None else apply_epilogue(y, self.activation, self.slope, residual,
+                                                                 self.residual)
             return F.conv2d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups, algo=conv.algo,
                             activation=self.activation, negative_slope=self.slope, residual=residual,
                             residual_position=self.residual or "before")
@@ -198,7 +205,7 @@ class FusedConv2d(torch.nn.Module):
                 shift = shift + conv.bias.to(acc) * scale
             if bn.bias is not None:
                 shift = shift + bn.bias.to(acc)
-            weight = (w.to(acc) * scale.reshape(-1, 1, 1, 1)).to(dtype)
+            weight = (w.to(acc) * scale.reshape((-1,) + (1,) * (w.dim() - 1))).to(dtype)
             bias = shift.to(dtype)
         if key is not None:
             self._folded = (key, weight, bias)
@@ -226,8 +233,9 @@ def activation_of(node: torch.fx.Node, modules: dict):
     return None
 
 
-def _foldable_bn(module, conv: Conv2d) -> bool:
-    return (type(module) is torch.nn.BatchNorm2d and module.num_features == conv.out_channels
+def _foldable_bn(module, conv) -> bool:
+    norm = torch.nn.BatchNorm3d if isinstance(conv, Conv3d) else torch.nn.BatchNorm2d
+    return (type(module) is norm and module.num_features == conv.out_channels
             and module.track_running_stats and module.running_mean is not None)
 
 
@@ -272,13 +280,16 @@ def _identity_in_eval(module) -> bool:
     return isinstance(module, _DROPOUTS) or (type(module).__name__ == "StochasticDepth" and hasattr(module, "p"))
 
 
+_CUCONV_LEAVES = tuple(_twins.values())
+
+
 class _Tracer(torch.fx.Tracer):
     """torch.fx's tracer, a ``cuconv.nn.Conv2d`` a leaf like torch's own modules, and so the modules whose forward
     depends on the training mode (StochasticDepth; torch's own dropouts are leaves already), so that the graph
     holds them rather than the branch of the mode it was traced in."""
 
     def is_leaf_module(self, m: torch.nn.Module, qualname: str) -> bool:
-        return isinstance(m, Conv2d) or _identity_in_eval(m) or super().is_leaf_module(m, qualname)
+        return isinstance(m, _CUCONV_LEAVES) or _identity_in_eval(m) or super().is_leaf_module(m, qualname)
 
 
 def _trace_both_modes(model: torch.nn.Module):
@@ -310,7 +321,7 @@ def fuse(model: torch.nn.Module) -> torch.nn.Module:
     modules = dict(model.named_modules(remove_duplicate=False))
     count = 0  # (the modules the fused calls reference stay registered where they were: GraphModule copied them)
     for node in list(gm.graph.nodes):
-        if node.op != "call_module" or not isinstance(modules.get(node.target), Conv2d):
+        if node.op != "call_module" or not isinstance(modules.get(node.target), (Conv2d, Conv3d)):
             continue
         conv, chain, last = modules[node.target], [node], node
         bn = activation = residual_node = residual = None
