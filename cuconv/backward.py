@@ -21,7 +21,7 @@ from .dispatch import empty_nhwc, nhwc_operand, nhwc_view
 from .problem import Problem
 from .spec import ConvSpec
 
-__all__ = ["conv2d_input", "conv2d_weight", "dgrad_spec", "wgrad_spec"]
+__all__ = ["conv2d_input", "conv2d_weight", "dgrad_of", "dgrad_spec", "wgrad_spec"]
 
 
 def conv2d_input(input_size: Shape, weight: Array, grad_output: Array, stride: IntOrPair = 1, padding: Padding = 0,
@@ -55,6 +55,14 @@ def conv2d_input(input_size: Shape, weight: Array, grad_output: Array, stride: I
     >>> cuconv.conv2d_input((1, 2, 5, 6), w, dy)[0, 0, 2]
     array([12., 24., 36., 36., 24., 12.])
     """
+    return dgrad_of(input_size, weight, grad_output, lambda shape: ConvSpec.from_args(
+        shape, weight.shape, stride, padding, dilation, groups), algo, precision)
+
+
+def dgrad_of(input_size: Shape, weight: Array, grad_output: Array, spec_of, algo: str = "auto",
+             precision: Optional[str] = None) -> Array:
+    """:func:`conv2d_input` of the convolution ``spec_of(batched input size)`` (a ``ConvSpec``; the transposed
+    convolution's passes one with four-sided padding), after the checks of the arrays."""
     settings = config.settings()
     kind = array_kind(grad_output, "grad_output")
     if array_kind(weight, "weight") != kind:
@@ -66,9 +74,9 @@ def conv2d_input(input_size: Shape, weight: Array, grad_output: Array, stride: I
     check_dtypes(grad_output, weight, None, first="grad_output")
     unbatched = len(input_size) == 3
     if unbatched:
-        input_size = (1,) + input_size
+        input_size = (1,) + tuple(input_size)
         grad_output = grad_output[None] if grad_output.ndim == 3 else grad_output
-    spec = ConvSpec.from_args(input_size, weight.shape, stride, padding, dilation, groups)
+    spec = spec_of(tuple(input_size))
     check_grad_output(grad_output, spec, False)
     precision = resolve_precision(precision, settings.precision)
     result_shape = input_size[1:] if unbatched else input_size

@@ -35,19 +35,25 @@ def _int_pair(value, name: str, op: str) -> tuple:
     return pair(value, name)
 
 
+def _check_ranks(op: str, x_shape: tuple, w_shape: tuple, dims: int) -> None:
+    """torch's refusal, in its words, of an input that is neither ``dims + 1`` (unbatched) nor ``dims + 2`` dimensional
+    and of a weight that is not ``dims + 2`` dimensional, for the ``dims``-D convolution ``op``."""
+    if len(x_shape) not in (dims + 1, dims + 2):
+        raise ConvValueError(f"Expected {dims + 1}D (unbatched) or {dims + 2}D (batched) input to {op}, but got input "
+                             f"of size: {list(x_shape)}")
+    if len(w_shape) != dims + 2:
+        raise ConvValueError("weight should have at least three dimensions" if len(w_shape) < 3 else
+                             f"Expected {len(w_shape)}-dimensional input for {len(w_shape)}-dimensional weight "
+                             f"{list(w_shape)}, but got {len(x_shape)}-dimensional input of size {list(x_shape)} "
+                             f"instead")
+
+
 def transposed_output_shape(x_shape: tuple, w_shape: tuple, b_shape: Optional[tuple], stride, padding,
                             output_padding, groups, dilation) -> tuple:
     """The output shape of ``conv_transpose2d`` (4-D, the batch 1 for an unbatched input) and its arguments as
     pairs ``(stride, padding, output_padding, dilation)``, after torch's checks in its words."""
     op = "conv_transpose2d"
-    if len(x_shape) not in (3, 4):
-        raise ConvValueError(f"Expected 3D (unbatched) or 4D (batched) input to {op}, but got input of size: "
-                             f"{list(x_shape)}")
-    if len(w_shape) != 4:
-        raise ConvValueError("weight should have at least three dimensions" if len(w_shape) < 3 else
-                             f"Expected {len(w_shape)}-dimensional input for {len(w_shape)}-dimensional weight "
-                             f"{list(w_shape)}, but got {len(x_shape)}-dimensional input of size {list(x_shape)} "
-                             f"instead")
+    _check_ranks(op, x_shape, w_shape, 2)
     stride, padding = _int_pair(stride, "stride", op), _int_pair(padding, "padding", op)
     output_padding, dilation = _int_pair(output_padding, "output_padding", op), _int_pair(dilation, "dilation", op)
     if not _is_int(groups):
@@ -116,14 +122,7 @@ def transposed_plan(x_hw: tuple, out_hw: tuple, w_hw: tuple, stride, padding, ou
 def conv1d_args(x_shape: tuple, w_shape: tuple, stride, padding, dilation, groups) -> tuple:
     """``conv1d``'s arguments as ``conv2d``'s over a plane of height one, ``(stride, padding, dilation)``, after
     the checks whose words name 1-D sizes (the rest are ``conv2d``'s)."""
-    if len(x_shape) not in (2, 3):
-        raise ConvValueError(f"Expected 2D (unbatched) or 3D (batched) input to conv1d, but got input of size: "
-                             f"{list(x_shape)}")
-    if len(w_shape) != 3:
-        raise ConvValueError("weight should have at least three dimensions" if len(w_shape) < 3 else
-                             f"Expected {len(w_shape)}-dimensional input for {len(w_shape)}-dimensional weight "
-                             f"{list(w_shape)}, but got {len(x_shape)}-dimensional input of size {list(x_shape)} "
-                             f"instead")
+    _check_ranks("conv1d", x_shape, w_shape, 1)
 
     def single(value, name):
         if isinstance(value, (tuple, list)):
@@ -174,24 +173,23 @@ def conv_transpose2d(x: Array, weight: Array, bias: Optional[Array] = None, stri
     -------
     array ``(N, C_out, (H - 1)·stride - 2·padding + dilation·(R - 1) + output_padding + 1, ...)``.
     """
-    from .backward import conv2d_input
+    from .backward import dgrad_of
+    from .spec import ConvSpec
 
     shape, (stride, padding, output_padding, dilation) = transposed_output_shape(
         tuple(x.shape), tuple(weight.shape), None if bias is None else tuple(bias.shape), stride, padding,
         output_padding, groups, dilation)
     unbatched = x.ndim == 3
-    if all(op < st for op, st in zip(output_padding, stride)):  # (the dgrad of the transposed convolution as it is)
-        y = conv2d_input(shape[1:] if unbatched else shape, weight, x, stride, padding, dilation, groups, algo=algo,
-                         precision=precision)
-    else:  # the whole dgrad without padding, then the output's window of it (zeros where no window reaches)
-        full = [(length - 1) * st + d * (k - 1) + 1 for length, st, d, k in
-                zip(x.shape[-2:], stride, dilation, weight.shape[2:])]
-        whole = conv2d_input((*shape[:2], *full)[1 if unbatched else 0:], weight, x, stride, 0, dilation, groups,
-                             algo=algo, precision=precision)
+    sizes, pads, fill = transposed_plan(tuple(x.shape[-2:]), shape[2:], tuple(weight.shape[2:]), stride, padding,
+                                        output_padding, dilation)
+    k, _, r, s = weight.shape
+    y = dgrad_of((*shape[:2], *sizes)[1 if unbatched else 0:], weight, x,
+                 lambda size: ConvSpec(*size, k, r, s, stride, pads, dilation, int(groups)), algo, precision)
+    if any(fill):  # (output positions no kernel window reaches: an output padding up to the dilation)
         xp = numpy if _is_numpy(x) else __import__("cupy")
-        y = xp.zeros(shape[1:] if unbatched else shape, dtype=whole.dtype)
-        rows = [min(out, f - p) for out, f, p in zip(shape[2:], full, padding)]
-        y[..., :rows[0], :rows[1]] = whole[..., padding[0]:padding[0] + rows[0], padding[1]:padding[1] + rows[1]]
+        out = xp.zeros(shape[1:] if unbatched else shape, dtype=y.dtype)
+        out[..., :sizes[0], :sizes[1]] = y
+        y = out
     if bias is not None:  # (a pass after the dgrad: its plans take no bias)
         y += bias.reshape((-1, 1, 1))
     return y
@@ -225,14 +223,7 @@ def conv3d_args(x_shape: tuple, w_shape: tuple, stride, padding, dilation, group
     """``conv3d``'s geometry after torch's checks in its words: ``stride``, ``dilation`` (triples), ``pad_d`` (the
     depth's padding before and after), ``padding_hw`` (the plane's, as conv2d takes it: a pair or a string),
     ``depth`` (the output's), ``groups``."""
-    if len(x_shape) not in (4, 5):
-        raise ConvValueError(f"Expected 4D (unbatched) or 5D (batched) input to conv3d, but got input of size: "
-                             f"{list(x_shape)}")
-    if len(w_shape) != 5:
-        raise ConvValueError("weight should have at least three dimensions" if len(w_shape) < 3 else
-                             f"Expected {len(w_shape)}-dimensional input for {len(w_shape)}-dimensional weight "
-                             f"{list(w_shape)}, but got {len(x_shape)}-dimensional input of size {list(x_shape)} "
-                             f"instead")
+    _check_ranks("conv3d", x_shape, w_shape, 3)
     stride, dilation = _triple(stride, "stride"), _triple(dilation, "dilation")
     for name, values in (("stride", stride), ("dilation", dilation)):
         if not all(_is_int(v) for v in values):
@@ -299,13 +290,14 @@ def depth_columns(xp, x, geometry: dict, taps: int, channels_per_group: int):
             x = xp.pad(x, ((0, 0), (0, 0), (lo, hi), (0, 0), (0, 0)))
     depth, st, dl = geometry["depth"], geometry["stride"][0], geometry["dilation"][0]
     g = geometry["groups"]
-    planes = [x[:, :, t * dl: t * dl + st * (depth - 1) + 1: st] for t in range(taps)]  # each (N, C, D_out, H, W)
-    cols = xp.stack(planes, 1)  # (N, T, C, D_out, H, W)
-    cols = cols.reshape(n, taps, g, channels_per_group, depth, h, w)
-    # (N, D_out, g, T, C/g, H, W): channels of one group together, its taps outermost within it
-    order = (0, 4, 2, 1, 3, 5, 6)
-    cols = cols.permute(*order) if xp.__name__ == "torch" else cols.transpose(order)
-    return cols.reshape(n * depth, g * taps * channels_per_group, h, w)
+    # each tap's planes as a view (N, D_out, g, C/g, H, W), stacked after the group: (N, D_out, g, T, C/g, H, W) in
+    # one copy, the channels of one group together with its taps outermost, and the batch and depth one axis
+    order = (0, 3, 1, 2, 4, 5)
+    planes = []
+    for t in range(taps):
+        plane = x[:, :, t * dl: t * dl + st * (depth - 1) + 1: st].reshape(n, g, channels_per_group, depth, h, w)
+        planes.append(plane.permute(*order) if xp.__name__ == "torch" else plane.transpose(order))
+    return xp.stack(planes, 3).reshape(n * depth, g * taps * channels_per_group, h, w)
 
 
 def folded_weight(w):

@@ -60,19 +60,30 @@ def _close(a, b, tol=1e-12):
     assert float((a - b).norm()) <= tol * max(float(b.norm()), 1e-300)
 
 
-def _bias_size(w_shape, kwargs, transposed):
-    return w_shape[1] * kwargs.get("groups", 1) if transposed else w_shape[0]
+# each op: (cuconv's torch door, torch's, cuconv's array door, its cases, the first of its four seeds); a bias has
+# the output's channels: the weight's second dimension times the groups for the transposed convolution
+_OPS = {
+    "conv_transpose2d": (F.conv_transpose2d, _TF.conv_transpose2d, cuconv.conv_transpose2d, _TRANSPOSED, 1),
+    "conv1d": (F.conv1d, _TF.conv1d, cuconv.conv1d, _ONE_D, 5),
+    "conv3d": (F.conv3d, _TF.conv3d, cuconv.conv3d, _THREE_D, 10),
+}
+_OP_CASES = [pytest.param(op, *case.values, id=f"{op}-{case.id}") for op, row in _OPS.items() for case in row[3]]
+
+
+def _bias_size(op, w_shape, kwargs):
+    return w_shape[1] * kwargs.get("groups", 1) if op == "conv_transpose2d" else w_shape[0]
 
 
 @pytest.mark.parametrize("device", _DEVICES)
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("x_shape,w_shape,kwargs", _TRANSPOSED)
-def test_conv_transpose2d_and_its_gradients_match_torch(x_shape, w_shape, kwargs, bias, device):
-    x, w = _make(x_shape, device, 1).requires_grad_(), _make(w_shape, device, 2).requires_grad_()
-    b = _make((_bias_size(w_shape, kwargs, True),), device, 3).requires_grad_() if bias else None
-    y, want = F.conv_transpose2d(x, w, b, **kwargs), _TF.conv_transpose2d(x, w, b, **kwargs)
+@pytest.mark.parametrize("op,x_shape,w_shape,kwargs", _OP_CASES)
+def test_outputs_and_gradients_match_torch(op, x_shape, w_shape, kwargs, bias, device):
+    ours, theirs, _, _, seed = _OPS[op]
+    x, w = _make(x_shape, device, seed).requires_grad_(), _make(w_shape, device, seed + 1).requires_grad_()
+    b = _make((_bias_size(op, w_shape, kwargs),), device, seed + 2).requires_grad_() if bias else None
+    y, want = ours(x, w, b, **kwargs), theirs(x, w, b, **kwargs)
     _close(y, want)
-    g = _make(want.shape, device, 4)
+    g = _make(want.shape, device, seed + 3)
     inputs = (x, w) + ((b,) if bias else ())
     for got, ref in zip(torch.autograd.grad(y, inputs, g), torch.autograd.grad(want, inputs, g)):
         _close(got, ref)
@@ -123,34 +134,6 @@ def test_a_jit_trace_of_conv_transpose2d_refuses_other_shapes_rather_than_readin
 
 
 @pytest.mark.parametrize("device", _DEVICES)
-@pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("x_shape,w_shape,kwargs", _ONE_D)
-def test_conv1d_and_its_gradients_match_torch(x_shape, w_shape, kwargs, bias, device):
-    x, w = _make(x_shape, device, 5).requires_grad_(), _make(w_shape, device, 6).requires_grad_()
-    b = _make((w_shape[0],), device, 7).requires_grad_() if bias else None
-    y, want = F.conv1d(x, w, b, **kwargs), _TF.conv1d(x, w, b, **kwargs)
-    _close(y, want)
-    g = _make(want.shape, device, 8)
-    inputs = (x, w) + ((b,) if bias else ())
-    for got, ref in zip(torch.autograd.grad(y, inputs, g), torch.autograd.grad(want, inputs, g)):
-        _close(got, ref)
-
-
-@pytest.mark.parametrize("device", _DEVICES)
-@pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("x_shape,w_shape,kwargs", _THREE_D)
-def test_conv3d_and_its_gradients_match_torch(x_shape, w_shape, kwargs, bias, device):
-    x, w = _make(x_shape, device, 10).requires_grad_(), _make(w_shape, device, 11).requires_grad_()
-    b = _make((w_shape[0],), device, 12).requires_grad_() if bias else None
-    y, want = F.conv3d(x, w, b, **kwargs), _TF.conv3d(x, w, b, **kwargs)
-    _close(y, want)
-    g = _make(want.shape, device, 13)
-    inputs = (x, w) + ((b,) if bias else ())
-    for got, ref in zip(torch.autograd.grad(y, inputs, g), torch.autograd.grad(want, inputs, g)):
-        _close(got, ref)
-
-
-@pytest.mark.parametrize("device", _DEVICES)
 def test_conv3d_keeps_channels_last_3d(device):
     x = _make((2, 4, 5, 6, 7), device, 14).contiguous(memory_format=torch.channels_last_3d)
     w = _make((3, 4, 3, 3, 3), device, 15)
@@ -168,30 +151,14 @@ def _arrays(device):
 
 
 @pytest.mark.parametrize("device", _DEVICES)
-@pytest.mark.parametrize("x_shape,w_shape,kwargs", _TRANSPOSED)
-def test_array_door_conv_transpose2d_matches_torch(x_shape, w_shape, kwargs, device):
+@pytest.mark.parametrize("op,x_shape,w_shape,kwargs", _OP_CASES)
+def test_array_door_matches_torch(op, x_shape, w_shape, kwargs, device):
+    _, theirs, arrays, _, seed = _OPS[op]
     to, back = _arrays(device)
-    x, w, b = _make(x_shape, "cpu", 1), _make(w_shape, "cpu", 2), _make((_bias_size(w_shape, kwargs, True),), "cpu", 3)
-    y = back(cuconv.conv_transpose2d(to(x.numpy()), to(w.numpy()), to(b.numpy()), **kwargs))
-    _close(torch.from_numpy(numpy.ascontiguousarray(y)), _TF.conv_transpose2d(x, w, b, **kwargs))
-
-
-@pytest.mark.parametrize("device", _DEVICES)
-@pytest.mark.parametrize("x_shape,w_shape,kwargs", _ONE_D)
-def test_array_door_conv1d_matches_torch(x_shape, w_shape, kwargs, device):
-    to, back = _arrays(device)
-    x, w, b = _make(x_shape, "cpu", 5), _make(w_shape, "cpu", 6), _make((w_shape[0],), "cpu", 7)
-    y = back(cuconv.conv1d(to(x.numpy()), to(w.numpy()), to(b.numpy()), **kwargs))
-    _close(torch.from_numpy(numpy.ascontiguousarray(y)), _TF.conv1d(x, w, b, **kwargs))
-
-
-@pytest.mark.parametrize("device", _DEVICES)
-@pytest.mark.parametrize("x_shape,w_shape,kwargs", _THREE_D)
-def test_array_door_conv3d_matches_torch(x_shape, w_shape, kwargs, device):
-    to, back = _arrays(device)
-    x, w, b = _make(x_shape, "cpu", 10), _make(w_shape, "cpu", 11), _make((w_shape[0],), "cpu", 12)
-    y = back(cuconv.conv3d(to(x.numpy()), to(w.numpy()), to(b.numpy()), **kwargs))
-    _close(torch.from_numpy(numpy.ascontiguousarray(y)), _TF.conv3d(x, w, b, **kwargs))
+    x, w = _make(x_shape, "cpu", seed), _make(w_shape, "cpu", seed + 1)
+    b = _make((_bias_size(op, w_shape, kwargs),), "cpu", seed + 2)
+    y = back(arrays(to(x.numpy()), to(w.numpy()), to(b.numpy()), **kwargs))
+    _close(torch.from_numpy(numpy.ascontiguousarray(y)), theirs(x, w, b, **kwargs))
 
 
 @pytest.mark.parametrize("device", _DEVICES)
@@ -257,21 +224,6 @@ _BAD_TRANSPOSED = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(_BAD_TRANSPOSED))
-def test_conv_transpose2d_refuses_as_torch(case):
-    """Each refusal of torch's CPU conv_transpose2d, in its words and of its types (RuntimeError where torch raises
-    it: ConvValueError is one), from both doors, before anything runs."""
-    x_shape, w_shape, b_shape, kwargs = _BAD_TRANSPOSED[case]
-    make = lambda s: None if s is None else torch.randn(*s, dtype=torch.float64)  # noqa: E731
-    x, w, b = make(x_shape), make(w_shape), make(b_shape)
-    theirs = _refusal(lambda: _TF.conv_transpose2d(x, w, b, **kwargs))
-    for ours in (_refusal(lambda: F.conv_transpose2d(x, w, b, **kwargs)),
-                 _refusal(lambda: cuconv.conv_transpose2d(x.numpy(), w.numpy(), None if b is None else b.numpy(),
-                                                          **kwargs))):
-        assert isinstance(ours, type(theirs)), (ours, theirs)
-        assert str(ours) == str(theirs).splitlines()[0]
-
-
 _BAD_ONE_D = {
     "input_4d": ((2, 3, 4, 5), (4, 3, 3), dict()),
     "channels": ((2, 2, 9), (4, 3, 3), dict()),
@@ -291,26 +243,24 @@ _BAD_THREE_D = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(_BAD_THREE_D))
-def test_conv3d_refuses_as_torch(case):
-    x_shape, w_shape, kwargs = _BAD_THREE_D[case]
-    x, w = torch.randn(*x_shape, dtype=torch.float64), torch.randn(*w_shape, dtype=torch.float64)
-    theirs = _refusal(lambda: _TF.conv3d(x, w, **kwargs))
-    for ours in (_refusal(lambda: F.conv3d(x, w, **kwargs)),
-                 _refusal(lambda: cuconv.conv3d(x.numpy(), w.numpy(), **kwargs))):
-        assert isinstance(ours, type(theirs)), (ours, theirs)
-        assert str(ours) == str(theirs).splitlines()[0]
+_BAD = [pytest.param(op, *case, id=f"{op}-{name}") for op, table in (
+    ("conv_transpose2d", _BAD_TRANSPOSED),
+    ("conv1d", {k: (x, w, None, kw) for k, (x, w, kw) in _BAD_ONE_D.items()}),
+    ("conv3d", {k: (x, w, None, kw) for k, (x, w, kw) in _BAD_THREE_D.items()})) for name, case in sorted(table.items())]
 
 
-@pytest.mark.parametrize("case", sorted(_BAD_ONE_D))
-def test_conv1d_refuses_as_torch(case):
-    x_shape, w_shape, kwargs = _BAD_ONE_D[case]
-    x, w = torch.randn(*x_shape, dtype=torch.float64), torch.randn(*w_shape, dtype=torch.float64)
-    theirs = _refusal(lambda: _TF.conv1d(x, w, **kwargs))
-    for ours in (_refusal(lambda: F.conv1d(x, w, **kwargs)),
-                 _refusal(lambda: cuconv.conv1d(x.numpy(), w.numpy(), **kwargs))):
-        assert isinstance(ours, type(theirs)), (ours, theirs)
-        assert str(ours) == str(theirs).splitlines()[0]
+@pytest.mark.parametrize("op,x_shape,w_shape,b_shape,kwargs", _BAD)
+def test_refusals_are_torchs(op, x_shape, w_shape, b_shape, kwargs):
+    """Each refusal of torch's CPU op, in its words and of its types (RuntimeError where torch raises it:
+    ConvValueError is one), from both doors, before anything runs."""
+    ours, theirs, arrays, _, _ = _OPS[op]
+    make = lambda s: None if s is None else torch.randn(*s, dtype=torch.float64)  # noqa: E731
+    x, w, b = make(x_shape), make(w_shape), make(b_shape)
+    expected = _refusal(lambda: theirs(x, w, b, **kwargs))
+    for got in (_refusal(lambda: ours(x, w, b, **kwargs)),
+                _refusal(lambda: arrays(x.numpy(), w.numpy(), None if b is None else b.numpy(), **kwargs))):
+        assert isinstance(got, type(expected)), (got, expected)
+        assert str(got) == str(expected).splitlines()[0]
 
 
 def test_graph_tools_take_conv_transpose2d_as_the_custom_op():

@@ -705,24 +705,17 @@ def _weight_dim_error(input, weight, stride, padding) -> ConvValueError:
                           f"convolution dimensions, but got stride={shown}")
 
 
-def _checked(input, weight, bias, stride, padding, dilation, groups, algo, settings, autocast_done=False, run=True):
-    """Every check of torch's, in its wording, then the layer (made and kept for CUDA tensors) under ``settings``
-    (``_config.Settings``; None: read here, past the traced path, which reads none: a custom op reads them when it
-    runs)."""
+def _check_arguments(op: str, input, weight, bias, algo) -> None:
+    """torch's refusal of arguments that are not tensors, in its words for ``op``; ``algo`` a str."""
     for name, t in (("input", input), ("weight", weight), ("bias", bias)):
         if not isinstance(t, _Tensor) and not (name == "bias" and t is None):
-            raise TypeError(f"conv2d(): argument '{name}' must be Tensor, not {type(t).__name__}")
+            raise TypeError(f"{op}(): argument '{name}' must be Tensor, not {type(t).__name__}")
     if not isinstance(algo, str):
-        raise TypeError(f"conv2d(): argument 'algo' must be str, not {type(algo).__name__}")
-    if not autocast_done:
-        device_type = input.device.type
-        if device_type in ("cuda", "cpu") and torch.is_autocast_enabled(device_type):
-            input, weight, bias = _autocast(input, weight, bias, device_type)
-    if input.dim() not in (3, 4):
-        raise ConvValueError(f"Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of "
-                             f"size: {list(input.shape)}")
-    if weight.dim() != 4:
-        raise _weight_dim_error(input, weight, stride, padding)
+        raise TypeError(f"{op}(): argument 'algo' must be str, not {type(algo).__name__}")
+
+
+def _check_dtypes(input, weight, bias) -> None:
+    """A dtype cuconv computes in, the same for every tensor, and one device."""
     if input.dtype not in _TORCH_DTYPES:
         raise ConvTypeError(f"cuconv: input dtype {input.dtype} is not supported; expected one of "
                             f"{', '.join(map(str, _TORCH_DTYPES))}")
@@ -732,6 +725,23 @@ def _checked(input, weight, bias, stride, padding, dilation, groups, algo, setti
         if t is not None and t.device != input.device:
             raise ConvValueError(f"Expected all tensors to be on the same device, but found input on "
                                  f"{input.device} and {name} on {t.device}")
+
+
+def _checked(input, weight, bias, stride, padding, dilation, groups, algo, settings, autocast_done=False, run=True):
+    """Every check of torch's, in its wording, then the layer (made and kept for CUDA tensors) under ``settings``
+    (``_config.Settings``; None: read here, past the traced path, which reads none: a custom op reads them when it
+    runs)."""
+    _check_arguments("conv2d", input, weight, bias, algo)
+    if not autocast_done:
+        device_type = input.device.type
+        if device_type in ("cuda", "cpu") and torch.is_autocast_enabled(device_type):
+            input, weight, bias = _autocast(input, weight, bias, device_type)
+    if input.dim() not in (3, 4):
+        raise ConvValueError(f"Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of "
+                             f"size: {list(input.shape)}")
+    if weight.dim() != 4:
+        raise _weight_dim_error(input, weight, stride, padding)
+    _check_dtypes(input, weight, bias)
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
         raise ConvValueError(f"Given weight of size {list(weight.shape)}, expected bias to be 1-dimensional with "
                              f"{weight.shape[0]} elements, but got bias of size {list(bias.shape)} instead")
@@ -770,11 +780,7 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[t
     forward and the wgrad; compile, export and CUDA graphs as for conv2d), the bias added after it. ``algo``
     names the algorithm of that dgrad (``auto`` where the one named has none). Autocast and float32's TF32 switch
     as for :func:`conv2d`."""
-    for name, t in (("input", input), ("weight", weight), ("bias", bias)):
-        if not isinstance(t, _Tensor) and not (name == "bias" and t is None):
-            raise TypeError(f"conv_transpose2d(): argument '{name}' must be Tensor, not {type(t).__name__}")
-    if not isinstance(algo, str):
-        raise TypeError(f"conv_transpose2d(): argument 'algo' must be str, not {type(algo).__name__}")
+    _check_arguments("conv_transpose2d", input, weight, bias, algo)
     if algo != "auto" and algo not in algorithms():
         raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {algorithms()}")
     device_type = input.device.type
@@ -783,15 +789,7 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[t
     shape, (stride, padding, output_padding, dilation) = _variants.transposed_output_shape(
         tuple(input.shape), tuple(weight.shape), None if bias is None else tuple(bias.shape), stride, padding,
         output_padding, groups, dilation)
-    if input.dtype not in _TORCH_DTYPES:
-        raise ConvTypeError(f"cuconv: input dtype {input.dtype} is not supported; expected one of "
-                            f"{', '.join(map(str, _TORCH_DTYPES))}")
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype != input.dtype:
-            raise ConvTypeError(f"Input type ({input.dtype}) and {name} type ({t.dtype}) should be the same")
-        if t is not None and t.device != input.device:
-            raise ConvValueError(f"Expected all tensors to be on the same device, but found input on "
-                                 f"{input.device} and {name} on {t.device}")
+    _check_dtypes(input, weight, bias)
     unbatched = input.dim() == 3
     x = input.unsqueeze(0) if unbatched else input
     shape = [v if isinstance(v, (int, torch.SymInt)) else int(v) for v in shape]  # (jit.trace's sizes: 0-d tensors)
@@ -818,9 +816,7 @@ def conv1d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     """``torch.nn.functional.conv1d`` computed by cuconv, with autograd: :func:`conv2d` over a plane of height one
     (``input`` ``(N, C, L)`` or ``(C, L)``, ``weight`` ``(K, C / groups, S)``; ``padding`` an int, ``"same"`` or
     ``"valid"``)."""
-    for name, t in (("input", input), ("weight", weight)):
-        if not isinstance(t, _Tensor):
-            raise TypeError(f"conv1d(): argument '{name}' must be Tensor, not {type(t).__name__}")
+    _check_arguments("conv1d", input, weight, bias, algo)
     stride2, padding2, dilation2 = _variants.conv1d_args(tuple(input.shape), tuple(weight.shape), stride, padding,
                                                          dilation, groups)
     return conv2d(input.unsqueeze(-2), weight.unsqueeze(-2), bias, stride2, padding2, dilation2, groups,
@@ -836,9 +832,7 @@ def conv3d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     layout changes are torch's. ``input`` ``(N, C, D, H, W)`` or ``(C, D, H, W)``; ``padding`` an int, a triple,
     ``"same"`` or ``"valid"``. The result is channels_last_3d where the input or the weight is, as torch's. An
     ``activation`` (as :func:`conv2d`'s) is applied in that 2-D convolution's epilogue."""
-    for name, t in (("input", input), ("weight", weight)):
-        if not isinstance(t, _Tensor):
-            raise TypeError(f"conv3d(): argument '{name}' must be Tensor, not {type(t).__name__}")
+    _check_arguments("conv3d", input, weight, bias, algo)
     geometry = _variants.conv3d_args(tuple(input.shape), tuple(weight.shape), stride, padding, dilation, groups)
     unbatched = input.dim() == 4
     x = input.unsqueeze(0) if unbatched else input

@@ -30,7 +30,32 @@ torch.fx.wrap("_cuconv_conv3d")
 __all__ = ["Conv2d", "ConvTranspose2d", "Conv1d", "Conv3d", "convert"]
 
 
-class Conv2d(torch.nn.Conv2d):
+def _check_algo(algo: str) -> None:
+    if algo != "auto" and algo not in algorithms():
+        raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {algorithms()}")
+
+
+def _padded(module, input) -> tuple:
+    """(input, padding) of a call of ``module``: for reflect / replicate / circular padding modes the input padded
+    first (differentiable) and no padding for the convolution, else both as they are."""
+    if module.padding_mode == "zeros":
+        return input, module.padding
+    return torch.nn.functional.pad(input, module._reversed_padding_repeated_twice, mode=module.padding_mode), 0
+
+
+class _Algo:
+    """What cuconv's modules add to torch's: ``algo`` (shown by ``extra_repr`` when it is not the default) and the
+    refusal of ``torch.jit.script`` with what to use instead. Listed before torch's class among the bases."""
+
+    def extra_repr(self) -> str:
+        text = super().extra_repr()
+        return text if self.algo == "auto" else f"{text}, algo={self.algo!r}"
+
+    def __prepare_scriptable__(self):
+        raise RuntimeError(NOT_SCRIPTABLE)
+
+
+class Conv2d(_Algo, torch.nn.Conv2d):
     """``torch.nn.Conv2d`` computed by cuconv (forward, dgrad and wgrad).
 
     Parameters are torch's: ``in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
@@ -50,8 +75,7 @@ class Conv2d(torch.nn.Conv2d):
                  padding: Padding = 0, dilation: IntOrPair = 1, groups: int = 1, bias: bool = True,
                  padding_mode: str = "zeros", device: Any = None, dtype: Optional[torch.dtype] = None, *,
                  algo: str = "auto") -> None:
-        if algo != "auto" and algo not in algorithms():
-            raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {algorithms()}")
+        _check_algo(algo)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
                          padding_mode, device, dtype)
         self.algo = algo
@@ -60,27 +84,11 @@ class Conv2d(torch.nn.Conv2d):
         if type(input) is not torch.Tensor and type(getattr(input, "tracer", None)).__name__ == "QuantizationTracer":
             # (FX-mode quantization traces through the layer to a call it has no pattern for: left float silently)
             raise NotImplementedError(NOT_QUANTIZABLE)
-        if self.padding_mode != "zeros":
-            # reflect / replicate / circular: pad first (differentiable), then a valid convolution
-            padded = torch.nn.functional.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
-            return _cuconv_conv2d(padded, weight, bias, self.stride, 0, self.dilation, self.groups, algo=self.algo)
-        return _cuconv_conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups,
-                              algo=self.algo)
-
-    def extra_repr(self) -> str:
-        text = super().extra_repr()
-        return text if self.algo == "auto" else f"{text}, algo={self.algo!r}"
-
-    def __prepare_scriptable__(self):
-        raise RuntimeError(NOT_SCRIPTABLE)
+        input, padding = _padded(self, input)
+        return _cuconv_conv2d(input, weight, bias, self.stride, padding, self.dilation, self.groups, algo=self.algo)
 
 
-def _check_algo(algo: str) -> None:
-    if algo != "auto" and algo not in algorithms():
-        raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {algorithms()}")
-
-
-class ConvTranspose2d(torch.nn.ConvTranspose2d):
+class ConvTranspose2d(_Algo, torch.nn.ConvTranspose2d):
     """``torch.nn.ConvTranspose2d`` computed by cuconv (``cuconv.nn.functional.conv_transpose2d``): torch's
     constructor, attributes, initialisation and state_dict, ``forward(input, output_size=None)``; plus ``algo``
     (keyword-only: the algorithm of the dgrad that computes it)."""
@@ -102,15 +110,8 @@ class ConvTranspose2d(torch.nn.ConvTranspose2d):
         return _cuconv_conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding, output_padding,
                                         self.groups, self.dilation, algo=self.algo)
 
-    def extra_repr(self) -> str:
-        text = super().extra_repr()
-        return text if self.algo == "auto" else f"{text}, algo={self.algo!r}"
 
-    def __prepare_scriptable__(self):
-        raise RuntimeError(NOT_SCRIPTABLE)
-
-
-class Conv1d(torch.nn.Conv1d):
+class Conv1d(_Algo, torch.nn.Conv1d):
     """``torch.nn.Conv1d`` computed by cuconv (``cuconv.nn.functional.conv1d``: a 2-D convolution over a plane of
     height one): torch's constructor, attributes, initialisation, state_dict and padding modes; plus ``algo``."""
 
@@ -123,21 +124,11 @@ class Conv1d(torch.nn.Conv1d):
         self.algo = algo
 
     def _conv_forward(self, input, weight, bias):
-        if self.padding_mode != "zeros":
-            padded = torch.nn.functional.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
-            return _cuconv_conv1d(padded, weight, bias, self.stride, 0, self.dilation, self.groups, algo=self.algo)
-        return _cuconv_conv1d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups,
-                              algo=self.algo)
-
-    def extra_repr(self) -> str:
-        text = super().extra_repr()
-        return text if self.algo == "auto" else f"{text}, algo={self.algo!r}"
-
-    def __prepare_scriptable__(self):
-        raise RuntimeError(NOT_SCRIPTABLE)
+        input, padding = _padded(self, input)
+        return _cuconv_conv1d(input, weight, bias, self.stride, padding, self.dilation, self.groups, algo=self.algo)
 
 
-class Conv3d(torch.nn.Conv3d):
+class Conv3d(_Algo, torch.nn.Conv3d):
     """``torch.nn.Conv3d`` computed by cuconv (``cuconv.nn.functional.conv3d``: one 2-D convolution over the
     depth's columns): torch's constructor, attributes, initialisation, state_dict and padding modes; plus
     ``algo`` (the 2-D convolution's)."""
@@ -151,18 +142,8 @@ class Conv3d(torch.nn.Conv3d):
         self.algo = algo
 
     def _conv_forward(self, input, weight, bias):
-        if self.padding_mode != "zeros":
-            padded = torch.nn.functional.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
-            return _cuconv_conv3d(padded, weight, bias, self.stride, 0, self.dilation, self.groups, algo=self.algo)
-        return _cuconv_conv3d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups,
-                              algo=self.algo)
-
-    def extra_repr(self) -> str:
-        text = super().extra_repr()
-        return text if self.algo == "auto" else f"{text}, algo={self.algo!r}"
-
-    def __prepare_scriptable__(self):
-        raise RuntimeError(NOT_SCRIPTABLE)
+        input, padding = _padded(self, input)
+        return _cuconv_conv3d(input, weight, bias, self.stride, padding, self.dilation, self.groups, algo=self.algo)
 
 
 NOT_QUANTIZABLE = ("cuconv: cuconv's Conv2d computes in floating point (float32, TF32, float16, bfloat16, float64) "
@@ -251,8 +232,7 @@ def convert(model: torch.nn.Module, *, algo: str = "auto", fuse: bool = False) -
         raise TypeError(f"convert(): argument 'model' must be a torch.nn.Module, not {type(model).__name__}")
     if not isinstance(algo, str):
         raise TypeError(f"convert(): argument 'algo' must be str, not {type(algo).__name__}")
-    if algo != "auto" and algo not in algorithms():
-        raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {algorithms()}")
+    _check_algo(algo)
     if not isinstance(fuse, bool):
         raise TypeError(f"convert(): argument 'fuse' must be bool, not {type(fuse).__name__}")
     left = []
