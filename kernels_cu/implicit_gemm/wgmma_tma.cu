@@ -87,27 +87,49 @@ __device__ __forceinline__ void tma_store_drain() { asm volatile("cp.async.bulk.
 // kOverlap (implicit_gemm_wgmma_tma_pst, a staging of its own): the stores of the block's previous tile may still
 // be reading it: the storing thread waits for them before the consumers meet, and returns as soon as this tile's
 // are issued (the block's last ones: tma_store_drain before it exits).
-// The epilogue's activation alone, kAct (0: none; cuconv::activate's codes; -1: ep.act's, chosen per element): the
-// plans give these kernels no residual (the TMA store clips what lies past the output, a residual's loads would
-// need guards of their own; a residual takes the kernels that store from shared memory, store_tile_nhwc).
-template <int kAct, typename T>
-__device__ __forceinline__ float act_of(float v, const Epi<T>& ep) {
-    if constexpr (kAct < 0) {
-        return activate<float>(ep.act, v, ep.alpha);
-    } else {
-        return activate<kAct, float>(v, ep.alpha);
+// The epilogue's bias and activation alone, applied to the accumulators in place before the stores (the plans give
+// these kernels no residual: the TMA store clips what lies past the output, a residual's loads would need guards
+// of their own; a residual takes the kernels that store from shared memory, store_tile_nhwc). The launch's
+// activation is chosen once, outside the loop over the 64·NW elements, and each activation's loop holds that
+// activation's code alone: chosen at each element, the code of all nine made the store loop 14x longer, a 1x1
+// channels-last layer with a ReLU twice as slow as with a residual and the shared-memory store, and GELU's erf
+// spilled the persistent kernel's registers; a copy of the whole store loop (addresses, stmatrix) per activation
+// doubled the persistent instances' compile time. A loop of arithmetic per activation and one store loop compile in
+// half that time, without spills (docs/perf-notes.md, "Fused blocks").
+template <int kAct, typename T, int NW>
+__device__ __forceinline__ void bias_act(float (&acc)[NW][64], float b0, float b1, const Epi<T>& ep) {
+#pragma unroll
+    for (int n = 0; n < NW; ++n)
+#pragma unroll
+        for (int i = 0; i < 64; ++i) {  // (element i of the wgmma's fragment: filter f0 + 8 where i % 4 >= 2)
+            acc[n][i] = activate<kAct, float>(acc[n][i] + (i % 4 >= 2 ? b1 : b0), ep.alpha);
+        }
+}
+
+template <typename T, int NW>
+__device__ __forceinline__ void bias_act_any(float (&acc)[NW][64], float b0, float b1, const Epi<T>& ep) {
+    switch (ep.act) {
+        case 0: bias_act<0>(acc, b0, b1, ep); break;
+        case 1: bias_act<1>(acc, b0, b1, ep); break;
+        case 2: bias_act<2>(acc, b0, b1, ep); break;
+        case 3: bias_act<3>(acc, b0, b1, ep); break;
+        case 4: bias_act<4>(acc, b0, b1, ep); break;
+        case 5: bias_act<5>(acc, b0, b1, ep); break;
+        case 6: bias_act<6>(acc, b0, b1, ep); break;
+        case 7: bias_act<7>(acc, b0, b1, ep); break;
+        case 8: bias_act<8>(acc, b0, b1, ep); break;
+        case 9: bias_act<9>(acc, b0, b1, ep); break;
     }
 }
 
-template <typename T, int BF, int BP, int NW, bool kRows, bool kOverlap, int kAct>
+template <typename T, int BF, int BP, int NW, bool kRows = false, bool kOverlap = false>
 __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigned stage, const Geometry& g,
                                                    const Epi<T>& ep, const TensorMap& y_map, int m0,
                                                    int n0, int row = 0) {
     constexpr int kThreads = BF / 64 * 128;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32, wg = tid / 128;
     const int f0 = n0 + wg * 64 + (warp % 4) * 16 + lane / 4;  // the thread's filters f0, f0 + 8
-    const float b0 = f0 < g.k ? bias_at(ep, f0) : 0.f;
-    const float b1 = f0 + 8 < g.k ? bias_at(ep, f0 + 8) : 0.f;
+    bias_act_any<T, NW>(acc, f0 < g.k ? bias_at(ep, f0) : 0.f, f0 + 8 < g.k ? bias_at(ep, f0 + 8) : 0.f, ep);
     const unsigned box = stage + wg * BP * 128;
     const int q = lane / 8, r = lane % 8;  // this lane's address: row r of block q of an stmatrix
     const int chunk = (warp % 4) * 2 + q % 2;  // the block's 8 filters: a 16-byte chunk of the box's row
@@ -121,8 +143,7 @@ __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigne
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 const int i = 4 * (j + k / 2) + 2 * (k % 2);
-                const float b = k % 2 ? b1 : b0;
-                v[k] = pair_word<T>(act_of<kAct>(acc[n][i] + b, ep), act_of<kAct>(acc[n][i + 1] + b, ep));
+                v[k] = pair_word<T>(acc[n][i], acc[n][i + 1]);
             }
             const int pixel = n * 128 + 8 * (j + q / 2) + r;
             const unsigned addr = box + pixel * 128 + ((chunk ^ (pixel % 8)) << 4);
@@ -143,28 +164,6 @@ __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigne
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
         else
             tma_store_commit_and_wait();
-    }
-}
-
-// tma_store_epilogue with the launch's activation, its store loop compiled with that activation's code alone where
-// it is cheap (GELU's two, whose erf and tanh cost the persistent kernel spilled registers, choose per element): the
-// code of every activation chosen at each of the 64·NW elements of one unrolled loop made the loop 14x longer, and
-// a 1x1 channels-last layer with a ReLU twice as slow as with a residual and the shared-memory store
-// (docs/perf-notes.md, "Fused blocks").
-template <typename T, int BF, int BP, int NW, bool kRows = false, bool kOverlap = false>
-__device__ __forceinline__ void tma_store_epilogue_any(float (&acc)[NW][64], unsigned stage, const Geometry& g,
-                                                       const Epi<T>& ep, const TensorMap& y_map, int m0, int n0,
-                                                       int row = 0) {
-    switch (ep.act) {
-        case 0: tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, 0>(acc, stage, g, ep, y_map, m0, n0, row); break;
-        case 1: tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, 1>(acc, stage, g, ep, y_map, m0, n0, row); break;
-        case 2: tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, 2>(acc, stage, g, ep, y_map, m0, n0, row); break;
-        case 3: tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, 3>(acc, stage, g, ep, y_map, m0, n0, row); break;
-        case 4: tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, 4>(acc, stage, g, ep, y_map, m0, n0, row); break;
-        case 7: tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, 7>(acc, stage, g, ep, y_map, m0, n0, row); break;
-        case 8: tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, 8>(acc, stage, g, ep, y_map, m0, n0, row); break;
-        case 9: tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, 9>(acc, stage, g, ep, y_map, m0, n0, row); break;
-        default: tma_store_epilogue<T, BF, BP, NW, kRows, kOverlap, -1>(acc, stage, g, ep, y_map, m0, n0, row);
     }
 }
 #endif
@@ -284,7 +283,7 @@ __device__ __forceinline__ void wgmma_tma_block(const T* __restrict__ x, const T
     // Every slot was full before a consumer read it, so every copy has landed: once the consumers meet (the
     // epilogue's first barrier), the slots are free for the staging.
     if (y_map != nullptr) {  // (implicit_gemm_wgmma_tma_st; never with a block-diagonal weight: no fixup here)
-        tma_store_epilogue_any<T, BF, BP, NW>(acc, base, g, ep, *y_map, m0, n0);
+        tma_store_epilogue<T, BF, BP, NW>(acc, base, g, ep, *y_map, m0, n0);
         return;
     }
     wgmma_epilogue<T, BF, BP, 1, NW, true>(acc, smem + (base - smem_addr(smem)), g, ep, y, m0, n0);
@@ -399,7 +398,7 @@ implicit_gemm_wgmma_tma_pst(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::
         mbarrier_arrive(empty + 8 * ((it - 1) % STAGES));
 #pragma unroll
         for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
-        tma_store_epilogue_any<T, BF, BP, NW, false, true>(acc, staging, g, ep, y_map, mb * BP, n0);
+        tma_store_epilogue<T, BF, BP, NW, false, true>(acc, staging, g, ep, y_map, mb * BP, n0);
     }
     if (tid == 0) tma_store_drain();  // (the staging stays allocated until the stores have read it)
 #else
@@ -552,7 +551,7 @@ __device__ __forceinline__ void wgmma_tma_rows_block(const T* __restrict__ x, co
     for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
 
     if (y_map != nullptr) {
-        tma_store_epilogue_any<T, BF, BP, NW, true>(acc, base, g, ep, *y_map, q0, n0, row);
+        tma_store_epilogue<T, BF, BP, NW, true>(acc, base, g, ep, *y_map, q0, n0, row);
         return;
     }
     Geometry row_g = g;  // the epilogue stores this row's pixels only
