@@ -10,7 +10,7 @@ one process, same weights and inputs, torch with ``cudnn.benchmark = True``, the
   of calls back to back without synchronising, per call, the two sides' rounds alternating); the algorithms
   ``auto`` chose; sums weighted by occurrence;
 - end to end: eager inference (``eval``, ``no_grad``, ``--infer-batch``) and an eager training step (forward,
-  a cross-entropy loss, backward; ``--batch``), the converted model against the same model on cuDNN, and with
+  a cross-entropy loss, backward; ``--batch``), timed in samples of calls back to back (``E2E_CALLS``), the converted model against the same model on cuDNN, and with
   ``--compile`` the same under ``torch.compile`` (default and ``mode="reduce-overhead"``);
 - correctness alongside: outputs and gradients against torch in float32 without TF32, beside torch's own
   error at the same precision, and (``tf32`` mode) every gradient of a float64 copy of the model against
@@ -83,32 +83,48 @@ def add_arguments(ap) -> None:
 # --------------------------------------------------------------------------------------------------------
 # timers (torch's current stream)
 # --------------------------------------------------------------------------------------------------------
-def _events_ms(fn, reps: int, warmup: int = 2) -> float:
-    """Median milliseconds of one call of ``fn``, CUDA events around it, the GPU idle before each."""
+def _events_ms(fn, reps: int, warmup: int = 2, calls: int = 1) -> float:
+    """Median milliseconds of one call of ``fn``: CUDA events around ``calls`` calls back to back (per call), the
+    GPU idle before each sample, Python's garbage collector off while they run (a collection inside one sample
+    would land on one side at random)."""
     import torch
 
     for _ in range(warmup):
         fn()
     times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                fn()
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop) / calls)
+    finally:
+        if enabled:
+            gc.enable()
     return statistics.median(times)
 
 
-def _alternating_ms(fns: dict, rounds: int = 3, reps: int = 5) -> dict:
-    """{name: median milliseconds of one call} of each of ``fns`` (name: function), timed as ``_events_ms`` in
-    ``rounds`` rounds of ``reps`` calls, every side in each, the order flipped each round: a drift of the clocks, or
-    of the host's other load, falls on every side alike."""
+# End to end, a sample is this many calls back to back: a model's forward after an idle GPU measures its host
+# time plus the first kernels' latency once; back to back, a host-bound model's launches queue behind each other
+# as a serving loop's do (one call a sample varied 30-60% between runs of a host-bound model's fused side).
+E2E_CALLS = 4
+
+
+def _alternating_ms(fns: dict, rounds: int = 5, reps: int = 5, calls: int = E2E_CALLS) -> dict:
+    """{name: median milliseconds of one call} of each of ``fns`` (name: function), timed as ``_events_ms`` (samples
+    of ``calls`` calls) in ``rounds`` rounds of ``reps`` samples, every side in each, the order flipped each round:
+    a drift of the clocks, or of the host's other load, falls on every side alike."""
     times = {k: [] for k in fns}
     for rnd in range(rounds):
         for k in (list(fns) if rnd % 2 == 0 else reversed(list(fns))):
-            times[k].append(_events_ms(fns[k], reps=reps, warmup=2 if rnd == 0 else 1))
+            times[k].append(_events_ms(fns[k], reps=reps, warmup=2 if rnd == 0 else 1, calls=calls))
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -457,11 +473,11 @@ def measure_e2e(pair, args, mode: _Mode) -> dict:
                 compiled = torch.compile(model, mode=None if how == "default" else how)
                 model.eval()
                 infer = _infer_fn(compiled, x_inf, mode)
-                row[f"{side}_compile_{how}_infer_ms"] = _events_ms(lambda: infer().clone(), reps=10, warmup=3)
+                row[f"{side}_compile_{how}_infer_ms"] = _events_ms(lambda: infer().clone(), reps=10, warmup=3, calls=E2E_CALLS)
                 if not getattr(args, "no_train", False):
                     model.train()
                     train = _train_fn(compiled, x_tr, labels, mode)
-                    row[f"{side}_compile_{how}_train_ms"] = _events_ms(train, reps=10, warmup=3)
+                    row[f"{side}_compile_{how}_train_ms"] = _events_ms(train, reps=10, warmup=3, calls=E2E_CALLS)
         torch._dynamo.reset()
     if getattr(args, "fuse", False):
         row.update(measure_fused(pair, args, mode, x_inf))
@@ -514,7 +530,7 @@ def measure_fused(pair, args, mode: _Mode, x) -> dict:
         torch._dynamo.reset()
         compiled = torch.compile(theirs)
         infer = _infer_fn(compiled, x, mode)
-        out["torch_compile_default_infer_ms"] = _events_ms(lambda: infer().clone(), reps=10, warmup=3)
+        out["torch_compile_default_infer_ms"] = _events_ms(lambda: infer().clone(), reps=10, warmup=3, calls=E2E_CALLS)
         torch._dynamo.reset()
     if not args.no_check:
         with torch.no_grad():
