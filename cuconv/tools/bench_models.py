@@ -85,29 +85,22 @@ def add_arguments(ap) -> None:
 # --------------------------------------------------------------------------------------------------------
 def _events_ms(fn, reps: int, warmup: int = 2, calls: int = 1) -> float:
     """Median milliseconds of one call of ``fn``: CUDA events around ``calls`` calls back to back (per call), the
-    GPU idle before each sample, Python's garbage collector off while they run (a collection inside one sample
-    would land on one side at random)."""
+    GPU idle before each sample. Python's garbage collector runs as it does in a user's loop: a side that makes more
+    garbage pays for its collections."""
     import torch
 
     for _ in range(warmup):
         fn()
     times = []
-    gc.collect()
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for _ in range(reps):
-            torch.cuda.synchronize()
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(calls):
-                fn()
-            stop.record()
-            stop.synchronize()
-            times.append(start.elapsed_time(stop) / calls)
-    finally:
-        if enabled:
-            gc.enable()
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / calls)
     return statistics.median(times)
 
 
