@@ -434,6 +434,63 @@ def test_fused_model_replays_in_a_cuda_graph_and_compiles():
         assert float((compiled(x) - want).abs().max()) <= 1e-4 * float(want.abs().max())
 
 
+@pytest.mark.gpu
+def test_a_call_like_the_last_one_skips_the_checks_and_follows_every_change(monkeypatch):
+    """On CUDA without gradients a fused call like the one before it (same shapes, strides, dtypes, autocast,
+    precision, configuration, weights) runs the layer it bound without the checked path; any change (a BatchNorm
+    edited in place, ``.to()``, another batch, channels-last, autocast, a new Parameter) binds again, and every
+    output matches torch's model."""
+    import cuconv.nn.functional as cf
+
+    torch.backends.cudnn.allow_tf32 = False
+    ref, fused = _pair(dtype=torch.float32)
+    ref, fused = ref.cuda(), fused.cuda()
+    binds = []
+    real = cf.fused_layer
+    monkeypatch.setattr(cf, "fused_layer", lambda *a: binds.append(1) or real(*a))
+    chains = len(_fused_modules(fused))
+    x = torch.randn(3, 3, 24, 24, device="cuda")
+
+    def check(x, tol=1e-5):
+        want, got = ref(x).double(), fused(x).double()
+        assert float((got - want).norm() / want.norm()) <= tol
+
+    with torch.no_grad():
+        check(x)
+        assert len(binds) == chains
+        binds.clear()
+        check(x)
+        check(x.clone())  # (other memory, the same signature)
+        assert binds == []  # (every chain's call bound)
+        for bn in (ref.get_submodule("layer1.1.bn2"), fused.get_submodule("layer1.1.bn2")):
+            bn.running_var.mul_(2.0)
+            bn.bias.add_(0.5)
+        check(x)
+        assert len(binds) == 1  # (the chain of the edited BatchNorm alone)
+        binds.clear()
+        check(torch.randn(1, 3, 24, 24, device="cuda"))  # (another batch)
+        assert len(binds) == chains
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            want, got = ref(x).double(), fused(x).double()
+        assert float((got - want).norm() / want.norm()) <= 2e-2
+        conv = fused.get_submodule("stem.0")
+        for m in (ref.get_submodule("stem.0"), conv):
+            m.weight = torch.nn.Parameter(m.weight.detach() * 1.5)  # (a new Parameter object)
+        check(x)
+        ref, fused = ref.to(memory_format=torch.channels_last), fused.to(memory_format=torch.channels_last)
+        check(x.contiguous(memory_format=torch.channels_last))
+        fused.get_submodule("stem.1").train()  # (a BatchNorm in train mode: the original graph)
+        ref.get_submodule("stem.1").train()
+        check(x)
+    with torch.no_grad():
+        ref.eval(), fused.eval()
+        check(x)
+    xg = x.clone().requires_grad_(True)  # (gradients recorded: the checked path, differentiable)
+    y = fused(xg)
+    y.sum().backward()
+    assert xg.grad is not None
+
+
 class StochasticDepth(torch.nn.Module):
     """torchvision.ops.StochasticDepth's behaviour (row mode): the identity in eval mode."""
 

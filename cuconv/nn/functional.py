@@ -497,11 +497,16 @@ torch.library.register_autograd("cuconv::conv2d_bias_grad", _bias_grad_formula, 
 _LOWER = {torch.float16: _Tensor.half, torch.bfloat16: _Tensor.bfloat16}  # (cheaper to call than ``.to(dtype)``)
 
 
+def lower_of(low: torch.dtype):
+    """The cast of a tensor to autocast's lower precision ``low``."""
+    return _LOWER.get(low) or (lambda t: t.to(low))
+
+
 def _autocast(input, weight, bias, device_type: str):
     """The tensors as torch's autocast casts a convolution's: floating-point tensors of the autocast device type,
     but float64 ones, to autocast's lower precision."""
     low = torch.get_autocast_dtype(device_type)
-    lower = _LOWER.get(low) or (lambda t: t.to(low))
+    lower = lower_of(low)
     return (_cast(input, low, lower, device_type), _cast(weight, low, lower, device_type),
             None if bias is None else _cast(bias, low, lower, device_type))
 
@@ -602,9 +607,22 @@ def _check_epilogue(input, weight, bias, stride, padding, dilation, groups, acti
 def _fused_inference(input, weight, bias, stride, padding, dilation, groups, algo, activation, slope, residual,
                      position):
     """The forward with its epilogue through a layer whose plan holds it (``_bridge.Layer.epilogue``), or None where
-    that does not apply (tensors not plain, a residual of another dtype, device or layout than the plain path
-    takes). A signature seen before (the epilogue and the residual's shape, strides and dtype in it) costs a lookup;
-    a new one every check first."""
+    that does not apply (``fused_layer``)."""
+    found = fused_layer(input, weight, bias, stride, padding, dilation, groups, algo, activation, slope, residual,
+                        position)
+    if found is None:
+        return None
+    layer, input, weight, bias = found
+    return run_fused(layer, input, weight, bias, residual)
+
+
+def fused_layer(input, weight, bias, stride, padding, dilation, groups, algo, activation, slope, residual, position):
+    """``(layer, input, weight, bias)``: the layer whose plan holds the convolution with this epilogue
+    (``_bridge.Layer.epilogue``) and the tensors as its forward takes them (autocast's casts made, the weight laid out
+    as the plans read it), for ``run_fused``; or None where that does not apply (tensors not plain, a residual of
+    another dtype, device or layout than the plain path takes). A signature seen before (the epilogue and the
+    residual's shape, strides and dtype in it) costs a lookup; a new one every check first. For CUDA calls
+    without gradients recorded (``_with_epilogue``'s condition)."""
     settings = _settings()
     if _autocast_enabled("cuda"):
         input, weight, bias = _autocast(input, weight, bias, "cuda")
@@ -633,11 +651,15 @@ def _fused_inference(input, weight, bias, stride, padding, dilation, groups, alg
             _remember(key, layer)
     # (the weight as the layer's plans read it: channels-last where they take it so, else contiguous)
     weight = weight.contiguous(memory_format=layer.w_format) if layer.w_format is not None else weight.contiguous()
-    bias = None if bias is None else bias.contiguous()
+    return layer, input, weight, None if bias is None else bias.contiguous()
+
+
+def run_fused(layer, x, w, b, residual) -> torch.Tensor:
+    """``layer``'s forward with its epilogue (``fused_layer``'s tensors) on the device it belongs to."""
     if layer.index != _current_device():
         with torch.cuda.device(layer.index):
-            return layer.forward(input, weight, bias, True, residual)
-    return layer.forward(input, weight, bias, True, residual)
+            return layer.forward(x, w, b, True, residual)
+    return layer.forward(x, w, b, True, residual)
 
 
 def _checked_layer(input, weight, bias, stride, padding, dilation, groups, algo, settings):
