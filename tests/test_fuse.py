@@ -485,6 +485,10 @@ def test_a_call_like_the_last_one_skips_the_checks_and_follows_every_change(monk
     with torch.no_grad():
         ref.eval(), fused.eval()
         check(x)
+    twin = copy.deepcopy(fused)  # (a copy binds its own calls)
+    assert all(m._bound_call.value is None for m in _fused_modules(twin))
+    with torch.no_grad():
+        assert torch.equal(twin(x), fused(x))
     xg = x.clone().requires_grad_(True)  # (gradients recorded: the checked path, differentiable)
     y = fused(xg)
     y.sum().backward()

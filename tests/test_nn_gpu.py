@@ -441,6 +441,60 @@ def test_planned_call_repeats_no_checks(monkeypatch):
     assert calls == [] and torch.equal(y0, y1)
 
 
+def test_a_call_like_the_last_one_is_bound_and_follows_every_change(monkeypatch):
+    """Without gradients a Conv2d's call like the one before it runs the layer it bound (no checks, no lookup);
+    an in-place edit of the weight, a new Parameter, ``.to()``, another input, autocast or the TF32 switch binds
+    again; every result matches torch's; a copy and a pickle of a module that bound a call carry none of it."""
+    import io
+
+    binds = []
+    real = F.plain_layer
+    monkeypatch.setattr(F, "plain_layer", lambda *a: binds.append(1) or real(*a))
+    torch.manual_seed(0)
+    ref = torch.nn.Conv2d(8, 16, 3, padding=1).cuda()
+    conv = cuconv.nn.convert(copy.deepcopy(ref))
+    x = torch.randn(2, 8, 13, 11, device="cuda")
+
+    def check(x, tol=1e-5):
+        want, got = ref(x).double(), conv(x).double()
+        assert float((got - want).norm() / want.norm()) <= tol, float((got - want).norm() / want.norm())
+
+    with torch.no_grad():
+        check(x)
+        check(x.clone())
+        assert len(binds) == 1
+        for m in (ref, conv):
+            m.weight.mul_(-0.5)
+        check(x)
+        assert len(binds) == 2
+        check(x)
+        assert len(binds) == 2
+        for m in (ref, conv):
+            m.bias = torch.nn.Parameter(m.bias.detach() + 1.0)
+        check(x)
+        check(x[:1])
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            want, got = ref(x).double(), conv(x).double()
+            assert conv(x).dtype == torch.bfloat16
+            assert float((got - want).norm() / want.norm()) <= 2e-2
+        ref.to(memory_format=torch.channels_last), conv.to(memory_format=torch.channels_last)
+        check(x.contiguous(memory_format=torch.channels_last))
+        ref.double(), conv.double()
+        check(x.double(), 1e-12)
+        assert len(binds) == 7
+        twin = copy.deepcopy(conv)
+        buf = io.BytesIO()
+        torch.save(conv, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        for m in (twin, loaded):
+            assert m._bound_call.value is None
+            assert torch.equal(m(x.double()), conv(x.double()))
+    xg = x.double().requires_grad_(True)  # (gradients recorded: the checked path)
+    conv(xg).sum().backward()
+    assert xg.grad is not None and conv.weight.grad is not None
+
+
 def test_noncontiguous_channels_last_and_unaligned_inputs():
     """Strided views are made contiguous, channels_last tensors give channels-last results; a view that starts off
     a 256-byte boundary

@@ -654,6 +654,31 @@ def fused_layer(input, weight, bias, stride, padding, dilation, groups, algo, ac
     return layer, input, weight, None if bias is None else bias.contiguous()
 
 
+def plain_layer(input, weight, bias, stride, padding, dilation, groups, algo):
+    """``(layer, input, weight, bias)``: the layer of a CUDA call without an epilogue, after every check of
+    ``_checked`` (which raises in torch's wording), and the tensors as ``run_layer`` takes them (autocast's casts
+    made, the weight and bias laid out as the layer's plans read them); None where the call's path is not a
+    layer's (tensors not plain, a transform active: ``conv2d``'s checked path). For calls without gradients
+    recorded."""
+    settings = _settings()
+    if _autocast_enabled("cuda"):
+        input, weight, bias = _autocast(input, weight, bias, "cuda")
+    if not (type(input) is _Tensor and input.is_cuda and _plain_tensor(weight) and (bias is None or _plain_tensor(bias))
+            and not _transforms_active()):
+        return None
+    layer = _checked_layer(input, weight, bias, stride, padding, dilation, groups, algo, settings)
+    if layer is None or layer.index < 0:
+        return None
+    if layer.w_format is not None:
+        weight = weight.contiguous(memory_format=layer.w_format)
+    elif not weight.is_contiguous():
+        weight = weight.contiguous()
+    return layer, input, weight, None if bias is None else bias.contiguous()
+
+
+run_layer = _run_layer  # (plain_layer's layer and tensors: the forward on its device, with autograd where needed)
+
+
 def run_fused(layer, x, w, b, residual) -> torch.Tensor:
     """``layer``'s forward with its epilogue (``fused_layer``'s tensors) on the device it belongs to."""
     if layer.index != _current_device():

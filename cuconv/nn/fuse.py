@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from .._config import config
+from . import _bound
 from . import functional as F
 from .modules import _TWINS as _twins
 from .modules import Conv2d, Conv3d
@@ -37,13 +37,8 @@ __all__ = ["FusedConv2d", "fuse", "activation_of", "apply_epilogue"]
 
 _nnF = torch.nn.functional
 _Tensor = torch.Tensor
-_grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
 _is_tracing = torch._C._is_tracing
-_forward_ad = torch.autograd.forward_ad  # (its ``_current_level``: the innermost open dual level, -1 if none)
-_autocast_enabled, _autocast_dtype = torch.is_autocast_enabled, torch.get_autocast_dtype
-_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
-_settings = config.settings
 
 # Activations: a module, function or method of torch -> (cuconv's name, its parameter: leaky_relu's slope)
 _ACTIVATION_MODULES = {
@@ -122,8 +117,8 @@ class FusedConv2d(torch.nn.Module):
         # (the fold's key, its inputs' record, weight, bias: the last fold, or without a BatchNorm the last cast,
         # ``_weights``)
         self._folded = None
-        # (the last call's key, its weights' record and what it ran: ``_bound_call``)
-        self._bound = None
+        # (the last call's key, its weights' record and what it ran: ``_bind``)
+        object.__setattr__(self, "_bound_call", _bound.Slot())
 
     def extra_repr(self) -> str:
         parts = [f"bn={self.bn is not None}", f"activation={self.activation!r}"]
@@ -136,11 +131,11 @@ class FusedConv2d(torch.nn.Module):
         return ", ".join(parts)
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-        bound = self._bound
+        bound = _bound.slot(self).value
         if bound is not None and type(x) is _Tensor:
             # a call like the last one (inference on CUDA, nothing changed): its layer and weights, no checks
             key = self._call_key(x, residual)
-            if key is not None and key == bound[0] and _unchanged(bound[1], self._fold_inputs()):
+            if key is not None and key == bound[0] and _bound.unchanged(bound[1], self._fold_inputs()):
                 layer, low, weight, bias = bound[2]
                 return F.run_fused(layer, x if low is None else low(x), weight, bias, residual)
         if (residual is None) != (self.residual is None):
@@ -158,12 +153,13 @@ class FusedConv2d(torch.nn.Module):
                                                                  self.residual)
             key = self._call_key(x, residual) if type(x) is _Tensor and x.is_cuda else None
             if key is not None:
-                return self._bound_call(key, x, weight, bias, residual)
+                return self._bind(key, x, weight, bias, residual)
             return F.conv2d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups, algo=conv.algo,
                             activation=self.activation, negative_slope=self.slope, residual=residual,
                             residual_position=self.residual or "before")
         if bn is not None and bn.training:  # train mode: the original graph, link by link
-            self._folded = self._bound = None  # (the running statistics change)
+            self._folded = None  # (the running statistics change)
+            _bound.slot(self).value = None
             y = bn(conv(x))
         elif bn is not None:
             weight, bias = self._weights()
@@ -174,50 +170,45 @@ class FusedConv2d(torch.nn.Module):
 
     def _call_key(self, x: torch.Tensor, residual):
         """What a call of the 2-D chain on ``x`` depends on besides the weights (``_fold_inputs``): the tensors'
-        shapes, strides, dtypes and devices, autocast, the float32 precision, the configuration, the convolution's
-        geometry and the epilogue; None where the call is not one a bound call may serve (gradients recorded,
-        compiling, tracing, a transform or forward-mode AD active, a module in train mode, a tensor not plain)."""
-        if (_grad_enabled() or _is_compiling() or _is_tracing() or _forward_ad._current_level >= 0
-                or _transforms_active()):
+        shapes, strides, dtypes and devices, ``_bound.context``, the convolution's geometry and the epilogue; None
+        where the call is not one a bound call may serve (``_bound.may_bind``, a module in train mode, a residual
+        not a plain tensor)."""
+        if not _bound.may_bind():
             return None
         bn, conv = self.bn, self.conv
         if (bn is not None and bn.training) or (self.passthrough and any(m.training for m in self.passthrough)):
             return None
         if residual is not None and type(residual) is not _Tensor:
             return None
-        return (x.shape, x.stride(), x.dtype, x.device,
-                None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.device),
-                _autocast_enabled("cuda") and _autocast_dtype("cuda"), F.torch_precision(), _settings(),
-                conv.stride, conv.padding, conv.dilation, conv.groups, conv.algo, conv.padding_mode,
-                None if bn is None else bn.eps, self.activation, self.slope, self.residual)
+        return (x.shape, x.stride(), x.dtype, x.device, None if residual is None else _bound.tensor_key(residual),
+                _bound.context(), conv.stride, conv.padding, conv.dilation, conv.groups, conv.algo,
+                conv.padding_mode, None if bn is None else bn.eps, self.activation, self.slope, self.residual)
 
-    def _bound_call(self, key, x, weight, bias, residual):
+    def _bind(self, key, x, weight, bias, residual):
         """The 2-D chain's call through ``F.fused_layer`` and ``F.run_fused``, kept as the bound call of ``key``
         with the record of the weights it was made from (where one can be made: ``_record``); the checked path
         (``F.conv2d``) where no fused layer applies."""
         conv = self.conv
-        record = _record(self._fold_inputs())
+        record = _bound.record(self._fold_inputs())
         found = F.fused_layer(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups, conv.algo,
                               self.activation, self.slope, residual, self.residual or "before")
         if found is None:
-            self._bound = None
+            _bound.slot(self).value = None
             return F.conv2d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups, algo=conv.algo,
                             activation=self.activation, negative_slope=self.slope, residual=residual,
                             residual_position=self.residual or "before")
         layer, xin, weight, bias = found
         low = None if xin.dtype is x.dtype else F.lower_of(xin.dtype)
         if record is not None:
-            self._bound = (key, record, (layer, low, weight, bias))
+            _bound.slot(self).value = (key, record, (layer, low, weight, bias))
         return F.run_fused(layer, xin, weight, bias, residual)
 
     def _fold_inputs(self) -> tuple:
         """The tensors the fold reads (None where absent): the convolution's weight and bias, the BatchNorm's
-        weight, bias, running statistics and count; read from the modules' dictionaries (``Module.__getattr__``
-        costs ~0.9 µs a read), through the attribute where it is not there (a parametrized weight)."""
+        weight, bias, running statistics and count, read from the modules' dictionaries
+        (``_bound.parameters``)."""
         conv, bn = self.conv, self.bn
-        p = conv._parameters
-        w = p["weight"] if "weight" in p else conv.weight
-        b = p["bias"] if "bias" in p else conv.bias
+        w, b = _bound.parameters(conv)
         if bn is None:
             return (w, b)
         q, r = bn._parameters, bn._buffers
@@ -227,7 +218,8 @@ class FusedConv2d(torch.nn.Module):
     def refold(self) -> None:
         """Forget the folded weight: for edits of the convolution's or BatchNorm's tensors through ``.data`` (which
         leave their version counters alone, so the fold cannot see them)."""
-        self._folded = self._bound = None
+        self._folded = None
+        _bound.slot(self).value = None
 
     @staticmethod
     def _autocast_dtype(w: torch.Tensor):
@@ -260,7 +252,7 @@ class FusedConv2d(torch.nn.Module):
         key = None if recording or _is_compiling() or _is_tracing() or w.is_meta else (
             None if bn is None else bn.eps, dtype)
         kept = self._folded
-        if key is not None and kept is not None and kept[0] == key and _unchanged(kept[1], tensors):
+        if key is not None and kept is not None and kept[0] == key and _bound.unchanged(kept[1], tensors):
             return kept[2], kept[3]
         dtype = dtype or w.dtype
         if bn is None:
@@ -278,32 +270,10 @@ class FusedConv2d(torch.nn.Module):
                 shift = shift + bn.bias.to(acc)
             weight = (w.to(acc) * scale.reshape((-1,) + (1,) * (w.dim() - 1))).to(dtype)
             bias = shift.to(dtype)
-        record = None if key is None else _record(tensors)
+        record = None if key is None else _bound.record(tensors)
         if record is not None:
             self._folded = (key, record, weight, bias)
         return weight, bias
-
-
-def _record(tensors: tuple):
-    """What ``_unchanged`` compares: the tensors themselves, and each one's version and data pointer, with the
-    first one's dtype, device and shape (an ``.to()`` or an assignment to ``.data`` moves a tensor without a new
-    version); None where a tensor has no version counter (an inference tensor: nothing can be kept)."""
-    try:
-        state = tuple(None if t is None else (t._version, t.data_ptr()) for t in tensors)
-    except RuntimeError:
-        return None
-    w = tensors[0]
-    return (tensors, state, (w.dtype, w.device, w.shape))
-
-
-def _unchanged(record, tensors: tuple) -> bool:
-    """Whether ``tensors`` are those ``record`` was made of, each at the same version and data pointer."""
-    kept, state, (dtype, device, shape) = record
-    for t, k, s in zip(tensors, kept, state):  # (identities: ``==`` of tensors compares their elements)
-        if t is not k or (t is not None and (t._version != s[0] or t.data_ptr() != s[1])):
-            return False
-    w = tensors[0]
-    return w.dtype is dtype and w.device == device and w.shape == shape
 
 
 def activation_of(node: torch.fx.Node, modules: dict):

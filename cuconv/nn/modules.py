@@ -15,6 +15,8 @@ import torch
 
 from .._types import IntOrPair, Padding
 from ..select import algorithms
+from . import _bound
+from . import functional as _F
 from .functional import conv1d as _cuconv_conv1d
 from .functional import conv3d as _cuconv_conv3d
 from .functional import conv2d as _cuconv_conv2d
@@ -28,6 +30,8 @@ torch.fx.wrap("_cuconv_conv1d")
 torch.fx.wrap("_cuconv_conv3d")
 
 __all__ = ["Conv2d", "ConvTranspose2d", "Conv1d", "Conv3d", "convert"]
+
+_Tensor = torch.Tensor
 
 
 def _check_algo(algo: str) -> None:
@@ -79,6 +83,27 @@ class Conv2d(_Algo, torch.nn.Conv2d):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
                          padding_mode, device, dtype)
         self.algo = algo
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if type(input) is _Tensor and input.is_cuda and self.padding_mode == "zeros" and _bound.may_bind():
+            # inference on CUDA: a call like the last one runs its layer without the checked path (``_bound``)
+            key = (input.shape, input.stride(), input.dtype, input.device, _bound.context(), self.stride,
+                   self.padding, self.dilation, self.groups, self.algo)
+            tensors = _bound.parameters(self)
+            slot = _bound.slot(self)
+            kept = slot.value
+            if kept is not None and kept[0] == key and _bound.unchanged(kept[1], tensors):
+                layer, low, w, b = kept[2]
+                return _F.run_layer(layer, input if low is None else low(input), w, b)
+            found = _F.plain_layer(input, tensors[0], tensors[1], self.stride, self.padding, self.dilation,
+                                   self.groups, self.algo)
+            if found is not None:
+                layer, x, w, b = found
+                record = _bound.record(tensors)
+                low = None if x.dtype is input.dtype else _F.lower_of(x.dtype)
+                slot.value = None if record is None else (key, record, (layer, low, w, b))
+                return _F.run_layer(layer, x, w, b)
+        return self._conv_forward(input, self.weight, self.bias)
 
     def _conv_forward(self, input, weight, bias):
         if type(input) is not torch.Tensor and type(getattr(input, "tracer", None)).__name__ == "QuantizationTracer":
