@@ -23,6 +23,15 @@ __device__ __forceinline__ void put_bits(unsigned& w, int i, __nv_bfloat16 v) {
     w = i == 0 ? b : (w | (b << 16));
 }
 
+// Element `i` (0: the low half) of a word of two 16-bit T, in fp32: the inverse of pair_word.
+template <typename T> __device__ __forceinline__ float word_half(unsigned w, int i);
+template <> __device__ __forceinline__ float word_half<__half>(unsigned w, int i) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(i == 0 ? w & 0xffffu : w >> 16)));
+}
+template <> __device__ __forceinline__ float word_half<__nv_bfloat16>(unsigned w, int i) {
+    return __uint_as_float(i == 0 ? w << 16 : w & 0xffff0000u);
+}
+
 // Two fp32 sums rounded once each to the 16-bit T, as one word (the first in the low half): a store of two
 // adjacent channels or filters.
 template <typename T> __device__ __forceinline__ unsigned pair_word(float a, float b) {

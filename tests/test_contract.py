@@ -187,13 +187,14 @@ def test_a_nested_plan_sees_the_operands_its_workspace_region_and_the_residual()
 @pytest.mark.parametrize("dtype,precision", [(numpy.float16, "ieee"), (numpy.float32, "tf32")])
 def test_implicit_gemm_applies_its_epilogue_where_it_stores(monkeypatch, layout, dtype, precision):
     """implicit_gemm's kernels apply the activation and the residual: no epilogue pass, the residual's pointer
-    given to the launch that writes the output (the GEMM, or the sum of its splits), every tile it offers; a
-    residual keeps the output off the TMA store, whose kernels apply an activation alone."""
+    given to the launch that writes the output (the GEMM, or the sum of its splits), every tile it offers; a TMA
+    store's kernel copies the residual through a map of the residual's pointer (of the output's, without one)."""
     recorder = fake_device(monkeypatch)
     spec = cuconv.ConvSpec.from_args((2, 64, 8, 8), (64, 64, 3, 3), padding=1)
     env = ENVS["sm90"]
     algorithm = algos.get("implicit_gemm")
     residual_index = len(_plan.OPERANDS["fprop"]) + 1
+    tma_stores = []
     for epilogue in (Epilogue(bias=True, activation="relu"), Epilogue(bias=True, activation="silu", residual="after")):
         problem = Problem.of(spec, dtype, precision, "fprop", layout, epilogue=epilogue)
         assert algorithm.fuses(problem) and algorithm.can_implement(problem, env) is None
@@ -204,8 +205,12 @@ def test_implicit_gemm_applies_its_epilogue_where_it_stores(monkeypatch, layout,
             writers = [s for s in plan.steps if isinstance(s, _plan.Launch) and (3, 0) in s.refs]
             assert writers and all(s.refs[-1] == ((residual_index, 0) if epilogue.residual else _plan.NULL)
                                    for s in writers)
-            if epilogue.residual:
-                assert not any("_st<" in s.kernel.name or "_pst<" in s.kernel.name for s in writers)
+            for s in writers:
+                if "_st<" in s.kernel.name or "_pst<" in s.kernel.name:
+                    tma_stores.append(epilogue.residual)
+                    assert s.kernel._maps[-1][0] == (4 if epilogue.residual else 3)  # (the launch's residual, or y)
+    if layout == "nhwc" and dtype == numpy.float16:  # (the TMA store served both epilogues)
+        assert None in tma_stores and "after" in tma_stores, tma_stores
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])

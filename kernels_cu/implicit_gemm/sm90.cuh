@@ -91,6 +91,13 @@ __device__ __forceinline__ void tma_tile_4d(unsigned dst, const TensorMap& map, 
                  ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c), "r"(w), "r"(h), "r"(n), "r"(bar)
                  : "memory");
 }
+// A box of a 3-D tensor from (x, y, z) (outside the tensor: zeros).
+__device__ __forceinline__ void tma_tile_3d(unsigned dst, const TensorMap& map, int x, int y, int z, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(x), "r"(y), "r"(z), "r"(bar)
+                 : "memory");
+}
 // A box of a 2-D tensor from column x, row y (rows past the tensor: zeros).
 __device__ __forceinline__ void tma_tile_2d(unsigned dst, const TensorMap& map, int x, int y, unsigned bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"

@@ -87,10 +87,12 @@ __device__ __forceinline__ void tma_store_drain() { asm volatile("cp.async.bulk.
 // kOverlap (implicit_gemm_wgmma_tma_pst, a staging of its own): the stores of the block's previous tile may still
 // be reading it: the storing thread waits for them before the consumers meet, and returns as soon as this tile's
 // are issued (the block's last ones: tma_store_drain before it exits).
-// The epilogue's bias and activation alone, applied to the accumulators in place before the stores (the plans give
-// these kernels no residual: the TMA store clips what lies past the output, a residual's loads would need guards
-// of their own; a residual takes the kernels that store from shared memory, store_tile_nhwc). The launch's
-// activation is chosen once, outside the loop over the 64·NW elements, and each activation's loop holds that
+// The epilogue applied to the accumulators in place before the stores: the bias and the launch's activation, and
+// the residual (r_map: a map of it as y_map is of the output) added before or after the activation, its box copied
+// by the TMA into the staging where the output's box will lie (zeros past the output, as the store clips there)
+// and read back with ldmatrix, the inverse of the store's stmatrix: each thread gets the residual's values of its
+// own accumulators, in fp32 before the one rounding. r_bar: a barrier free once the consumers meet (phase
+// r_parity next). The launch's activation is chosen once, outside the loop over the 64·NW elements, and each activation's loop holds that
 // activation's code alone: chosen at each element, the code of all nine made the store loop 14x longer, a 1x1
 // channels-last layer with a ReLU twice as slow as with a residual and the shared-memory store, and GELU's erf
 // spilled the persistent kernel's registers; a copy of the whole store loop (addresses, stmatrix) per activation
@@ -122,19 +124,65 @@ __device__ __forceinline__ void bias_act_any(float (&acc)[NW][64], float b0, flo
     }
 }
 
+// The staged box's values added to the accumulators: the ldmatrix (.trans) of each block the store loop's stmatrix
+// writes, at the same addresses (box: the warpgroup's; q, r, chunk: the lane's row and the warp's 16-byte chunk).
+template <typename T, int NW>
+__device__ __forceinline__ void add_staged(float (&acc)[NW][64], unsigned box, int q, int r, int chunk) {
+#pragma unroll
+    for (int n = 0; n < NW; ++n)
+#pragma unroll
+        for (int j = 0; j < 16; j += 2) {
+            const int pixel = n * 128 + 8 * (j + q / 2) + r;
+            const unsigned addr = box + pixel * 128 + ((chunk ^ (pixel % 8)) << 4);
+            unsigned v[4];
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(addr) : "memory");
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int i = 4 * (j + k / 2) + 2 * (k % 2);
+                acc[n][i] += word_half<T>(v[k], 0);
+                acc[n][i + 1] += word_half<T>(v[k], 1);
+            }
+        }
+}
+
 template <typename T, int BF, int BP, int NW, bool kRows = false, bool kOverlap = false>
 __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigned stage, const Geometry& g,
                                                    const Epi<T>& ep, const TensorMap& y_map, int m0,
-                                                   int n0, int row = 0) {
+                                                   int n0, int row = 0, const TensorMap* r_map = nullptr,
+                                                   unsigned r_bar = 0, unsigned r_parity = 0) {
     constexpr int kThreads = BF / 64 * 128;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32, wg = tid / 128;
     const int f0 = n0 + wg * 64 + (warp % 4) * 16 + lane / 4;  // the thread's filters f0, f0 + 8
-    bias_act_any<T, NW>(acc, f0 < g.k ? bias_at(ep, f0) : 0.f, f0 + 8 < g.k ? bias_at(ep, f0 + 8) : 0.f, ep);
+    const float b0 = f0 < g.k ? bias_at(ep, f0) : 0.f, b1 = f0 + 8 < g.k ? bias_at(ep, f0 + 8) : 0.f;
+    const bool residual = r_map != nullptr && ep.res != 0;
     const unsigned box = stage + wg * BP * 128;
     const int q = lane / 8, r = lane % 8;  // this lane's address: row r of block q of an stmatrix
     const int chunk = (warp % 4) * 2 + q % 2;  // the block's 8 filters: a 16-byte chunk of the box's row
-    if (kOverlap && tid == 0) tma_store_drain();
-    epilogue_sync<kThreads, true>();  // (every consumer's wgmmas retired: the slots are free; kOverlap: the staging)
+    // (one call of bias_act_any, its ten loops: each call site more is the code of all ten again)
+    if (residual) {
+        if (kOverlap && tid == 0) tma_store_drain();
+        epilogue_sync<kThreads, true>();  // (the slots or, kOverlap, the staging free: as below)
+        if (tid == 0) {  // the residual's boxes where the output's will be staged (none wholly past K)
+            const int boxes = min(BF / 64, (g.k - n0 + 63) / 64);
+            mbarrier_expect_bytes(r_bar, boxes * BP * 128);
+            for (int b = 0; b < boxes; ++b) {
+                if constexpr (kRows)
+                    tma_tile_3d(stage + b * BP * 128, *r_map, n0 + b * 64, m0, row, r_bar);
+                else
+                    tma_tile_2d(stage + b * BP * 128, *r_map, n0 + b * 64, m0, r_bar);
+            }
+        }
+        mbarrier_wait(r_bar, r_parity);
+        if (ep.res == 1) add_staged<T, NW>(acc, box, q, r, chunk);  // (before the activation)
+    }
+    bias_act_any<T, NW>(acc, b0, b1, ep);
+    if (residual) {
+        if (ep.res == 2) add_staged<T, NW>(acc, box, q, r, chunk);
+    } else {
+        if (kOverlap && tid == 0) tma_store_drain();
+        epilogue_sync<kThreads, true>();  // (every consumer's wgmmas retired: the slots are free; kOverlap: the staging)
+    }
 #pragma unroll
     for (int n = 0; n < NW; ++n)
 #pragma unroll
@@ -207,7 +255,8 @@ template <typename T, int BF, int BP, int STAGES, int KB>
 __device__ __forceinline__ void wgmma_tma_block(const T* __restrict__ x, const T* __restrict__ wp,
                                                 const Epi<T>& ep, T* __restrict__ y, const Geometry& g,
                                                 const TensorMap& x_map, const TensorMap& w_map, int m_block,
-                                                int n_block, int split, const TensorMap* y_map = nullptr) {
+                                                int n_block, int split, const TensorMap* y_map = nullptr,
+                                                const TensorMap* r_map = nullptr) {
 #ifdef CUCONV_IGEMM_WGMMA
     constexpr int kConsumers = BF / 64 * 128;
     constexpr int kRowBytes = KB;
@@ -283,7 +332,9 @@ __device__ __forceinline__ void wgmma_tma_block(const T* __restrict__ x, const T
     // Every slot was full before a consumer read it, so every copy has landed: once the consumers meet (the
     // epilogue's first barrier), the slots are free for the staging.
     if (y_map != nullptr) {  // (implicit_gemm_wgmma_tma_st; never with a block-diagonal weight: no fixup here)
-        tma_store_epilogue<T, BF, BP, NW>(acc, base, g, ep, *y_map, m0, n0);
+        // (the residual's copy completes slot 0's full barrier once more: its fills were ceil(k_tiles / STAGES))
+        tma_store_epilogue<T, BF, BP, NW>(acc, base, g, ep, *y_map, m0, n0, 0, r_map, full,
+                                          ((k_tiles + STAGES - 1) / STAGES) & 1);
         return;
     }
     wgmma_epilogue<T, BF, BP, 1, NW, true>(acc, smem + (base - smem_addr(smem)), g, ep, y, m0, n0);
@@ -309,15 +360,17 @@ implicit_gemm_wgmma_tma(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::Tens
 }
 
 // The same into a dense channels-last output through tma_store_epilogue (y_map: the output as an (N·P·Q) × K
-// matrix; one k range, no block-diagonal weight).
+// matrix, r_map the residual as one, or the output again where the epilogue adds none; one k range, no
+// block-diagonal weight).
 template <typename T, int BF, int BP, int STAGES, int MINB, int KB>
 __global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
 implicit_gemm_wgmma_tma_st(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::TensorMap x_map,
                            const __grid_constant__ igemm::TensorMap w_map,
-                           const __grid_constant__ igemm::TensorMap y_map) {
+                           const __grid_constant__ igemm::TensorMap y_map,
+                           const __grid_constant__ igemm::TensorMap r_map) {
 #ifdef CUCONV_IGEMM_WGMMA
     igemm::wgmma_tma_block<T, BF, BP, STAGES, KB>(x, wp, igemm::epi_of(bias, res, e), y, g, x_map, w_map, blockIdx.x,
-                                                   blockIdx.y, 0, &y_map);
+                                                   blockIdx.y, 0, &y_map, &r_map);
 #else
     __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
 #endif
@@ -336,7 +389,8 @@ template <typename T, int BF, int BP, int STAGES, int MINB, int KB>
 __global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
 implicit_gemm_wgmma_tma_pst(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::TensorMap x_map,
                             const __grid_constant__ igemm::TensorMap w_map,
-                            const __grid_constant__ igemm::TensorMap y_map) {
+                            const __grid_constant__ igemm::TensorMap y_map,
+                            const __grid_constant__ igemm::TensorMap r_map) {
 #ifdef CUCONV_IGEMM_WGMMA
     using namespace igemm;
     const Epi<T> ep = epi_of(bias, res, e);
@@ -382,8 +436,8 @@ implicit_gemm_wgmma_tma_pst(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::
     const unsigned a_off = tid / 128 * 64 * KB;  // this warpgroup's filters in a k tile of the weight
     float acc[NW][64];
     mbarrier_wait(weight_full, 0);  // (also where a block has no tile: its weight lands before it exits)
-    int it = 0;
-    for (int mb = first; mb < m_blocks; mb += step) {
+    int it = 0, tile = 0;  // (tile: the block's own count; the residual's copies complete weight_full's phases 1..)
+    for (int mb = first; mb < m_blocks; mb += step, ++tile) {
 #pragma unroll
         for (int n = 0; n < NW; ++n)
 #pragma unroll
@@ -398,7 +452,8 @@ implicit_gemm_wgmma_tma_pst(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::
         mbarrier_arrive(empty + 8 * ((it - 1) % STAGES));
 #pragma unroll
         for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
-        tma_store_epilogue<T, BF, BP, NW, false, true>(acc, staging, g, ep, y_map, mb * BP, n0);
+        tma_store_epilogue<T, BF, BP, NW, false, true>(acc, staging, g, ep, y_map, mb * BP, n0, 0, &r_map,
+                                                       weight_full, (tile + 1) & 1);
     }
     if (tid == 0) tma_store_drain();  // (the staging stays allocated until the stores have read it)
 #else
@@ -464,7 +519,8 @@ template <typename T, int BF, int BP, int STAGES, int CP>
 __device__ __forceinline__ void wgmma_tma_rows_block(const T* __restrict__ x, const T* __restrict__ wp,
                                                      const Epi<T>& ep, T* __restrict__ y,
                                                      const Geometry& g, const TensorMap& x_map,
-                                                     const TensorMap& w_map, const TensorMap* y_map) {
+                                                     const TensorMap& w_map, const TensorMap* y_map,
+                                                     const TensorMap* r_map = nullptr) {
 #ifdef CUCONV_IGEMM_WGMMA
     constexpr int kConsumers = BF / 64 * 128;
     constexpr int KB = 2 * CP;          // a tap's weight row: bytes
@@ -551,7 +607,9 @@ __device__ __forceinline__ void wgmma_tma_rows_block(const T* __restrict__ x, co
     for (int n = 0; n < NW; ++n) fence_acc(acc[n]);
 
     if (y_map != nullptr) {
-        tma_store_epilogue<T, BF, BP, NW, true>(acc, base, g, ep, *y_map, q0, n0, row);
+        // (the residual's copy completes slot 0's full barrier once more: its fills were ceil(R·S / STAGES))
+        tma_store_epilogue<T, BF, BP, NW, true>(acc, base, g, ep, *y_map, q0, n0, row, r_map, full,
+                                                ((g.r * g.s + STAGES - 1) / STAGES) & 1);
         return;
     }
     Geometry row_g = g;  // the epilogue stores this row's pixels only
@@ -574,15 +632,17 @@ implicit_gemm_wgmma_tma_rows(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm:
 #endif
 }
 
-// The same into a dense channels-last output through the TMA (y_map: N·P rows of Q pixels × K filters).
+// The same into a dense channels-last output through the TMA (y_map: N·P rows of Q pixels × K filters; r_map the
+// residual as one, or the output again where the epilogue adds none).
 template <typename T, int BF, int BP, int STAGES, int MINB, int CP>
 __global__ void __launch_bounds__(BF / 64 * 128 + 32, MINB)
 implicit_gemm_wgmma_tma_rows_st(CUCONV_IGEMM_PARAMS, const __grid_constant__ igemm::TensorMap x_map,
                                 const __grid_constant__ igemm::TensorMap w_map,
-                                const __grid_constant__ igemm::TensorMap y_map) {
+                                const __grid_constant__ igemm::TensorMap y_map,
+                                const __grid_constant__ igemm::TensorMap r_map) {
 #ifdef CUCONV_IGEMM_WGMMA
     igemm::wgmma_tma_rows_block<T, BF, BP, STAGES, CP>(x, wp, igemm::epi_of(bias, res, e), y, g, x_map, w_map,
-                                                        &y_map);
+                                                        &y_map, &r_map);
 #else
     __trap();  // an sm_90a kernel compiled for another target: the Python twin never launches it
 #endif

@@ -103,12 +103,11 @@ def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: 
     channels-last (N·P·Q) × K matrix its ``implicit_gemm_wgmma_tma_st`` instance stores through the TMA, or a
     persistent tile's ``implicit_gemm_wgmma_tma_pst`` on ``resident`` blocks (``_persistent_blocks``, with
     ``store_tma`` only; 0: a persistent tile runs its ``_twin``). ``codes``: the epilogue the kernel applies
-    (``launch.epilogue_codes``; a TMA store's, an activation alone). Pointers: x, w, bias, y, residual."""
+    (``launch.epilogue_codes``; a TMA store's residual copied by the TMA through a map of its own, of the residual
+    pointer as the output's is of the output's, else of the output again). Pointers: x, w, bias, y, residual."""
     t = pl.tile if resident else _twin(pl.tile)
     geometry = _gemm_geometry(spec, pl, m, filters, groups, grp_a, w_rows, out_strides, splits, split_tiles,
                               out_pixel)
-    if store_tma and codes[1]:
-        raise ValueError("implicit_gemm: a TMA store applies no residual (the kernels storing from shared memory do)")
     scalars = (geometry, epilogue_struct(codes))
     grid = (-(-m // t.bm), groups * pl.kp // t.bn, splits)
     rows = getattr(t, "rows", False)
@@ -130,12 +129,14 @@ def _gemm_launch(spec: ConvSpec, dtype, pl: Plan, m: int, filters: int, groups: 
         box = _rows_box(_rows_band(t.bm, spec.s, spec.dilation[1]))
         maps = ((0, _tma.nhwc_rows_map(samples, spec.h, spec.w, pl.pix, box)), _weight_map(pl, groups * w_rows))
         if store_tma:
-            maps += ((3, _tma.rows_map(filters, spec.q, samples * spec.p, 64, t.bm)),)
+            out_map = _tma.rows_map(filters, spec.q, samples * spec.p, 64, t.bm)
+            maps += ((3, out_map), (4 if codes[1] else 3, out_map))
         grid = (samples * spec.p * -(-spec.q // t.bm), groups * pl.kp // t.bn, 1)
         return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), GEMM_POINTERS, scalars, maps, smem=smem)
     maps = _tma_gemm_maps(spec, pl, samples, groups * w_rows)
     if store_tma:
-        maps += ((3, _tma.tiled_map(filters, m, 64, t.bm)),)
+        out_map = _tma.tiled_map(filters, m, 64, t.bm)
+        maps += ((3, out_map), (4 if codes[1] else 3, out_map))
         if t.persistent:
             grid, smem = (resident, 1, 1), t.resident_smem(pl.k_tiles)
     return _tma.TmaLaunch(_fn(name), name, grid, (t.threads, 1, 1), GEMM_POINTERS, scalars, maps, smem=smem)
@@ -262,8 +263,7 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
     Elsewhere the NCHW plan's chunks, the pack reading channels-last pixels and the GEMM storing them, split over
     ``splits`` k ranges (default ``splits_for``). A grouped forward that ``block_diagonal_tile`` serves (on a
     wgmma device, or asked for with that tile) runs through a block-diagonal weight (``_block_diagonal_plan``, the
-    bias its only epilogue). ``codes``: the epilogue (``launch.epilogue_codes``); a residual keeps the output off
-    the TMA store (its kernels apply an activation alone)."""
+    bias its only epilogue). ``codes``: the epilogue (``launch.epilogue_codes``)."""
     fspec = _nhwc_forward_spec(spec, pass_)
     b = _plan.Builder(pass_, env)
     if spec.n * spec.k * spec.p * spec.q == 0 or fspec.n * fspec.k * fspec.p * fspec.q == 0:
@@ -282,8 +282,9 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
     if not nhwc_in_place(fspec, dtype):
         return _forward_plan(pass_, fspec, dtype, env, tile, splits, operands, nhwc=True, krsc=krsc, codes=codes)
     x, _, bias_operand, out = operands
-    # (what a TMA store takes; its kernels add no residual)
-    dense_out = _TMA_STORE and fspec.k % 8 == 0 and b.base_aligned(b.ref(out)) and not codes[1]
+    # (what a TMA store takes: the residual's copies, where there is one, need its base aligned as the output's)
+    dense_out = (_TMA_STORE and fspec.k % 8 == 0 and b.base_aligned(b.ref(out))
+                 and (not codes[1] or b.base_aligned(b.ref("residual"))))
     pl = plan(fspec, dtype, tile, env.workspace_limit)
     m = fspec.n * fspec.p * fspec.q
     if m * fspec.k >= _INT_MAX or fspec.n * fspec.h * fspec.w * fspec.c >= _INT_MAX:
