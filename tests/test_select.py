@@ -101,15 +101,21 @@ def test_pointwise_layers_take_a_gemm_except_small_planes_on_wgmma(dtype, precis
     (Epilogue(bias=True, residual="after"), 28, 24, 144, "im2col_gemm", "im2col_gemm"),
     (Epilogue(bias=True, activation="relu", residual="before"), 28, 24, 144, "im2col_gemm", "im2col_gemm"),
     (Epilogue(bias=True, activation="relu"), 1, 24, 144, "im2col_gemm", "im2col_gemm"),
+    (Epilogue(bias=True, residual="before"), 56, 16, 16, "im2col_gemm", "implicit_gemm"),
+    (Epilogue(bias=True, activation="relu", residual="before"), 14, 256, 1024, "im2col_gemm", "implicit_gemm"),
+    (Epilogue(bias=True, residual="after"), 7, 960, 160, None, "im2col_gemm"),
 ], ids=["bias", "hardswish_56", "hardswish_28", "relu_wide", "relu_narrowing", "silu_56", "silu_28", "relu6_112", "relu_7x7_wide",
-        "silu_7x7_expansion", "residual", "residual_relu", "se_relu"])
+        "silu_7x7_expansion", "residual_24_channels", "residual_relu_24_channels", "se_relu", "residual_16_channels",
+        "residual_relu_wide", "residual_7x7_wide"])
 def test_pointwise_forwards_with_an_epilogue(epilogue, hw, c, k, nchw, nhwc):
     """A 1x1 forward with an activation and no residual, where implicit_gemm applies it in its store: NCHW on few
     channels (not im2col_gemm's GEMM per sample and a pass over the output), channels-last in the half types on a
     wgmma device but 7x7 planes of 672 channels or more and, for activations other than the ReLUs, planes over
-    28x28 (one GEMM over every pixel and the pass); with a residual and on squeeze-excitation's 1x1 planes (one short GEMM over the
-    batch) the GEMM and its pass; the bias alone stays in cuBLASLt's GEMM. (NCHW 7x7 planes: None, other rules
-    choose there with or without an epilogue.)"""
+    28x28 (one GEMM over every pixel and the pass); with a residual, channels-last in the half types on a wgmma
+    device where the channels are whole 16-channel k tiles, but 7x7 planes of 672 channels or more (NCHW: the GEMM
+    and its pass); on squeeze-excitation's 1x1 planes (one short GEMM over the batch) the GEMM and its pass; the
+    bias alone stays in cuBLASLt's GEMM. (NCHW 7x7 planes: None, other rules choose there with or without an
+    epilogue.)"""
     from cuconv import _plan
     from cuconv.problem import Problem
 
@@ -127,6 +133,20 @@ def test_pointwise_forwards_with_an_epilogue(epilogue, hw, c, k, nchw, nhwc):
                     assert select.algorithm(plain, limits) == "im2col_gemm", (layout, dtype)
             ffma = Problem.of(spec, _F32, "ieee", "fprop", layout, epilogue=epilogue)  # (FFMA: no tensor-core tiles)
             assert select.algorithm(ffma, limits) != "implicit_gemm"
+
+
+def test_strided_pointwise_forward_with_a_residual_takes_the_tma_store():
+    """RegNet's strided 1x1 projections with a residual and a ReLU, channels-last in the half types on a wgmma
+    device: implicit_gemm (its TMA store adds the residual), not the column matrix's GEMM and the pass."""
+    from cuconv import _plan
+    from cuconv.problem import Problem
+
+    spec = cuconv.ConvSpec.from_args((32, 64, 56, 56), (144, 64, 1, 1), stride=2)
+    epilogue = Epilogue(bias=True, activation="relu", residual="before")
+    for wgmma, expected in ((True, "implicit_gemm"), (False, "im2col_gemm")):
+        limits = _plan.Limits(227 << 10, wgmma, cuconv.config.workspace_limit)
+        problem = Problem.of(spec, _F16, "ieee", "fprop", "nhwc", epilogue=epilogue)
+        assert select.algorithm(problem, limits) == expected
 
 
 @pytest.mark.parametrize("hw,c,k,expected", [(7, 512, 2048, "im2col_gemm"), (7, 2048, 512, "implicit_gemm"),

@@ -74,6 +74,31 @@ def _epilogue_in_kernels_nhwc(spec: ConvSpec, dtype, pass_: str, epilogue) -> bo
     return epilogue.activation in _EPILOGUE_NHWC_CHEAP or pixels <= _EPILOGUE_NHWC_MAX_PIXELS
 
 
+# A channels-last 1x1 forward (stride 1 or not) with a residual, on a device that runs wgmma, in float16 or bfloat16:
+# implicit_gemm's TMA store copies the residual's box and adds it in its store, where im2col_gemm's GEMM is followed
+# by a pass reading the output and the residual and writing the output again. Measured layer by layer in the models'
+# fused calls (H200, bf16, batch 64, CUDA-graph replays; benchmarks/fused_layers.py on ResNet-50, MobileNetV3-Large,
+# EfficientNet-B0, RegNetY-800MF; docs/perf-notes.md "Fused blocks"), of 23 distinct residual layers the 15 this
+# rule takes run 0.37-0.97x the GEMM and its pass (ResNet-50's 64->256@56x56 with a ReLU 71.0 us against 174.5,
+# RegNet's strided projections 0.37-0.71x) but 240->40@28x28, 1.04x; where the channels are not whole 16-channel
+# k tiles (72, 120, 184, 200: no TMA tile, the store from shared memory) 1.19-1.76x, on 7x7 planes from 672
+# channels on 1.07-1.54x.
+_RESIDUAL_NHWC_CHANNELS = 16  # a TMA tile's k tile: whole taps of this many channels
+
+
+def _residual_in_kernels_nhwc(spec: ConvSpec, dtype, pass_: str, epilogue) -> bool:
+    """A channels-last forward on a 1x1 unpadded layer of one group (any stride), in a 16-bit type, whose epilogue
+    adds a residual, with channels in whole 16-channel k tiles and filters in whole 16-byte pixels, but on small
+    planes of many channels and squeeze-excitation's 1x1 planes: implicit_gemm adds the residual where its TMA store
+    writes the output, where im2col_gemm's GEMM would be followed by a pass over the output."""
+    if not (pass_ == "fprop" and epilogue is not None and epilogue.residual is not None
+            and numpy.dtype(dtype).itemsize == 2 and spec.h * spec.w > 1
+            and (im2col_gemm.pointwise_nhwc(spec) or im2col_gemm.strided_pointwise_nhwc(spec))
+            and spec.c % _RESIDUAL_NHWC_CHANNELS == 0 and spec.k % 8 == 0):
+        return False
+    return not (spec.p * spec.q <= _EPILOGUE_NHWC_SMALL_PLANE and spec.c >= _EPILOGUE_NHWC_SMALL_PLANE_MAX_CHANNELS)
+
+
 def preference_nhwc(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bool, epilogue=None):
     """Candidates on channels-last activations, best first: 1x1 stride-1 unpadded layers of one group as one GEMM
     over every pixel (``im2col_gemm``: no swap, no per-sample batch, the bias in cuBLASLt's epilogue), and so every
@@ -85,13 +110,14 @@ def preference_nhwc(spec: ConvSpec, dtype, precision: str, pass_: str, wgmma: bo
     ``implicit_gemm``'s TMA wgrad serves it (``_wgrad_by_tma``), and grouped forwards of 16, 32 or 64 channels a
     group through a block-diagonal weight (``implicit_gemm.block_diagonal_tile``). A 1x1 forward's activation or
     residual (``epilogue``, a ``cuconv.problem.Epilogue``; None: the bias at most) runs in a pass after its GEMM,
-    but an activation alone on a device that runs wgmma, in the half types, which ``implicit_gemm`` applies in its
-    TMA store (``_epilogue_in_kernels_nhwc``)."""
+    but on a device that runs wgmma, in the half types, an activation alone or a residual, which ``implicit_gemm``
+    applies in its TMA store (``_epilogue_in_kernels_nhwc``, ``_residual_in_kernels_nhwc``)."""
     if pass_ == "wgrad" and wgmma and _wgrad_by_tma(spec, dtype):
         yield "implicit_gemm"
     if pass_ == "fprop" and wgmma and implicit_gemm.block_diagonal_tile(spec, dtype) is not None:
         yield "implicit_gemm"  # (groups of 16-64 channels through a block-diagonal weight, before grouped_mma)
-    if wgmma and _epilogue_in_kernels_nhwc(spec, dtype, pass_, epilogue):
+    if wgmma and (_epilogue_in_kernels_nhwc(spec, dtype, pass_, epilogue)
+                  or _residual_in_kernels_nhwc(spec, dtype, pass_, epilogue)):
         yield "implicit_gemm"
     if (im2col_gemm.pointwise_nhwc(spec) or im2col_gemm.strided_pointwise_nhwc(spec)
             or pass_ == "wgrad" and _columns_wgrad_nhwc(spec, dtype)):
