@@ -25,13 +25,24 @@ def _gpu_skip_reason():
     return None
 
 
+# Tests that each cost many times an average one, as multiples of it, by (file, function): test_kernel_compiles
+# waits on NVRTC compiling every kernel source for two architectures on the CPU. Dealt by count alone, its part of
+# seven on a fresh H200 took 462 s, the other six 96-206 s (~0.1 s a test): ~300 s of compiles.
+_COST = {("test_kernels_compile.py", "test_kernel_compiles"): 40}
+
+
+def _cost(item) -> int:
+    return _COST.get((os.path.basename(str(item.path)), getattr(item, "originalname", None) or item.name), 1)
+
+
 def _keep_shard(config, items):
     """CUCONV_SHARD=i/n keeps the i-th of n parts of the suite, dealt in units largest first to the lightest part:
     whole test files (a file's tests share kernels, so splitting one would compile them in several processes),
     but a file of more than its fair share (the suite over n) by its test functions, whose kernels differ (a
     forward's, a dgrad's, a wgrad's: test_implicit_gemm.py's 4,605 tests in one process outlasted the others by
-    minutes). .ci/gpu runs the parts as processes side by side: on a GPU machine with an empty kernel cache the
-    suite is bound by NVRTC's compiles, one core per process."""
+    minutes). A test counts once, or ``_COST`` times where listed there. .ci/gpu runs the parts as
+    processes side by side: on a GPU machine with an empty kernel cache the suite is bound by NVRTC's compiles, one
+    core per process."""
     shard = os.environ.get("CUCONV_SHARD")
     if not shard:
         return
@@ -44,17 +55,18 @@ def _keep_shard(config, items):
     by_file = {}
     for item in items:
         by_file.setdefault(str(item.path), []).append(item)
-    fair = -(-len(items) // count)
+    cost = {path: sum(map(_cost, file_items)) for path, file_items in by_file.items()}
+    fair = -(-sum(cost.values()) // count)
     units = {}
     for path, file_items in by_file.items():
         for item in file_items:
-            function = getattr(item, "originalname", None) or item.name if len(file_items) > fair else ""
+            function = getattr(item, "originalname", None) or item.name if cost[path] > fair else ""
             units.setdefault((path, function), []).append(item)
     loads = [0] * count
     keep = set()
-    for unit, unit_items in sorted(units.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+    for unit, unit_items in sorted(units.items(), key=lambda kv: (-sum(map(_cost, kv[1])), kv[0])):
         part = loads.index(min(loads))
-        loads[part] += len(unit_items)
+        loads[part] += sum(map(_cost, unit_items))
         if part == index:
             keep.update(id(item) for item in unit_items)
     deselected = [item for item in items if id(item) not in keep]

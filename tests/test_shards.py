@@ -44,3 +44,17 @@ def test_a_bad_shard_is_a_usage_error(monkeypatch):
     monkeypatch.setenv("CUCONV_SHARD", "3/3")
     with pytest.raises(pytest.UsageError, match="CUCONV_SHARD must read i/n"):
         conftest._keep_shard(_Config(), _items())
+
+
+def test_a_costly_file_weighs_its_cost(monkeypatch):
+    """A test function listed in ``_COST`` counts each of its tests that many times: dealt first, its part gets less
+    else."""
+    monkeypatch.setattr(conftest, "_COST", {("d.py", "n"): 10})  # (d.py's 5 tests weigh 50)
+    sizes = {}
+    for i in range(3):
+        monkeypatch.setenv("CUCONV_SHARD", f"{i}/3")
+        items, config = _items(), _Config()
+        conftest._keep_shard(config, items)
+        sizes[i] = ({t.path for t in items}, len(items))
+    (paths, n), = [v for v in sizes.values() if "d.py" in v[0]]
+    assert n < min(v[1] for v in sizes.values() if "d.py" not in v[0])
