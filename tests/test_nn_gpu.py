@@ -477,6 +477,10 @@ def test_a_call_like_the_last_one_is_bound_and_follows_every_change(monkeypatch)
             want, got = ref(x).double(), conv(x).double()
             assert conv(x).dtype == torch.bfloat16
             assert float((got - want).norm() / want.norm()) <= 2e-2
+            for m in (ref, conv):  # (through .data: no new version; autocast's cast is made each call)
+                m.weight.data.mul_(-1.0)
+            want, got = ref(x).double(), conv(x).double()
+            assert float((got - want).norm() / want.norm()) <= 2e-2
         ref.to(memory_format=torch.channels_last), conv.to(memory_format=torch.channels_last)
         check(x.contiguous(memory_format=torch.channels_last))
         ref.double(), conv.double()
@@ -493,6 +497,16 @@ def test_a_call_like_the_last_one_is_bound_and_follows_every_change(monkeypatch)
     xg = x.double().requires_grad_(True)  # (gradients recorded: the checked path)
     conv(xg).sum().backward()
     assert xg.grad is not None and conv.weight.grad is not None
+
+    class Doubled(cuconv.nn.Conv2d):  # (a subclass's own _conv_forward: never bound past it)
+        def _conv_forward(self, input, weight, bias):
+            return super()._conv_forward(input, 2 * weight, bias)
+
+    doubled = Doubled(8, 16, 3, padding=1).cuda()
+    with torch.no_grad():
+        for _ in range(2):
+            want = torch.nn.functional.conv2d(x, 2 * doubled.weight, doubled.bias, padding=1)
+            assert float((doubled(x) - want).norm() / want.norm()) <= 1e-5
 
 
 def test_noncontiguous_channels_last_and_unaligned_inputs():

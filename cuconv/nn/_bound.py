@@ -4,10 +4,11 @@ A convolution module in a model is called with the same shapes, dtypes and weigh
 path (``functional.conv2d``) validates the arguments, builds the call's signature and looks the layer up: tens of
 microseconds of host time a call, as long as a small layer's kernels. A module that binds its last call keeps the
 call's key (what the module reads besides its weights: the input's shape, strides, dtype and device, autocast,
-the float32 precision, the configuration, its own geometry) with a record of its weights, and the layer with the
-tensors as the layer takes them (autocast's casts and the weight's layout made once). A call whose key is equal and
-whose weights are unchanged (the same tensor objects at the same versions and data pointers) runs the layer
-directly. Only for inference on CUDA: gradients not recorded, nothing compiling or tracing, no ``torch.func``
+the float32 precision, the configuration, its own geometry) with a record of its weights, and the layer: with
+``FusedConv2d``'s fold (kept as its ``_weights`` keeps it), or with ``Conv2d``'s own weight where the layer takes it
+as it is (autocast's cast, or a weight laid out anew, is made again each call, as the checked path makes it). A call
+whose key is equal and whose weights are unchanged (the same tensor objects at the same versions, data pointers,
+dtypes and shapes) runs the layer directly. Nothing is bound while a CUDA graph is captured. Only for inference on CUDA: gradients not recorded, nothing compiling or tracing, no ``torch.func``
 transform or forward-mode AD active (``may_bind``).
 """
 
@@ -47,26 +48,28 @@ def tensor_key(t: torch.Tensor) -> tuple:
 
 
 def record(tensors: tuple):
-    """What ``unchanged`` compares: the tensors themselves, and each one's version and data pointer, with the
-    first one's dtype, device and shape (an ``.to()`` or an assignment to ``.data`` moves a tensor without a new
-    version); None where a tensor has no version counter (an inference tensor: nothing can be kept)."""
+    """What ``unchanged`` compares: the tensors themselves, and each one's version, data pointer, dtype and shape,
+    with the first one's device (an ``.to()`` or an assignment to ``.data`` moves a tensor without a new version);
+    None where a tensor has no version counter (an inference tensor: nothing can be kept), or while a CUDA graph is
+    being captured (what the call computes then is only recorded, not yet computed)."""
+    if tensors[0].is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
     try:
-        state = tuple(None if t is None else (t._version, t.data_ptr()) for t in tensors)
+        state = tuple(None if t is None else (t._version, t.data_ptr(), t.dtype, t.shape) for t in tensors)
     except RuntimeError:
         return None
-    w = tensors[0]
-    return (tensors, state, (w.dtype, w.device, w.shape))
+    return (tensors, state, tensors[0].device)
 
 
 def unchanged(kept, tensors: tuple) -> bool:
-    """Whether ``tensors`` are those ``kept`` (a ``record``) was made of, each at the same version and data
-    pointer."""
-    made_of, state, (dtype, device, shape) = kept
+    """Whether ``tensors`` are those ``kept`` (a ``record``) was made of, each at the same version, data pointer,
+    dtype and shape."""
+    made_of, state, device = kept
     for t, k, s in zip(tensors, made_of, state):  # (identities: ``==`` of tensors compares their elements)
-        if t is not k or (t is not None and (t._version != s[0] or t.data_ptr() != s[1])):
+        if t is not k or (t is not None and (t._version != s[0] or t.data_ptr() != s[1] or t.dtype is not s[2]
+                                             or t.shape != s[3])):
             return False
-    w = tensors[0]
-    return w.dtype is dtype and w.device == device and w.shape == shape
+    return tensors[0].device == device
 
 
 def parameters(module) -> tuple:

@@ -669,11 +669,26 @@ def plain_layer(input, weight, bias, stride, padding, dilation, groups, algo):
     layer = _checked_layer(input, weight, bias, stride, padding, dilation, groups, algo, settings)
     if layer is None or layer.index < 0:
         return None
+    return (layer, input) + _laid_out(layer, weight, bias)
+
+
+def layer_operands(layer, weight, bias) -> tuple:
+    """(weight, bias) as ``layer``'s forward takes them, from the module's own (``plain_layer``'s): autocast's casts
+    where it is on, the weight laid out as the plans read it, the bias contiguous."""
+    if _autocast_enabled("cuda"):
+        low = torch.get_autocast_dtype("cuda")
+        lower = lower_of(low)
+        weight = _cast(weight, low, lower, "cuda")
+        bias = None if bias is None else _cast(bias, low, lower, "cuda")
+    return _laid_out(layer, weight, bias)
+
+
+def _laid_out(layer, weight, bias) -> tuple:
     if layer.w_format is not None:
         weight = weight.contiguous(memory_format=layer.w_format)
     elif not weight.is_contiguous():
         weight = weight.contiguous()
-    return layer, input, weight, None if bias is None else bias.contiguous()
+    return weight, None if bias is None else bias.contiguous()
 
 
 run_layer = _run_layer  # (plain_layer's layer and tensors: the forward on its device, with autograd where needed)

@@ -85,7 +85,8 @@ class Conv2d(_Algo, torch.nn.Conv2d):
         self.algo = algo
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if type(input) is _Tensor and input.is_cuda and self.padding_mode == "zeros" and _bound.may_bind():
+        if (type(input) is _Tensor and input.is_cuda and self.padding_mode == "zeros" and _bound.may_bind()
+                and type(self)._conv_forward is Conv2d._conv_forward):  # (a subclass's own: its path)
             # inference on CUDA: a call like the last one runs its layer without the checked path (``_bound``)
             key = (input.shape, input.stride(), input.dtype, input.device, _bound.context(), self.stride,
                    self.padding, self.dilation, self.groups, self.algo)
@@ -93,7 +94,10 @@ class Conv2d(_Algo, torch.nn.Conv2d):
             slot = _bound.slot(self)
             kept = slot.value
             if kept is not None and kept[0] == key and _bound.unchanged(kept[1], tensors):
-                layer, low, w, b = kept[2]
+                layer, low, as_is = kept[2]
+                # (a weight cast by autocast or laid out anew is made again each call, as the checked path makes
+                # it: a kept copy would miss edits through .data, and a CUDA graph would not capture the cast)
+                w, b = tensors if as_is else _F.layer_operands(layer, *tensors)
                 return _F.run_layer(layer, input if low is None else low(input), w, b)
             found = _F.plain_layer(input, tensors[0], tensors[1], self.stride, self.padding, self.dilation,
                                    self.groups, self.algo)
@@ -101,7 +105,8 @@ class Conv2d(_Algo, torch.nn.Conv2d):
                 layer, x, w, b = found
                 record = _bound.record(tensors)
                 low = None if x.dtype is input.dtype else _F.lower_of(x.dtype)
-                slot.value = None if record is None else (key, record, (layer, low, w, b))
+                as_is = w is tensors[0] and b is tensors[1]
+                slot.value = None if record is None else (key, record, (layer, low, as_is))
                 return _F.run_layer(layer, x, w, b)
         return self._conv_forward(input, self.weight, self.bias)
 
