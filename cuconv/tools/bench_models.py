@@ -502,7 +502,7 @@ def measure_fused(pair, args, mode: _Mode, x) -> dict:
     """Inference of torch, torch folded, cuconv unfused and cuconv fused in one process: eager (events, rounds of
     the four in turn) and as one CUDA-graph replay each (GPU time alone); with --compile also torch.compile
     (default mode) of torch's model. The fused model's output against torch's float32 (TF32 off) beside torch's
-    own error at this precision."""
+    own error at this precision, and a float64 copy's against torch's float64 copy."""
     import torch
 
     theirs, ours = pair
@@ -532,6 +532,14 @@ def measure_fused(pair, args, mode: _Mode, x) -> dict:
             with mode.autocast():  # (the caller holds ``mode``: entering it again would lose its saved state)
                 out["fused_out_err"] = _rel_err(fused(x[:4]).double(), ref)
                 out["torch_out_err"] = _rel_err(theirs(x[:4]).double(), ref)
+            with _Mode("ieee"):  # (float64 copies of both: the fused model to rounding, 1e-12)
+                try:
+                    x64 = x[:2].double()
+                    fused64, theirs64 = copy.deepcopy(fused).double(), copy.deepcopy(theirs).double()
+                    out["fused_float64_err"] = _rel_err(fused64(x64), theirs64(x64))
+                    del fused64, theirs64
+                except Exception as exc:  # (reported with the figures: the timings above stand)
+                    out["fused_float64_failure"] = f"{type(exc).__name__}: {exc}"
     del folded, fused
     return out
 
@@ -826,6 +834,8 @@ def print_tables(report: dict) -> None:
                 if v is not None:
                     per_mode.setdefault(mode, {}).setdefault(i, []).append(v)
             err = (f"; output {e['fused_out_err']:.1e} / {e['torch_out_err']:.1e}" if "fused_out_err" in e else "")
+            err += f"; float64 {e['fused_float64_err']:.1e}" if "fused_float64_err" in e else ""
+            err += f"; float64 failed: {e['fused_float64_failure']}" if "fused_float64_failure" in e else ""
             print(f"  {name:<20} {mode:<5} " + " ".join("  –  " if v is None else f"{v:.2f}x" for v in cells) + err)
         for mode, by_column in per_mode.items():  # (each column over the models that have it)
             means = [statistics.geometric_mean(by_column[i]) if i in by_column else None for i in range(len(columns))]
