@@ -186,7 +186,7 @@ class FusedConv2d(torch.nn.Module):
 
     def _bind(self, key, x, weight, bias, residual):
         """The 2-D chain's call through ``F.fused_layer`` and ``F.run_fused``, kept as the bound call of ``key``
-        with the record of the weights it was made from (where one can be made: ``_record``); the checked path
+        with the record of the weights it was made from (where one can be made: ``_bound.record``); the checked path
         (``F.conv2d``) where no fused layer applies."""
         conv = self.conv
         record = _bound.record(self._fold_inputs())
