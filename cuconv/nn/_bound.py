@@ -8,8 +8,9 @@ the float32 precision, the configuration, its own geometry) with a record of its
 ``FusedConv2d``'s fold (kept as its ``_weights`` keeps it), or with ``Conv2d``'s own weight where the layer takes it
 as it is (autocast's cast, or a weight laid out anew, is made again each call, as the checked path makes it). A call
 whose key is equal and whose weights are unchanged (the same tensor objects at the same versions, data pointers,
-dtypes and shapes) runs the layer directly. Nothing is bound while a CUDA graph is captured. Only for inference on CUDA: gradients not recorded, nothing compiling or tracing, no ``torch.func``
-transform or forward-mode AD active (``may_bind``).
+dtypes and shapes) runs the layer directly. Nothing is bound while a CUDA graph is captured. Only for inference on
+CUDA: gradients not recorded, nothing compiling or tracing, no ``torch.func`` transform or forward-mode AD active
+(``may_bind``).
 """
 
 from __future__ import annotations

@@ -649,9 +649,7 @@ def fused_layer(input, weight, bias, stride, padding, dilation, groups, algo, ac
                                   benchmark_cache=settings.benchmark_cache, epilogue=ep)
         if key is not None:
             _remember(key, layer)
-    # (the weight as the layer's plans read it: channels-last where they take it so, else contiguous)
-    weight = weight.contiguous(memory_format=layer.w_format) if layer.w_format is not None else weight.contiguous()
-    return layer, input, weight, None if bias is None else bias.contiguous()
+    return (layer, input) + _laid_out(layer, weight, bias)
 
 
 def plain_layer(input, weight, bias, stride, padding, dilation, groups, algo):
@@ -676,14 +674,13 @@ def layer_operands(layer, weight, bias) -> tuple:
     """(weight, bias) as ``layer``'s forward takes them, from the module's own (``plain_layer``'s): autocast's casts
     where it is on, the weight laid out as the plans read it, the bias contiguous."""
     if _autocast_enabled("cuda"):
-        low = torch.get_autocast_dtype("cuda")
-        lower = lower_of(low)
-        weight = _cast(weight, low, lower, "cuda")
-        bias = None if bias is None else _cast(bias, low, lower, "cuda")
+        _, weight, bias = _autocast(None, weight, bias, "cuda")
     return _laid_out(layer, weight, bias)
 
 
 def _laid_out(layer, weight, bias) -> tuple:
+    """(weight, bias) as ``layer``'s plans read them: the weight channels-last where they take it so, else
+    contiguous; the bias contiguous."""
     if layer.w_format is not None:
         weight = weight.contiguous(memory_format=layer.w_format)
     elif not weight.is_contiguous():

@@ -131,13 +131,13 @@ class FusedConv2d(torch.nn.Module):
         return ", ".join(parts)
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        key = self._call_key(x, residual) if type(x) is _Tensor and x.is_cuda else None
         bound = _bound.slot(self).value
-        if bound is not None and type(x) is _Tensor:
+        if key is not None and bound is not None and key == bound[0] and _bound.unchanged(bound[1],
+                                                                                         self._fold_inputs()):
             # a call like the last one (inference on CUDA, nothing changed): its layer and weights, no checks
-            key = self._call_key(x, residual)
-            if key is not None and key == bound[0] and _bound.unchanged(bound[1], self._fold_inputs()):
-                layer, low, weight, bias = bound[2]
-                return F.run_fused(layer, x if low is None else low(x), weight, bias, residual)
+            layer, low, weight, bias = bound[2]
+            return F.run_fused(layer, x if low is None else low(x), weight, bias, residual)
         if (residual is None) != (self.residual is None):
             raise TypeError(f"FusedConv2d.forward(): {'a' if self.residual else 'no'} residual tensor expected")
         bn, conv = self.bn, self.conv
@@ -151,7 +151,6 @@ class FusedConv2d(torch.nn.Module):
                              activation=self.activation if residual is None else None, negative_slope=self.slope)
                 return y if residual is None else apply_epilogue(y, self.activation, self.slope, residual,
                                                                  self.residual)
-            key = self._call_key(x, residual) if type(x) is _Tensor and x.is_cuda else None
             if key is not None:
                 return self._bind(key, x, weight, bias, residual)
             return F.conv2d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups, algo=conv.algo,

@@ -10,8 +10,9 @@ one process, same weights and inputs, torch with ``cudnn.benchmark = True``, the
   of calls back to back without synchronising, per call, the two sides' rounds alternating); the algorithms
   ``auto`` chose; sums weighted by occurrence;
 - end to end: eager inference (``eval``, ``no_grad``, ``--infer-batch``) and an eager training step (forward,
-  a cross-entropy loss, backward; ``--batch``), timed in samples of calls back to back (``E2E_CALLS``), the converted model against the same model on cuDNN, and with
-  ``--compile`` the same under ``torch.compile`` (default and ``mode="reduce-overhead"``);
+  a cross-entropy loss, backward; ``--batch``), timed in samples of calls back to back (``E2E_CALLS``), the
+  converted model against the same model on cuDNN, and with ``--compile`` the same under ``torch.compile``
+  (default and ``mode="reduce-overhead"``);
 - correctness alongside: outputs and gradients against torch in float32 without TF32, beside torch's own
   error at the same precision, and (``tf32`` mode) every gradient of a float64 copy of the model against
   torch's in float64.
@@ -466,7 +467,8 @@ def measure_e2e(pair, args, mode: _Mode) -> dict:
                 compiled = torch.compile(model, mode=None if how == "default" else how)
                 model.eval()
                 infer = _infer_fn(compiled, x_inf, mode)
-                row[f"{side}_compile_{how}_infer_ms"] = _events_ms(lambda: infer().clone(), reps=10, warmup=3, calls=E2E_CALLS)
+                row[f"{side}_compile_{how}_infer_ms"] = _events_ms(lambda: infer().clone(), reps=10, warmup=3,
+                                                                   calls=E2E_CALLS)
                 if not getattr(args, "no_train", False):
                     model.train()
                     train = _train_fn(compiled, x_tr, labels, mode)
@@ -523,7 +525,8 @@ def measure_fused(pair, args, mode: _Mode, x) -> dict:
         torch._dynamo.reset()
         compiled = torch.compile(theirs)
         infer = _infer_fn(compiled, x, mode)
-        out["torch_compile_default_infer_ms"] = _events_ms(lambda: infer().clone(), reps=10, warmup=3, calls=E2E_CALLS)
+        out["torch_compile_default_infer_ms"] = _events_ms(lambda: infer().clone(), reps=10, warmup=3,
+                                                           calls=E2E_CALLS)
         torch._dynamo.reset()
     if not args.no_check:
         with torch.no_grad():

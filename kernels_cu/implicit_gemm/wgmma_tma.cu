@@ -87,13 +87,13 @@ __device__ __forceinline__ void tma_store_drain() { asm volatile("cp.async.bulk.
 // kOverlap (implicit_gemm_wgmma_tma_pst, a staging of its own): the stores of the block's previous tile may still
 // be reading it: the storing thread waits for them before the consumers meet, and returns as soon as this tile's
 // are issued (the block's last ones: tma_store_drain before it exits).
-// The epilogue applied to the accumulators in place before the stores: the bias and the launch's activation, and
-// the residual (r_map: a map of it as y_map is of the output) added before or after the activation, its box copied
-// by the TMA into the staging where the output's box will lie (zeros past the output, as the store clips there)
-// and read back with ldmatrix, the inverse of the store's stmatrix: each thread gets the residual's values of its
-// own accumulators, in fp32 before the one rounding. r_bar: a barrier free once the consumers meet (phase
-// r_parity next). The launch's activation is chosen once, outside the loop over the 64·NW elements, and each activation's loop holds that
-// activation's code alone: chosen at each element, the code of all nine made the store loop 14x longer, a 1x1
+// The epilogue applied to the accumulators in place before the stores: the bias and the launch's activation, and the
+// residual (r_map: a map of it as y_map is of the output) added before or after the activation, its box copied by the
+// TMA into the staging where the output's box will lie (zeros past the output, as the store clips there) and read
+// back with ldmatrix, the inverse of the store's stmatrix: each thread gets the residual's values of its own
+// accumulators, in fp32 before the one rounding. r_bar: a barrier free once the consumers meet (phase r_parity next).
+// The launch's activation is chosen once, outside the loop over the 64·NW elements, and each activation's loop holds
+// that activation's code alone: chosen at each element, the code of all nine made the store loop 14x longer, a 1x1
 // channels-last layer with a ReLU twice as slow as with a residual and the shared-memory store, and GELU's erf
 // spilled the persistent kernel's registers; a copy of the whole store loop (addresses, stmatrix) per activation
 // doubled the persistent instances' compile time. A loop of arithmetic per activation and one store loop compile in
@@ -181,7 +181,7 @@ __device__ __forceinline__ void tma_store_epilogue(float (&acc)[NW][64], unsigne
         if (ep.res == 2) add_staged<T, NW>(acc, box, q, r, chunk);
     } else {
         if (kOverlap && tid == 0) tma_store_drain();
-        epilogue_sync<kThreads, true>();  // (every consumer's wgmmas retired: the slots are free; kOverlap: the staging)
+        epilogue_sync<kThreads, true>();  // (every consumer's wgmmas retired: the slots, kOverlap: the staging free)
     }
 #pragma unroll
     for (int n = 0; n < NW; ++n)
