@@ -192,6 +192,53 @@ def test_a_fold_to_autocasts_dtype_is_the_cast_of_the_fold_and_kept_apart():
     assert plain._weights(torch.bfloat16)[0] is conv.weight  # (gradients on: autocast casts, differentiably)
 
 
+def _fold_of(m: FusedConv2d):
+    """``m``'s convolution and BatchNorm folded by hand, in float64 (the reference for its kept fold)."""
+    conv, bn = m.conv, m.bn
+    scale = bn.weight.double() / torch.sqrt(bn.running_var.double() + bn.eps)
+    shift = bn.bias.double() - bn.running_mean.double() * scale
+    if conv.bias is not None:
+        shift = shift + conv.bias.double() * scale
+    return conv.weight.double() * scale.reshape(-1, 1, 1, 1), shift
+
+
+def test_a_refold_writes_into_the_kept_fold_and_a_checkpoint_refolds_at_once():
+    """A new fold of the same kind goes into the kept fold's tensors (a CUDA graph captured with them replays the new
+    one, where new tensors would leave it reading freed memory); ``load_state_dict`` refolds at once, before any
+    call, and ``refold`` after an edit through ``.data``; a deep copy's hooks refold the copy alone."""
+    ref, fused = _pair()
+    x = torch.randn(2, 3, 12, 12, dtype=torch.float64)
+    with torch.no_grad():
+        fused(x)
+    folding = [m for m in _fused_modules(fused) if m.bn is not None]
+    kept = [m._folded[2:] for m in folding]
+    assert folding and all(k[0] is not None for k in kept)
+    twin = copy.deepcopy(fused)
+    twin_kept = [m._folded[2].clone() for m in _fused_modules(twin) if m.bn is not None]
+    other = _randomize(copy.deepcopy(ref), seed=1)
+    with torch.no_grad():
+        other.layer1[0].conv1.weight.mul_(-2.0)
+    fused.load_state_dict(other.state_dict())
+    for m, (w, b) in zip(folding, kept):
+        assert m._folded[2] is w and m._folded[3] is b  # (the same tensors, refolded before any call)
+        want_w, want_b = _fold_of(m)
+        assert torch.allclose(w, want_w, rtol=1e-12, atol=0) and torch.allclose(b, want_b, rtol=1e-12, atol=1e-15)
+    for m, w in zip([m for m in _fused_modules(twin) if m.bn is not None], twin_kept):
+        assert torch.equal(m._folded[2], w)  # (the copy's fold untouched by the original's checkpoint)
+        assert len(m.bn._load_state_dict_post_hooks) == 1
+    with torch.no_grad():
+        y = fused(x)
+        assert (y - other(x)).abs().max() <= 1e-12 * other(x).abs().max()
+        assert all(m._folded[2] is w for m, (w, _) in zip(folding, kept))
+        m = folding[0]
+        m.bn.running_var.data.mul_(4.0)  # (through .data: no new version, the fold cannot see it)
+        m.refold()
+        assert m._folded[2] is kept[0][0] and torch.allclose(kept[0][0], _fold_of(m)[0], rtol=1e-12, atol=0)
+    twin.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        assert (twin(x) - other(x)).abs().max() <= 1e-12 * other(x).abs().max()
+
+
 def test_train_mode_runs_the_original_graph():
     ref, fused = _pair()
     ref.train()
@@ -430,6 +477,17 @@ def test_fused_model_replays_in_a_cuda_graph_and_compiles():
             out = fused(x)
         graph.replay()
         assert torch.equal(out, want)
+        # a checkpoint loaded after the capture: the graph replays the new fold (refolded into the captured
+        # tensors at once), as torch's graph replays new parameters
+        other = _randomize(copy.deepcopy(ref), seed=1)
+        fused.load_state_dict(other.state_dict())
+        graph.replay()
+        new = other(x)
+        assert float((out - new).abs().max()) <= 1e-4 * float(new.abs().max())
+        assert float((fused(x) - new).abs().max()) <= 1e-4 * float(new.abs().max())
+        graph.replay()
+        assert float((out - new).abs().max()) <= 1e-4 * float(new.abs().max())
+        want = fused(x)
         compiled = torch.compile(fused)
         assert float((compiled(x) - want).abs().max()) <= 1e-4 * float(want.abs().max())
 

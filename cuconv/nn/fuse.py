@@ -16,8 +16,9 @@ The convolution and the BatchNorm stay registered where they were, with the same
 the state_dict keys and values are the original's, a checkpoint of either model loads into the other, and
 ``.to()``, optimizers and ``load_state_dict`` act on the tensors the fused call reads. In eval mode (the BatchNorm
 not training) the BatchNorm is folded into the convolution's weight and bias, once per version of those tensors
-(a ``load_state_dict``, an optimizer step or a ``.to()`` folds again; with gradients recorded it is folded on every
-call, differentiably); in train mode the fused call runs the convolution, the BatchNorm (updating its running
+(an optimizer step or a ``.to()`` folds again at the next call, a ``load_state_dict`` at once; a fold like the
+kept one is written into the kept tensors, which a captured CUDA graph reads; with gradients recorded it is folded on
+every call, differentiably); in train mode the fused call runs the convolution, the BatchNorm (updating its running
 statistics) and the rest unfused, exactly as the original graph did.
 """
 
@@ -119,6 +120,10 @@ class FusedConv2d(torch.nn.Module):
         self._folded = None
         # (the last call's key, its weights' record and what it ran: ``_bind``)
         object.__setattr__(self, "_bound_call", _bound.Slot())
+        # (a checkpoint loaded into either refolds into the kept fold at once: a captured CUDA graph reads it)
+        for module in (conv, bn):
+            if module is not None:
+                module.register_load_state_dict_post_hook(self._refresh)
 
     def extra_repr(self) -> str:
         parts = [f"bn={self.bn is not None}", f"activation={self.activation!r}"]
@@ -215,10 +220,9 @@ class FusedConv2d(torch.nn.Module):
                 r.get("num_batches_tracked"))
 
     def refold(self) -> None:
-        """Forget the folded weight: for edits of the convolution's or BatchNorm's tensors through ``.data`` (which
-        leave their version counters alone, so the fold cannot see them)."""
-        self._folded = None
-        _bound.slot(self).value = None
+        """Fold again now, into the kept fold's memory: for edits of the convolution's or BatchNorm's tensors
+        through ``.data`` (which leave their version counters alone, so the fold cannot see them)."""
+        self._refresh()
 
     @staticmethod
     def _autocast_dtype(w: torch.Tensor):
@@ -233,7 +237,8 @@ class FusedConv2d(torch.nn.Module):
         folded in, computed in float32 (float64 for a float64 weight) and rounded once to the weight's dtype, or to
         ``dtype`` (autocast's: the values autocast's cast of the weight-dtype fold would give, without a cast per
         call); without a BatchNorm ``conv``'s own, cast to ``dtype`` (None: as they are). Kept while the tensors'
-        identities, data pointers and versions stay (``_record``; ``refold`` after edits through ``.data``)."""
+        identities, data pointers and versions stay (``_bound.record``; ``refold`` after edits through ``.data``); a
+        new fold of the same key is copied into the kept one's tensors."""
         conv, bn = self.conv, self.bn
         if bn is None and dtype is None:
             return conv.weight, conv.bias
@@ -251,7 +256,8 @@ class FusedConv2d(torch.nn.Module):
         key = None if recording or _is_compiling() or _is_tracing() or w.is_meta else (
             None if bn is None else bn.eps, dtype)
         kept = self._folded
-        if key is not None and kept is not None and kept[0] == key and _bound.unchanged(kept[1], tensors):
+        if key is not None and kept is not None and kept[0] == key and kept[1] is not None and _bound.unchanged(
+                kept[1], tensors):
             return kept[2], kept[3]
         dtype = dtype or w.dtype
         if bn is None:
@@ -271,8 +277,39 @@ class FusedConv2d(torch.nn.Module):
             bias = shift.to(dtype)
         record = None if key is None else _bound.record(tensors)
         if record is not None:
+            if kept is not None and kept[0] == key and _refreshable(kept[2], weight, tensors) and _refreshable(
+                    kept[3], bias, tensors):
+                # the new fold into the kept one's memory: a CUDA graph captured with the kept fold reads these
+                # tensors (replaced, they would be freed under it), and a replay after this call reads the new one
+                kept[2].copy_(weight)
+                if bias is not None:
+                    kept[3].copy_(bias)
+                weight, bias = kept[2], kept[3]
             self._folded = (key, record, weight, bias)
         return weight, bias
+
+    def _refresh(self, module=None, incompatible_keys=None) -> None:
+        """The kept fold made again, in place, from the tensors as they are now (a ``load_state_dict`` post hook of
+        the convolution and the BatchNorm, and ``refold``): a CUDA graph captured with the fold replays the new one
+        without an eager call first. Nothing where no fold is kept."""
+        kept = self._folded
+        if kept is None:
+            return
+        self._folded = (kept[0], None, kept[2], kept[3])  # (a record that ``unchanged`` never matches)
+        with torch.no_grad():
+            self._weights(kept[0][1])
+        _bound.slot(self).value = None
+
+
+def _refreshable(old, new, inputs: tuple) -> bool:
+    """Whether a new fold ``new`` may be copied into the kept fold's tensor ``old``: both None, or a tensor of the
+    fold's own (not one of the fold's ``inputs``, as an uncast weight is) of the same shape, dtype and device,
+    writable here (an inference tensor only inside inference mode)."""
+    if old is None or new is None:
+        return old is None and new is None
+    return (old is not new and all(old is not t for t in inputs) and old.shape == new.shape
+            and old.dtype == new.dtype and old.device == new.device
+            and (not old.is_inference() or torch.is_inference_mode_enabled()))
 
 
 def activation_of(node: torch.fx.Node, modules: dict):
