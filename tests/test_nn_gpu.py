@@ -477,8 +477,11 @@ def test_a_call_like_the_last_one_is_bound_and_follows_every_change(monkeypatch)
             want, got = ref(x).double(), conv(x).double()
             assert conv(x).dtype == torch.bfloat16
             assert float((got - want).norm() / want.norm()) <= 2e-2
-            for m in (ref, conv):  # (through .data: no new version; autocast's cast is made each call)
-                m.weight.data.mul_(-1.0)
+        for m in (ref, conv):  # (through .data: no new version; autocast's cast is made each call)
+            m.weight.data.mul_(-1.0)
+        # (in a new autocast region: torch's own autocast keeps a parameter's cast for the rest of a region, edits
+        # through .data or not, so within the old one its reference would be the stale cast)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
             want, got = ref(x).double(), conv(x).double()
             assert float((got - want).norm() / want.norm()) <= 2e-2
         ref.to(memory_format=torch.channels_last), conv.to(memory_format=torch.channels_last)
