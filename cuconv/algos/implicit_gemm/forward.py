@@ -259,7 +259,7 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
     layer's weight transposed and flipped). Where ``nhwc_in_place`` holds: one GEMM over every pixel of the batch,
     reading its input in place and storing NHWC rows (the epilogue's output strides: an image P·Q·K elements, a
     row Q·K, a pixel K, a filter 1), after the weight's packing launch alone (no samples; ``splits`` does not apply),
-    or with none where a channels-last weight is its own pack (``_packed_as_krsc``).
+    or with none where a channels-last weight, or any 1x1 weight, is its own pack (``_packed_as_krsc``).
     Elsewhere the NCHW plan's chunks, the pack reading channels-last pixels and the GEMM storing them, split over
     ``splits`` k ranges (default ``splits_for``). A grouped forward that ``block_diagonal_tile`` serves (on a
     wgmma device, or asked for with that tile) runs through a block-diagonal weight (``_block_diagonal_plan``, the
@@ -289,7 +289,9 @@ def _nhwc_forward_plan(pass_: str, spec: ConvSpec, dtype, env: "_plan.Env", tile
     m = fspec.n * fspec.p * fspec.q
     if m * fspec.k >= _INT_MAX or fspec.n * fspec.h * fspec.w * fspec.c >= _INT_MAX:
         raise NotImplementedError("cuconv: implicit_gemm's channels-last GEMM indexes its input and output in 32 bits")
-    if pass_ == "fprop" and krsc and _packed_as_krsc(fspec, dtype, pl) and b.base_aligned(b.ref("w")):
+    # (a 1x1 weight is (K, R, S, C) in memory whichever layout it is said to have: KCRS and KRSC are one order)
+    if pass_ == "fprop" and (krsc or fspec.r * fspec.s == 1) and _packed_as_krsc(fspec, dtype, pl) \
+            and b.base_aligned(b.ref("w")):
         packed_w = b.ref("w")  # (the channels-last weight is its own pack: no launch)
     else:
         packed_w = b.take(pl.weight_bytes(dtype.itemsize))

@@ -271,15 +271,17 @@ def test_forward_on_channels_last_tensors(case, dtype_name, weights):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
-@pytest.mark.parametrize("x_shape,w_shape,kwargs", [
-    ((2, 64, 9, 7), (64, 64, 3, 3), dict(padding=1)),
-    ((3, 128, 5, 6), (128, 64, 1, 1), dict(groups=2)),
-    ((1, 64, 8, 8), (128, 64, 3, 3), dict(stride=2, padding=1)),
-], ids=["3x3", "1x1_two_groups", "3x3_s2_n1"])
-def test_channels_last_weight_read_in_place_by_the_forward(x_shape, w_shape, kwargs, dtype_name):
+@pytest.mark.parametrize("x_shape,w_shape,kwargs,weights", [
+    ((2, 64, 9, 7), (64, 64, 3, 3), dict(padding=1), "krsc"),
+    ((3, 128, 5, 6), (128, 64, 1, 1), dict(groups=2), "krsc"),
+    ((3, 128, 5, 6), (128, 64, 1, 1), dict(groups=2), "kcrs"),
+    ((2, 256, 7, 9), (128, 256, 1, 1), dict(stride=2), "kcrs"),
+    ((1, 64, 8, 8), (128, 64, 3, 3), dict(stride=2, padding=1), "krsc"),
+], ids=["3x3", "1x1_two_groups", "1x1_two_groups_kcrs", "1x1_s2_kcrs", "3x3_s2_n1"])
+def test_channels_last_weight_read_in_place_by_the_forward(x_shape, w_shape, kwargs, weights, dtype_name):
     """A channels-last weight whose every row is whole k tiles and whose filters fill whole tiles is the packed
     weight itself: the in-place forward is one GEMM launch, no pack, reading it where it is (bit for bit the CPU
-    path on integers, into a NaN-poisoned out)."""
+    path on integers, into a NaN-poisoned out); so is a 1x1 weight told KCRS (the same memory)."""
     import cupy
 
     from cuconv import _plan
@@ -291,10 +293,10 @@ def test_channels_last_weight_read_in_place_by_the_forward(x_shape, w_shape, kwa
     w = rng.integers(-3, 4, w_shape).astype(dtype)
     b = rng.integers(-3, 4, w_shape[0]).astype(dtype)
     spec = cuconv.ConvSpec.from_args(x_shape, w_shape, **kwargs)
-    xg, wg, bg = _nhwc(cupy.asarray(x)), _nhwc(cupy.asarray(w)), cupy.asarray(b)
+    xg, wg, bg = _nhwc(cupy.asarray(x)), _weight(w, dtype, weights), cupy.asarray(b)
     out = cupy.full((spec.n, spec.p, spec.q, spec.k), numpy.nan, dtype=dtype)
     plan = implicit_gemm.prepare("fprop", spec, dtype, "ieee", _plan.current_env(xg, wg, bg, out), True,
-                                 layout="nhwc", weights="krsc")
+                                 layout="nhwc", weights=weights)
     assert len(plan.steps) == 1 and plan.workspace == 0
     _plan.run_arrays(plan, xg, wg, bg, out)
     numpy.testing.assert_array_equal(cupy.asnumpy(out.transpose(0, 3, 1, 2)).astype(numpy.float64),
