@@ -114,6 +114,16 @@ def test_bench_layer_zoo_without_gpu_fails_with_the_reason():
     assert "No CUDA GPU visible" in proc.stderr
 
 
+@pytest.mark.parametrize("args, message", [
+    (("--compile-modes", "default,fast"), "--compile-modes: fast is not one of default, reduce-overhead"),
+    (("--compile-sides", "tensorflow"), "--compile-sides: tensorflow is not one of torch, cuconv"),
+    (("--modes", "fp8"), "unknown mode(s) ['fp8']"),
+])
+def test_bench_models_bad_options_are_usage_errors_before_the_gpu_check(args, message):
+    proc = run_cli("bench", "--models", "resnet18", "--compile", *args)
+    assert proc.returncode == 2 and message in proc.stderr
+
+
 def test_bench_layer_zoo_refuses_an_unknown_layout():
     proc = run_cli("bench", "--layer-zoo", "--layouts", "nhwc")
     assert proc.returncode == 2 and "--layouts: expected nchw and/or channels_last" in proc.stderr

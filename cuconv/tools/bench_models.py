@@ -34,6 +34,8 @@ import time
 __all__ = ["main", "add_arguments", "layer_operands", "MODES"]
 
 MODES = ("tf32", "bf16", "fp16")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_SIDES = ("torch", "cuconv")
 _AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -70,7 +72,13 @@ def add_arguments(ap) -> None:
                         "channels-last CuPy arrays): cuconv runs NHWC passes in place where a plan serves them, "
                         "the others on NCHW copies")
     g.add_argument("--compile", action="store_true",
-                   help="also time torch.compile of both models (default and mode='reduce-overhead')")
+                   help="also time torch.compile of the models (--compile-modes, --compile-sides)")
+    g.add_argument("--compile-modes", default="default,reduce-overhead", metavar="MODES",
+                   help=f"with --compile: comma-separated, of {', '.join(COMPILE_MODES)} (default: default,"
+                        f"reduce-overhead)")
+    g.add_argument("--compile-sides", default="torch,cuconv", metavar="SIDES",
+                   help="with --compile: comma-separated, of torch, cuconv (default both; --fuse compares cuconv "
+                        "fused eager with torch's model compiled in default mode, which 'torch' alone gives)")
     g.add_argument("--fuse", action="store_true",
                    help="inference also of torch with its BatchNorms folded (torch.fx.experimental.optimization.fuse) "
                         "and of cuconv fused (cuconv.nn.convert(fuse=True)), eager and as one CUDA-graph replay")
@@ -461,8 +469,10 @@ def measure_e2e(pair, args, mode: _Mode) -> dict:
             model.train(train)
         row.update(_alternating_ms({f"{side}_{kind}_ms": fn_of(model) for side, model in sides}))
     if args.compile:
-        for how in ("default", "reduce-overhead"):
+        for how in compile_choices(args.compile_modes, COMPILE_MODES, "--compile-modes"):
             for side, model in (("torch", theirs), ("cuconv", ours)):
+                if side not in compile_choices(args.compile_sides, COMPILE_SIDES, "--compile-sides"):
+                    continue
                 torch._dynamo.reset()
                 compiled = torch.compile(model, mode=None if how == "default" else how)
                 model.eval()
@@ -475,8 +485,17 @@ def measure_e2e(pair, args, mode: _Mode) -> dict:
                     row[f"{side}_compile_{how}_train_ms"] = _events_ms(train, reps=10, warmup=3, calls=E2E_CALLS)
         torch._dynamo.reset()
     if getattr(args, "fuse", False):
-        row.update(measure_fused(pair, args, mode, x_inf))
+        row.update(measure_fused(pair, args, mode, x_inf, row.get("torch_compile_default_infer_ms")))
     return row
+
+
+def compile_choices(text: str, allowed: tuple, option: str) -> list:
+    """The comma-separated names of ``text``, each one of ``allowed`` (a ValueError naming ``option`` else)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    wrong = [n for n in names if n not in allowed]
+    if wrong or not names:
+        raise ValueError(f"{option}: {', '.join(wrong) or 'nothing'} is not one of {', '.join(allowed)}")
+    return names
 
 
 def fused_pair(theirs, channels_last: bool, memory_format=None):
@@ -500,10 +519,10 @@ def fused_pair(theirs, channels_last: bool, memory_format=None):
     return None if folded is None else folded.eval(), fused.eval()
 
 
-def measure_fused(pair, args, mode: _Mode, x) -> dict:
+def measure_fused(pair, args, mode: _Mode, x, compiled_ms: float = None) -> dict:
     """Inference of torch, torch folded, cuconv unfused and cuconv fused in one process: eager (events, rounds of
     the four in turn) and as one CUDA-graph replay each (GPU time alone); with --compile also torch.compile
-    (default mode) of torch's model. The fused model's output against torch's float32 (TF32 off) beside torch's
+    (default mode) of torch's model (``compiled_ms`` where the end-to-end measurement timed it already). The fused model's output against torch's float32 (TF32 off) beside torch's
     own error at this precision, and a float64 copy's against torch's float64 copy (on the CPU)."""
     import torch
 
@@ -521,7 +540,9 @@ def measure_fused(pair, args, mode: _Mode, x) -> dict:
     out = {f"{k}_eager_infer_ms": ms for k, ms in zip(fns, _alternating_ms(fns).values())}
     graph = _graph_ms(list(fns.values()), reps=10, calls=2)
     out.update({f"{k}_graph_infer_ms": ms for k, ms in zip(fns, graph)})
-    if args.compile:
+    if args.compile and compiled_ms is not None:
+        out["torch_compile_default_infer_ms"] = compiled_ms
+    elif args.compile:
         torch._dynamo.reset()
         compiled = torch.compile(theirs)
         infer = _infer_fn(compiled, x, mode)
@@ -817,10 +838,11 @@ def print_tables(report: dict) -> None:
     compiled = [(n, m, r["e2e"]) for n, e in report["models"].items() for m, r in e["modes"].items()
                 if any(k.startswith("cuconv_compile") for k in r.get("e2e", {}))]
     if compiled:
-        print("\ntorch.compile (ratio torch / cuconv): default infer, train; reduce-overhead infer, train")
+        hows = [h for h in COMPILE_MODES if any(f"cuconv_compile_{h}_infer_ms" in e for _, _, e in compiled)]
+        print("\ntorch.compile (ratio torch / cuconv): " + "; ".join(f"{h} infer, train" for h in hows))
         for name, mode, e in compiled:
             keys = [(f"torch_compile_{h}_{k}_ms", f"cuconv_compile_{h}_{k}_ms")
-                    for h in ("default", "reduce-overhead") for k in ("infer", "train")]
+                    for h in hows for k in ("infer", "train")]
             print(f"  {name:<20} {mode:<5} " + " ".join(f"{e[a] / e[b]:.2f}x" if a in e and b in e else "  –  "
                                                         for a, b in keys))
     fused = [(n, m, r["e2e"]) for n, e in report["models"].items() for m, r in e["modes"].items()
@@ -874,13 +896,19 @@ def _missing(command: str, without_gpu: str):
 
 
 def main(args) -> int:
-    status = _missing("bench --models", "the model benchmark needs one")
-    if status is not None:
-        return status
     unknown = [m for m in args.modes.split(",") if m and m not in MODES]
     if unknown:
         print(f"python -m cuconv bench: unknown mode(s) {unknown}; choose from {MODES}", file=sys.stderr)
         return 2
+    try:  # (the options first: a machine without a GPU says what was wrong with them too)
+        compile_choices(args.compile_modes, COMPILE_MODES, "--compile-modes")
+        compile_choices(args.compile_sides, COMPILE_SIDES, "--compile-sides")
+    except ValueError as exc:
+        print(f"python -m cuconv bench: {exc}", file=sys.stderr)
+        return 2
+    status = _missing("bench --models", "the model benchmark needs one")
+    if status is not None:
+        return status
     report = run(args)
     print_tables(report)
     if args.json:
