@@ -74,6 +74,7 @@ def _keep_shard(config, items):
     config.hook.pytest_deselected(items=deselected)
 
 
+@pytest.hookimpl(trylast=True)  # (after pytest's own --deselect and -k: the parts are dealt from what is left)
 def pytest_collection_modifyitems(config, items):
     _keep_shard(config, items)
     reason = _gpu_skip_reason()
