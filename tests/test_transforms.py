@@ -102,37 +102,39 @@ def _small_net():
     return net
 
 
+@pytest.mark.parametrize("device", _DEVICES)
 @pytest.mark.parametrize("fuse", [False, True])
-def test_export_keeps_a_dynamic_batch_dynamic(fuse):
+def test_export_keeps_a_dynamic_batch_dynamic(fuse, device):
     """torch.export with a dynamic batch dimension: one program, right at other batches (it specialised the batch
     to the example's)."""
     import cuconv.nn
 
-    ref = _small_net()
-    model = cuconv.nn.convert(_small_net(), fuse=fuse).eval()
+    ref = _small_net().to(device)
+    model = cuconv.nn.convert(_small_net().to(device), fuse=fuse).eval()
     batch = torch.export.Dim("batch")
-    program = torch.export.export(model, (torch.randn(2, 3, 8, 8, dtype=torch.float64),),
+    program = torch.export.export(model, (torch.randn(2, 3, 8, 8, dtype=torch.float64, device=device),),
                                   dynamic_shapes={"input": {0: batch}} if not fuse else ({0: batch},))
     for n in (1, 5):
-        x = torch.randn(n, 3, 8, 8, dtype=torch.float64)
+        x = torch.randn(n, 3, 8, 8, dtype=torch.float64, device=device)
         with torch.no_grad():
             want = ref(x)
             assert (program.module()(x) - want).norm() <= 1e-12 * want.norm()
 
 
+@pytest.mark.parametrize("device", _DEVICES)
 @pytest.mark.parametrize("fuse", [False, True])
-def test_compile_with_dynamic_shapes_compiles_one_graph_for_every_batch(fuse):
+def test_compile_with_dynamic_shapes_compiles_one_graph_for_every_batch(fuse, device):
     import cuconv.nn
     from torch._dynamo.testing import CompileCounter
 
-    ref = _small_net()
-    model = cuconv.nn.convert(_small_net(), fuse=fuse).eval()
+    ref = _small_net().to(device)
+    model = cuconv.nn.convert(_small_net().to(device), fuse=fuse).eval()
     torch._dynamo.reset()
     counter = CompileCounter()
     compiled = torch.compile(model, backend=counter, dynamic=True)
     with torch.no_grad():
         for n in (2, 3, 4, 5):
-            x = torch.randn(n, 3, 8, 8, dtype=torch.float64)
+            x = torch.randn(n, 3, 8, 8, dtype=torch.float64, device=device)
             assert (compiled(x) - ref(x)).norm() <= 1e-12 * ref(x).norm()
     torch._dynamo.reset()
     assert counter.frame_count == 1
@@ -150,15 +152,16 @@ def test_second_order_transforms_of_a_biased_layer_and_tangents_that_reach_no_pa
         assert (got - want).norm() <= 1e-12 * max(want.norm(), 1e-300) or want.norm() == got.norm() == 0
 
 
+@pytest.mark.parametrize("device", _DEVICES)
 @pytest.mark.parametrize("fuse", [False, True])
-def test_compile_with_dynamic_shapes_compiles_one_graph_for_every_image_size(fuse):
+def test_compile_with_dynamic_shapes_compiles_one_graph_for_every_image_size(fuse, device):
     """torch.compile(dynamic=True) over inputs of several heights and widths: one graph, as torch compiles (the
     spatial sizes were specialised to each input's, a graph per size)."""
     import cuconv.nn
     from torch._dynamo.testing import CompileCounter
 
-    ref = _small_net()
-    model = cuconv.nn.convert(_small_net(), fuse=fuse).eval()
+    ref = _small_net().to(device)
+    model = cuconv.nn.convert(_small_net().to(device), fuse=fuse).eval()
     counts = []
     for m in (ref, model):  # (torch's own count beside ours; the first sizes all differ, or duck sizing ties them)
         torch._dynamo.reset()
@@ -166,7 +169,7 @@ def test_compile_with_dynamic_shapes_compiles_one_graph_for_every_image_size(fus
         compiled = torch.compile(m, backend=counter, dynamic=True)
         with torch.no_grad():
             for n, h, w in ((2, 9, 12), (3, 8, 8), (2, 16, 7), (5, 11, 10)):
-                x = torch.randn(n, 3, h, w, dtype=torch.float64)
+                x = torch.randn(n, 3, h, w, dtype=torch.float64, device=device)
                 want = ref(x)
                 assert (compiled(x) - want).norm() <= 1e-12 * want.norm()
         counts.append(counter.frame_count)
@@ -181,20 +184,21 @@ def _strided_net():
                                torch.nn.Conv2d(8, 4, (1, 3), stride=(1, 2))).double().eval()
 
 
+@pytest.mark.parametrize("device", _DEVICES)
 @pytest.mark.parametrize("net", [_small_net, _strided_net])
-def test_export_keeps_dynamic_spatial_sizes_dynamic(net):
+def test_export_keeps_dynamic_spatial_sizes_dynamic(net, device):
     """torch.export with dynamic batch, height and width: one program, right at other sizes (strided, dilated and
     "same"-padded layers among them); an input too small for a kernel is refused when the program runs."""
     import cuconv.nn
 
-    ref = net()
-    model = cuconv.nn.convert(net()).eval()
+    ref = net().to(device)
+    model = cuconv.nn.convert(net().to(device)).eval()
     # (sizes from which no layer's output is one position wide: torch specialises a size of one)
     dims = {0: torch.export.Dim("batch"), 2: torch.export.Dim("height", min=12), 3: torch.export.Dim("width", min=12)}
-    program = torch.export.export(model, (torch.randn(2, 3, 16, 20, dtype=torch.float64),),
+    program = torch.export.export(model, (torch.randn(2, 3, 16, 20, dtype=torch.float64, device=device),),
                                   dynamic_shapes={"input": dims})
     for shape in ((1, 3, 13, 17), (3, 3, 24, 12)):
-        x = torch.randn(*shape, dtype=torch.float64)
+        x = torch.randn(*shape, dtype=torch.float64, device=device)
         with torch.no_grad():
             want = ref(x)
             assert (program.module()(x) - want).norm() <= 1e-12 * want.norm()
