@@ -143,9 +143,9 @@ def nhwc_rows_map(n: int, h: int, w: int, pitch: int, box: int):
 
 
 _PLACEHOLDER = numpy.zeros((), dtype=numpy.dtype((numpy.void, MAP_BYTES)))
-# pointer sets a launch keeps the encoded maps of (the oldest dropped first): an eager loop's buffers of one layer
-# come from torch's caching allocator in a short cycle (a fused resnet50 forward re-encoded 80% of its launches'
-# maps with one set kept)
+# pointer sets a launch keeps the encoded maps of (the least recently used dropped first): an eager loop's buffers
+# of one layer come from torch's caching allocator in a short cycle (a fused resnet50 forward re-encoded 80% of its
+# launches' maps with one set kept)
 MAP_SETS = 8
 # a 16-byte aligned address the encoders accept when a launch is prepared (the maps are checked then, before any
 # kernel runs, and encoded again for the real pointers)
@@ -176,7 +176,7 @@ class TmaLaunch(_loader.PreparedLaunch):
         params[len(params) - len(maps):] = self._map_addresses
         self._encode((_TRIAL_ADDRESS,) * len(maps))
         self._mapped = None
-        self._kept_maps = {}  # mapped pointers -> their maps' bytes, oldest first
+        self._kept_maps = {}  # mapped pointers -> their maps' bytes, least recently used first
 
     def _encode(self, addresses: tuple) -> None:
         """The maps of the tensors at ``addresses``. The driver encodes them in the calling thread's current
@@ -202,12 +202,14 @@ class TmaLaunch(_loader.PreparedLaunch):
         """The maps of the tensors at ``mapped`` into the parameter buffer: copied from the kept sets, or encoded
         and kept (a map depends on nothing else: the sizes, strides and boxes are the launch's own)."""
         kept, first, nbytes = self._kept_maps, self._map_addresses[0], MAP_BYTES * len(self._maps)
-        maps = kept.get(mapped)
+        maps = kept.pop(mapped, None)
         if maps is None:
+            self._mapped = None  # (an encode that raises part way leaves the buffer matching no pointer set)
             self._encode(mapped)
             if len(kept) >= MAP_SETS:
-                del kept[next(iter(kept))]
-            kept[mapped] = ctypes.string_at(first, nbytes)
+                del kept[next(iter(kept))]  # (the least recently used: a hit moves its set to the end)
+            maps = ctypes.string_at(first, nbytes)
         else:
             ctypes.memmove(first, maps, nbytes)
+        kept[mapped] = maps
         self._mapped = mapped

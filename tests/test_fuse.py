@@ -211,7 +211,7 @@ def test_a_refold_writes_into_the_kept_fold_and_a_checkpoint_refolds_at_once():
     with torch.no_grad():
         fused(x)
     folding = [m for m in _fused_modules(fused) if m.bn is not None]
-    kept = [m._folded[2:] for m in folding]
+    kept = [m._folded[2:4] for m in folding]
     assert folding and all(k[0] is not None for k in kept)
     twin = copy.deepcopy(fused)
     twin_kept = [m._folded[2].clone() for m in _fused_modules(twin) if m.bn is not None]
@@ -237,6 +237,98 @@ def test_a_refold_writes_into_the_kept_fold_and_a_checkpoint_refolds_at_once():
     twin.load_state_dict(other.state_dict())
     with torch.no_grad():
         assert (twin(x) - other(x)).abs().max() <= 1e-12 * other(x).abs().max()
+
+
+class _ConvBn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+def test_a_sequential_fused_chain_refolds_at_once_and_copies_and_pickles():
+    """The Sequential path: its BatchNorm's wrapper carries the refold hook (the chain held the new conv weight with
+    the old statistics until a call); a deep copy and a pickle of the fused model work and fold on their own."""
+    import pickle
+
+    ref, fused = _pair(_Untraceable)  # (below: data-dependent control flow around Sequential blocks)
+    chain = fused.a[0]._chain
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    with torch.no_grad():
+        fused(x)
+    kept = chain._folded[2]
+    other = _randomize(copy.deepcopy(ref), seed=1)
+    with torch.no_grad():
+        other.a[0].weight.mul_(-2.0)
+    for model in (copy.deepcopy(fused), pickle.loads(pickle.dumps(fused))):
+        model.load_state_dict(other.state_dict())
+        with torch.no_grad():
+            assert (model(x) - other(x)).abs().max() <= 1e-12 * other(x).abs().max()
+    assert torch.equal(chain._folded[2], kept)  # (the copies' checkpoints leave the original's fold alone)
+    fused.load_state_dict(other.state_dict())
+    assert chain._folded[2] is kept and torch.allclose(kept, _fold_of(chain)[0], rtol=1e-12, atol=0)
+    with torch.no_grad():
+        assert (fused(x) - other(x)).abs().max() <= 1e-12 * other(x).abs().max()
+
+
+def test_a_fold_lent_to_autograd_is_not_written_under_its_backward():
+    """Frozen parameters, an input that needs its gradient: autograd saves the kept fold for the backward, so a
+    refold before that backward (statistics changed in between) makes new tensors rather than writing it."""
+    ref = _randomize(_ConvBn().double()).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    fused = cuconv.nn.convert(copy.deepcopy(ref), fuse=True).eval()
+    doubled = copy.deepcopy(ref)
+    with torch.no_grad():
+        doubled.bn.running_var.mul_(2.0)
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64, requires_grad=True)
+    y1 = fused(x).sum()
+    with torch.no_grad():
+        fused.bn.running_var.mul_(2.0)  # (between the forwards and before the backward: the fold is made again)
+    (y1 + fused(x).sum()).backward()
+    x_ref = x.detach().clone().requires_grad_(True)
+    (ref(x_ref).sum() + doubled(x_ref).sum()).backward()
+    assert (x.grad - x_ref.grad).abs().max() <= 1e-12 * x_ref.grad.abs().max()
+
+
+def test_a_fold_follows_a_new_memory_format_and_an_inference_mode_fold_is_refolded_in_place():
+    ref = _randomize(_ConvBn().double()).eval()
+    fused = cuconv.nn.convert(copy.deepcopy(ref), fuse=True).eval()
+    chain = _fused_modules(fused)[0]
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    with torch.inference_mode():
+        fused(x)
+    kept = chain._folded[2]
+    assert kept.is_inference()
+    other = _randomize(copy.deepcopy(ref), seed=2)
+    fused.load_state_dict(other.state_dict())  # (outside inference mode: written in place all the same)
+    assert chain._folded[2] is kept and torch.allclose(kept, _fold_of(chain)[0], rtol=1e-12, atol=0)
+    fused.to(memory_format=torch.channels_last)  # (a weight laid out anew: a fold of the new layout, not a copy)
+    with torch.no_grad():
+        fused(x)
+    assert chain._folded[2].is_contiguous(memory_format=torch.channels_last) and not chain._folded[2].is_contiguous()
+
+
+def test_a_checkpoint_assigned_from_another_device_loads_whole():
+    """``load_state_dict(assign=True)`` of tensors on another device (meta stands in): the conv's hook runs before
+    the BatchNorm is loaded, when the fold cannot be made; the fold is dropped, the load goes on."""
+    ref = _randomize(_ConvBn().double()).eval()
+    fused = cuconv.nn.convert(copy.deepcopy(ref), fuse=True).eval()
+    with torch.no_grad():
+        fused(torch.randn(1, 3, 6, 6, dtype=torch.float64))
+    fused.load_state_dict({k: v.to("meta") for k, v in ref.state_dict().items()}, assign=True)
+    assert fused.conv.weight.is_meta and fused.bn.running_var.is_meta
+
+
+def test_refold_forgets_the_bound_call_even_without_a_kept_fold():
+    conv = cuconv.nn.Conv2d(3, 4, 3)
+    chain = FusedConv2d(conv, None, "relu")
+    chain._bound_call.value = ("a call's key", None, None)
+    chain.refold()
+    assert chain._folded is None and chain._bound_call.value is None
 
 
 def test_train_mode_runs_the_original_graph():

@@ -45,14 +45,38 @@ def test_maps_of_a_pointer_set_met_before_are_copied_back_not_encoded():
     assert log == [] and _maps_of(t) == [10000, 20001] and t._mapped == (1000, 2000)
 
 
-def test_the_oldest_set_is_dropped_past_map_sets():
+def test_the_least_recently_used_set_is_dropped_past_map_sets():
     log = []
     t = _launch(1, log)
-    for i in range(_tma.MAP_SETS + 1):
+    for i in range(_tma.MAP_SETS):
         t._remap((i * 64,))
-    assert len(t._kept_maps) == _tma.MAP_SETS and (0,) not in t._kept_maps
+    t._remap((0,))  # (a hit: the first set becomes the most recently used)
+    t._remap((_tma.MAP_SETS * 64,))  # (one set too many: the second, now the least recently used, goes)
+    assert len(t._kept_maps) == _tma.MAP_SETS and (64,) not in t._kept_maps and (0,) in t._kept_maps
     del log[:]
-    t._remap((64,))  # (kept)
-    assert log == [] and _maps_of(t) == [640]
-    t._remap((0,))  # (dropped: encoded again)
-    assert log == [(0, 0)] and _maps_of(t) == [0]
+    t._remap((0,))  # (kept)
+    assert log == [] and _maps_of(t) == [0]
+    t._remap((64,))  # (dropped: encoded again)
+    assert log == [(0, 64)] and _maps_of(t) == [640]
+
+
+def test_an_encode_that_fails_leaves_no_set_matched():
+    """An encoder raising part way through a launch's maps leaves the buffer partly rewritten: no pointer set is
+    taken as mapped then, so the next launch on the old pointers remaps them."""
+    log = []
+    t = _launch(2, log)
+    t._remap((1000, 2000))
+    good = t._maps[1][1]
+
+    def failing(dst, address):
+        raise _tma.EncodeError("cuconv: stand-in failure", 1)
+
+    t._maps = (t._maps[0], (1, failing))
+    try:
+        t._remap((3000, 4000))
+    except _tma.EncodeError:
+        pass
+    assert t._mapped is None and (3000, 4000) not in t._kept_maps
+    t._maps = (t._maps[0], (1, good))
+    t._remap((1000, 2000))  # (kept: copied back over the partial write)
+    assert _maps_of(t) == [10000, 20001]

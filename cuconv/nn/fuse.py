@@ -24,7 +24,9 @@ statistics) and the rest unfused, exactly as the original graph did.
 
 from __future__ import annotations
 
+import copy
 import operator
+import weakref
 from typing import Optional
 
 import torch
@@ -123,7 +125,7 @@ class FusedConv2d(torch.nn.Module):
         # (a checkpoint loaded into either refolds into the kept fold at once: a captured CUDA graph reads it)
         for module in (conv, bn):
             if module is not None:
-                module.register_load_state_dict_post_hook(self._refresh)
+                module.register_load_state_dict_post_hook(_RefreshHook(self))
 
     def extra_repr(self) -> str:
         parts = [f"bn={self.bn is not None}", f"activation={self.activation!r}"]
@@ -222,6 +224,7 @@ class FusedConv2d(torch.nn.Module):
     def refold(self) -> None:
         """Fold again now, into the kept fold's memory: for edits of the convolution's or BatchNorm's tensors
         through ``.data`` (which leave their version counters alone, so the fold cannot see them)."""
+        _bound.slot(self).value = None
         self._refresh()
 
     @staticmethod
@@ -258,6 +261,8 @@ class FusedConv2d(torch.nn.Module):
         kept = self._folded
         if key is not None and kept is not None and kept[0] == key and kept[1] is not None and _bound.unchanged(
                 kept[1], tensors):
+            if not kept[4] and torch.is_grad_enabled():  # (lent to autograd, which may save it for a backward)
+                self._folded = kept[:4] + (True,)
             return kept[2], kept[3]
         dtype = dtype or w.dtype
         if bn is None:
@@ -277,15 +282,19 @@ class FusedConv2d(torch.nn.Module):
             bias = shift.to(dtype)
         record = None if key is None else _bound.record(tensors)
         if record is not None:
-            if kept is not None and kept[0] == key and _refreshable(kept[2], weight, tensors) and _refreshable(
-                    kept[3], bias, tensors):
+            if (kept is not None and kept[0] == key and not kept[4] and _refreshable(kept[2], weight, tensors)
+                    and _refreshable(kept[3], bias, tensors)):
                 # the new fold into the kept one's memory: a CUDA graph captured with the kept fold reads these
-                # tensors (replaced, they would be freed under it), and a replay after this call reads the new one
-                kept[2].copy_(weight)
-                if bias is not None:
-                    kept[3].copy_(bias)
+                # tensors (replaced, they would be freed under it), and a replay after this call reads the new one.
+                # (Not a fold lent to autograd: a backward may still read it. The copy is enqueued on the current
+                # stream: one still reading the fold on another stream is the caller's to order, as for weights.)
+                with torch.inference_mode(kept[2].is_inference()):
+                    kept[2].copy_(weight)
+                    if bias is not None:
+                        kept[3].copy_(bias)
                 weight, bias = kept[2], kept[3]
-            self._folded = (key, record, weight, bias)
+            # (key, record, weight, bias, lent: returned while gradients were recorded)
+            self._folded = (key, record, weight, bias, torch.is_grad_enabled())
         return weight, bias
 
     def _refresh(self, module=None, incompatible_keys=None) -> None:
@@ -295,21 +304,57 @@ class FusedConv2d(torch.nn.Module):
         kept = self._folded
         if kept is None:
             return
-        self._folded = (kept[0], None, kept[2], kept[3])  # (a record that ``unchanged`` never matches)
-        with torch.no_grad():
-            self._weights(kept[0][1])
         _bound.slot(self).value = None
+        self._folded = (kept[0], None) + kept[2:]  # (a record that ``unchanged`` never matches)
+        try:
+            with torch.no_grad():
+                self._weights(kept[0][1])
+        except RuntimeError:  # (a load half done: ``assign=True`` moved the conv's tensors, not yet the BatchNorm's)
+            self._folded = None
 
 
 def _refreshable(old, new, inputs: tuple) -> bool:
     """Whether a new fold ``new`` may be copied into the kept fold's tensor ``old``: both None, or a tensor of the
-    fold's own (not one of the fold's ``inputs``, as an uncast weight is) of the same shape, dtype and device,
-    writable here (an inference tensor only inside inference mode)."""
+    fold's own (not one of the fold's ``inputs``, as an uncast weight is) of the same shape, strides (a weight laid
+    out anew by ``.to(memory_format=...)`` keeps its new layout), dtype and device."""
     if old is None or new is None:
         return old is None and new is None
     return (old is not new and all(old is not t for t in inputs) and old.shape == new.shape
-            and old.dtype == new.dtype and old.device == new.device
-            and (not old.is_inference() or torch.is_inference_mode_enabled()))
+            and old.stride() == new.stride() and old.dtype == new.dtype and old.device == new.device)
+
+
+class _RefreshHook:
+    """The ``load_state_dict`` post hook a ``FusedConv2d`` puts on its convolution and BatchNorm: its ``_refresh``,
+    through a weak reference (a fused model dropped while the original modules live on is not kept alive by them);
+    a deep copy's hook refreshes the copy of its FusedConv2d, a pickled one the unpickled FusedConv2d."""
+
+    __slots__ = ("fused", "__weakref__")
+
+    def __init__(self, fused):
+        self.fused = weakref.ref(fused)
+
+    def __call__(self, module, incompatible_keys) -> None:
+        fused = self.fused()
+        if fused is not None:
+            fused._refresh()
+
+    def __deepcopy__(self, memo):
+        fused = self.fused()
+        return _RefreshHook(copy.deepcopy(fused, memo)) if fused is not None else _dead_hook()
+
+    def __reduce__(self):
+        return (_RefreshHook, (self.fused(),)) if self.fused() is not None else (_dead_hook, ())
+
+
+def _dead_hook() -> _RefreshHook:
+    """A hook whose FusedConv2d is gone (as it is copied and pickled)."""
+    hook = _RefreshHook.__new__(_RefreshHook)
+    hook.fused = _gone
+    return hook
+
+
+def _gone():
+    return None
 
 
 def activation_of(node: torch.fx.Node, modules: dict):
@@ -539,6 +584,10 @@ class _PlainConv:
         self._owner = owner
 
     def __getattr__(self, name):
+        # (not for dunders or ``_owner`` itself: a copy or an unpickling asks for ``__setstate__`` before its
+        # ``_owner`` is set, which looked up here recursed without end)
+        if name == "_owner" or name.startswith("__"):
+            raise AttributeError(name)
         return getattr(self._owner, name)
 
     def __call__(self, x):
@@ -554,8 +603,8 @@ class _Applied(torch.nn.Module):
 
     def __init__(self, module: torch.nn.Module, fused: FusedConv2d):
         super().__init__()
-        for name, value in module.__dict__.items():
-            if name in ("_parameters", "_buffers"):
+        for name, value in module.__dict__.items():  # (and its checkpoint hooks: a BatchNorm's refolds the chain)
+            if name in ("_parameters", "_buffers", "_load_state_dict_post_hooks"):
                 object.__setattr__(self, name, value)
         object.__setattr__(self, "_wrapped", module)
         object.__setattr__(self, "_chain", fused)
