@@ -240,3 +240,28 @@ def test_tma_plan_prepared_and_run_on_a_thread_without_a_context():
     thread.join()
     assert not failures, failures
     numpy.testing.assert_array_equal(cupy.asnumpy(out.transpose(0, 3, 1, 2)).astype(numpy.float64), want)
+
+
+@pytest.mark.gpu
+def test_a_tma_plan_run_on_more_buffers_than_it_keeps_maps_for_computes_each():
+    """A TMA launch keeps the tensor maps of its last ``MAP_SETS`` pointer sets (``_tma.TmaLaunch``): the plan run
+    on more input and output buffers than that, in turn and repeated, computes each call's own result (bit for bit
+    the CPU path on integers, into NaN-poisoned outputs), whether its maps were copied back or encoded anew."""
+    import cupy
+
+    from cuconv import _plan, _tma
+    from cuconv.algos import implicit_gemm
+
+    dtype, x, w, b, spec = _tma_operands((2, 64, 9, 7), (64, 64, 3, 3), dict(padding=1), "bfloat16", 57)
+    wg, bg = _nhwc(cupy.asarray(w)), cupy.asarray(b)
+    inputs = [_nhwc(cupy.asarray((x * (1 + (i % 3))).astype(dtype))) for i in range(_tma.MAP_SETS + 3)]
+    wants = [cuconv.conv2d((x * (1 + (i % 3))).astype(dtype), w, b, padding=1).astype(numpy.float64)
+             for i in range(len(inputs))]
+    outs = [cupy.empty((spec.n, spec.p, spec.q, spec.k), dtype=dtype) for _ in inputs]
+    plan = implicit_gemm.prepare("fprop", spec, dtype, "ieee", _plan.current_env(inputs[0], wg, bg, outs[0]), True,
+                                 layout="nhwc", weights="krsc")
+    assert any(isinstance(getattr(s, "kernel", None), _tma.TmaLaunch) for s in plan.steps)
+    for i in [0, 1, 2, 0, 1, *range(len(inputs)), 2, 0, *reversed(range(len(inputs)))]:
+        outs[i].fill(numpy.nan)
+        _plan.run_arrays(plan, inputs[i], wg, bg, outs[i])
+        numpy.testing.assert_array_equal(cupy.asnumpy(outs[i].transpose(0, 3, 1, 2)).astype(numpy.float64), wants[i])
