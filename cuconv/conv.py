@@ -11,7 +11,7 @@ from typing import NamedTuple, Optional
 import numpy
 
 from ._types import Array, IntOrPair, Padding
-from . import _backend, _layout, _plan, dispatch, select as _select
+from . import _backend, _layout, _plan, algos as _algos, dispatch, select as _select
 from .blocks import epilogue
 from .checks import check_arrays, check_out, check_residual, epilogue_of, resolve_precision
 from .cpu import reference
@@ -129,10 +129,13 @@ def conv2d(x: Array, weight: Array, bias: Optional[Array] = None, stride: IntOrP
         return _run(numpy, _Plan(spec, name, precision, result_shape, unbatched, channels_last=channels_last,
                                  epilogue=ep), x, weight, bias, out, algo, settings, residual)
     env = _plan.env(x.data.device_id, workspace_limit)
+    # (a dense channels-last weight is read where it lies by the channels-last plans that take one, as the torch
+    # door reads it: a C-contiguous copy of it each call was a launch and the weight's bytes twice more)
+    weights = ("krsc" if layout == "nhwc" and _only_channels_last(weight) and _algos.takes_krsc(name) else "kcrs")
     plan = _Plan(spec, name, precision, result_shape, unbatched, env,
-                 dispatch.prepare(name, "fprop", spec, x.dtype, precision, env, bias is not None, layout,
+                 dispatch.prepare(name, "fprop", spec, x.dtype, precision, env, bias is not None, layout, weights,
                                   epilogue=ep),
-                 channels_last, layout, ep)
+                 channels_last, layout, ep, weights)
     if key is not None:
         if len(_plans) >= _PLANS_MAX:
             _plans.clear()
@@ -169,6 +172,14 @@ class _Plan(NamedTuple):
     channels_last: bool = False  # the result channels-last (torch's rule: the input or the weight is)
     layout: str = "nchw"         # the activations as the plan reads and writes them ("nhwc": channels-last)
     epilogue: "Epilogue" = None  # an activation and a residual after the convolution (None: none)
+    weights: str = "kcrs"        # the weight as the plan reads it ("krsc": dense channels-last, where it lies)
+
+
+def _only_channels_last(w) -> bool:
+    """A 4-D weight array dense channels-last and not also C-contiguous (1x1 and depthwise weights can be both)."""
+    strides = _layout.element_strides(w)
+    return (w.ndim == 4 and not w.flags.c_contiguous and strides is not None
+            and _layout.dense_nhwc(w.shape, strides))
 
 
 # A GPU call's signature (``dispatch.call_key`` of ``_operands``) -> its _Plan. The checks, the spec and the choice
@@ -226,7 +237,7 @@ def _run(xp, plan: _Plan, x, weight, bias, out, requested: str, settings, residu
         if bias is not None:
             bias = xp.ascontiguousarray(bias)
         x = nhwc_operand(xp, x) if nhwc else xp.ascontiguousarray(x)
-        weight = xp.ascontiguousarray(weight)
+        weight = weight if plan.weights == "krsc" else xp.ascontiguousarray(weight)
         if residual is not None:  # (4-D, lying as y does: the epilogue is one pass over both)
             residual = _like(xp, residual if residual.ndim == 4 else residual[None], y)
         if xp is numpy:
@@ -272,7 +283,8 @@ def _run_gpu(plan: _Plan, requested: str, x, weight, bias, y, settings, residual
     if plan.layout == "nhwc":  # (one channels-last candidate: nothing to time)
         gpu = plan.gpu if aligned else dispatch.prepare(
             name, "fprop", spec, x.dtype, precision, _plan.env(plan.gpu_env.device, plan.gpu_env.workspace_limit,
-                                                               False), bias is not None, "nhwc", epilogue=ep)
+                                                               False), bias is not None, "nhwc", plan.weights,
+            epilogue=ep)
         dispatch.run_arrays(gpu, x, weight, bias, y, residual=residual)
         return
     if requested == "auto" and settings.benchmark:

@@ -237,6 +237,36 @@ def test_cupy_channels_last_arrays_run_in_place(dtype_name):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_cupy_channels_last_weights_are_read_where_they_lie(dtype_name):
+    """A dense channels-last 3x3 weight on the CuPy door: the channels-last plan takes it as it lies ("krsc", no
+    C-contiguous copy a call), as the torch door does; a C-contiguous one and a 1x1 (both layouts at once) take
+    KCRS; every result the NCHW call's."""
+    import cupy
+
+    import cuconv
+    from cuconv import _dtypes, conv, dispatch
+
+    dtype = _dtypes.by_name(dtype_name)
+    rng = numpy.random.default_rng(6)
+    x = cupy.asarray(rng.standard_normal((2, 9, 8, 32)).astype(dtype)).transpose(0, 3, 1, 2)
+    b = cupy.asarray(rng.standard_normal(64).astype(dtype))
+    for w_shape, weights_cl, expected in (((64, 32, 3, 3), True, "krsc"), ((64, 32, 3, 3), False, "kcrs"),
+                                          ((64, 32, 1, 1), True, "kcrs")):
+        w = rng.standard_normal(w_shape).astype(dtype)
+        wg = cupy.asarray(w.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2) if weights_cl else cupy.asarray(w)
+        padding = w_shape[2] // 2
+        y = cuconv.conv2d(x, wg, b, padding=padding)
+        key = dispatch.call_key(conv._operands(x, wg, b, None), 1, padding, 1, 1, "auto",
+                                (None, cuconv.config.precision, cuconv.config.workspace_limit, None))
+        plan = conv._plans[key]
+        assert plan.layout == "nhwc" and plan.weights == expected
+        nchw = cuconv.conv2d(cupy.ascontiguousarray(x), cupy.ascontiguousarray(wg), b, padding=padding)
+        numpy.testing.assert_allclose(cupy.asnumpy(y).astype(numpy.float64), cupy.asnumpy(nchw).astype(numpy.float64),
+                                      rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
 def test_misaligned_channels_last_operands_are_copied_to_a_16_byte_boundary(dtype_name):
     """Dense channels-last views one element past their allocation (off the 16-byte boundary the in-place
     passes' vectors need): a 3x3 layer (implicit_gemm) and a depthwise one, on CuPy arrays (input and ``out=``)
