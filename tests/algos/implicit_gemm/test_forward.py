@@ -3,7 +3,6 @@ channels-last forward makes (nothing runs; the kernels' results are checked in t
 
 from __future__ import annotations
 
-import numpy
 import pytest
 
 from cuconv import _dtypes, algos
