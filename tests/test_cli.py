@@ -124,6 +124,11 @@ def test_bench_models_bad_options_are_usage_errors_before_the_gpu_check(args, me
     assert proc.returncode == 2 and message in proc.stderr
 
 
+def test_bench_torch_door_is_forward_only():
+    proc = run_cli("bench", "--api", "torch", "--backward")
+    assert proc.returncode == 2 and "--api torch times the forward alone" in proc.stderr
+
+
 def test_bench_layer_zoo_refuses_an_unknown_layout():
     proc = run_cli("bench", "--layer-zoo", "--layouts", "nhwc")
     assert proc.returncode == 2 and "--layouts: expected nchw and/or channels_last" in proc.stderr

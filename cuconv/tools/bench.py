@@ -50,10 +50,16 @@ def _parse(argv):
     ap.add_argument("--cudnn-layout", choices=("nchw", "nhwc"), default="nchw",
                     help="memory format of torch's tensors alone (nhwc: torch.channels_last, cuDNN's fastest for "
                          "half types), cuconv's arrays staying NCHW; --channels-last puts both sides in NHWC")
+    ap.add_argument("--api", choices=("cupy", "torch"), default="cupy",
+                    help="cuconv's door: cuconv.conv2d on CuPy arrays into a preallocated out= (default), or "
+                         "cuconv.nn.functional.conv2d on torch tensors sharing their memory, its result allocated "
+                         "as torch's is (forward only); timed the same way against the same cuDNN calls")
     ap.add_argument("--json", metavar="PATH", help="also write all figures to this JSON file")
     bench_models.add_arguments(ap)
     layer_zoo.add_arguments(ap)
     args = ap.parse_args(argv)
+    if args.api == "torch" and args.backward:
+        ap.error("--api torch times the forward alone (its dgrad and wgrad run inside autograd); drop --backward")
     names = [n for item in args.problem for n in item.split(",") if n] or list(SUITES[args.suite])
     unknown = [n for n in names if n not in _BY_NAME]
     if unknown:
@@ -160,6 +166,16 @@ class _PeakWorkspace:
         return self.hook.__exit__(*exc)
 
 
+def _host_array(a):
+    """A CuPy array's or a torch tensor's values as a NumPy array (float64 for a torch tensor: NumPy has no
+    bfloat16 of torch's)."""
+    if hasattr(a, "detach"):
+        return a.detach().double().cpu().numpy()
+    import cupy
+
+    return cupy.asnumpy(a)
+
+
 def _rel_err(y, ref):
     y = y.astype(numpy.float64)
     den = float(numpy.linalg.norm(ref))
@@ -200,8 +216,17 @@ def _passes(args, prob, spec, x, w, dy):
     out = _channels_last(cupy.empty(spec.output_shape, dtype=x.dtype)) if args.channels_last else \
         cupy.empty(spec.output_shape, dtype=x.dtype)
 
-    def fprop(algo):
-        return cuconv.conv2d(x, w, None, algo=algo, precision=args.precision, out=out, **kw)
+    if args.api == "torch":  # (the torch door on the same memory: its precision follows torch's TF32 switch)
+        import cuconv.nn.functional
+
+        xo, wo = torch.from_dlpack(x), torch.from_dlpack(w)
+
+        def fprop(algo):
+            with torch.no_grad():
+                return cuconv.nn.functional.conv2d(xo, wo, None, algo=algo, **kw)
+    else:
+        def fprop(algo):
+            return cuconv.conv2d(x, w, None, algo=algo, precision=args.precision, out=out, **kw)
 
     yield _Pass("fprop", lambda: torch.nn.functional.conv2d(xt, wt, None, **kw), fprop,
                 lambda: torch.nn.functional.conv2d(xt[idx].double(), wt.double(), None, **kw),
@@ -253,7 +278,7 @@ def _measure(args, prob, spec, pass_, algos, rate, bandwidth, progress):
             continue
         # fprop writes into a preallocated out=; dgrad/wgrad return their result: not workspace
         workspace = peak.peak - (0 if pass_.name == "fprop" else result.nbytes)
-        err = _rel_err(cupy.asnumpy(pass_.compare(result)), ref)
+        err = _rel_err(_host_array(pass_.compare(result)), ref)
         del result
         ms = _time_gpu(lambda: pass_.ours(algo), args.reps, args.warmup)
         loop_ms = _time_loop(lambda: pass_.ours(algo), ms)
@@ -343,7 +368,7 @@ def _bench_gpu(args, names, algos):
                 cuconv=cuconv.__version__, dtype=args.dtype, precision=args.precision,
                 cudnn_layout="nhwc" if args.channels_last else args.cudnn_layout,
                 cuconv_layout="nhwc" if args.channels_last else "nchw", gemm_tflops=rates, copy_tbs=bandwidth,
-                date=time.strftime("%Y-%m-%d"))
+                date=time.strftime("%Y-%m-%d"), api=args.api)
     return meta, rows
 
 
@@ -369,7 +394,8 @@ def _print_auto_vs_best(rows):
 def _print_table(meta, rows):
     print(f"\n{meta['device']}, {meta['date']}, dtype {meta['dtype']}, precision {meta['precision']} "
           f"(both sides), memory format cuconv {meta['cuconv_layout']} / cuDNN {meta['cudnn_layout']}; "
-          f"torch {meta['torch']}, cuDNN {meta['cudnn']}, cudnn.benchmark=True")
+          f"torch {meta['torch']}, cuDNN {meta['cudnn']}, cudnn.benchmark=True; cuconv through "
+          f"{'cuconv.nn.functional.conv2d on torch tensors' if meta.get('api') == 'torch' else 'cuconv.conv2d on CuPy arrays'}")
     head = (f"{'problem':<20} {'pass':<6} {'algo':<12} {'ms':>9} {'TFLOP/s':>8} {'%floor':>7} {'cuDNN ms':>9} "
             f"{'ratio':>6} {'loop ms':>9} {'loop':>6} {'rel err':>8} {'torch err':>9} {'host us':>8} {'ws MiB':>7}")
     print(head)
