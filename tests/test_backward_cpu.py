@@ -185,13 +185,26 @@ def test_noncontiguous_inputs(case, dtype):
 
 @pytest.mark.parametrize("case", CASES)
 def test_forced_algo_and_tf32_equal_auto(case):
-    # Every algorithm may be forced; the CPU path computes float32 in IEEE arithmetic whatever is asked.
+    """The CPU path computes float32 in IEEE arithmetic whatever is asked; a forced algorithm gives auto's bits
+    where the GPU could run it for the pass, and is refused as the GPU refuses it elsewhere."""
+    from cuconv import _plan, select
+    from cuconv.problem import Problem
+
     x, w, dy = _problem(case, numpy.float32)
     auto = _ours(x, w, dy, case.kwargs)
-    variants = [dict(algo=name) for name in cuconv.algorithms()] + [dict(precision="tf32")]
-    for options in variants:
-        for got, expected in zip(_ours(x, w, dy, case.kwargs, **options), auto):
-            numpy.testing.assert_array_equal(got, expected, err_msg=str(options))
+    x4 = x if x.ndim == 4 else x[None]
+    spec = ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
+    limits = _plan.Limits(_plan.SMEM_OPTIN_WITHOUT_DEVICE, True, cuconv.config.workspace_limit)
+    passes = (("dgrad", lambda **o: cuconv.conv2d_input(x.shape, w, dy, **case.kwargs, **o)),
+              ("wgrad", lambda **o: cuconv.conv2d_weight(x, w.shape, dy, **case.kwargs, **o)))
+    for (pass_, call), expected in zip(passes, auto):
+        for options in [dict(algo=name) for name in cuconv.algorithms(pass_)] + [dict(precision="tf32")]:
+            name = options.get("algo")
+            if name and select.can_implement(name, Problem.of(spec, x.dtype, "ieee", pass_), limits) is not None:
+                with pytest.raises(NotImplementedError, match=f"cuconv: algo '{name}' cannot run this {pass_}: "):
+                    call(**options)
+                continue
+            numpy.testing.assert_array_equal(call(**options), expected, err_msg=f"{pass_} {options}")
 
 
 # ----- misuse ---------------------------------------------------------------------------------------------

@@ -163,12 +163,32 @@ def test_chunked_equals_unchunked(case_id, split, dtype):
     numpy.testing.assert_array_equal(chunked, reference(x, w, b, **case.kwargs))
 
 
+def _gpu_refuses(name, x, w, case, pass_="fprop", precision="ieee") -> bool:
+    """Whether algorithm ``name`` could not run this problem on a compute capability 9.0 GPU."""
+    from cuconv import _plan, select
+    from cuconv.problem import Problem
+
+    x4 = x if x.ndim == 4 else x[None]
+    spec = ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
+    limits = _plan.Limits(_plan.SMEM_OPTIN_WITHOUT_DEVICE, True, cuconv.config.workspace_limit)
+    return select.can_implement(name, Problem.of(spec, x.dtype, precision, pass_), limits) is not None
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_forced_algo_equals_auto(case):
+def test_forced_algo_equals_auto_or_is_refused_as_on_the_gpu(case):
+    """The CPU path runs every problem one way: a forced algorithm that can serve the problem gives auto's bits, one
+    the GPU would refuse is refused, in the GPU's words (a call runs or fails alike on both)."""
     x, w, b = _cast(make_inputs(case), numpy.float32)
     auto = cuconv.conv2d(x, w, b, algo="auto", **case.kwargs)
+    served = []
     for name in cuconv.algorithms():
+        if _gpu_refuses(name, x, w, case):
+            with pytest.raises(NotImplementedError, match=f"cuconv: algo '{name}' cannot run this fprop: "):
+                cuconv.conv2d(x, w, b, algo=name, **case.kwargs)
+            continue
         numpy.testing.assert_array_equal(cuconv.conv2d(x, w, b, algo=name, **case.kwargs), auto)
+        served.append(name)
+    assert "im2col_gemm" in served  # (it serves every geometry)
 
 
 @pytest.mark.parametrize("case_id", ["k5x9_d2x3_p2x4", "groups2", "pointwise_1x1", "reduced_square_5x9"])

@@ -580,6 +580,21 @@ def test_unknown_algo_is_refused_when_the_module_is_built():
         cuconv.nn.Conv2d(2, 3, 3, algo="nope")
 
 
+def test_a_forced_algo_runs_or_is_refused_on_the_cpu_as_on_the_gpu():
+    """On CPU tensors a forced algorithm the GPU could run gives the auto path's result; one it would refuse (not
+    a depthwise convolution, float64 on tensor cores) is refused before anything runs, in the GPU's words."""
+    x, w = torch.randn(2, 4, 9, 9, dtype=torch.float64), torch.randn(6, 4, 3, 3, dtype=torch.float64)
+    want = torch.nn.functional.conv2d(x, w, padding=1)
+    got = cuconv.nn.functional.conv2d(x, w, padding=1, algo="im2col_gemm")
+    assert (got - want).abs().max() <= 1e-12 * want.abs().max()
+    with pytest.raises(NotImplementedError, match=r"cuconv: algo 'depthwise' cannot run this fprop: "):
+        cuconv.nn.functional.conv2d(x, w, padding=1, algo="depthwise")
+    with pytest.raises(NotImplementedError, match=r"cuconv: algo 'implicit_gemm' cannot run this fprop: "):
+        cuconv.nn.Conv2d(4, 6, 3, padding=1, algo="implicit_gemm").double()(x)
+    with pytest.raises(NotImplementedError, match=r"cuconv: algo 'depthwise' cannot run this fprop: "):
+        cuconv.conv2d(x.numpy(), w.numpy(), padding=1, algo="depthwise")
+
+
 def test_autocast_runs_in_its_lower_precision_like_torch():
     torch.manual_seed(31)
     ref = torch.nn.Conv2d(3, 4, 3)

@@ -229,6 +229,8 @@ class Layer:
             self.fprop = self._prepare("fprop", name, True)
             if not benchmark or self.nhwc["fprop"]:  # (benchmark: the first aligned call times the candidates)
                 self._aligned["fprop"] = self.fprop
+        else:  # (the CPU path runs every problem one way: a forced algorithm the GPU would refuse is refused)
+            _select.resolve(algo, spec, self.np_dtype, precision, False, "fprop", self.workspace_limit, epilogue)
 
     # ---- CUDA ------------------------------------------------------------------------------------------------
     def _prepare(self, pass_: str, name: str, aligned: bool, knobs: tuple = None) -> "_plan.Plan":

@@ -140,15 +140,19 @@ def select_nhwc(algo: str, spec: ConvSpec, dtype, precision: str = "ieee", pass_
 def resolve(algo: str, spec: ConvSpec, dtype, precision: str, on_gpu: bool, pass_: str = "fprop",
             workspace_limit: int = None, epilogue=None) -> str:
     """Validate a user's ``algo=`` and turn ``"auto"`` into a concrete name for ``pass_`` under
-    ``workspace_limit`` (default ``cuconv.config.workspace_limit``); ``epilogue``: as ``select_nhwc``'s."""
+    ``workspace_limit`` (default ``cuconv.config.workspace_limit``); ``epilogue``: as ``select_nhwc``'s. A forced
+    algorithm that cannot run the problem raises ``NotImplementedError``, on the CPU as on the GPU."""
     if not isinstance(algo, str):
         raise TypeError(f"conv2d(): argument 'algo' must be str, not {type(algo).__name__}")
     if algo != "auto" and algo not in _algorithms.names():
         raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {_algorithms.names()}")
+    limits = _plan.current_limits(workspace_limit)
     if algo != "auto" and not on_gpu:
-        return algo  # the CPU path serves every algorithm name
-    return algorithm(Problem.of(spec, dtype, precision, pass_, epilogue=epilogue or PLAIN),
-                     _plan.current_limits(workspace_limit), algo)
+        # The CPU path computes every problem one way; a forced algorithm is refused where the GPU would refuse
+        # it (a compute capability 9.0 device's limits: the machines cuconv targets), so that a call fails or
+        # runs on the CPU as on the GPU.
+        limits = _plan.Limits(_plan.SMEM_OPTIN_WITHOUT_DEVICE, True, limits.workspace_limit)
+    return algorithm(Problem.of(spec, dtype, precision, pass_, epilogue=epilogue or PLAIN), limits, algo)
 
 
 def _clear() -> None:
