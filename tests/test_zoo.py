@@ -62,3 +62,33 @@ def test_layer_zoo_collects_distinct_convolutions_per_batch_on_the_meta_device()
     assert {layer["shape"][0] for layer in layers} == {1, 2}
     first = layers[0]
     assert first["shape"] == (1, 3, 32, 32) and first["geometry"]["kernel_size"] == (3, 3)
+
+
+def test_decoder_and_sequence_models_build_convert_and_match_torch():
+    """``--models decoders`` and ``sequence``: the transposed-convolution U-Net and the three sequence models build,
+    take their samples, and converted (every convolution cuconv's) match the original in float64."""
+    import copy
+
+    import cuconv.nn
+
+    assert bench_models.model_names("decoders,sequence") == list(zoo.DECODERS + zoo.SEQUENCE)
+    assert bench_models._format(zoo.sample_shape("mamba_mixer", 224)) is torch.contiguous_format
+    for name in zoo.DECODERS + zoo.SEQUENCE:
+        torch.manual_seed(0)
+        model = zoo.build(name).double().eval()
+        sample = zoo.sample_shape(name, 32)
+        if name in zoo.SEQUENCE:  # (shorter than the benchmark's, the same layers)
+            sample = (sample[0], min(sample[1], 800))
+        else:
+            model = zoo.UNet(classes=3, widths=(8, 16, 16, 32, 32), up="transposed").double().eval()
+        converted = cuconv.nn.convert(copy.deepcopy(model))
+        convs = [m for m in converted.modules()
+                 if isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.ConvTranspose2d))]
+        assert convs and all(type(m).__module__.startswith("cuconv") for m in convs)
+        x = torch.randn(2, *sample, dtype=torch.float64)
+        with torch.no_grad():
+            ref, got = model(x), converted(x)
+        assert got.shape == ref.shape and got.dim() in (2, 4), (name, got.shape)
+        if name == "unet_transposed":
+            assert sum(isinstance(m, torch.nn.ConvTranspose2d) for m in convs) == 4
+        assert float((got - ref).norm() / ref.norm()) < 1e-12, name

@@ -60,9 +60,10 @@ def add_arguments(ap) -> None:
     g = ap.add_argument_group("models (python -m cuconv bench --models NAME[,NAME...])")
     g.add_argument("--models", metavar="NAMES",
                    help="comma-separated names of torchvision models (weights=None; classification and "
-                        "segmentation), fpn_resnet50 or unet; 'models' stands for MODELS.md's five (resnet50, "
-                        "mobilenet_v3_large, efficientnet_b0, regnet_y_800mf, convnext_tiny), 'zoo' for the wider "
-                        "set of cuconv.tools.zoo")
+                        "segmentation), fpn_resnet50, unet, unet_transposed or a sequence model; 'models' stands for "
+                        "MODELS.md's five (resnet50, mobilenet_v3_large, efficientnet_b0, regnet_y_800mf, "
+                        "convnext_tiny), 'zoo' for the wider set of cuconv.tools.zoo, 'video', 'decoders' and "
+                        "'sequence' for its video, transposed-convolution and 1-D sets")
     g.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)} (default all)")
     g.add_argument("--batch", type=int, default=32, help="batch of the layers and the training step (default 32)")
     g.add_argument("--infer-batch", type=int, default=64, help="batch of end-to-end inference (default 64)")
@@ -262,12 +263,14 @@ def _build(name: str):
 
 def model_names(spec: str) -> list:
     """``--models``' names: comma-separated, ``models`` standing for MODELS.md's five, ``zoo`` for the wider set
-    and ``video`` for the video models (``cuconv.tools.zoo``), each name once in the order given."""
+    ``video`` for the video models, ``decoders`` and ``sequence`` for the transposed-convolution and 1-D models
+    (``cuconv.tools.zoo``), each name once in the order given."""
     from . import zoo
 
     names = []
     for name in (n.strip() for n in spec.split(",")):
-        for n in {"models": zoo.MODELS, "zoo": zoo.ZOO, "video": zoo.VIDEO}.get(name, (name,) if name else ()):
+        for n in {"models": zoo.MODELS, "zoo": zoo.ZOO, "video": zoo.VIDEO, "decoders": zoo.DECODERS,
+                  "sequence": zoo.SEQUENCE}.get(name, (name,) if name else ()):
             if n not in names:
                 names.append(n)
     return names
@@ -279,10 +282,10 @@ def _sample(args) -> tuple:
 
 
 def _format(sample: tuple):
-    """The channels-last memory format of inputs of this sample's rank."""
+    """The channels-last memory format of inputs of this sample's rank (a sequence's: its only one)."""
     import torch
 
-    return torch.channels_last_3d if len(sample) == 4 else torch.channels_last
+    return {4: torch.channels_last_3d, 3: torch.channels_last}.get(len(sample), torch.contiguous_format)
 
 
 def distinct_layers(model, batch: int, image: int, channels_last: bool = False, sample: tuple = None):
