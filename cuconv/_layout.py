@@ -62,6 +62,18 @@ def dense_nhwc(shape, strides) -> bool:
     return len(shape) == 4 and all(n == 1 or s == e for n, s, e in zip(shape, strides, nhwc_strides(shape)))
 
 
+def only_channels_last(a) -> bool:
+    """Whether 4-D ``a`` (a torch tensor, or a NumPy or CuPy array) lies as a dense channels-last tensor and not
+    also as a contiguous one (1x1 and depthwise weights can be both): a weight the channels-last plans that take
+    one read where it lies."""
+    if hasattr(a, "is_contiguous"):  # (a torch tensor, torch imported: its own tests, in C)
+        import torch
+
+        return a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last) and not a.is_contiguous()
+    strides = element_strides(a)
+    return a.ndim == 4 and not a.flags.c_contiguous and strides is not None and dense_nhwc(a.shape, strides)
+
+
 def element_strides(a) -> tuple:
     """A torch tensor's or NumPy/CuPy array's strides in elements (None where a byte stride is not a whole
     number of elements)."""

@@ -131,7 +131,7 @@ def conv2d(x: Array, weight: Array, bias: Optional[Array] = None, stride: IntOrP
     env = _plan.env(x.data.device_id, workspace_limit)
     # (a dense channels-last weight is read where it lies by the channels-last plans that take one, as the torch
     # door reads it: a C-contiguous copy of it each call was a launch and the weight's bytes twice more)
-    weights = ("krsc" if layout == "nhwc" and _only_channels_last(weight) and _algos.takes_krsc(name) else "kcrs")
+    weights = "krsc" if layout == "nhwc" and _layout.only_channels_last(weight) and _algos.takes_krsc(name) else "kcrs"
     plan = _Plan(spec, name, precision, result_shape, unbatched, env,
                  dispatch.prepare(name, "fprop", spec, x.dtype, precision, env, bias is not None, layout, weights,
                                   epilogue=ep),
@@ -174,12 +174,6 @@ class _Plan(NamedTuple):
     epilogue: "Epilogue" = None  # an activation and a residual after the convolution (None: none)
     weights: str = "kcrs"        # the weight as the plan reads it ("krsc": dense channels-last, where it lies)
 
-
-def _only_channels_last(w) -> bool:
-    """A 4-D weight array dense channels-last and not also C-contiguous (1x1 and depthwise weights can be both)."""
-    strides = _layout.element_strides(w)
-    return (w.ndim == 4 and not w.flags.c_contiguous and strides is not None
-            and _layout.dense_nhwc(w.shape, strides))
 
 
 # A GPU call's signature (``dispatch.call_key`` of ``_operands``) -> its _Plan. The checks, the spec and the choice

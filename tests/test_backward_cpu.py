@@ -194,7 +194,7 @@ def test_forced_algo_and_tf32_equal_auto(case):
     auto = _ours(x, w, dy, case.kwargs)
     x4 = x if x.ndim == 4 else x[None]
     spec = ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
-    limits = _plan.Limits(_plan.SMEM_OPTIN_WITHOUT_DEVICE, True, cuconv.config.workspace_limit)
+    limits = _plan.current_limits()
     passes = (("dgrad", lambda **o: cuconv.conv2d_input(x.shape, w, dy, **case.kwargs, **o)),
               ("wgrad", lambda **o: cuconv.conv2d_weight(x, w.shape, dy, **case.kwargs, **o)))
     for (pass_, call), expected in zip(passes, auto):

@@ -164,14 +164,14 @@ def test_chunked_equals_unchunked(case_id, split, dtype):
 
 
 def _gpu_refuses(name, x, w, case, pass_="fprop", precision="ieee") -> bool:
-    """Whether algorithm ``name`` could not run this problem on a compute capability 9.0 GPU."""
+    """Whether algorithm ``name`` could not run this problem on the GPU (the current device's limits, or planning's
+    own without one)."""
     from cuconv import _plan, select
     from cuconv.problem import Problem
 
     x4 = x if x.ndim == 4 else x[None]
     spec = ConvSpec.from_args(x4.shape, w.shape, **case.kwargs)
-    limits = _plan.Limits(_plan.SMEM_OPTIN_WITHOUT_DEVICE, True, cuconv.config.workspace_limit)
-    return select.can_implement(name, Problem.of(spec, x.dtype, precision, pass_), limits) is not None
+    return select.can_implement(name, Problem.of(spec, x.dtype, precision, pass_), _plan.current_limits()) is not None
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -315,9 +315,7 @@ def _op_channels_last(activation, weight) -> bool:
     return activation.dim() == 4 and _layout.result_channels_last(activation, weight, activation.device.type == "cuda")
 
 
-def _only_channels_last(w) -> bool:
-    """A weight channels-last and not also contiguous (1x1 and depthwise weights can be both)."""
-    return w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous()
+_only_channels_last = _layout.only_channels_last
 
 
 def _layer_weight(layer, w):

@@ -297,7 +297,7 @@ class FusedConv2d(torch.nn.Module):
             self._folded = (key, record, weight, bias, torch.is_grad_enabled())
         return weight, bias
 
-    def _refresh(self, module=None, incompatible_keys=None) -> None:
+    def _refresh(self) -> None:
         """The kept fold made again, in place, from the tensors as they are now (a ``load_state_dict`` post hook of
         the convolution and the BatchNorm, and ``refold``): a CUDA graph captured with the fold replays the new one
         without an eager call first. Nothing where no fold is kept."""
@@ -343,7 +343,8 @@ class _RefreshHook:
         return _RefreshHook(copy.deepcopy(fused, memo)) if fused is not None else _dead_hook()
 
     def __reduce__(self):
-        return (_RefreshHook, (self.fused(),)) if self.fused() is not None else (_dead_hook, ())
+        fused = self.fused()
+        return (_RefreshHook, (fused,)) if fused is not None else (_dead_hook, ())
 
 
 def _dead_hook() -> _RefreshHook:

@@ -146,13 +146,10 @@ def resolve(algo: str, spec: ConvSpec, dtype, precision: str, on_gpu: bool, pass
         raise TypeError(f"conv2d(): argument 'algo' must be str, not {type(algo).__name__}")
     if algo != "auto" and algo not in _algorithms.names():
         raise ValueError(f"cuconv: unknown algo {algo!r}; expected 'auto' or one of {_algorithms.names()}")
-    limits = _plan.current_limits(workspace_limit)
-    if algo != "auto" and not on_gpu:
-        # The CPU path computes every problem one way; a forced algorithm is refused where the GPU would refuse
-        # it (a compute capability 9.0 device's limits: the machines cuconv targets), so that a call fails or
-        # runs on the CPU as on the GPU.
-        limits = _plan.Limits(_plan.SMEM_OPTIN_WITHOUT_DEVICE, True, limits.workspace_limit)
-    return algorithm(Problem.of(spec, dtype, precision, pass_, epilogue=epilogue or PLAIN), limits, algo)
+    # (the CPU path computes every problem one way, but a forced algorithm is checked as on the GPU, against the
+    # current device's limits, or planning's own without one: a call fails or runs on both alike)
+    return algorithm(Problem.of(spec, dtype, precision, pass_, epilogue=epilogue or PLAIN),
+                     _plan.current_limits(workspace_limit), algo)
 
 
 def _clear() -> None:

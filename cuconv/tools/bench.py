@@ -31,6 +31,7 @@ from ..problems import PROBLEMS, SUITES
 __all__ = ["main"]
 
 _BY_NAME = {p.name: p for p in PROBLEMS}
+_DOORS = {"cupy": "cuconv.conv2d on CuPy arrays", "torch": "cuconv.nn.functional.conv2d on torch tensors"}
 
 
 def _parse(argv):
@@ -395,7 +396,7 @@ def _print_table(meta, rows):
     print(f"\n{meta['device']}, {meta['date']}, dtype {meta['dtype']}, precision {meta['precision']} "
           f"(both sides), memory format cuconv {meta['cuconv_layout']} / cuDNN {meta['cudnn_layout']}; "
           f"torch {meta['torch']}, cuDNN {meta['cudnn']}, cudnn.benchmark=True; cuconv through "
-          f"{'cuconv.nn.functional.conv2d on torch tensors' if meta.get('api') == 'torch' else 'cuconv.conv2d on CuPy arrays'}")
+          f"{_DOORS[meta.get('api', 'cupy')]}")
     head = (f"{'problem':<20} {'pass':<6} {'algo':<12} {'ms':>9} {'TFLOP/s':>8} {'%floor':>7} {'cuDNN ms':>9} "
             f"{'ratio':>6} {'loop ms':>9} {'loop':>6} {'rel err':>8} {'torch err':>9} {'host us':>8} {'ws MiB':>7}")
     print(head)

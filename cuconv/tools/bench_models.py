@@ -472,9 +472,10 @@ def measure_e2e(pair, args, mode: _Mode) -> dict:
             model.train(train)
         row.update(_alternating_ms({f"{side}_{kind}_ms": fn_of(model) for side, model in sides}))
     if args.compile:
+        chosen = compile_choices(args.compile_sides, COMPILE_SIDES, "--compile-sides")
         for how in compile_choices(args.compile_modes, COMPILE_MODES, "--compile-modes"):
             for side, model in (("torch", theirs), ("cuconv", ours)):
-                if side not in compile_choices(args.compile_sides, COMPILE_SIDES, "--compile-sides"):
+                if side not in chosen:
                     continue
                 torch._dynamo.reset()
                 compiled = torch.compile(model, mode=None if how == "default" else how)
@@ -525,8 +526,9 @@ def fused_pair(theirs, channels_last: bool, memory_format=None):
 def measure_fused(pair, args, mode: _Mode, x, compiled_ms: float = None) -> dict:
     """Inference of torch, torch folded, cuconv unfused and cuconv fused in one process: eager (events, rounds of
     the four in turn) and as one CUDA-graph replay each (GPU time alone); with --compile also torch.compile
-    (default mode) of torch's model (``compiled_ms`` where the end-to-end measurement timed it already). The fused model's output against torch's float32 (TF32 off) beside torch's
-    own error at this precision, and a float64 copy's against torch's float64 copy (on the CPU)."""
+    (default mode) of torch's model (``compiled_ms`` where the end-to-end measurement timed it already). The fused
+    model's output against torch's float32 (TF32 off) beside torch's own error at this precision, and a float64
+    copy's against torch's float64 copy (on the CPU)."""
     import torch
 
     theirs, ours = pair
