@@ -102,6 +102,13 @@ def _small_net():
     return net
 
 
+def _batch_dim(device: str, bounded: bool):
+    """The batch's export dimension. Where a BatchNorm is left to torch on a GPU it is at most 65535: torch's CUDA
+    batch_norm in eval mode asks whether cuDNN takes the batch (``input.sym_size(0) <= 65535``), a guard that
+    bounds the dimension in torch's own model's export too."""
+    return torch.export.Dim("batch", max=65535) if bounded and device == "cuda" else torch.export.Dim("batch")
+
+
 @pytest.mark.parametrize("device", _DEVICES)
 @pytest.mark.parametrize("fuse", [False, True])
 def test_export_keeps_a_dynamic_batch_dynamic(fuse, device):
@@ -111,7 +118,7 @@ def test_export_keeps_a_dynamic_batch_dynamic(fuse, device):
 
     ref = _small_net().to(device)
     model = cuconv.nn.convert(_small_net().to(device), fuse=fuse).eval()
-    batch = torch.export.Dim("batch")
+    batch = _batch_dim(device, bounded=not fuse)
     program = torch.export.export(model, (torch.randn(2, 3, 8, 8, dtype=torch.float64, device=device),),
                                   dynamic_shapes={"input": {0: batch}} if not fuse else ({0: batch},))
     for n in (1, 5):
@@ -194,7 +201,8 @@ def test_export_keeps_dynamic_spatial_sizes_dynamic(net, device):
     ref = net().to(device)
     model = cuconv.nn.convert(net().to(device)).eval()
     # (sizes from which no layer's output is one position wide: torch specialises a size of one)
-    dims = {0: torch.export.Dim("batch"), 2: torch.export.Dim("height", min=12), 3: torch.export.Dim("width", min=12)}
+    dims = {0: _batch_dim(device, bounded=net is _small_net), 2: torch.export.Dim("height", min=12),
+            3: torch.export.Dim("width", min=12)}
     program = torch.export.export(model, (torch.randn(2, 3, 16, 20, dtype=torch.float64, device=device),),
                                   dynamic_shapes={"input": dims})
     for shape in ((1, 3, 13, 17), (3, 3, 24, 12)):

@@ -194,14 +194,15 @@ def _block_diagonal_launches(spec: ConvSpec, dtype, krsc: bool, device: int) -> 
 
 def _block_diagonal_plan(spec: ConvSpec, dtype, env: "_plan.Env", bias: bool, krsc: bool) -> "_plan.Plan":
     """A grouped forward on channels-last tensors: the block-diagonal weight's pack, then one TMA GEMM over every
-    pixel, the input read where it lies. Groups of a whole block's width (64) on a channels-last weight of whole
-    blocks are their own pack (a filter's row its taps' 64 channels): no pack launch."""
+    pixel, the input read where it lies. Groups of a whole block's width (64) on a channels-last weight, or a 1x1
+    weight in either layout (one order in memory), of whole blocks are their own pack (a filter's row its taps' 64
+    channels): no pack launch."""
     if not env.wgmma:
         raise ValueError("implicit_gemm: the block-diagonal grouped forward needs compute capability 9.0 (TMA)")
     b = _plan.Builder("fprop", env)
     weight_bytes, pack, gemm = _block_diagonal_launches(spec, numpy.dtype(dtype), krsc, env.device)
     bw = TMA_TILES[_BLOCK_DIAGONAL_TILE].bn
-    if krsc and spec.c_per_group == bw and spec.k % bw == 0 and b.base_aligned(b.ref("w")):
+    if (krsc or spec.r * spec.s == 1) and spec.c_per_group == bw and spec.k % bw == 0 and b.base_aligned(b.ref("w")):
         packed_w = b.ref("w")
     else:
         packed_w = b.take(weight_bytes)

@@ -33,6 +33,17 @@ def test_a_1x1_weight_is_its_own_pack_in_either_layout(monkeypatch, weights, str
     assert _packs(monkeypatch, spec, weights, Epilogue(True, "relu", residual="before")) == []
 
 
+@pytest.mark.parametrize("weights", ["kcrs", "krsc"])
+def test_a_grouped_1x1_weight_is_its_own_block_diagonal_pack_in_either_layout(monkeypatch, weights):
+    """Groups of the block-diagonal tile's width (64 channels) on a 1x1 weight: its rows are the block-diagonal
+    weight's, read in place whichever layout the layer was told: one launch, no workspace."""
+    fake_device(monkeypatch)
+    spec = ConvSpec.from_args((3, 128, 5, 6), (128, 64, 1, 1), 1, 0, 1, 2)
+    problem = Problem.of(spec, _dtypes.bfloat16, "ieee", "fprop", "nhwc", weights, BIAS)
+    plan = algos.get("implicit_gemm").plan(problem, ENVS["sm90"])
+    assert len(plan.steps) == 1 and plan.workspace == 0
+
+
 def test_a_3x3_kcrs_weight_is_packed_and_a_krsc_one_read_in_place(monkeypatch):
     spec = ConvSpec.from_args((64, 128, 28, 28), (128, 128, 3, 3), 1, 1, 1, 1)
     assert len(_packs(monkeypatch, spec, "kcrs")) == 1
