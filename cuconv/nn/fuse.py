@@ -10,7 +10,8 @@ before an add, applied in train mode) and each chain is replaced by one call of 
 ``torch.fx.GraphModule``. The model is traced in train and in eval mode, and fused so only where the two graphs
 agree (a branch on ``self.training`` outside torch's modules would otherwise be baked in). Where it does not trace,
 or its graph depends on the mode, ``torch.nn.Sequential`` containers are searched for conv, BatchNorm2d and
-activation children in a row (torchvision's ``Conv2dNormActivation``), which are fused in place.
+activation children in a row (torchvision's ``Conv2dNormActivation``), which are fused in place. In a traced graph,
+Linear layers on a channels-last image's channels (ConvNeXt's) fuse too, as 1x1 convolutions (``fuse_linear``).
 
 The convolution and the BatchNorm stay registered where they were, with the same Parameter and buffer objects:
 the state_dict keys and values are the original's, a checkpoint of either model loads into the other, and
@@ -518,6 +519,9 @@ def fuse(model: torch.nn.Module) -> torch.nn.Module:
         last.replace_all_uses_with(fused)
         for n in reversed(chain):
             gm.graph.erase_node(n)
+    from .fuse_linear import fuse_linears  # (imports this module)
+
+    fuse_linears(gm, modules)
     gm.graph.lint()
     gm.recompile()
     return gm

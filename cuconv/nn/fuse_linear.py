@@ -1,0 +1,330 @@
+"""``cuconv.nn.convert(model, fuse=True)``'s pointwise layers: a ``torch.nn.Linear`` applied to the channels of a
+channels-last image, (N, H, W, C) -> (N, H, W, K), is a 1x1 convolution of the channels-last (N, C, H, W) tensor
+that is the same memory, and runs as one with its epilogue (``FusedLinear``). ConvNeXt's blocks are the pattern:
+
+    depthwise conv -> permute(0, 2, 3, 1) -> LayerNorm -> Linear -> GELU -> Linear -> permute(0, 3, 1, 2)
+        -> layer scale (a per-channel Parameter) -> stochastic depth -> add the block's input
+
+Two chains of such a graph are fused (``fuse_linears``): ``Linear -> activation`` (the GELU in the first Linear's
+epilogue) and ``Linear -> permute(0, 3, 1, 2) -> [mul by a per-channel tensor] -> [dropout, stochastic depth] ->
+add`` (the scale folded into the second Linear's weight and bias, the residual added in its epilogue), each link's
+value used by the next link only.
+
+A fused call runs so for inference (no gradients recorded, nothing compiling or tracing, the dropouts in eval
+mode) on a contiguous 4-D input, in the precisions where torch's Linear and cuconv's convolution compute alike:
+float16 and bfloat16 (a model of those, or CUDA autocast, which casts a Linear as it casts a convolution), float64,
+and float32 on the CPU. CUDA float32 follows torch's matmul precision, not its convolutions' (TF32 off by default),
+so there, as everywhere else (train mode, other ranks, CPU autocast, under ``torch.compile``, whose inductor fuses
+these elementwise tails itself), the chain runs as the original graph's operations. The result has torch's dtype:
+under autocast a float32 scale or residual makes the sum float32, as torch's type promotion does (then the add is
+torch's, after the kernel; the residual is added in the kernel where it has the result's dtype).
+
+The Linear stays registered where it was and the scale where it was (the same Parameter objects): the state_dict
+is the original's. The folded weight is kept while its tensors are unchanged (``_bound.record``), refolded into the
+kept tensors where it can be (a CUDA graph may have captured them), and at once after a ``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Optional
+
+import torch
+
+from . import _bound
+from . import functional as F
+from .fuse import _RefreshHook, _apply_activation, _identity_in_eval, _only_user, _refreshable, _residual_of, \
+    _depends_on, activation_of
+
+__all__ = ["FusedLinear", "fuse_linears"]
+
+_Tensor = torch.Tensor
+_nnF = torch.nn.functional
+_is_compiling = torch.compiler.is_compiling
+_is_tracing = torch._C._is_tracing
+_forward_ad = torch.autograd.forward_ad
+_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+_HALVES = (torch.float16, torch.bfloat16)
+_TO_NCHW = (0, 3, 1, 2)
+_ONES, _ZEROS = (1, 1), (0, 0)  # (a 1x1 convolution's stride and dilation, its padding)
+
+
+class FusedLinear(torch.nn.Module):
+    """One call of ``linear`` on a channels-last image's channels as cuconv's 1x1 convolution (see the module): its
+    ``activation`` after it (``slope`` leaky_relu's); or, with ``to_nchw``, the result permuted to (N, K, H, W),
+    multiplied by the per-channel tensor ``owner.<scale>`` (None: no scale), passed through ``passthrough`` (modules
+    that are the identity in eval mode) and added to the residual. ``forward(x, residual=None)``.
+
+    It holds ``linear`` and the scale's owner by reference, not as submodules: they stay where the model had them."""
+
+    def __init__(self, linear: torch.nn.Linear, activation: Optional[str] = None, slope: float = 0.0,
+                 to_nchw: bool = False, owner: Optional[torch.nn.Module] = None, scale: Optional[str] = None,
+                 passthrough: tuple = ()):
+        super().__init__()
+        if to_nchw == (activation is not None):
+            raise ValueError("cuconv: FusedLinear takes an activation, or to_nchw with a residual, not both")
+        object.__setattr__(self, "linear", linear)
+        object.__setattr__(self, "owner", owner)
+        object.__setattr__(self, "passthrough", tuple(passthrough))
+        self.activation, self.slope, self.to_nchw, self.scale = activation, float(slope), to_nchw, scale
+        # (the fold's dtype, its inputs' record, weight (K, C, 1, 1), bias: ``_weights``)
+        self._folded = None
+        object.__setattr__(self, "_bound_call", _bound.Slot())
+        for module in (linear, owner):
+            if module is not None:
+                module.register_load_state_dict_post_hook(_RefreshHook(self))
+
+    def extra_repr(self) -> str:
+        parts = [f"activation={self.activation!r}"] if self.activation else ["to_nchw=True, residual=True"]
+        if self.activation == "leaky_relu":
+            parts.append(f"slope={self.slope}")
+        if self.scale:
+            parts.append(f"scale={self.scale!r}")
+        if self.passthrough:
+            parts.append(f"passthrough={[type(m).__name__ for m in self.passthrough]}")
+        return ", ".join(parts)
+
+    def _scale_tensor(self):
+        if self.scale is None:
+            return None
+        owner = self.owner
+        found = owner._parameters.get(self.scale)
+        if found is None:
+            found = owner._buffers.get(self.scale)
+        return found if found is not None else getattr(owner, self.scale)
+
+    def _fold_inputs(self) -> tuple:
+        w, b = _bound.parameters(self.linear)
+        return (w, b, self._scale_tensor())
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if (residual is None) == self.to_nchw:
+            raise TypeError(f"FusedLinear.forward(): {'a' if self.to_nchw else 'no'} residual tensor expected")
+        key = None
+        if type(x) is _Tensor and x.is_cuda and (residual is None or type(residual) is _Tensor) and \
+                _bound.may_bind() and not (self.passthrough and any(m.training for m in self.passthrough)):
+            # (what a call depends on besides the fold's tensors: a call like the last one runs its layer)
+            key = (x.shape, x.stride(), x.dtype, x.device,
+                   None if residual is None else _bound.tensor_key(residual), _bound.context())
+            bound = _bound.slot(self).value
+            if bound is not None and key == bound[0] and _bound.unchanged(bound[1], self._fold_inputs()):
+                layer, low, weight, bias, in_kernel = bound[2]
+                x4 = x.permute(_TO_NCHW)
+                y = F.run_fused(layer, x4 if low is None else low(x4), weight, bias,
+                                residual if in_kernel else None)
+                return self._finish(y, residual, in_kernel)
+        dtype = self._fused_dtype(x, residual)
+        if dtype is None:
+            return self._original(x, residual)
+        weight, bias = self._weights(dtype)
+        in_kernel = residual is not None and self._result_dtype(dtype, residual) == dtype and \
+            residual.device == x.device
+        r = residual if in_kernel else None
+        x4 = x.permute(_TO_NCHW)
+        position = "after" if r is not None else "before"
+        if key is not None:
+            record = _bound.record(self._fold_inputs())
+            found = F.fused_layer(x4, weight, bias, _ONES, _ZEROS, _ONES, 1, "auto", self.activation, self.slope, r,
+                                  position)
+            if found is not None:
+                layer, xin, weight, bias = found
+                low = None if xin.dtype is x4.dtype else F.lower_of(xin.dtype)
+                _bound.slot(self).value = None if record is None else (key, record,
+                                                                       (layer, low, weight, bias, in_kernel))
+                return self._finish(F.run_fused(layer, xin, weight, bias, r), residual, in_kernel)
+            _bound.slot(self).value = None
+        y = F.conv2d(x4, weight, bias, _ONES, _ZEROS, _ONES, 1, activation=self.activation,
+                     negative_slope=self.slope, residual=r, residual_position=position)
+        return self._finish(y, residual, in_kernel)
+
+    def _finish(self, y, residual, in_kernel: bool):
+        """The convolution's (N, K, H, W) result as the chain's: permuted back to (N, H, W, K), or with the residual
+        added where the kernel did not add it (torch's add, into the dtype torch's graph gives the sum)."""
+        if not self.to_nchw:
+            return y.permute(0, 2, 3, 1)
+        if in_kernel:
+            return y
+        dtype = self._result_dtype(y.dtype, residual)
+        if torch.promote_types(y.dtype, residual.dtype) != dtype:  # (a float32 scale of half operands)
+            y = y.to(dtype)
+        return torch.add(y, residual)  # (in ``dtype``: the sum torch's graph makes in it)
+
+    def _result_dtype(self, dtype, residual):
+        """The dtype of torch's chain's result: the Linear's ``dtype`` promoted with the scale's and the
+        residual's."""
+        scale = self._scale_tensor()
+        if scale is not None:
+            dtype = torch.promote_types(dtype, scale.dtype)
+        return torch.promote_types(dtype, residual.dtype)
+
+    def _fused_dtype(self, x, residual):
+        """The dtype the Linear computes in where this call runs fused (see the module), else None."""
+        if (type(x) is not _Tensor or x.dim() != 4 or _is_compiling() or _is_tracing() or _transforms_active()
+                or _forward_ad._current_level >= 0 or any(m.training for m in self.passthrough)
+                or (residual is not None and type(residual) is not _Tensor) or not x.is_contiguous()):
+            return None
+        device = x.device.type
+        if device not in ("cuda", "cpu") or (device == "cpu" and torch.is_autocast_enabled("cpu")):
+            return None
+        w, b, scale = self._fold_inputs()
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w, b, scale, residual)):
+            return None
+        if w.device != x.device or w.dim() != 2 or x.shape[3] != w.shape[1]:
+            return None  # (torch's own call raises)
+        if residual is not None and tuple(residual.shape) != (x.shape[0], w.shape[0], x.shape[1], x.shape[2]):
+            return None  # (torch's add broadcasts it)
+        dtype = x.dtype
+        if device == "cuda" and torch.is_autocast_enabled("cuda") and dtype in (torch.float32,) + _HALVES:
+            dtype = torch.get_autocast_dtype("cuda")
+        elif w.dtype != dtype or (b is not None and b.dtype != dtype):
+            return None
+        if dtype in _HALVES or dtype == torch.float64 or (dtype == torch.float32 and device == "cpu"):
+            return dtype
+        return None
+
+    def _original(self, x, residual):
+        """The chain as the original graph's operations."""
+        linear = self.linear
+        y = _nnF.linear(x, linear.weight, linear.bias)
+        if not self.to_nchw:
+            return _apply_activation(y, self.activation, self.slope)
+        y = y.permute(_TO_NCHW)
+        scale = self._scale_tensor()
+        if scale is not None:
+            y = scale * y
+        for m in self.passthrough:
+            y = m(y)
+        return y + residual
+
+    def refold(self) -> None:
+        """Fold again now, into the kept fold's memory (after edits through ``.data``)."""
+        _bound.slot(self).value = None
+        self._refresh()
+
+    def _weights(self, dtype):
+        """The Linear's weight as a (K, C, 1, 1) convolution weight and its bias, the scale folded in (computed in
+        float32, float64 for float64) and rounded once to ``dtype``; kept while the tensors are unchanged, a new
+        fold of the same dtype written into the kept one's tensors."""
+        tensors = self._fold_inputs()
+        w, b, scale = tensors
+        kept = self._folded
+        if kept is not None and kept[0] == dtype and kept[1] is not None and _bound.unchanged(kept[1], tensors):
+            return kept[2], kept[3]
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        with torch.no_grad():
+            weight, bias = w.to(acc), None if b is None else b.to(acc)
+            if scale is not None:
+                s = scale.reshape(-1).to(device=w.device, dtype=acc)
+                weight = weight * s[:, None]
+                bias = None if bias is None else bias * s
+            weight = weight.to(dtype).reshape(w.shape[0], w.shape[1], 1, 1).contiguous()
+            bias = None if bias is None else bias.to(dtype)
+        record = _bound.record(tensors)
+        if record is not None:
+            if kept is not None and kept[0] == dtype and _refreshable(kept[2], weight, tensors) and \
+                    _refreshable(kept[3], bias, tensors):
+                # (into the kept fold's memory: a CUDA graph captured with it reads these tensors)
+                with torch.no_grad(), torch.inference_mode(kept[2].is_inference()):
+                    kept[2].copy_(weight)
+                    if bias is not None:
+                        kept[3].copy_(bias)
+                weight, bias = kept[2], kept[3]
+            self._folded = (dtype, record, weight, bias)
+        return weight, bias
+
+    def _refresh(self) -> None:
+        """The kept fold made again in place from the tensors as they are now (a ``load_state_dict`` post hook of
+        the Linear and of the scale's owner, and ``refold``)."""
+        kept = self._folded
+        if kept is None:
+            return
+        _bound.slot(self).value = None
+        self._folded = (kept[0], None) + kept[2:]
+        try:
+            self._weights(kept[0])
+        except RuntimeError:  # (a load half done: ``assign=True`` moved some tensors, not yet the others)
+            self._folded = None
+
+
+def _is_permute_to_nchw(node: torch.fx.Node) -> bool:
+    if node.op == "call_function" and node.target is torch.permute:
+        dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dims")
+        return len(node.args) >= 1 and dims is not None and tuple(dims) == _TO_NCHW
+    if node.op == "call_method" and node.target == "permute" and len(node.args) >= 2 and not node.kwargs:
+        dims = node.args[1] if len(node.args) == 2 and isinstance(node.args[1], (list, tuple)) else node.args[1:]
+        return tuple(dims) == _TO_NCHW
+    return False
+
+
+def _scale_of(node: torch.fx.Node, value: torch.fx.Node, gm: torch.fx.GraphModule, channels: int):
+    """(owner module, attribute name) where ``node`` multiplies ``value`` by a per-channel tensor of the graph module
+    ((C, 1, 1) or (1, C, 1, 1), C = ``channels``), else None."""
+    if node.op == "call_function" and node.target in (operator.mul, torch.mul) and len(node.args) == 2 \
+            and not node.kwargs:
+        a, b = node.args
+    elif node.op == "call_method" and node.target == "mul" and len(node.args) == 2 and not node.kwargs:
+        a, b = node.args
+    else:
+        return None
+    other = b if a is value else a if b is value else None
+    if not isinstance(other, torch.fx.Node) or other.op != "get_attr" or other is value:
+        return None
+    path, _, name = other.target.rpartition(".")
+    try:
+        owner = gm.get_submodule(path)
+    except AttributeError:
+        return None
+    tensor = getattr(owner, name, None)
+    if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) not in ((channels, 1, 1), (1, channels, 1, 1)):
+        return None
+    return owner, name
+
+
+def fuse_linears(gm: torch.fx.GraphModule, modules: dict) -> int:
+    """Each fusable chain from a ``torch.nn.Linear`` of ``gm``'s graph (see the module) replaced by one call of a
+    ``FusedLinear`` registered in ``gm``; the number fused. ``modules``: the model's modules by qualified name."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module" or type(modules.get(node.target)) is not torch.nn.Linear:
+            continue
+        linear = modules[node.target]
+        nxt = _only_user(node)
+        if nxt is None or len(node.args) != 1 or node.kwargs:
+            continue
+        chain, residual_node, fused = [node, nxt], None, None
+        found = activation_of(nxt, modules)
+        if found is not None:
+            fused = FusedLinear(linear, found[0], found[1])
+        elif _is_permute_to_nchw(nxt):
+            last, probe = nxt, _only_user(nxt)
+            owner = name = None
+            scale = _scale_of(probe, last, gm, linear.out_features) if probe is not None else None
+            if scale is not None:
+                owner, name = scale
+                chain.append(probe)
+                last, probe = probe, _only_user(probe)
+            passthrough = []
+            while probe is not None and probe.op == "call_module" and _identity_in_eval(modules.get(probe.target)):
+                passthrough.append(probe)
+                probe = _only_user(probe)
+            other = None if probe is None else _residual_of(probe, passthrough[-1] if passthrough else last)
+            if other is None or _depends_on(other, node):
+                continue
+            chain.extend(passthrough)
+            chain.append(probe)
+            residual_node = other
+            fused = FusedLinear(linear, to_nchw=True, owner=owner, scale=name,
+                                passthrough=[modules[n.target] for n in passthrough])
+        if fused is None:
+            continue
+        target = f"_fused_linear_{count}_{node.target.replace('.', '_')}"
+        count += 1
+        gm.add_submodule(target, fused)
+        last = chain[-1]
+        with gm.graph.inserting_after(last):
+            args = (node.args[0],) if residual_node is None else (node.args[0], residual_node)
+            call = gm.graph.call_module(target, args)
+        last.replace_all_uses_with(call)
+        for n in reversed(chain):
+            gm.graph.erase_node(n)
+    return count
