@@ -103,8 +103,9 @@ def test_convnext_blocks_fuse_both_linears_and_match_the_unfused_model():
     ref, fused = _pair()
     found = _fused_linears(fused)
     # (two a block; the head's Linear -> ReLU too, which runs torch's operations on its 2-D input)
-    assert sorted(repr((m.activation, m.to_nchw, m.scale)) for m in found) == sorted(
-        [repr(("gelu", False, None))] * 3 + [repr((None, True, "layer_scale"))] * 3 + [repr(("relu", False, None))])
+    assert sorted(repr((m.activation, m.to_nchw, m.scale, m.norm is not None)) for m in found) == sorted(
+        [repr(("gelu", False, None, True))] * 3 + [repr((None, True, "layer_scale", False))] * 3
+        + [repr(("relu", False, None, False))])
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     with torch.no_grad():
         want, got = ref(x), fused(x)
@@ -149,6 +150,25 @@ def test_the_fold_follows_the_scale_and_the_weights_and_a_checkpoint_refolds_in_
             model.get_parameter("stage1.0.layer_scale").data.mul_(2.0)
         second.refold()
         assert _err(fused(x), other(x)) <= 1e-12
+
+
+def test_the_layer_norms_affine_part_is_folded_into_the_linear_after_it():
+    """W·(γ·n + β) + b = (W·diag γ)·n + (W·β + b): the first Linear's fold takes the LayerNorm's weight and bias
+    (its call normalizes without them), and follows edits of either."""
+    ref, fused = _pair()
+    first = [m for m in _fused_linears(fused) if m.norm is not None][0]
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        fused(x)
+        ln, linear = first.norm, first.linear
+        weight, bias = first._folded[2], first._folded[3]
+        assert torch.equal(weight, (linear.weight * ln.weight[None, :]).reshape(weight.shape))
+        assert torch.allclose(bias, linear.bias + linear.weight @ ln.bias, rtol=1e-15, atol=1e-15)
+        for model in (ref, fused):
+            norm = model.get_submodule("stage1.0.block.2")
+            norm.weight.mul_(-2.0)
+            norm.bias.add_(1.0)
+        assert _err(fused(x), ref(x)) <= 1e-12
 
 
 def test_train_mode_and_gradients_run_the_original_operations():

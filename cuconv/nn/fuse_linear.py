@@ -5,10 +5,11 @@ that is the same memory, and runs as one with its epilogue (``FusedLinear``). Co
     depthwise conv -> permute(0, 2, 3, 1) -> LayerNorm -> Linear -> GELU -> Linear -> permute(0, 3, 1, 2)
         -> layer scale (a per-channel Parameter) -> stochastic depth -> add the block's input
 
-Two chains of such a graph are fused (``fuse_linears``): ``Linear -> activation`` (the GELU in the first Linear's
-epilogue) and ``Linear -> permute(0, 3, 1, 2) -> [mul by a per-channel tensor] -> [dropout, stochastic depth] ->
-add`` (the scale folded into the second Linear's weight and bias, the residual added in its epilogue), each link's
-value used by the next link only.
+Two chains of such a graph are fused (``fuse_linears``): ``[LayerNorm] -> Linear -> activation`` (the norm's
+affine part folded into the Linear's weight and bias, its normalization one pass of ``blocks.layer_norm`` into the
+Linear's precision, the GELU in the Linear's epilogue) and ``Linear -> permute(0, 3, 1, 2) -> [mul by a
+per-channel tensor] -> [dropout, stochastic depth] -> add`` (the scale folded into the second Linear's weight and
+bias, the residual added in its epilogue), each link's value used by the next link only.
 
 A fused call runs so for inference (no gradients recorded, nothing compiling or tracing, the dropouts in eval
 mode) on a contiguous 4-D input, in the precisions where torch's Linear and cuconv's convolution compute alike:
@@ -31,7 +32,8 @@ from typing import Optional
 
 import torch
 
-from . import _bound
+from ..blocks import layer_norm
+from . import _bound, _bridge
 from . import functional as F
 from .fuse import _RefreshHook, _apply_activation, _identity_in_eval, _only_user, _refreshable, _residual_of, \
     _depends_on, activation_of
@@ -59,23 +61,29 @@ class FusedLinear(torch.nn.Module):
 
     def __init__(self, linear: torch.nn.Linear, activation: Optional[str] = None, slope: float = 0.0,
                  to_nchw: bool = False, owner: Optional[torch.nn.Module] = None, scale: Optional[str] = None,
-                 passthrough: tuple = ()):
+                 passthrough: tuple = (), norm: Optional[torch.nn.LayerNorm] = None):
         super().__init__()
         if to_nchw == (activation is not None):
             raise ValueError("cuconv: FusedLinear takes an activation, or to_nchw with a residual, not both")
+        if norm is not None and (to_nchw or tuple(norm.normalized_shape) != (linear.in_features,)):
+            raise ValueError("cuconv: FusedLinear's norm is a LayerNorm over the Linear's input features, before "
+                             "an activation")
         object.__setattr__(self, "linear", linear)
         object.__setattr__(self, "owner", owner)
+        object.__setattr__(self, "norm", norm)
         object.__setattr__(self, "passthrough", tuple(passthrough))
         self.activation, self.slope, self.to_nchw, self.scale = activation, float(slope), to_nchw, scale
         # (the fold's dtype, its inputs' record, weight (K, C, 1, 1), bias: ``_weights``)
         self._folded = None
         object.__setattr__(self, "_bound_call", _bound.Slot())
-        for module in (linear, owner):
+        for module in (linear, owner, norm):
             if module is not None:
                 module.register_load_state_dict_post_hook(_RefreshHook(self))
 
     def extra_repr(self) -> str:
         parts = [f"activation={self.activation!r}"] if self.activation else ["to_nchw=True, residual=True"]
+        if self.norm is not None:
+            parts.insert(0, f"norm=LayerNorm(eps={self.norm.eps})")
         if self.activation == "leaky_relu":
             parts.append(f"slope={self.slope}")
         if self.scale:
@@ -94,8 +102,14 @@ class FusedLinear(torch.nn.Module):
         return found if found is not None else getattr(owner, self.scale)
 
     def _fold_inputs(self) -> tuple:
+        """The tensors the fold reads: the Linear's weight and bias, the scale, the norm's weight and bias (None
+        where absent)."""
         w, b = _bound.parameters(self.linear)
-        return (w, b, self._scale_tensor())
+        norm = self.norm
+        if norm is None:
+            return (w, b, self._scale_tensor(), None, None)
+        q = norm._parameters
+        return (w, b, None, q.get("weight"), q.get("bias"))
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         if (residual is None) == self.to_nchw:
@@ -108,7 +122,9 @@ class FusedLinear(torch.nn.Module):
                    None if residual is None else _bound.tensor_key(residual), _bound.context())
             bound = _bound.slot(self).value
             if bound is not None and key == bound[0] and _bound.unchanged(bound[1], self._fold_inputs()):
-                layer, low, weight, bias, in_kernel = bound[2]
+                layer, low, weight, bias, in_kernel, norm_launch, dtype = bound[2]
+                if norm_launch is not None:
+                    x = self._normalized(x, norm_launch, dtype)
                 x4 = x.permute(_TO_NCHW)
                 y = F.run_fused(layer, x4 if low is None else low(x4), weight, bias,
                                 residual if in_kernel else None)
@@ -120,6 +136,11 @@ class FusedLinear(torch.nn.Module):
         in_kernel = residual is not None and self._result_dtype(dtype, residual) == dtype and \
             residual.device == x.device
         r = residual if in_kernel else None
+        norm_launch = None
+        if self.norm is not None:
+            norm_launch = self._norm_launch(x, dtype) if x.is_cuda else None
+            x = self._normalized(x, norm_launch, dtype) if norm_launch is not None else \
+                _nnF.layer_norm(x, self.norm.normalized_shape, None, None, self.norm.eps)
         x4 = x.permute(_TO_NCHW)
         position = "after" if r is not None else "before"
         if key is not None:
@@ -129,13 +150,39 @@ class FusedLinear(torch.nn.Module):
             if found is not None:
                 layer, xin, weight, bias = found
                 low = None if xin.dtype is x4.dtype else F.lower_of(xin.dtype)
-                _bound.slot(self).value = None if record is None else (key, record,
-                                                                       (layer, low, weight, bias, in_kernel))
+                _bound.slot(self).value = None if record is None or (self.norm is not None and norm_launch is None) \
+                    else (key, record, (layer, low, weight, bias, in_kernel, norm_launch, dtype))
                 return self._finish(F.run_fused(layer, xin, weight, bias, r), residual, in_kernel)
             _bound.slot(self).value = None
         y = F.conv2d(x4, weight, bias, _ONES, _ZEROS, _ONES, 1, activation=self.activation,
                      negative_slope=self.slope, residual=r, residual_position=position)
         return self._finish(y, residual, in_kernel)
+
+    def _norm_launch(self, x, dtype):
+        """The prepared LayerNorm kernel (``blocks.layer_norm``) normalizing ``x``'s rows into ``dtype``, kept for
+        the last shape; None where no instance takes them (then torch's layer_norm without the affine part)."""
+        c, rows = x.shape[-1], x.numel() // max(1, x.shape[-1])
+        key = (x.dtype, dtype, rows, c, self.norm.eps, x.device)
+        slot = self.__dict__.get("_norm_kept")
+        if slot is None:
+            slot = self.__dict__["_norm_kept"] = _bound.Slot()  # (not copied or pickled with the module)
+        kept = slot.value
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        src, dst = _bridge._NUMPY_DTYPES.get(x.dtype), _bridge._NUMPY_DTYPES.get(dtype)
+        if rows == 0 or src is None or dst is None or not layer_norm.supports(src, dst, c):
+            return None
+        with torch.cuda.device(x.device.index):
+            launch = layer_norm.launch(src, dst, rows, c, float(self.norm.eps))
+        slot.value = (key, launch)
+        return launch
+
+    @staticmethod
+    def _normalized(x, launch, dtype):
+        """``x``'s rows normalized (no affine part: the fold took it) into a new tensor of ``dtype``."""
+        y = torch.empty(x.shape, dtype=dtype, device=x.device)
+        launch(_bridge.raw_stream(x.device.index), x.data_ptr(), y.data_ptr())
+        return y
 
     def _finish(self, y, residual, in_kernel: bool):
         """The convolution's (N, K, H, W) result as the chain's: permuted back to (N, H, W, K), or with the residual
@@ -166,8 +213,12 @@ class FusedLinear(torch.nn.Module):
         device = x.device.type
         if device not in ("cuda", "cpu") or (device == "cpu" and torch.is_autocast_enabled("cpu")):
             return None
-        w, b, scale = self._fold_inputs()
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w, b, scale, residual)):
+        w, b, scale, nw, nb = self._fold_inputs()
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w, b, scale, nw, nb,
+                                                                                        residual)):
+            return None
+        if self.norm is not None and (any(t is not None and t.device != x.device for t in (nw, nb))
+                                      or not isinstance(self.norm.eps, float)):
             return None
         if w.device != x.device or w.dim() != 2 or x.shape[3] != w.shape[1]:
             return None  # (torch's own call raises)
@@ -185,6 +236,8 @@ class FusedLinear(torch.nn.Module):
     def _original(self, x, residual):
         """The chain as the original graph's operations."""
         linear = self.linear
+        if self.norm is not None:
+            x = self.norm(x)
         y = _nnF.linear(x, linear.weight, linear.bias)
         if not self.to_nchw:
             return _apply_activation(y, self.activation, self.slope)
@@ -206,13 +259,18 @@ class FusedLinear(torch.nn.Module):
         float32, float64 for float64) and rounded once to ``dtype``; kept while the tensors are unchanged, a new
         fold of the same dtype written into the kept one's tensors."""
         tensors = self._fold_inputs()
-        w, b, scale = tensors
+        w, b, scale, nw, nb = tensors
         kept = self._folded
         if kept is not None and kept[0] == dtype and kept[1] is not None and _bound.unchanged(kept[1], tensors):
             return kept[2], kept[3]
         acc = torch.float64 if dtype == torch.float64 else torch.float32
         with torch.no_grad():
             weight, bias = w.to(acc), None if b is None else b.to(acc)
+            if nb is not None:  # (W·(γ·n + β) + b = (W·diag γ)·n + (W·β + b))
+                shift = weight @ nb.to(device=w.device, dtype=acc)
+                bias = shift if bias is None else bias + shift
+            if nw is not None:
+                weight = weight * nw.to(device=w.device, dtype=acc)[None, :]
             if scale is not None:
                 s = scale.reshape(-1).to(device=w.device, dtype=acc)
                 weight = weight * s[:, None]
@@ -280,6 +338,19 @@ def _scale_of(node: torch.fx.Node, value: torch.fx.Node, gm: torch.fx.GraphModul
     return owner, name
 
 
+def _norm_before(node: torch.fx.Node, linear: torch.nn.Linear, modules: dict):
+    """The LayerNorm module whose value only ``node`` (the Linear's call) takes, over the Linear's input features
+    (ConvNeXt's), else None."""
+    prev = node.args[0]
+    if not (isinstance(prev, torch.fx.Node) and prev.op == "call_module" and len(prev.users) == 1
+            and len(prev.args) == 1 and not prev.kwargs and isinstance(prev.args[0], torch.fx.Node)):
+        return None
+    norm = modules.get(prev.target)
+    if type(norm) is not torch.nn.LayerNorm or tuple(norm.normalized_shape) != (linear.in_features,):
+        return None
+    return norm
+
+
 def fuse_linears(gm: torch.fx.GraphModule, modules: dict) -> int:
     """Each fusable chain from a ``torch.nn.Linear`` of ``gm``'s graph (see the module) replaced by one call of a
     ``FusedLinear`` registered in ``gm``; the number fused. ``modules``: the model's modules by qualified name."""
@@ -291,10 +362,14 @@ def fuse_linears(gm: torch.fx.GraphModule, modules: dict) -> int:
         nxt = _only_user(node)
         if nxt is None or len(node.args) != 1 or node.kwargs:
             continue
-        chain, residual_node, fused = [node, nxt], None, None
+        chain, residual_node, fused, source = [node, nxt], None, None, node.args[0]
         found = activation_of(nxt, modules)
         if found is not None:
-            fused = FusedLinear(linear, found[0], found[1])
+            norm = _norm_before(node, linear, modules)
+            if norm is not None:
+                chain.insert(0, source)
+                source = source.args[0]
+            fused = FusedLinear(linear, found[0], found[1], norm=norm)
         elif _is_permute_to_nchw(nxt):
             last, probe = nxt, _only_user(nxt)
             owner = name = None
@@ -322,7 +397,7 @@ def fuse_linears(gm: torch.fx.GraphModule, modules: dict) -> int:
         gm.add_submodule(target, fused)
         last = chain[-1]
         with gm.graph.inserting_after(last):
-            args = (node.args[0],) if residual_node is None else (node.args[0], residual_node)
+            args = (source,) if residual_node is None else (source, residual_node)
             call = gm.graph.call_module(target, args)
         last.replace_all_uses_with(call)
         for n in reversed(chain):
