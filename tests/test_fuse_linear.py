@@ -194,6 +194,7 @@ def test_train_mode_and_gradients_run_the_original_operations():
 
 
 def test_other_ranks_and_non_contiguous_inputs_run_the_original_operations():
+    """(and a fused call's result is contiguous, as torch's Linear's)"""
     linear = torch.nn.Linear(8, 12).double()
     fused = FusedLinear(linear, "gelu")
     for x in (torch.randn(5, 8, dtype=torch.float64), torch.randn(2, 3, 8, dtype=torch.float64),
@@ -203,7 +204,8 @@ def test_other_ranks_and_non_contiguous_inputs_run_the_original_operations():
     assert fused._folded is None
     x = torch.randn(2, 3, 4, 8, dtype=torch.float64)
     with torch.no_grad():
-        assert _err(fused(x), torch.nn.functional.gelu(linear(x))) <= 1e-12
+        got = fused(x)
+        assert _err(got, torch.nn.functional.gelu(linear(x))) <= 1e-12 and got.is_contiguous()
     assert fused._folded is not None
     with pytest.raises(TypeError, match="no residual tensor expected"):
         fused(x, x)
@@ -220,6 +222,64 @@ def test_a_fused_model_traces_compiles_and_runs_on_meta_tensors():
         assert _err(compiled(x), ref(x)) <= 1e-12
         torch._dynamo.reset()
         assert fused.to("meta")(x.to("meta")).shape == (1, 10)
+
+
+def test_a_fold_that_is_the_linears_own_memory_is_copied_and_follows_in_place_updates():
+    """A Linear without a bias in float64: the fold (a cast to its own dtype, a reshape) must not be the Parameter's
+    memory, or refolding into it would write into the Parameter (and raise under autograd's view rules)."""
+    linear = torch.nn.Linear(8, 12, bias=False).double()
+    fused = FusedLinear(linear, "relu")
+    x = torch.randn(2, 3, 4, 8, dtype=torch.float64)
+    with torch.no_grad():
+        fused(x)
+        assert fused._folded[2].untyped_storage().data_ptr() != linear.weight.untyped_storage().data_ptr()
+        before = linear.weight.clone()
+        linear.weight.add_(1.0)
+        assert _err(fused(x), torch.relu(linear(x))) <= 1e-12
+        assert torch.equal(linear.weight, before + 1.0)  # (only the update itself)
+    linear.weight = torch.nn.Parameter(torch.randn(12, 8, dtype=torch.float64))  # (a new Parameter)
+    with torch.no_grad():
+        assert _err(fused(x), torch.relu(linear(x))) <= 1e-12
+
+
+class _InPlace(torch.nn.Module):
+    def __init__(self, into_residual: bool):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.into_residual = into_residual
+
+    def forward(self, x):
+        r = x.permute(0, 3, 1, 2).clone()
+        y = self.linear(x).permute(0, 3, 1, 2)
+        # (add_, not +=: torch.fx traces += as an add that is not in place)
+        if self.into_residual:  # (writes r, which is read again after)
+            r.add_(y)
+            return r * 2 + r
+        return y.add_(r)
+
+
+@pytest.mark.parametrize("into_residual", [False, True])
+def test_an_in_place_add_fuses_only_where_it_writes_the_chains_own_value(into_residual):
+    model = _InPlace(into_residual).double().eval()
+    fused = cuconv.nn.convert(copy.deepcopy(model), fuse=True).eval()
+    assert len(_fused_linears(fused)) == (0 if into_residual else 1)
+    if not into_residual:
+        assert _fused_linears(fused)[0].in_place
+    x = torch.randn(2, 4, 4, 8, dtype=torch.float64)
+    with torch.no_grad():
+        assert _err(fused(x), model(x)) <= 1e-12
+
+
+def test_modules_with_hooks_are_left_alone():
+    ref, _ = _pair()
+    seen = []
+    ref.get_submodule("stage1.0.block.3").register_forward_hook(lambda m, i, o: seen.append(1))
+    fused = cuconv.nn.convert(copy.deepcopy(ref), fuse=True).eval()
+    # (stage1.0's first Linear kept its hook and its own call; the others fused)
+    assert len([m for m in _fused_linears(fused) if m.norm is not None]) == 2
+    with torch.no_grad():
+        fused(torch.randn(1, 3, 32, 32, dtype=torch.float64))
+    assert seen == [1]
 
 
 def test_a_chain_that_does_not_match_is_left_alone():
@@ -244,11 +304,12 @@ def test_a_chain_that_does_not_match_is_left_alone():
 @pytest.mark.gpu
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("autocast", [torch.bfloat16, torch.float16, None])
-def test_fused_linears_on_the_gpu_match_torch_and_keep_its_dtypes(autocast, channels_last):
+def test_fused_linears_on_the_gpu_match_torch_and_keep_its_dtypes(autocast, channels_last, monkeypatch):
     """On CUDA: autocast (the Linears in the half type, the residual stream float32 as torch's type promotion makes
-    it), a float16 model and float64 (to 1e-12) within the precision's tolerance of torch's own model; float32
-    without autocast runs torch's operations (its matmul precision): the same bits as torch's model."""
-    torch.backends.cudnn.allow_tf32 = False
+    it), a float16 model and float64 (to 1e-12) within the precision's tolerance of torch's own model, a LayerNorm's
+    eps changed after its call was bound; float32 without autocast runs torch's operations (its matmul precision):
+    the same bits as the converted unfused model."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     ref, fused = _pair(torch.float32)
     plain = cuconv.nn.convert(copy.deepcopy(ref))
     ref, fused, plain = ref.cuda(), fused.cuda(), plain.cuda()
@@ -263,6 +324,12 @@ def test_fused_linears_on_the_gpu_match_torch_and_keep_its_dtypes(autocast, chan
             return
         with torch.autocast("cuda", dtype=autocast):
             want, got = ref(x), fused(x)
+        assert _err(got, exact) <= max(2e-3, 2 * _err(want, exact))
+        for model in (ref, fused):  # (after the bound calls: a new eps binds again)
+            model.get_submodule("stage1.0.block.2").eps = 0.5
+        with torch.autocast("cuda", dtype=autocast):
+            want, got = ref(x), fused(x)
+        exact = copy.deepcopy(ref).double()(x.double())
         assert _err(got, exact) <= max(2e-3, 2 * _err(want, exact))
         # a stage's blocks: the first adds its bf16 input to the float32 scaled branch, the next a float32 input
         torch.manual_seed(2)

@@ -387,15 +387,24 @@ def _foldable_bn(module, conv) -> bool:
 
 
 def _residual_of(node: torch.fx.Node, value: torch.fx.Node):
-    """The other operand where ``node`` adds a tensor to ``value`` (a plain sum, no alpha), else None."""
+    """The other operand where ``node`` adds a tensor to ``value`` (a plain sum, no alpha), else None. An in-place
+    add (``+=``, ``add_``) only where it writes ``value`` (``value += r``): one that writes the other operand
+    (``r += value``) changes ``r`` for its later readers, which a fused call would not."""
     if node.op == "call_function" and node.target in _ADDS and len(node.args) == 2 and not node.kwargs:
         a, b = node.args
     elif node.op == "call_method" and node.target in ("add", "add_") and len(node.args) == 2 and not node.kwargs:
         a, b = node.args
     else:
         return None
+    if _in_place_add(node) and a is not value:
+        return None
     other = b if a is value else a if b is value else None
     return other if isinstance(other, torch.fx.Node) and other is not value else None
+
+
+def _in_place_add(node: torch.fx.Node) -> bool:
+    return (node.op == "call_function" and node.target is operator.iadd) or (
+        node.op == "call_method" and node.target == "add_")
 
 
 def _only_user(node: torch.fx.Node):

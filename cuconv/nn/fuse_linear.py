@@ -35,8 +35,8 @@ import torch
 from ..blocks import layer_norm
 from . import _bound, _bridge
 from . import functional as F
-from .fuse import _RefreshHook, _apply_activation, _identity_in_eval, _only_user, _refreshable, _residual_of, \
-    _depends_on, activation_of
+from .fuse import _RefreshHook, _apply_activation, _depends_on, _identity_in_eval, _in_place_add, _only_user, \
+    _refreshable, _residual_of, activation_of
 
 __all__ = ["FusedLinear", "fuse_linears"]
 
@@ -47,6 +47,7 @@ _is_tracing = torch._C._is_tracing
 _forward_ad = torch.autograd.forward_ad
 _transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 _HALVES = (torch.float16, torch.bfloat16)
+_current_device = F._current_device
 _TO_NCHW = (0, 3, 1, 2)
 _ONES, _ZEROS = (1, 1), (0, 0)  # (a 1x1 convolution's stride and dilation, its padding)
 
@@ -61,7 +62,7 @@ class FusedLinear(torch.nn.Module):
 
     def __init__(self, linear: torch.nn.Linear, activation: Optional[str] = None, slope: float = 0.0,
                  to_nchw: bool = False, owner: Optional[torch.nn.Module] = None, scale: Optional[str] = None,
-                 passthrough: tuple = (), norm: Optional[torch.nn.LayerNorm] = None):
+                 passthrough: tuple = (), norm: Optional[torch.nn.LayerNorm] = None, in_place: bool = False):
         super().__init__()
         if to_nchw == (activation is not None):
             raise ValueError("cuconv: FusedLinear takes an activation, or to_nchw with a residual, not both")
@@ -73,6 +74,7 @@ class FusedLinear(torch.nn.Module):
         object.__setattr__(self, "norm", norm)
         object.__setattr__(self, "passthrough", tuple(passthrough))
         self.activation, self.slope, self.to_nchw, self.scale = activation, float(slope), to_nchw, scale
+        self.in_place = in_place  # (the residual added by ``value += residual``: torch keeps the value's dtype)
         # (the fold's dtype, its inputs' record, weight (K, C, 1, 1), bias: ``_weights``)
         self._folded = None
         object.__setattr__(self, "_bound_call", _bound.Slot())
@@ -119,7 +121,8 @@ class FusedLinear(torch.nn.Module):
                 _bound.may_bind() and not (self.passthrough and any(m.training for m in self.passthrough)):
             # (what a call depends on besides the fold's tensors: a call like the last one runs its layer)
             key = (x.shape, x.stride(), x.dtype, x.device,
-                   None if residual is None else _bound.tensor_key(residual), _bound.context())
+                   None if residual is None else _bound.tensor_key(residual), _bound.context(),
+                   None if self.norm is None else self.norm.eps)
             bound = _bound.slot(self).value
             if bound is not None and key == bound[0] and _bound.unchanged(bound[1], self._fold_inputs()):
                 layer, low, weight, bias, in_kernel, norm_launch, dtype = bound[2]
@@ -133,8 +136,8 @@ class FusedLinear(torch.nn.Module):
         if dtype is None:
             return self._original(x, residual)
         weight, bias = self._weights(dtype)
-        in_kernel = residual is not None and self._result_dtype(dtype, residual) == dtype and \
-            residual.device == x.device
+        in_kernel = residual is not None and residual.dtype == dtype and \
+            self._result_dtype(dtype, residual) == dtype and residual.device == x.device
         r = residual if in_kernel else None
         norm_launch = None
         if self.norm is not None:
@@ -172,8 +175,11 @@ class FusedLinear(torch.nn.Module):
         src, dst = _bridge._NUMPY_DTYPES.get(x.dtype), _bridge._NUMPY_DTYPES.get(dtype)
         if rows == 0 or src is None or dst is None or not layer_norm.supports(src, dst, c):
             return None
-        with torch.cuda.device(x.device.index):
-            launch = layer_norm.launch(src, dst, rows, c, float(self.norm.eps))
+        try:
+            with torch.cuda.device(x.device.index):
+                launch = layer_norm.launch(src, dst, rows, c, float(self.norm.eps))
+        except NotImplementedError:  # (more rows than its grid holds)
+            return None
         slot.value = (key, launch)
         return launch
 
@@ -181,14 +187,22 @@ class FusedLinear(torch.nn.Module):
     def _normalized(x, launch, dtype):
         """``x``'s rows normalized (no affine part: the fold took it) into a new tensor of ``dtype``."""
         y = torch.empty(x.shape, dtype=dtype, device=x.device)
-        launch(_bridge.raw_stream(x.device.index), x.data_ptr(), y.data_ptr())
+        index = x.device.index
+        if index != _current_device():  # (the launch belongs to its device's context)
+            with torch.cuda.device(index):
+                launch(_bridge.raw_stream(index), x.data_ptr(), y.data_ptr())
+        else:
+            launch(_bridge.raw_stream(index), x.data_ptr(), y.data_ptr())
         return y
 
     def _finish(self, y, residual, in_kernel: bool):
         """The convolution's (N, K, H, W) result as the chain's: permuted back to (N, H, W, K), or with the residual
         added where the kernel did not add it (torch's add, into the dtype torch's graph gives the sum)."""
         if not self.to_nchw:
-            return y.permute(0, 2, 3, 1)
+            y = y.permute(0, 2, 3, 1)
+            return y if y.is_contiguous() else y.contiguous()  # (as torch's Linear gives it; float64 is NCHW)
+        if not y.is_contiguous(memory_format=torch.channels_last):
+            y = y.contiguous(memory_format=torch.channels_last)  # (the strides of torch's permuted Linear output)
         if in_kernel:
             return y
         dtype = self._result_dtype(y.dtype, residual)
@@ -197,12 +211,12 @@ class FusedLinear(torch.nn.Module):
         return torch.add(y, residual)  # (in ``dtype``: the sum torch's graph makes in it)
 
     def _result_dtype(self, dtype, residual):
-        """The dtype of torch's chain's result: the Linear's ``dtype`` promoted with the scale's and the
-        residual's."""
+        """The dtype of torch's chain's result: the Linear's ``dtype`` promoted with the scale's and, for an add
+        that is not in place, the residual's (``value += residual`` keeps the value's dtype)."""
         scale = self._scale_tensor()
         if scale is not None:
             dtype = torch.promote_types(dtype, scale.dtype)
-        return torch.promote_types(dtype, residual.dtype)
+        return dtype if self.in_place else torch.promote_types(dtype, residual.dtype)
 
     def _fused_dtype(self, x, residual):
         """The dtype the Linear computes in where this call runs fused (see the module), else None."""
@@ -224,14 +238,20 @@ class FusedLinear(torch.nn.Module):
             return None  # (torch's own call raises)
         if residual is not None and tuple(residual.shape) != (x.shape[0], w.shape[0], x.shape[1], x.shape[2]):
             return None  # (torch's add broadcasts it)
+        if scale is not None and scale.device != x.device:
+            return None  # (torch's multiply raises)
         dtype = x.dtype
         if device == "cuda" and torch.is_autocast_enabled("cuda") and dtype in (torch.float32,) + _HALVES:
             dtype = torch.get_autocast_dtype("cuda")
         elif w.dtype != dtype or (b is not None and b.dtype != dtype):
             return None
-        if dtype in _HALVES or dtype == torch.float64 or (dtype == torch.float32 and device == "cpu"):
-            return dtype
-        return None
+        if not (dtype in _HALVES or dtype == torch.float64 or (dtype == torch.float32 and device == "cpu")):
+            return None
+        if residual is not None and self.in_place:
+            value = dtype if scale is None else torch.promote_types(dtype, scale.dtype)
+            if torch.promote_types(value, residual.dtype) != value:
+                return None  # (torch's in-place add refuses to store the promoted sum: its error)
+        return dtype
 
     def _original(self, x, residual):
         """The chain as the original graph's operations."""
@@ -247,6 +267,9 @@ class FusedLinear(torch.nn.Module):
             y = scale * y
         for m in self.passthrough:
             y = m(y)
+        if self.in_place:
+            y += residual
+            return y
         return y + residual
 
     def refold(self) -> None:
@@ -266,8 +289,8 @@ class FusedLinear(torch.nn.Module):
         acc = torch.float64 if dtype == torch.float64 else torch.float32
         with torch.no_grad():
             weight, bias = w.to(acc), None if b is None else b.to(acc)
-            if nb is not None:  # (W·(γ·n + β) + b = (W·diag γ)·n + (W·β + b))
-                shift = weight @ nb.to(device=w.device, dtype=acc)
+            if nb is not None:  # (W·(γ·n + β) + b = (W·diag γ)·n + (W·β + b); elementwise: no autocast, no TF32)
+                shift = (weight * nb.to(device=w.device, dtype=acc)[None, :]).sum(dim=1)
                 bias = shift if bias is None else bias + shift
             if nw is not None:
                 weight = weight * nw.to(device=w.device, dtype=acc)[None, :]
@@ -275,14 +298,14 @@ class FusedLinear(torch.nn.Module):
                 s = scale.reshape(-1).to(device=w.device, dtype=acc)
                 weight = weight * s[:, None]
                 bias = None if bias is None else bias * s
-            weight = weight.to(dtype).reshape(w.shape[0], w.shape[1], 1, 1).contiguous()
-            bias = None if bias is None else bias.to(dtype)
+            weight = _owned(weight.to(dtype).reshape(w.shape[0], w.shape[1], 1, 1).contiguous(), tensors)
+            bias = None if bias is None else _owned(bias.to(dtype), tensors)
         record = _bound.record(tensors)
         if record is not None:
             if kept is not None and kept[0] == dtype and _refreshable(kept[2], weight, tensors) and \
                     _refreshable(kept[3], bias, tensors):
                 # (into the kept fold's memory: a CUDA graph captured with it reads these tensors)
-                with torch.no_grad(), torch.inference_mode(kept[2].is_inference()):
+                with torch.inference_mode() if kept[2].is_inference() else torch.no_grad():
                     kept[2].copy_(weight)
                     if bias is not None:
                         kept[3].copy_(bias)
@@ -302,6 +325,15 @@ class FusedLinear(torch.nn.Module):
             self._weights(kept[0])
         except RuntimeError:  # (a load half done: ``assign=True`` moved some tensors, not yet the others)
             self._folded = None
+
+
+def _owned(t: torch.Tensor, inputs: tuple) -> torch.Tensor:
+    """``t``, or a copy where it shares memory with one of the fold's ``inputs`` (a cast or reshape to what the
+    input already is returns the input's memory; the kept fold is written into in place, so it must be its own)."""
+    ptr = t.untyped_storage().data_ptr()
+    if any(i is not None and i.untyped_storage().data_ptr() == ptr for i in inputs):
+        return t.clone()
+    return t
 
 
 def _is_permute_to_nchw(node: torch.fx.Node) -> bool:
@@ -346,9 +378,17 @@ def _norm_before(node: torch.fx.Node, linear: torch.nn.Linear, modules: dict):
             and len(prev.args) == 1 and not prev.kwargs and isinstance(prev.args[0], torch.fx.Node)):
         return None
     norm = modules.get(prev.target)
-    if type(norm) is not torch.nn.LayerNorm or tuple(norm.normalized_shape) != (linear.in_features,):
+    if type(norm) is not torch.nn.LayerNorm or tuple(norm.normalized_shape) != (linear.in_features,) \
+            or not _plain(norm):
         return None
     return norm
+
+
+def _plain(module: torch.nn.Module) -> bool:
+    """A module without hooks or parametrizations: its call is its forward alone, which the fused call replaces (a
+    hook, or an old-style weight norm's pre-hook, would be skipped)."""
+    return not (module._forward_hooks or module._forward_pre_hooks or getattr(module, "parametrizations", None)
+                or torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
 
 
 def fuse_linears(gm: torch.fx.GraphModule, modules: dict) -> int:
@@ -360,7 +400,7 @@ def fuse_linears(gm: torch.fx.GraphModule, modules: dict) -> int:
             continue
         linear = modules[node.target]
         nxt = _only_user(node)
-        if nxt is None or len(node.args) != 1 or node.kwargs:
+        if nxt is None or len(node.args) != 1 or node.kwargs or not _plain(linear):
             continue
         chain, residual_node, fused, source = [node, nxt], None, None, node.args[0]
         found = activation_of(nxt, modules)
@@ -389,7 +429,7 @@ def fuse_linears(gm: torch.fx.GraphModule, modules: dict) -> int:
             chain.append(probe)
             residual_node = other
             fused = FusedLinear(linear, to_nchw=True, owner=owner, scale=name,
-                                passthrough=[modules[n.target] for n in passthrough])
+                                passthrough=[modules[n.target] for n in passthrough], in_place=_in_place_add(probe))
         if fused is None:
             continue
         target = f"_fused_linear_{count}_{node.target.replace('.', '_')}"
@@ -401,5 +441,9 @@ def fuse_linears(gm: torch.fx.GraphModule, modules: dict) -> int:
             call = gm.graph.call_module(target, args)
         last.replace_all_uses_with(call)
         for n in reversed(chain):
+            attrs = [a for a in n.all_input_nodes if a.op == "get_attr"]
             gm.graph.erase_node(n)
+            for a in attrs:  # (the scale's read, used by the multiply alone)
+                if not a.users:
+                    gm.graph.erase_node(a)
     return count
