@@ -423,6 +423,23 @@ class _Unfusable(torch.nn.Module):
         return v + v
 
 
+@pytest.mark.parametrize("hooked", ["stem.0", "stem.1", "stem.2"])
+def test_a_module_with_a_hook_is_not_fused_and_its_hook_runs(hooked):
+    """A forward hook on a chain's convolution, BatchNorm or activation (a feature extractor's, say) would be
+    skipped by a fused call: that chain stays unfused, the others fuse."""
+    ref, _ = _pair()
+    seen = []
+    ref.get_submodule(hooked).register_forward_hook(lambda m, i, o: seen.append(tuple(o.shape)))
+    fused = cuconv.nn.convert(copy.deepcopy(ref), fuse=True).eval()
+    fewer = 0 if hooked == "stem.2" else 1  # (a hooked activation is left out of the chain: conv and BN still fuse)
+    assert len(_fused_modules(fused)) == len(_fused_modules(_pair()[1])) - fewer
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        want = ref(x)
+        assert float((fused(x) - want).norm() / want.norm()) <= 1e-12
+    assert len(seen) == 2  # (the reference's call and the fused model's)
+
+
 def test_what_cannot_fuse_runs_as_before():
     ref, fused = _pair(_Unfusable)
     assert not _fused_modules(fused)

@@ -383,7 +383,14 @@ def activation_of(node: torch.fx.Node, modules: dict):
 def _foldable_bn(module, conv) -> bool:
     norm = torch.nn.BatchNorm3d if isinstance(conv, Conv3d) else torch.nn.BatchNorm2d
     return (type(module) is norm and module.num_features == conv.out_channels
-            and module.track_running_stats and module.running_mean is not None)
+            and module.track_running_stats and module.running_mean is not None and _plain(module))
+
+
+def _plain(module) -> bool:
+    """A module without hooks or parametrizations: its call is its forward alone, which a fused call replaces (a
+    forward hook, a pre-hook, or an old-style weight or spectral norm's pre-hook, would be skipped)."""
+    return not (module._forward_hooks or module._forward_pre_hooks or getattr(module, "parametrizations", None)
+                or torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
 
 
 def _residual_of(node: torch.fx.Node, value: torch.fx.Node):
@@ -477,7 +484,8 @@ def fuse(model: torch.nn.Module) -> torch.nn.Module:
     modules = dict(model.named_modules(remove_duplicate=False))
     count = 0  # (the modules the fused calls reference stay registered where they were: GraphModule copied them)
     for node in list(gm.graph.nodes):
-        if node.op != "call_module" or not isinstance(modules.get(node.target), (Conv2d, Conv3d)):
+        if node.op != "call_module" or not isinstance(modules.get(node.target), (Conv2d, Conv3d)) \
+                or not _plain(modules[node.target]):
             continue
         conv, chain, last = modules[node.target], [node], node
         bn = activation = residual_node = residual = None
@@ -504,7 +512,7 @@ def fuse(model: torch.nn.Module) -> torch.nn.Module:
                 continue
             if stage == "activation":
                 found = activation_of(nxt, modules)
-                if found is None:
+                if found is None or (nxt.op == "call_module" and not _plain(modules[nxt.target])):
                     continue
                 activation, slope = found
             else:
@@ -548,7 +556,7 @@ def _fuse_sequentials(module: torch.nn.Module, walked: set) -> torch.nn.Module:
         i = 0
         while i < len(names):
             conv = module._modules[names[i]]
-            if type(conv) is not Conv2d:
+            if type(conv) is not Conv2d or not _plain(conv):
                 i += 1
                 continue
             j, bn, activation, slope = i + 1, None, None, 0.0
@@ -557,7 +565,7 @@ def _fuse_sequentials(module: torch.nn.Module, walked: set) -> torch.nn.Module:
                 j += 1
             act_module = module._modules[names[j]] if j < len(names) else None
             make = _ACTIVATION_MODULES.get(type(act_module)) if act_module is not None else None
-            found = make(act_module) if make is not None else None
+            found = make(act_module) if make is not None and _plain(act_module) else None
             if found is not None:
                 activation, slope = found
             if bn is None:  # (an activation alone is not worth the wrappers)

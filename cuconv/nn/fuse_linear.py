@@ -36,7 +36,7 @@ from ..blocks import layer_norm
 from . import _bound, _bridge
 from . import functional as F
 from .fuse import _RefreshHook, _apply_activation, _depends_on, _identity_in_eval, _in_place_add, _only_user, \
-    _refreshable, _residual_of, activation_of
+    _plain, _refreshable, _residual_of, activation_of
 
 __all__ = ["FusedLinear", "fuse_linears"]
 
@@ -383,12 +383,6 @@ def _norm_before(node: torch.fx.Node, linear: torch.nn.Linear, modules: dict):
         return None
     return norm
 
-
-def _plain(module: torch.nn.Module) -> bool:
-    """A module without hooks or parametrizations: its call is its forward alone, which the fused call replaces (a
-    hook, or an old-style weight norm's pre-hook, would be skipped)."""
-    return not (module._forward_hooks or module._forward_pre_hooks or getattr(module, "parametrizations", None)
-                or torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
 
 
 def fuse_linears(gm: torch.fx.GraphModule, modules: dict) -> int:
