@@ -121,6 +121,23 @@ def reference_grads(x, w, dy, **kwargs) -> tuple:
     return dx.numpy(), dw.numpy()
 
 
+def captured(fn, *args, warmups: int = 1):
+    """``fn(*args)`` captured in a CUDA graph after ``warmups`` calls on a side stream (torch's recipe: the
+    warm-up makes what the first call allocates and plans outside the capture): (graph, the captured output)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*args)
+    return graph, out
+
+
 def rel_err(y, ref) -> float:
     y = numpy.asarray(y, dtype=numpy.float64)
     ref = numpy.asarray(ref, dtype=numpy.float64)

@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cuconv.nn  # noqa: E402
+from cases import captured  # noqa: E402
 from cuconv.nn.fuse import FusedConv2d  # noqa: E402
 
 _F = torch.nn.functional
@@ -576,14 +577,7 @@ def test_fused_model_replays_in_a_cuda_graph_and_compiles():
     x = torch.randn(2, 3, 32, 32, device="cuda")
     with torch.no_grad():
         want = fused(x)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fused(x)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fused(x)
+        graph, out = captured(fused, x)
         graph.replay()
         assert torch.equal(out, want)
         # a checkpoint loaded after the capture: the graph replays the new fold (refolded into the captured
@@ -673,7 +667,7 @@ class StochasticDepth(torch.nn.Module):
     def forward(self, x):
         if not self.training or self.p == 0.0:
             return x
-        keep = torch.empty((x.shape[0], 1, 1, 1), dtype=x.dtype).bernoulli_(1 - self.p)
+        keep = torch.empty((x.shape[0], 1, 1, 1), dtype=x.dtype, device=x.device).bernoulli_(1 - self.p)
         return x * keep / (1 - self.p)
 
 

@@ -12,7 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cuconv.nn  # noqa: E402
+from cases import captured  # noqa: E402
 from cuconv.nn.fuse_linear import FusedLinear  # noqa: E402
+from test_fuse import StochasticDepth  # noqa: E402  (torchvision's, which the fusion knows by its name)
 
 
 class _Permute(torch.nn.Module):
@@ -22,23 +24,6 @@ class _Permute(torch.nn.Module):
 
     def forward(self, x):
         return torch.permute(x, self.dims)
-
-
-class _StochasticDepth(torch.nn.Module):
-    """torchvision.ops.StochasticDepth's behaviour (row mode): the identity in eval mode."""
-
-    def __init__(self, p):
-        super().__init__()
-        self.p = p
-
-    def forward(self, x):
-        if not self.training or self.p == 0.0:
-            return x
-        keep = torch.empty((x.shape[0], 1, 1, 1), dtype=x.dtype, device=x.device).bernoulli_(1 - self.p)
-        return x * keep / (1 - self.p)
-
-
-_StochasticDepth.__name__ = "StochasticDepth"  # (the fusion knows torchvision's by its name)
 
 
 class _CNBlock(torch.nn.Module):
@@ -51,7 +36,7 @@ class _CNBlock(torch.nn.Module):
             torch.nn.LayerNorm(dim, eps=1e-6), torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(),
             torch.nn.Linear(4 * dim, dim), _Permute([0, 3, 1, 2]))
         self.layer_scale = torch.nn.Parameter(torch.randn(dim, 1, 1))
-        self.stochastic_depth = _StochasticDepth(p)
+        self.stochastic_depth = StochasticDepth(p)
 
     def forward(self, input):
         result = self.layer_scale * self.block(input)
@@ -359,14 +344,7 @@ def test_fused_linears_replay_in_a_cuda_graph_after_a_checkpoint():
     x = torch.randn(2, 3, 64, 64, device="cuda")
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         want = fused(x)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fused(x)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fused(x)
+        graph, out = captured(fused, x)
         graph.replay()
         assert torch.equal(out, want)
         other, _ = _pair(torch.float32, seed=9)

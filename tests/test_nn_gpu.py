@@ -7,7 +7,7 @@ import copy
 import numpy
 import pytest
 
-from cases import CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, bound, make_inputs, rel_err, tolerance
+from cases import CASES, PROBLEM_CASES, TORCH_ERROR_FACTOR, bound, captured, make_inputs, rel_err, tolerance
 
 pytestmark = pytest.mark.gpu
 
@@ -194,15 +194,7 @@ def test_cuda_graph_capture_and_replay():
     model = torch.nn.Sequential(cuconv.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
                                 cuconv.nn.Conv2d(8, 4, 3)).cuda()
     static_x = torch.randn(4, 3, 32, 32, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            model(static_x)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_y = model(static_x)
+    graph, static_y = captured(model, static_x, warmups=3)
     for seed in (0, 1):
         static_x.copy_(torch.randn(4, 3, 32, 32, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
         graph.replay()

@@ -129,14 +129,8 @@ class FusedConv2d(torch.nn.Module):
                 module.register_load_state_dict_post_hook(_RefreshHook(self))
 
     def extra_repr(self) -> str:
-        parts = [f"bn={self.bn is not None}", f"activation={self.activation!r}"]
-        if self.activation == "leaky_relu":
-            parts.append(f"slope={self.slope}")
-        if self.residual:
-            parts.append(f"residual={self.residual!r}")
-        if self.passthrough:
-            parts.append(f"passthrough={[type(m).__name__ for m in self.passthrough]}")
-        return ", ".join(parts)
+        extra = [f"residual={self.residual!r}"] if self.residual else []
+        return describe([f"bn={self.bn is not None}", f"activation={self.activation!r}"], self, extra)
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         key = self._call_key(x, residual) if type(x) is _Tensor and x.is_cuda else None
@@ -312,6 +306,16 @@ class FusedConv2d(torch.nn.Module):
                 self._weights(kept[0][1])
         except RuntimeError:  # (a load half done: ``assign=True`` moved the conv's tensors, not yet the BatchNorm's)
             self._folded = None
+
+
+def describe(parts: list, fused, extra: list) -> str:
+    """A fused module's ``extra_repr``: ``parts``, leaky_relu's slope, ``extra``, the passthrough modules."""
+    if fused.activation == "leaky_relu":
+        parts = parts + [f"slope={fused.slope}"]
+    parts = parts + extra
+    if fused.passthrough:
+        parts = parts + [f"passthrough={[type(m).__name__ for m in fused.passthrough]}"]
+    return ", ".join(parts)
 
 
 def _refreshable(old, new, inputs: tuple) -> bool:

@@ -36,7 +36,7 @@ from ..blocks import layer_norm
 from . import _bound, _bridge
 from . import functional as F
 from .fuse import _RefreshHook, _apply_activation, _depends_on, _identity_in_eval, _in_place_add, _only_user, \
-    _plain, _refreshable, _residual_of, activation_of
+    _plain, _refreshable, _residual_of, activation_of, describe
 
 __all__ = ["FusedLinear", "fuse_linears"]
 
@@ -86,13 +86,7 @@ class FusedLinear(torch.nn.Module):
         parts = [f"activation={self.activation!r}"] if self.activation else ["to_nchw=True, residual=True"]
         if self.norm is not None:
             parts.insert(0, f"norm=LayerNorm(eps={self.norm.eps})")
-        if self.activation == "leaky_relu":
-            parts.append(f"slope={self.slope}")
-        if self.scale:
-            parts.append(f"scale={self.scale!r}")
-        if self.passthrough:
-            parts.append(f"passthrough={[type(m).__name__ for m in self.passthrough]}")
-        return ", ".join(parts)
+        return describe(parts, self, [f"scale={self.scale!r}"] if self.scale else [])
 
     def _scale_tensor(self):
         if self.scale is None:
