@@ -18,7 +18,7 @@ from ._types import IntOrPair, Padding
 
 from ._errors import ConvValueError
 
-__all__ = ["ConvSpec", "output_size", "pair"]
+__all__ = ["ConvSpec", "check_geometry", "output_size", "pair"]
 
 
 def output_size(in_size: int, kernel: int, stride: int, pad_lo: int, pad_hi: int, dilation: int) -> int:
@@ -83,6 +83,33 @@ def pair(value, name: str) -> Tuple[int, int]:
                              f"convolution dimensions, but got {name}={list(value)}")
     raise TypeError(f"conv2d(): argument '{name}' must be an int or a tuple of 2 ints, "
                     f"not {type(value).__name__}")
+
+
+def check_geometry(w_shape, stride: tuple, padding, dilation: tuple, groups: int) -> None:
+    """torch's first refusals of a convolution's geometry, in its order (``at::_convolution``, then
+    ``check_shape_forward``) and words: the padding string, the groups, 'same' on a stride, negative padding, the
+    stride, a negative dilation, the filters against the groups. ``stride``, ``dilation`` (and ``padding`` where it
+    is not a string) tuples of ints of the convolution's rank; what follows them (the bias, the channels, the
+    kernel's extent, a dilation of zero) is each op's."""
+    if isinstance(padding, str) and padding not in ("same", "valid"):
+        raise ConvValueError(f"Invalid padding string: {padding!r}")
+    if groups <= 0:
+        raise ConvValueError("non-positive groups is not supported")
+    if padding == "same" and any(v != 1 for v in stride):
+        raise ConvValueError("padding='same' is not supported for strided convolutions")
+    if not isinstance(padding, str) and any(v < 0 for v in padding):
+        raise ConvValueError("negative padding is not supported")
+    if any(v <= 0 for v in stride):
+        raise ConvValueError("non-positive stride is not supported")
+    if any(v < 0 for v in dilation):
+        raise ConvValueError("dilation should be greater than zero")
+    k = w_shape[0]
+    if k < groups:  # K = 0 included
+        raise ConvValueError(f"Given groups={groups}, expected weight to be at least {groups} at dimension 0, but got "
+                             f"weight of size {list(w_shape)} instead")
+    if k % groups:  # (torch's words: the size in two brackets)
+        raise ConvValueError(f"Given groups={groups}, expected weight to be divisible by {groups} at dimension 0, but "
+                             f"got weight of size [{list(w_shape)}] instead")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,49 +239,34 @@ class ConvSpec:
         if not _is_int(groups):
             raise TypeError(f"conv2d(): argument 'groups' must be int, not {type(groups).__name__}")
         groups = int(groups)
-        if groups <= 0:
-            raise ConvValueError("non-positive groups is not supported")
-        if min(stride) <= 0:
-            raise ConvValueError("non-positive stride is not supported")
-        if min(dilation) <= 0:
-            # (torch's words: a negative one is refused before the value is shown)
-            raise ConvValueError("dilation should be greater than zero" + (
-                "" if min(dilation) < 0 else f", but got {list(dilation)}"))
-
+        # torch's order: check_geometry's refusals, the channels, the kernel's extent, a dilation of zero
         if isinstance(padding, str):
+            check_geometry(weight_shape, stride, padding, dilation, groups)
             if padding == "valid":
                 pad = (0, 0, 0, 0)
-            elif padding == "same":
-                if stride != (1, 1):
-                    raise ConvValueError("padding='same' is not supported for strided convolutions")
+            else:
                 # torch pads total // 2 before and the rest after, per axis.
                 th, tw = dilation[0] * (r - 1), dilation[1] * (s - 1)
                 pad = (th // 2, th - th // 2, tw // 2, tw - tw // 2)
-            else:
-                raise ConvValueError(f"Invalid padding string: {padding!r}")
         else:
             ph, pw = pair(padding, "padding")
-            if min(ph, pw) < 0:
-                raise ConvValueError("negative padding is not supported")
+            check_geometry(weight_shape, stride, (ph, pw), dilation, groups)
             pad = (ph, ph, pw, pw)
-
         wshape = list(weight_shape)
-        if k < groups:  # K = 0 included
-            raise ConvValueError(f"Given groups={groups}, expected weight to be at least {groups} at dimension 0, but "
-                                 f"got weight of size {wshape} instead")
-        if k % groups != 0:
-            raise ConvValueError(f"Given groups={groups}, expected weight to be divisible by {groups} at "
-                                 f"dimension 0, but got weight of size {wshape} instead")
         if c != c_g * groups:
+            shown = list(input_shape)
+            if padding == "same":  # (torch pads an odd total's extra row or column into a copy of the input first)
+                shown[2:] = [h + (pad[1] - pad[0]), w + (pad[3] - pad[2])]
             raise ConvValueError(f"Given groups={groups}, weight of size {wshape}, expected input"
-                                 f"{list(input_shape)} to have {c_g * groups} channels, but got {c} "
-                                 f"channels instead")
+                                 f"{shown} to have {c_g * groups} channels, but got {c} channels instead")
         padded_h, padded_w = h + pad[0] + pad[1], w + pad[2] + pad[3]
         extent_h, extent_w = dilation[0] * (r - 1) + 1, dilation[1] * (s - 1) + 1
         if padded_h < extent_h or padded_w < extent_w:
             raise ConvValueError(f"Calculated padded input size per channel: ({padded_h} x {padded_w}). "
                                  f"Kernel size: ({extent_h} x {extent_w}). Kernel size can't be greater "
                                  f"than actual input size")
+        if min(dilation) == 0:
+            raise ConvValueError(f"dilation should be greater than zero, but got {list(dilation)}")
         # torch's next checks, in its order: an empty image only in an empty batch or with no channels (C = 0
         # stays cuconv's: its output is K planes of bias, the sum over no channels), then a kernel of no taps
         if n and c and not (h and w):

@@ -19,7 +19,7 @@ import numpy
 
 from ._errors import ConvValueError
 from ._types import Array, IntOrPair
-from .spec import _is_int, pair
+from .spec import _is_int, check_geometry, pair
 
 __all__ = ["conv_transpose2d", "conv1d", "conv3d", "transposed_output_shape", "transposed_plan", "conv1d_args",
            "conv3d_args", "depth_columns"]
@@ -138,11 +138,16 @@ def conv1d_args(x_shape: tuple, w_shape: tuple, stride, padding, dilation, group
         if not isinstance(value, str) and not _is_int(value):
             raise TypeError(f"conv1d(): argument '{name}' must be tuple of ints, but found element of type "
                             f"{type(value).__name__} at pos 0")
+    if _is_int(groups):  # (torch's refusals before the channels', in its order; other groups are conv2d's to refuse)
+        check_geometry(w_shape, (int(stride),), padding if isinstance(padding, str) else (int(padding),),
+                       (int(dilation),), int(groups))
     c = x_shape[-2]
     if _is_int(groups) and int(groups) > 0 and c != w_shape[1] * int(groups):
+        shown = list(x_shape)
+        if padding == "same":  # (torch pads an odd total's extra column into a copy of the input first)
+            shown[-1] += (int(dilation) * (w_shape[2] - 1)) % 2
         raise ConvValueError(f"Given groups={int(groups)}, weight of size {list(w_shape)}, expected input"
-                             f"{list(x_shape)} to have {w_shape[1] * int(groups)} channels, but got {c} channels "
-                             f"instead")
+                             f"{shown} to have {w_shape[1] * int(groups)} channels, but got {c} channels instead")
     pad = 0 if padding == "valid" else padding
     if (padding != "same" and int(dilation) > 0 and int(pad) >= 0
             and x_shape[-1] + 2 * int(pad) < int(dilation) * (w_shape[2] - 1) + 1):
@@ -233,38 +238,31 @@ def conv3d_args(x_shape: tuple, w_shape: tuple, stride, padding, dilation, group
     if not _is_int(groups):
         raise TypeError(f"conv3d(): argument 'groups' must be int, not {type(groups).__name__}")
     groups = int(groups)
-    if any(v <= 0 for v in stride):
-        raise ConvValueError("non-positive stride is not supported")
-    if any(v <= 0 for v in dilation):
-        raise ConvValueError("dilation should be greater than zero")
-    if groups <= 0:
-        raise ConvValueError("non-positive groups is not supported")
-    x5 = (1, *x_shape) if len(x_shape) == 4 else tuple(x_shape)
-    _, c, d, h, w = x5
-    k, c_g, t, r, s = w_shape
-    if c != c_g * groups:
-        raise ConvValueError(f"Given groups={groups}, weight of size {list(w_shape)}, expected input{list(x_shape)} to "
-                             f"have {c_g * groups} channels, but got {c} channels instead")
-    if k % groups:
-        raise ConvValueError(f"Given groups={groups}, expected weight to be divisible by {groups} at dimension 0, "
-                             f"but got weight of size {list(w_shape)} instead")
-    extents = [dl * (kk - 1) + 1 for dl, kk in zip(dilation, (t, r, s))]
     if isinstance(padding, str):
-        if padding not in ("same", "valid"):
-            raise ConvValueError(f"Invalid padding string '{padding}', should be one of ['valid', 'same']")
-        if padding == "same" and any(v != 1 for v in stride):
-            raise ConvValueError("padding='same' is not supported for strided convolutions")
-        total = extents[0] - 1 if padding == "same" else 0
-        pads = [(total // 2, total - total // 2)] + [(0, 0)] * 2
-        padding_hw = padding
+        triple = padding
     else:
         triple = _triple(padding, "padding")
         if not all(_is_int(v) for v in triple):
             raise TypeError("conv3d(): argument 'padding' must be tuple of ints")
-        if any(int(v) < 0 for v in triple):
-            raise ConvValueError("negative padding is not supported")
-        pads = [(int(v), int(v)) for v in triple]
-        padding_hw = (int(triple[1]), int(triple[2]))
+        triple = tuple(int(v) for v in triple)
+    check_geometry(w_shape, stride, triple, dilation, groups)  # (torch's refusals before the channels', its order)
+    x5 = (1, *x_shape) if len(x_shape) == 4 else tuple(x_shape)
+    _, c, d, h, w = x5
+    k, c_g, t, r, s = w_shape
+    extents = [dl * (kk - 1) + 1 for dl, kk in zip(dilation, (t, r, s))]
+    if isinstance(padding, str):
+        total = extents[0] - 1 if padding == "same" else 0
+        pads = [(total // 2, total - total // 2)] + [(0, 0)] * 2
+        padding_hw = padding
+    else:
+        pads = [(v, v) for v in triple]
+        padding_hw = (triple[1], triple[2])
+    if c != c_g * groups:
+        shown = list(x_shape)
+        if padding == "same":  # (torch pads an odd total's extra plane, row or column into a copy of the input)
+            shown[-3:] = [size + (e - 1) % 2 for size, e in zip(shown[-3:], extents)]
+        raise ConvValueError(f"Given groups={groups}, weight of size {list(w_shape)}, expected input{shown} to "
+                             f"have {c_g * groups} channels, but got {c} channels instead")
     if padding == "same":
         pads = [pads[0]] + [((e - 1) // 2, e - 1 - (e - 1) // 2) for e in extents[1:]]
     padded = [size + lo + hi for size, (lo, hi) in zip((d, h, w), pads)]
@@ -272,6 +270,8 @@ def conv3d_args(x_shape: tuple, w_shape: tuple, stride, padding, dilation, group
         raise ConvValueError(f"Calculated padded input size per channel: ({padded[0]} x {padded[1]} x {padded[2]}). "
                              f"Kernel size: ({extents[0]} x {extents[1]} x {extents[2]}). Kernel size can't be greater "
                              f"than actual input size")
+    if min(dilation) == 0:
+        raise ConvValueError(f"dilation should be greater than zero, but got {list(dilation)}")
     depth = (padded[0] - extents[0]) // stride[0] + 1
     return dict(stride=stride, dilation=dilation, pad_d=pads[0], padding_hw=padding_hw, depth=depth, groups=groups)
 

@@ -334,7 +334,7 @@ MISUSES = [
     # ----- geometry (checked by ConvSpec, as for the forward) ---------------------------------------------
     pytest.param(_dgrad(groups=4), ValueError,
                  r"Given groups=4, expected weight to be divisible by 4 at dimension 0, but got weight of size "
-                 r"\[6, 4, 3, 3\] instead", id="dgrad_groups_not_dividing_K"),
+                 r"\[\[6, 4, 3, 3\]\] instead", id="dgrad_groups_not_dividing_K"),  # (torch's two brackets)
     pytest.param(_wgrad(stride=0), ValueError, r"non-positive stride is not supported", id="wgrad_stride_0"),
     pytest.param(_dgrad(stride=2, padding="same"), ValueError,
                  r"padding='same' is not supported for strided convolutions", id="dgrad_same_strided"),

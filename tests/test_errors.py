@@ -6,6 +6,7 @@ are pinned by the GPU tests.
 """
 
 import types
+import warnings
 
 import numpy
 import pytest
@@ -66,7 +67,7 @@ MISUSES = [
                  r"channels, but got 5 channels instead", id="groups_not_dividing_C"),
     pytest.param(_conv(weight=lambda a: a.w[:5, :2], bias=lambda a: a.b[:5], groups=2), ValueError,
                  r"Given groups=2, expected weight to be divisible by 2 at dimension 0, but got weight of "
-                 r"size \[5, 2, 3, 3\] instead", id="groups_not_dividing_K"),
+                 r"size \[\[5, 2, 3, 3\]\] instead", id="groups_not_dividing_K"),  # (torch's two brackets)
     pytest.param(_conv(groups=0), ValueError, r"non-positive groups is not supported", id="groups_0"),
     pytest.param(_conv(groups=-2), ValueError, r"non-positive groups is not supported", id="groups_negative"),
     pytest.param(_conv(groups=2.0), TypeError, r"conv2d\(\): argument 'groups' must be int, not float",
@@ -335,3 +336,58 @@ def test_config_unknown_setting_raises(name):
         setattr(cuconv.config, name, "tf32")
     with pytest.raises(AttributeError):
         getattr(cuconv.config, name)
+
+
+# ----- refusals of the geometry, in torch's order -----------------------------------------------------------------
+def _first_refusal(call):
+    try:
+        call()
+    except (RuntimeError, ValueError, TypeError, NotImplementedError) as exc:
+        return type(exc), str(exc).splitlines()[0]
+    return None
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_geometry_refusals_follow_torchs_order_and_words(rank):
+    """Every combination of a bad or good padding (negative, 'same', 'valid'), stride (negative, zero, 2), dilation
+    (negative, zero), groups (zero, negative, more than the filters, not dividing them) and channels (matching or
+    not), through conv1d, conv2d and conv3d on tensors and on NumPy arrays: the error torch raises first, of its
+    class (or a subclass) and in its words, or none where torch raises none. (torch checks these in its order,
+    at::_convolution then check_shape_forward; a refusal out of that order names the wrong argument.)"""
+    import itertools
+
+    import cuconv.nn.functional as F
+
+    ops = {1: (torch.nn.functional.conv1d, F.conv1d, cuconv.conv1d),
+           2: (torch.nn.functional.conv2d, F.conv2d, cuconv.conv2d),
+           3: (torch.nn.functional.conv3d, F.conv3d, cuconv.conv3d)}
+    theirs, ours, arrays = ops[rank]
+    rng = numpy.random.default_rng(rank)
+    mismatches = []
+    for pad, stride, dilation, groups, channels_match, filters in itertools.product(
+            (0, -1, "same", "valid"), (1, -1, 0, 2), (1, -1, 0), (1, 0, -1, 3), (True, False), (2, 4)):
+        x = torch.from_numpy(rng.standard_normal((1, 2 if channels_match else 3) + (5,) * rank))
+        w = torch.from_numpy(rng.standard_normal((filters, 2 if channels_match else 1) + (2,) * rank))
+        kwargs = dict(padding=pad, stride=stride, dilation=dilation, groups=groups)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (torch's warning for 'same' with even kernels)
+            expected = _first_refusal(lambda: theirs(x, w, **kwargs))
+        for got in (_first_refusal(lambda: ours(x, w, **kwargs)),
+                    _first_refusal(lambda: arrays(x.numpy(), w.numpy(), **kwargs))):
+            if (expected is None) != (got is None) or (expected is not None and (
+                    not issubclass(got[0], expected[0]) or got[1] != expected[1])):
+                mismatches.append((kwargs, channels_match, filters, expected, got))
+    assert mismatches == []
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_a_dtype_mismatch_is_refused_before_an_unsupported_dtype(rank):
+    """torch's error input for conv: an integer input and weight with a floating bias is a mismatch ("should be the
+    same", a RuntimeError), not an unsupported integer input."""
+    import cuconv.nn.functional as F
+
+    op = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[rank]
+    x = torch.ones((1, 1) + (4,) * rank, dtype=torch.int64)
+    w = torch.ones((1, 1) + (2,) * rank, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="should be the same"):
+        op(x, w, torch.ones(1, dtype=torch.float64))

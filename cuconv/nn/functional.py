@@ -772,16 +772,17 @@ def _check_arguments(op: str, input, weight, bias, algo) -> None:
 
 
 def _check_dtypes(input, weight, bias) -> None:
-    """A dtype cuconv computes in, the same for every tensor, and one device."""
-    if input.dtype not in _TORCH_DTYPES:
-        raise ConvTypeError(f"cuconv: input dtype {input.dtype} is not supported; expected one of "
-                            f"{', '.join(map(str, _TORCH_DTYPES))}")
+    """The same dtype for every tensor (torch refuses a mismatch first, an integer input with a floating bias too),
+    one device, and a dtype cuconv computes in."""
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.dtype != input.dtype:
             raise ConvTypeError(f"Input type ({input.dtype}) and {name} type ({t.dtype}) should be the same")
         if t is not None and t.device != input.device:
             raise ConvValueError(f"Expected all tensors to be on the same device, but found input on "
                                  f"{input.device} and {name} on {t.device}")
+    if input.dtype not in _TORCH_DTYPES:
+        raise ConvTypeError(f"cuconv: input dtype {input.dtype} is not supported; expected one of "
+                            f"{', '.join(map(str, _TORCH_DTYPES))}")
 
 
 def _checked(input, weight, bias, stride, padding, dilation, groups, algo, settings, autocast_done=False, run=True):
