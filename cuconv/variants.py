@@ -59,16 +59,17 @@ def transposed_output_shape(x_shape: tuple, w_shape: tuple, b_shape: Optional[tu
     if not _is_int(groups):
         raise TypeError(f"{op}(): argument 'groups' must be int, not {type(groups).__name__}")
     groups = int(groups)
-    if any(s <= 0 for s in stride):
-        raise ConvValueError("non-positive stride is not supported")
+    # (torch's order: at::_convolution, check_shape_forward, then the transposed output's own checks)
+    if groups <= 0:
+        raise ConvValueError("non-positive groups is not supported")
     if any(p < 0 for p in padding):
         raise ConvValueError("negative padding is not supported")
     if any(p < 0 for p in output_padding):
         raise ConvValueError("negative output_padding is not supported")
-    if any(d <= 0 for d in dilation):
+    if any(s <= 0 for s in stride):
+        raise ConvValueError("non-positive stride is not supported")
+    if any(d < 0 for d in dilation):
         raise ConvValueError("dilation should be greater than zero")
-    if groups <= 0:
-        raise ConvValueError("non-positive groups is not supported")
     x4 = (1, *x_shape) if len(x_shape) == 3 else tuple(x_shape)
     n, c, h, w = x4
     c_in, c_out_g, r, s = w_shape
@@ -81,15 +82,18 @@ def transposed_output_shape(x_shape: tuple, w_shape: tuple, b_shape: Optional[tu
     if c != c_in:
         raise ConvValueError(f"Given transposed=1, weight of size {list(w_shape)}, expected input{list(x_shape)} to "
                              f"have {c_in} channels, but got {c} channels instead")
+    c_out = c_out_g * groups
+    if b_shape is not None and tuple(b_shape) != (c_out,):
+        raise ConvValueError(f"Given transposed=1, weight of size {list(w_shape)}, expected bias to be 1-dimensional "
+                             f"with {c_out} elements, but got bias of size {list(b_shape)} instead")
+    if min(dilation) == 0:
+        raise ConvValueError(f"dilation should be greater than zero, but got dilation_height: {dilation[0]}, "
+                             f"dilation_width: {dilation[1]}")
     if not all(op_ < st or op_ < d for op_, st, d in zip(output_padding, stride, dilation)):
         raise ConvValueError(
             f"output padding must be smaller than either stride or dilation, but got output_padding_height: "
             f"{output_padding[0]} output_padding_width: {output_padding[1]} stride_height: {stride[0]} stride_width: "
             f"{stride[1]} dilation_height: {dilation[0]} dilation_width: {dilation[1]}")
-    c_out = c_out_g * groups
-    if b_shape is not None and tuple(b_shape) != (c_out,):
-        raise ConvValueError(f"Given transposed=1, weight of size {list(w_shape)}, expected bias to be 1-dimensional "
-                             f"with {c_out} elements, but got bias of size {list(b_shape)} instead")
     size = [(length - 1) * st - 2 * p + d * (k - 1) + op_ + 1
             for length, st, p, d, k, op_ in zip((h, w), stride, padding, dilation, (r, s), output_padding)]
     if any(v <= 0 for v in size):

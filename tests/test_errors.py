@@ -391,3 +391,26 @@ def test_a_dtype_mismatch_is_refused_before_an_unsupported_dtype(rank):
     w = torch.ones((1, 1) + (2,) * rank, dtype=torch.int64)
     with pytest.raises(RuntimeError, match="should be the same"):
         op(x, w, torch.ones(1, dtype=torch.float64))
+
+
+def test_transposed_geometry_refusals_follow_torchs_order_and_words():
+    """The same for conv_transpose2d, with its output padding (negative, at or above the stride and the
+    dilation): torch's first error or none, on tensors and on NumPy arrays."""
+    import itertools
+
+    import cuconv.nn.functional as F
+
+    rng = numpy.random.default_rng(4)
+    mismatches = []
+    for pad, stride, dilation, groups, output_padding, channels_match, filters in itertools.product(
+            (0, -1, 1), (1, -1, 0, 2), (1, -1, 0), (1, 0, -1, 3), (0, 1, -1, 3), (True, False), (2, 4)):
+        x = torch.from_numpy(rng.standard_normal((1, filters if channels_match else 3, 5, 5)))
+        w = torch.from_numpy(rng.standard_normal((filters, 2, 2, 2)))
+        kwargs = dict(padding=pad, stride=stride, dilation=dilation, groups=groups, output_padding=output_padding)
+        expected = _first_refusal(lambda: torch.nn.functional.conv_transpose2d(x, w, **kwargs))
+        for got in (_first_refusal(lambda: F.conv_transpose2d(x, w, **kwargs)),
+                    _first_refusal(lambda: cuconv.conv_transpose2d(x.numpy(), w.numpy(), **kwargs))):
+            if (expected is None) != (got is None) or (expected is not None and (
+                    not issubclass(got[0], expected[0]) or got[1] != expected[1])):
+                mismatches.append((kwargs, channels_match, filters, expected, got))
+    assert mismatches == []
