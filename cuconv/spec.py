@@ -18,7 +18,7 @@ from ._types import IntOrPair, Padding
 
 from ._errors import ConvValueError
 
-__all__ = ["ConvSpec", "check_geometry", "output_size", "pair"]
+__all__ = ["ConvSpec", "check_geometry", "output_size", "pair", "same_copy_sizes"]
 
 
 def output_size(in_size: int, kernel: int, stride: int, pad_lo: int, pad_hi: int, dilation: int) -> int:
@@ -85,12 +85,12 @@ def pair(value, name: str) -> Tuple[int, int]:
                     f"not {type(value).__name__}")
 
 
-def check_geometry(w_shape, stride: tuple, padding, dilation: tuple, groups: int) -> None:
+def check_geometry(w_shape, stride: tuple, padding, dilation: tuple, groups: int, output_padding=()) -> None:
     """torch's first refusals of a convolution's geometry, in its order (``at::_convolution``, then
-    ``check_shape_forward``) and words: the padding string, the groups, 'same' on a stride, negative padding, the
-    stride, a negative dilation, the filters against the groups. ``stride``, ``dilation`` (and ``padding`` where it
-    is not a string) tuples of ints of the convolution's rank; what follows them (the bias, the channels, the
-    kernel's extent, a dilation of zero) is each op's."""
+    ``check_shape_forward``) and words: the padding string, the groups, 'same' on a stride, negative padding (and
+    output padding, a transposed convolution's), the stride, a negative dilation, the filters against the groups.
+    ``stride``, ``dilation`` (and ``padding`` where it is not a string) tuples of ints of the convolution's rank;
+    what follows them (the bias, the channels, the kernel's extent, a dilation of zero) is each op's."""
     if isinstance(padding, str) and padding not in ("same", "valid"):
         raise ConvValueError(f"Invalid padding string: {padding!r}")
     if groups <= 0:
@@ -99,6 +99,8 @@ def check_geometry(w_shape, stride: tuple, padding, dilation: tuple, groups: int
         raise ConvValueError("padding='same' is not supported for strided convolutions")
     if not isinstance(padding, str) and any(v < 0 for v in padding):
         raise ConvValueError("negative padding is not supported")
+    if any(v < 0 for v in output_padding):
+        raise ConvValueError("negative output_padding is not supported")
     if any(v <= 0 for v in stride):
         raise ConvValueError("non-positive stride is not supported")
     if any(v < 0 for v in dilation):
@@ -110,6 +112,12 @@ def check_geometry(w_shape, stride: tuple, padding, dilation: tuple, groups: int
     if k % groups:  # (torch's words: the size in two brackets)
         raise ConvValueError(f"Given groups={groups}, expected weight to be divisible by {groups} at dimension 0, but "
                              f"got weight of size [{list(w_shape)}] instead")
+
+
+def same_copy_sizes(sizes, extents) -> list:
+    """The spatial ``sizes`` as torch's 'same' padding shows them in its messages: an odd total padding of a
+    kernel's ``extents`` puts its extra row (column, plane) into a padded copy of the input first."""
+    return [size + (extent - 1) % 2 for size, extent in zip(sizes, extents)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,27 +248,24 @@ class ConvSpec:
             raise TypeError(f"conv2d(): argument 'groups' must be int, not {type(groups).__name__}")
         groups = int(groups)
         # torch's order: check_geometry's refusals, the channels, the kernel's extent, a dilation of zero
-        if isinstance(padding, str):
-            check_geometry(weight_shape, stride, padding, dilation, groups)
-            if padding == "valid":
-                pad = (0, 0, 0, 0)
-            else:
-                # torch pads total // 2 before and the rest after, per axis.
-                th, tw = dilation[0] * (r - 1), dilation[1] * (s - 1)
-                pad = (th // 2, th - th // 2, tw // 2, tw - tw // 2)
+        padding = padding if isinstance(padding, str) else pair(padding, "padding")
+        check_geometry(weight_shape, stride, padding, dilation, groups)
+        extent_h, extent_w = dilation[0] * (r - 1) + 1, dilation[1] * (s - 1) + 1
+        if padding == "valid":
+            pad = (0, 0, 0, 0)
+        elif padding == "same":  # torch pads total // 2 before and the rest after, per axis.
+            th, tw = extent_h - 1, extent_w - 1
+            pad = (th // 2, th - th // 2, tw // 2, tw - tw // 2)
         else:
-            ph, pw = pair(padding, "padding")
-            check_geometry(weight_shape, stride, (ph, pw), dilation, groups)
-            pad = (ph, ph, pw, pw)
+            pad = (padding[0], padding[0], padding[1], padding[1])
         wshape = list(weight_shape)
         if c != c_g * groups:
             shown = list(input_shape)
-            if padding == "same":  # (torch pads an odd total's extra row or column into a copy of the input first)
-                shown[2:] = [h + (pad[1] - pad[0]), w + (pad[3] - pad[2])]
+            if padding == "same":
+                shown[2:] = same_copy_sizes((h, w), (extent_h, extent_w))
             raise ConvValueError(f"Given groups={groups}, weight of size {wshape}, expected input"
                                  f"{shown} to have {c_g * groups} channels, but got {c} channels instead")
         padded_h, padded_w = h + pad[0] + pad[1], w + pad[2] + pad[3]
-        extent_h, extent_w = dilation[0] * (r - 1) + 1, dilation[1] * (s - 1) + 1
         if padded_h < extent_h or padded_w < extent_w:
             raise ConvValueError(f"Calculated padded input size per channel: ({padded_h} x {padded_w}). "
                                  f"Kernel size: ({extent_h} x {extent_w}). Kernel size can't be greater "

@@ -19,7 +19,7 @@ import numpy
 
 from ._errors import ConvValueError
 from ._types import Array, IntOrPair
-from .spec import _is_int, check_geometry, pair
+from .spec import _is_int, check_geometry, pair, same_copy_sizes
 
 __all__ = ["conv_transpose2d", "conv1d", "conv3d", "transposed_output_shape", "transposed_plan", "conv1d_args",
            "conv3d_args", "depth_columns"]
@@ -59,26 +59,11 @@ def transposed_output_shape(x_shape: tuple, w_shape: tuple, b_shape: Optional[tu
     if not _is_int(groups):
         raise TypeError(f"{op}(): argument 'groups' must be int, not {type(groups).__name__}")
     groups = int(groups)
-    # (torch's order: at::_convolution, check_shape_forward, then the transposed output's own checks)
-    if groups <= 0:
-        raise ConvValueError("non-positive groups is not supported")
-    if any(p < 0 for p in padding):
-        raise ConvValueError("negative padding is not supported")
-    if any(p < 0 for p in output_padding):
-        raise ConvValueError("negative output_padding is not supported")
-    if any(s <= 0 for s in stride):
-        raise ConvValueError("non-positive stride is not supported")
-    if any(d < 0 for d in dilation):
-        raise ConvValueError("dilation should be greater than zero")
+    # (torch's order: check_geometry's, then the transposed convolution's own checks)
+    check_geometry(w_shape, stride, padding, dilation, groups, output_padding)
     x4 = (1, *x_shape) if len(x_shape) == 3 else tuple(x_shape)
     n, c, h, w = x4
     c_in, c_out_g, r, s = w_shape
-    if c_in < groups:
-        raise ConvValueError(f"Given groups={groups}, expected weight to be at least {groups} at dimension 0, but "
-                             f"got weight of size {list(w_shape)} instead")
-    if c_in % groups:
-        raise ConvValueError(f"Given groups={groups}, expected weight to be divisible by {groups} at dimension 0, "
-                             f"but got weight of size [{list(w_shape)}] instead")
     if c != c_in:
         raise ConvValueError(f"Given transposed=1, weight of size {list(w_shape)}, expected input{list(x_shape)} to "
                              f"have {c_in} channels, but got {c} channels instead")
@@ -148,8 +133,8 @@ def conv1d_args(x_shape: tuple, w_shape: tuple, stride, padding, dilation, group
     c = x_shape[-2]
     if _is_int(groups) and int(groups) > 0 and c != w_shape[1] * int(groups):
         shown = list(x_shape)
-        if padding == "same":  # (torch pads an odd total's extra column into a copy of the input first)
-            shown[-1] += (int(dilation) * (w_shape[2] - 1)) % 2
+        if padding == "same":
+            shown[-1:] = same_copy_sizes(shown[-1:], (int(dilation) * (w_shape[2] - 1) + 1,))
         raise ConvValueError(f"Given groups={int(groups)}, weight of size {list(w_shape)}, expected input"
                              f"{shown} to have {w_shape[1] * int(groups)} channels, but got {c} channels instead")
     pad = 0 if padding == "valid" else padding
@@ -263,8 +248,8 @@ def conv3d_args(x_shape: tuple, w_shape: tuple, stride, padding, dilation, group
         padding_hw = (triple[1], triple[2])
     if c != c_g * groups:
         shown = list(x_shape)
-        if padding == "same":  # (torch pads an odd total's extra plane, row or column into a copy of the input)
-            shown[-3:] = [size + (e - 1) % 2 for size, e in zip(shown[-3:], extents)]
+        if padding == "same":
+            shown[-3:] = same_copy_sizes(shown[-3:], extents)
         raise ConvValueError(f"Given groups={groups}, weight of size {list(w_shape)}, expected input{shown} to "
                              f"have {c_g * groups} channels, but got {c} channels instead")
     if padding == "same":

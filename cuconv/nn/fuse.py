@@ -283,11 +283,7 @@ class FusedConv2d(torch.nn.Module):
                 # tensors (replaced, they would be freed under it), and a replay after this call reads the new one.
                 # (Not a fold lent to autograd: a backward may still read it. The copy is enqueued on the current
                 # stream: one still reading the fold on another stream is the caller's to order, as for weights.)
-                with torch.inference_mode(kept[2].is_inference()):
-                    kept[2].copy_(weight)
-                    if bias is not None:
-                        kept[3].copy_(bias)
-                weight, bias = kept[2], kept[3]
+                weight, bias = write_fold(kept[2], kept[3], weight, bias)
             # (key, record, weight, bias, lent: returned while gradients were recorded)
             self._folded = (key, record, weight, bias, torch.is_grad_enabled())
         return weight, bias
@@ -320,12 +316,25 @@ def describe(parts: list, fused, extra: list) -> str:
 
 def _refreshable(old, new, inputs: tuple) -> bool:
     """Whether a new fold ``new`` may be copied into the kept fold's tensor ``old``: both None, or a tensor of the
-    fold's own (not one of the fold's ``inputs``, as an uncast weight is) of the same shape, strides (a weight laid
-    out anew by ``.to(memory_format=...)`` keeps its new layout), dtype and device."""
+    fold's own (not the memory of one of the fold's ``inputs``, as an uncast weight, or a view of it, is) of the same
+    shape, strides (a weight laid out anew by ``.to(memory_format=...)`` keeps its new layout), dtype and device."""
     if old is None or new is None:
         return old is None and new is None
-    return (old is not new and all(old is not t for t in inputs) and old.shape == new.shape
-            and old.stride() == new.stride() and old.dtype == new.dtype and old.device == new.device)
+    memory = old.untyped_storage().data_ptr()
+    return (old is not new and all(t is None or t.untyped_storage().data_ptr() != memory for t in inputs)
+            and old.shape == new.shape and old.stride() == new.stride() and old.dtype == new.dtype
+            and old.device == new.device)
+
+
+def write_fold(kept_weight, kept_bias, weight, bias) -> tuple:
+    """A new fold written into the kept fold's tensors (a CUDA graph captured with them reads them) outside autograd:
+    in inference mode where they are inference tensors (writable there alone), under no_grad elsewhere (inference
+    mode off would turn gradients on). Returns the kept tensors."""
+    with torch.inference_mode() if kept_weight.is_inference() else torch.no_grad():
+        kept_weight.copy_(weight)
+        if bias is not None:
+            kept_bias.copy_(bias)
+    return kept_weight, kept_bias
 
 
 class _RefreshHook:

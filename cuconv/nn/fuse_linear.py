@@ -36,7 +36,7 @@ from ..blocks import layer_norm
 from . import _bound, _bridge
 from . import functional as F
 from .fuse import _RefreshHook, _apply_activation, _depends_on, _identity_in_eval, _in_place_add, _only_user, \
-    _plain, _refreshable, _residual_of, activation_of, describe
+    _plain, _refreshable, _residual_of, activation_of, describe, write_fold
 
 __all__ = ["FusedLinear", "fuse_linears"]
 
@@ -180,13 +180,12 @@ class FusedLinear(torch.nn.Module):
     @staticmethod
     def _normalized(x, launch, dtype):
         """``x``'s rows normalized (no affine part: the fold took it) into a new tensor of ``dtype``."""
-        y = torch.empty(x.shape, dtype=dtype, device=x.device)
         index = x.device.index
         if index != _current_device():  # (the launch belongs to its device's context)
             with torch.cuda.device(index):
-                launch(_bridge.raw_stream(index), x.data_ptr(), y.data_ptr())
-        else:
-            launch(_bridge.raw_stream(index), x.data_ptr(), y.data_ptr())
+                return FusedLinear._normalized(x, launch, dtype)
+        y = torch.empty(x.shape, dtype=dtype, device=x.device)
+        launch(_bridge.raw_stream(index), x.data_ptr(), y.data_ptr())
         return y
 
     def _finish(self, y, residual, in_kernel: bool):
@@ -292,18 +291,14 @@ class FusedLinear(torch.nn.Module):
                 s = scale.reshape(-1).to(device=w.device, dtype=acc)
                 weight = weight * s[:, None]
                 bias = None if bias is None else bias * s
-            weight = _owned(weight.to(dtype).reshape(w.shape[0], w.shape[1], 1, 1).contiguous(), tensors)
-            bias = None if bias is None else _owned(bias.to(dtype), tensors)
+            weight = weight.to(dtype).reshape(w.shape[0], w.shape[1], 1, 1).contiguous()
+            bias = None if bias is None else bias.to(dtype)
         record = _bound.record(tensors)
         if record is not None:
             if kept is not None and kept[0] == dtype and _refreshable(kept[2], weight, tensors) and \
                     _refreshable(kept[3], bias, tensors):
-                # (into the kept fold's memory: a CUDA graph captured with it reads these tensors)
-                with torch.inference_mode() if kept[2].is_inference() else torch.no_grad():
-                    kept[2].copy_(weight)
-                    if bias is not None:
-                        kept[3].copy_(bias)
-                weight, bias = kept[2], kept[3]
+                # (a fold that is the Linear's own memory, an uncast weight without a scale, is not: replaced)
+                weight, bias = write_fold(kept[2], kept[3], weight, bias)
             self._folded = (dtype, record, weight, bias)
         return weight, bias
 
@@ -319,15 +314,6 @@ class FusedLinear(torch.nn.Module):
             self._weights(kept[0])
         except RuntimeError:  # (a load half done: ``assign=True`` moved some tensors, not yet the others)
             self._folded = None
-
-
-def _owned(t: torch.Tensor, inputs: tuple) -> torch.Tensor:
-    """``t``, or a copy where it shares memory with one of the fold's ``inputs`` (a cast or reshape to what the
-    input already is returns the input's memory; the kept fold is written into in place, so it must be its own)."""
-    ptr = t.untyped_storage().data_ptr()
-    if any(i is not None and i.untyped_storage().data_ptr() == ptr for i in inputs):
-        return t.clone()
-    return t
 
 
 def _is_permute_to_nchw(node: torch.fx.Node) -> bool:

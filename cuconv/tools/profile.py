@@ -27,9 +27,9 @@ from . import bench_models
 __all__ = ["main", "profile_layer"]
 
 
-def _kernel_times(fn, iters: int) -> dict:
+def _kernel_times(fn, iters: int, counts: dict = None) -> dict:
     """{kernel name: µs per call} of ``fn`` run ``iters`` times under the torch profiler (after three warm-up
-    calls)."""
+    calls); ``counts``, where given, gets {kernel name: launches per call}."""
     import torch
 
     for _ in range(3):
@@ -43,6 +43,8 @@ def _kernel_times(fn, iters: int) -> dict:
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             times[event.name] += event.time_range.elapsed_us() / iters
+            if counts is not None:
+                counts[event.name] = counts.get(event.name, 0) + 1 / iters
     return dict(times)
 
 
