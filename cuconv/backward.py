@@ -12,7 +12,8 @@ import numpy
 
 from ._types import Array, IntOrPair, Padding, Shape
 from . import _backend, _layout, algos as _algorithms, dispatch, select as _select
-from .checks import array_kind, check_dtypes, check_grad_output, check_same_device, resolve_precision, size
+from .checks import (array_kind, check_dtypes, check_grad_output, check_grad_output_rank, check_same_device,
+                     resolve_precision, size)
 from .cpu import reference
 from .select import autotune
 from ._config import config
@@ -56,13 +57,15 @@ def conv2d_input(input_size: Shape, weight: Array, grad_output: Array, stride: I
     array([12., 24., 36., 36., 24., 12.])
     """
     return dgrad_of(input_size, weight, grad_output, lambda shape: ConvSpec.from_args(
-        shape, weight.shape, stride, padding, dilation, groups), algo, precision)
+        shape, weight.shape, stride, padding, dilation, groups, backward=True), algo, precision)
 
 
 def dgrad_of(input_size: Shape, weight: Array, grad_output: Array, spec_of, algo: str = "auto",
-             precision: Optional[str] = None) -> Array:
+             precision: Optional[str] = None, grad_output_name: str = "grad_output") -> Array:
     """:func:`conv2d_input` of the convolution ``spec_of(batched input size)`` (a ``ConvSpec``; the transposed
-    convolution's passes one with four-sided padding), after the checks of the arrays."""
+    convolution's passes one with four-sided padding), after the checks of the arrays, in torch's order
+    (``convolution_backward``): the geometry (``spec_of``'s), the ranks, then the dtypes and grad_output's size.
+    ``grad_output_name``: what a dtype refusal calls ``grad_output`` (the transposed convolution's input)."""
     settings = config.settings()
     kind = array_kind(grad_output, "grad_output")
     if array_kind(weight, "weight") != kind:
@@ -71,12 +74,14 @@ def dgrad_of(input_size: Shape, weight: Array, grad_output: Array, spec_of, algo
     if weight.ndim != 4:
         raise ConvValueError(f"Expected 4D weight (out_channels, in_channels/groups, kH, kW), but got weight "
                              f"of size: {list(weight.shape)}")
-    check_dtypes(grad_output, weight, None, first="grad_output")
     unbatched = len(input_size) == 3
     if unbatched:
         input_size = (1,) + tuple(input_size)
         grad_output = grad_output[None] if grad_output.ndim == 3 else grad_output
     spec = spec_of(tuple(input_size))
+    if not unbatched:
+        check_grad_output_rank(grad_output)
+    check_dtypes(grad_output, weight, None, first=grad_output_name)
     check_grad_output(grad_output, spec, False)
     precision = resolve_precision(precision, settings.precision)
     result_shape = input_size[1:] if unbatched else input_size
@@ -129,12 +134,16 @@ def conv2d_weight(x: Array, weight_size: Shape, grad_output: Array, stride: IntO
     if x.ndim not in (3, 4):
         raise ConvValueError(f"Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of "
                              f"size: {list(x.shape)}")
-    check_dtypes(x, grad_output, None, second="grad_output")
-    channels_last = x.ndim == 4 and _layout.result_channels_last(x, x, kind == "cupy")
-    if x.ndim == 3:
+    batched = x.ndim == 4
+    channels_last = batched and _layout.result_channels_last(x, x, kind == "cupy")
+    if not batched:
         x = x[None]
         grad_output = grad_output[None] if grad_output.ndim == 3 else grad_output
-    spec = ConvSpec.from_args(x.shape, weight_size, stride, padding, dilation, groups)
+    # (torch's order, convolution_backward's: the geometry, the ranks, then the dtypes and grad_output's size)
+    spec = ConvSpec.from_args(x.shape, weight_size, stride, padding, dilation, groups, backward=True)
+    if batched:
+        check_grad_output_rank(grad_output)
+    check_dtypes(x, grad_output, None, second="grad_output")
     check_grad_output(grad_output, spec, False)
     precision = resolve_precision(precision, settings.precision)
     if kind == "cupy":

@@ -15,7 +15,7 @@ from .problem import ACTIVATIONS, RESIDUALS, Epilogue
 from .spec import ConvSpec
 
 __all__ = ["array_kind", "resolve_precision", "check_arrays", "check_dtypes", "check_same_device", "check_out",
-           "size", "check_grad_output"]
+           "size", "check_grad_output", "check_grad_output_rank"]
 
 
 def _shape(a) -> list:
@@ -137,6 +137,13 @@ def size(value, name: str, ranks=(3, 4)) -> tuple:
     if len(value) not in ranks:
         raise ValueError(f"{name} must have {' or '.join(map(str, ranks))} entries, got {list(value)}")
     return tuple(int(v) for v in value)
+
+
+def check_grad_output_rank(grad_output):
+    """A batched backward door's grad_output of four dimensions, as its input (torch's words)."""
+    if grad_output.ndim != 4:
+        raise ConvValueError(f"Expected input and grad_output to have the same number of dimensions, but got: 4 and "
+                             f"{grad_output.ndim}")
 
 
 def check_grad_output(grad_output, spec: ConvSpec, unbatched: bool):

@@ -85,15 +85,19 @@ def pair(value, name: str) -> Tuple[int, int]:
                     f"not {type(value).__name__}")
 
 
-def check_geometry(w_shape, stride: tuple, padding, dilation: tuple, groups: int, output_padding=()) -> None:
+def check_geometry(w_shape, stride: tuple, padding, dilation: tuple, groups: int, output_padding=(),
+                   backward: bool = False) -> None:
     """torch's first refusals of a convolution's geometry, in its order (``at::_convolution``, then
     ``check_shape_forward``) and words: the padding string, the groups, 'same' on a stride, negative padding (and
     output padding, a transposed convolution's), the stride, a negative dilation, the filters against the groups.
     ``stride``, ``dilation`` (and ``padding`` where it is not a string) tuples of ints of the convolution's rank;
-    what follows them (the bias, the channels, the kernel's extent, a dilation of zero) is each op's."""
+    what follows them (the bias, the channels, the kernel's extent, a dilation of zero) is each op's.
+
+    ``backward``: the order of ``torch.nn.grad``'s doors (``convolution_backward`` goes to ``check_shape_forward``
+    without ``at::_convolution``'s first check), where the groups come after the dilation, in other words."""
     if isinstance(padding, str) and padding not in ("same", "valid"):
         raise ConvValueError(f"Invalid padding string: {padding!r}")
-    if groups <= 0:
+    if groups <= 0 and not backward:
         raise ConvValueError("non-positive groups is not supported")
     if padding == "same" and any(v != 1 for v in stride):
         raise ConvValueError("padding='same' is not supported for strided convolutions")
@@ -105,6 +109,8 @@ def check_geometry(w_shape, stride: tuple, padding, dilation: tuple, groups: int
         raise ConvValueError("non-positive stride is not supported")
     if any(v < 0 for v in dilation):
         raise ConvValueError("dilation should be greater than zero")
+    if groups <= 0:
+        raise ConvValueError(f"expected groups to be greater than 0, but got groups={groups}")
     k = w_shape[0]
     if k < groups:  # K = 0 included
         raise ConvValueError(f"Given groups={groups}, expected weight to be at least {groups} at dimension 0, but got "
@@ -218,28 +224,32 @@ class ConvSpec:
     # ----- construction --------------------------------------------------------------------------
     @classmethod
     def from_args(cls, input_shape: Sequence[int], weight_shape: Sequence[int], stride: IntOrPair = 1,
-                  padding: Padding = 0, dilation: IntOrPair = 1, groups: int = 1, memo: bool = True) -> "ConvSpec":
+                  padding: Padding = 0, dilation: IntOrPair = 1, groups: int = 1, memo: bool = True,
+                  backward: bool = False) -> "ConvSpec":
         """Validate torch-style arguments against 4-D shapes and return the spec.
 
         Raises ``TypeError``/``ValueError`` with PyTorch's wording for every misuse of geometry. Arguments of
         plain types (tuples of ints, ints, a padding string) are memoized: a layer called again with its
         shapes costs a dictionary lookup, not a validation (host time per call matters for small layers).
         ``memo=False``: validated every time (under torch.compile, where the memo's state would be guarded).
+        ``backward``: refusals in the order of ``torch.nn.grad``'s doors (see :func:`check_geometry`); a valid
+        geometry is the same spec either way, so the memo holds it once.
         """
         key = (input_shape, weight_shape, stride, padding, dilation, groups)
         if (memo and _plain(input_shape) and _plain(weight_shape) and _plain(stride) and _plain(padding)
                 and _plain(dilation) and _plain(groups)):
             spec = _SPECS.get(key)
             if spec is None:
-                spec = cls._validated(*key)
+                spec = cls._validated(*key, backward)
                 if len(_SPECS) >= _SPECS_MAX:
                     _SPECS.clear()
                 _SPECS[key] = spec
             return spec
-        return cls._validated(*key)
+        return cls._validated(*key, backward)
 
     @classmethod
-    def _validated(cls, input_shape, weight_shape, stride, padding, dilation, groups) -> "ConvSpec":
+    def _validated(cls, input_shape, weight_shape, stride, padding, dilation, groups,
+                   backward: bool = False) -> "ConvSpec":
         n, c, h, w = (int(v) for v in input_shape)
         k, c_g, r, s = (int(v) for v in weight_shape)
         stride = pair(stride, "stride")
@@ -249,7 +259,7 @@ class ConvSpec:
         groups = int(groups)
         # torch's order: check_geometry's refusals, the channels, the kernel's extent, a dilation of zero
         padding = padding if isinstance(padding, str) else pair(padding, "padding")
-        check_geometry(weight_shape, stride, padding, dilation, groups)
+        check_geometry(weight_shape, stride, padding, dilation, groups, backward=backward)
         extent_h, extent_w = dilation[0] * (r - 1) + 1, dilation[1] * (s - 1) + 1
         if padding == "valid":
             pad = (0, 0, 0, 0)

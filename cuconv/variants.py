@@ -178,7 +178,8 @@ def conv_transpose2d(x: Array, weight: Array, bias: Optional[Array] = None, stri
                                         output_padding, dilation)
     k, _, r, s = weight.shape
     y = dgrad_of((*shape[:2], *sizes)[1 if unbatched else 0:], weight, x,
-                 lambda size: ConvSpec(*size, k, r, s, stride, pads, dilation, int(groups)), algo, precision)
+                 lambda size: ConvSpec(*size, k, r, s, stride, pads, dilation, int(groups)), algo, precision,
+                 grad_output_name="Input")
     if any(fill):  # (output positions no kernel window reaches: an output padding up to the dilation)
         xp = numpy if _is_numpy(x) else __import__("cupy")
         out = xp.zeros(shape[1:] if unbatched else shape, dtype=y.dtype)

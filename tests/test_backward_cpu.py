@@ -247,12 +247,16 @@ MISUSES = [
     pytest.param(_dgrad(input_size=(3, 4, 8, 8)), ValueError,
                  r"Expected grad_output of size \[3, 6, 6, 6\] for this convolution, but got grad_output of "
                  r"size \[2, 6, 6, 6\]", id="dgrad_grad_output_batch"),
+    # (torch.nn.grad's words for a rank that is not the input's)
     pytest.param(_dgrad(grad_output=lambda a: a.dy[None]), ValueError,
-                 r"Expected grad_output of size \[2, 6, 6, 6\] .* but got grad_output of size \[1, 2, 6, 6, 6\]",
+                 r"Expected input and grad_output to have the same number of dimensions, but got: 4 and 5",
                  id="dgrad_grad_output_5d"),
     pytest.param(_dgrad(grad_output=lambda a: a.dy[0, 0]), ValueError,
-                 r"Expected grad_output of size \[2, 6, 6, 6\] .* but got grad_output of size \[6, 6\]",
+                 r"Expected input and grad_output to have the same number of dimensions, but got: 4 and 2",
                  id="dgrad_grad_output_2d"),
+    pytest.param(_wgrad(grad_output=lambda a: a.dy[0]), ValueError,
+                 r"Expected input and grad_output to have the same number of dimensions, but got: 4 and 3",
+                 id="wgrad_grad_output_3d"),
     pytest.param(_dgrad(input_size=(4, 8, 8)), ValueError,
                  r"Expected grad_output of size \[1, 6, 6, 6\] .* but got grad_output of size \[2, 6, 6, 6\]",
                  id="dgrad_unbatched_size_batched_grad_output"),

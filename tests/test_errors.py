@@ -393,6 +393,63 @@ def test_a_dtype_mismatch_is_refused_before_an_unsupported_dtype(rank):
         op(x, w, torch.ones(1, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("door", ["conv2d_input", "conv2d_weight"])
+def test_backward_door_refusals_follow_torch_nn_grads_order_and_words(door):
+    """The same table through ``conv2d_input`` and ``conv2d_weight`` against ``torch.nn.grad``'s, whose
+    ``convolution_backward`` checks in another order (the groups after the dilation, in other words). grad_output
+    has the convolution's output size where the geometry has one: torch's refusal of a wrong size is its CPU
+    backend's (its words differ for a dilated or a grouped convolution), cuconv's one message names both sizes.
+    (Padding strings are left out: torch.nn.grad refuses them as a schema mismatch, cuconv takes them as conv2d
+    does.)"""
+    import itertools
+
+    rng = numpy.random.default_rng(5)
+    mismatches = []
+    for pad, stride, dilation, groups, channels_match, filters in itertools.product(
+            (0, -1, 1), (1, -1, 0, 2), (1, -1, 0), (1, 0, -1, 3), (True, False), (2, 4)):
+        x = torch.from_numpy(rng.standard_normal((1, 2 if channels_match else 3, 5, 5)))
+        w = torch.from_numpy(rng.standard_normal((filters, 2 if channels_match else 1, 2, 2)))
+        kwargs = dict(padding=pad, stride=stride, dilation=dilation, groups=groups)
+        try:
+            dy = torch.from_numpy(rng.standard_normal(torch.nn.functional.conv2d(x, w, **kwargs).shape))
+        except RuntimeError:
+            dy = torch.from_numpy(rng.standard_normal((1, filters, 4, 4)))
+        if door == "conv2d_input":
+            expected = _first_refusal(lambda: torch.nn.grad.conv2d_input(x.shape, w, dy, **kwargs))
+            got = _first_refusal(lambda: cuconv.conv2d_input(x.shape, w.numpy(), dy.numpy(), **kwargs))
+        else:
+            expected = _first_refusal(lambda: torch.nn.grad.conv2d_weight(x, w.shape, dy, **kwargs))
+            got = _first_refusal(lambda: cuconv.conv2d_weight(x.numpy(), w.shape, dy.numpy(), **kwargs))
+        if (expected is None) != (got is None) or (expected is not None and (
+                not issubclass(got[0], expected[0]) or got[1] != expected[1])):
+            mismatches.append((kwargs, channels_match, filters, expected, got))
+    assert mismatches == []
+
+
+def test_backward_doors_refuse_ranks_before_dtypes_and_dtypes_before_sizes():
+    """torch.nn.grad's order after the geometry: grad_output of the input's rank (its words), then the dtypes,
+    then grad_output's size; a bad geometry is named before a dtype mismatch."""
+    x, w, dy = numpy.ones((1, 2, 5, 5)), numpy.ones((4, 2, 2, 2)), numpy.ones((1, 4, 4, 4))
+    rank = "Expected input and grad_output to have the same number of dimensions, but got: 4 and 5"
+    with pytest.raises(RuntimeError, match=rank):
+        cuconv.conv2d_input(x.shape, w.astype(numpy.float32), dy[None])
+    with pytest.raises(RuntimeError, match=rank):
+        cuconv.conv2d_weight(x, w.shape, dy[None].astype(numpy.float32))
+    with pytest.raises(RuntimeError, match="should be the same"):
+        cuconv.conv2d_input(x.shape, w.astype(numpy.float32), dy[:, :3])
+    with pytest.raises(RuntimeError, match="negative padding is not supported"):
+        cuconv.conv2d_input(x.shape, w.astype(numpy.float32), dy, padding=-1)
+    with pytest.raises(RuntimeError, match="expected groups to be greater than 0, but got groups=0"):
+        cuconv.conv2d_weight(x, w.shape, dy.astype(numpy.float32), groups=0)
+    with pytest.raises(RuntimeError, match=r"Expected grad_output of size \[1, 4, 4, 4\]"):
+        cuconv.conv2d_weight(x, w.shape, dy[:, :3])
+
+
+def test_transposed_convolution_names_its_input_in_a_dtype_refusal():
+    with pytest.raises(RuntimeError, match=r"Input type \(float64\) and weight type \(float32\) should be the same"):
+        cuconv.conv_transpose2d(numpy.ones((1, 4, 5, 5)), numpy.ones((4, 2, 2, 2), numpy.float32))
+
+
 def test_transposed_geometry_refusals_follow_torchs_order_and_words():
     """The same for conv_transpose2d, with its output padding (negative, at or above the stride and the
     dilation): torch's first error or none, on tensors and on NumPy arrays."""
