@@ -826,8 +826,8 @@ def _checked(input, weight, bias, stride, padding, dilation, groups, algo, setti
         key = _signature(input, weight, bias, stride, padding, dilation, groups, algo, settings)
         if key is not None:
             _remember(key, layer)
-    if not run:
-        return None
+    if not run:  # (the layer alone: ``_checked_layer``, and the fused training block's convolution)
+        return layer
     return _run_layer(layer, input, weight, bias)
 
 

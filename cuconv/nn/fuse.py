@@ -19,8 +19,10 @@ the state_dict keys and values are the original's, a checkpoint of either model 
 not training) the BatchNorm is folded into the convolution's weight and bias, once per version of those tensors
 (an optimizer step or a ``.to()`` folds again at the next call, a ``load_state_dict`` at once; a fold like the
 kept one is written into the kept tensors, which a captured CUDA graph reads; with gradients recorded it is folded on
-every call, differentiably); in train mode the fused call runs the convolution, the BatchNorm (updating its running
-statistics) and the rest unfused, exactly as the original graph did.
+every call, differentiably). In train mode a block on CPU tensors is one autograd node (``fuse_train``: the batch's
+statistics, the running ones updated as torch's BatchNorm updates them, one backward); elsewhere (CUDA tensors,
+torch.compile, tracing) the fused call runs the convolution, the BatchNorm and the rest link by link, exactly as the
+original graph did.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 
 from . import _bound
 from . import functional as F
+from . import fuse_train as _fuse_train
 from .modules import _TWINS as _twins
 from .modules import Conv2d, Conv3d
 
@@ -158,16 +161,60 @@ class FusedConv2d(torch.nn.Module):
             return F.conv2d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups, algo=conv.algo,
                             activation=self.activation, negative_slope=self.slope, residual=residual,
                             residual_position=self.residual or "before")
-        if bn is not None and bn.training:  # train mode: the original graph, link by link
+        if bn is not None and bn.training:
             self._folded = None  # (the running statistics change)
             _bound.slot(self).value = None
-            y = bn(conv(x))
+            out = self._train_block(x, residual, active)
+            if out is not None:
+                return out
+            y = bn(conv(x))  # (the original graph, link by link)
         elif bn is not None:
             weight, bias = self._weights()
             y = conv._conv_forward(x, weight, bias)
         else:
             y = conv(x)
         return apply_epilogue(y, self.activation, self.slope, residual, self.residual, active)
+
+    def _train_block(self, x: torch.Tensor, residual, active: list):
+        """Train mode as one autograd node (``fuse_train.conv_bn_train``: the batch's statistics, the running ones
+        updated as torch's BatchNorm updates them, the epilogue, one backward), where it applies: plain CPU tensors
+        in eager mode, a 4-D input, a batch of more than one value per channel (torch's BatchNorm refuses one), a
+        residual of the output's shape, no hooks added since the fuse. None elsewhere: the caller runs the links.
+        (CUDA tensors run the links, cuDNN's BatchNorm among them, until the statistics are kernels of cuconv's.)"""
+        conv, bn = self.conv, self.bn
+        if (type(x) is not _Tensor or x.device.type != "cpu" or x.dim() != 4 or isinstance(conv, Conv3d)
+                or _is_compiling() or _is_tracing() or F._transforms_active() or not (_plain(conv) and _plain(bn))
+                or (residual is not None and type(residual) is not _Tensor)):
+            return None
+        weight, bias = conv.weight, conv.bias
+        if torch.is_autocast_enabled("cpu"):
+            x, weight, bias = F._autocast(x, weight, bias, "cpu")
+        layer = F._checked(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups, conv.algo, None,
+                           autocast_done=True, run=False)
+        out_shape = layer.out_shape if layer is not None else None
+        if (layer is None or len(out_shape) != 4 or out_shape[0] * out_shape[2] * out_shape[3] <= 1
+                or (residual is not None and tuple(residual.shape) != tuple(out_shape))):
+            return None
+        # (torch's _BatchNorm.forward: the count first, then this batch's factor)
+        momentum, running = None, bn.track_running_stats and bn.running_mean is not None
+        if bn.track_running_stats and bn.num_batches_tracked is not None:
+            bn.num_batches_tracked.add_(1)
+        if running:
+            momentum = (1.0 / float(bn.num_batches_tracked) if bn.num_batches_tracked is not None else 0.0) \
+                if bn.momentum is None else bn.momentum
+        after = self.residual == "after"
+        args = _fuse_train.BlockArgs(layer, bn.eps, momentum, bn.running_mean if running else None,
+                                     bn.running_var if running else None, self.activation, self.slope,
+                                     None if residual is None or (after and active) else self.residual,
+                                     (conv.stride, conv.padding, conv.dilation, conv.groups, conv.algo))
+        out = _fuse_train.conv_bn_train(x, weight, bias, bn.weight, bn.bias,
+                                        None if args.position is None else residual, args)
+        if active:  # (dropout, stochastic depth in train mode: between the activation and a residual after it)
+            for m in active:
+                out = m(out)
+            if after:
+                out = out + residual
+        return out
 
     def _call_key(self, x: torch.Tensor, residual):
         """What a call of the 2-D chain on ``x`` depends on besides the weights (``_fold_inputs``): the tensors'
