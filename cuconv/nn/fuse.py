@@ -19,10 +19,10 @@ the state_dict keys and values are the original's, a checkpoint of either model 
 not training) the BatchNorm is folded into the convolution's weight and bias, once per version of those tensors
 (an optimizer step or a ``.to()`` folds again at the next call, a ``load_state_dict`` at once; a fold like the
 kept one is written into the kept tensors, which a captured CUDA graph reads; with gradients recorded it is folded on
-every call, differentiably). In train mode a block on CPU tensors is one autograd node (``fuse_train``: the batch's
-statistics, the running ones updated as torch's BatchNorm updates them, one backward); elsewhere (CUDA tensors,
-torch.compile, tracing) the fused call runs the convolution, the BatchNorm and the rest link by link, exactly as the
-original graph did.
+every call, differentiably). In train mode a block is one autograd node (``fuse_train``: the batch's statistics,
+the running ones updated as torch's BatchNorm updates them, the epilogue, one backward; on CUDA cuconv's BatchNorm
+kernels); under torch.compile or tracing the fused call runs the convolution, the BatchNorm and the rest link by
+link, exactly as the original graph did.
 """
 
 from __future__ import annotations
@@ -99,6 +99,24 @@ def apply_epilogue(y: torch.Tensor, activation, slope: float, residual, position
     for m in passthrough:
         y = m(y)
     return y + residual if position == "after" else y
+
+
+def _kernels_apply(x: torch.Tensor, bn, residual, running: bool, count) -> bool:
+    """Whether a CUDA train-mode block runs cuconv's BatchNorm kernels (``blocks/batch_norm``): an input (autocast's
+    cast) of float32 or a half type, float32 affine parameters and running statistics (an int64 count), a residual
+    of the input's dtype (torch would promote another)."""
+    from ..blocks import batch_norm
+
+    if not batch_norm.supports(_fuse_train.batch_norm_dtype(x.dtype)):
+        return False
+    f32 = torch.float32
+    if any(t is not None and (t.dtype != f32 or not t.is_contiguous()) for t in (bn.weight, bn.bias)):
+        return False
+    if running and (bn.running_mean.dtype != f32 or bn.running_var.dtype != f32):
+        return False
+    if count is not None and count.dtype != torch.int64:
+        return False
+    return residual is None or residual.dtype == x.dtype
 
 
 class FusedConv2d(torch.nn.Module):
@@ -180,33 +198,44 @@ class FusedConv2d(torch.nn.Module):
         updated as torch's BatchNorm updates them, the epilogue, one backward), where it applies: plain CPU tensors
         in eager mode, a 4-D input, a batch of more than one value per channel (torch's BatchNorm refuses one), a
         residual of the output's shape, no hooks added since the fuse. None elsewhere: the caller runs the links.
-        (CUDA tensors run the links, cuDNN's BatchNorm among them, until the statistics are kernels of cuconv's.)"""
+        On CUDA the BatchNorm and the epilogue are cuconv's kernels where they apply (``_kernels_apply``), else
+        torch's BatchNorm kernel inside the node."""
         conv, bn = self.conv, self.bn
-        if (type(x) is not _Tensor or x.device.type != "cpu" or x.dim() != 4 or isinstance(conv, Conv3d)
-                or _is_compiling() or _is_tracing() or F._transforms_active() or not (_plain(conv) and _plain(bn))
-                or (residual is not None and type(residual) is not _Tensor)):
+        if (type(x) is not _Tensor or x.device.type not in ("cpu", "cuda") or x.dim() != 4
+                or isinstance(conv, Conv3d) or _is_compiling() or _is_tracing() or F._transforms_active()
+                or not (_plain(conv) and _plain(bn)) or (residual is not None and type(residual) is not _Tensor)):
             return None
         weight, bias = conv.weight, conv.bias
-        if torch.is_autocast_enabled("cpu"):
-            x, weight, bias = F._autocast(x, weight, bias, "cpu")
-        layer = F._checked(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups, conv.algo, None,
-                           autocast_done=True, run=False)
+        device_type = x.device.type
+        if torch.is_autocast_enabled(device_type):
+            x, weight, bias = F._autocast(x, weight, bias, device_type)
+        geometry = (conv.stride, conv.padding, conv.dilation, conv.groups, conv.algo)
+        if x.is_cuda and F._plain_tensor(weight) and (bias is None or F._plain_tensor(bias)):
+            layer = F._checked_layer(x, weight, bias, *geometry, F._settings())  # (kept per call signature)
+        else:
+            layer = F._checked(x, weight, bias, *geometry, None, autocast_done=True, run=False)
         out_shape = layer.out_shape if layer is not None else None
         if (layer is None or len(out_shape) != 4 or out_shape[0] * out_shape[2] * out_shape[3] <= 1
                 or (residual is not None and tuple(residual.shape) != tuple(out_shape))):
             return None
-        # (torch's _BatchNorm.forward: the count first, then this batch's factor)
-        momentum, running = None, bn.track_running_stats and bn.running_mean is not None
-        if bn.track_running_stats and bn.num_batches_tracked is not None:
-            bn.num_batches_tracked.add_(1)
+        running = bn.track_running_stats and bn.running_mean is not None
+        count = bn.num_batches_tracked if bn.track_running_stats else None
+        kernels = x.is_cuda and _kernels_apply(x, bn, residual, running, count)
+        # (torch's _BatchNorm.forward: the count first, then this batch's factor; on CUDA the kernels read
+        # momentum=None's 1/count on the device, with no copy of the count to the host)
+        if count is not None:
+            count.add_(1)
+        momentum = cumulative = None
         if running:
-            momentum = (1.0 / float(bn.num_batches_tracked) if bn.num_batches_tracked is not None else 0.0) \
-                if bn.momentum is None else bn.momentum
+            cumulative = kernels and bn.momentum is None and count is not None
+            if not cumulative:
+                momentum = bn.momentum if bn.momentum is not None else (
+                    1.0 / float(count) if count is not None else 0.0)
         after = self.residual == "after"
         args = _fuse_train.BlockArgs(layer, bn.eps, momentum, bn.running_mean if running else None,
                                      bn.running_var if running else None, self.activation, self.slope,
                                      None if residual is None or (after and active) else self.residual,
-                                     (conv.stride, conv.padding, conv.dilation, conv.groups, conv.algo))
+                                     geometry, kernels, bool(cumulative), count)
         out = _fuse_train.conv_bn_train(x, weight, bias, bn.weight, bn.bias,
                                         None if args.position is None else residual, args)
         if active:  # (dropout, stochastic depth in train mode: between the activation and a residual after it)

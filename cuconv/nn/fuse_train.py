@@ -14,8 +14,12 @@ convolution's dgrad and wgrad (cuconv's, as its eager backward runs them). A bac
 (``create_graph=True``: a gradient penalty) recomputes the block from its saved inputs as torch's differentiable
 operations instead, so every higher derivative is torch's.
 
-FusedConv2d takes this node for CPU tensors in eager mode; on CUDA a train-mode block runs link by link (cuDNN's
-BatchNorm among them) until the statistics and the normalisation are kernels of cuconv's, in its epilogues.
+On CUDA (float32 and the half types, BatchNorm's parameters and statistics float32) the BatchNorm and the epilogue
+are cuconv's kernels instead (``blocks/batch_norm``): forward, the statistics' sums by chunks of rows, a finalize
+(mean, 1/std, the running update, the scale and shift of each channel) and one pass for the normalisation, the
+residual and the activation in fp32 rounded once; backward, the activation's derivative and BatchNorm's two sums in
+one pass over dz and y (a residual before the activation takes its gradient from it), a finalize, and the dy pass.
+Saved there: the input, weight, y, the residual, four floats a channel. float64 on CUDA takes torch's kernel.
 """
 
 from __future__ import annotations
@@ -39,13 +43,16 @@ class BlockArgs:
     algo)."""
 
     __slots__ = ("layer", "eps", "momentum", "running_mean", "running_var", "activation", "slope", "position",
-                 "conv")
+                 "conv", "kernels", "cumulative", "num_batches_tracked")
 
     def __init__(self, layer, eps: float, momentum: Optional[float], running_mean, running_var, activation, slope,
-                 position, conv: tuple):
+                 position, conv: tuple, kernels: bool = False, cumulative: bool = False, num_batches_tracked=None):
         self.layer, self.eps, self.momentum = layer, float(eps), momentum
         self.running_mean, self.running_var = running_mean, running_var
         self.activation, self.slope, self.position, self.conv = activation, float(slope), position, conv
+        # (cuconv's kernels on CUDA: ``batch_norm``'s; ``cumulative``: torch's momentum=None, the factor
+        # 1/num_batches_tracked read on the device from ``num_batches_tracked``)
+        self.kernels, self.cumulative, self.num_batches_tracked = kernels, cumulative, num_batches_tracked
 
 
 def _activate(pre: torch.Tensor, activation, slope: float) -> torch.Tensor:
@@ -64,6 +71,11 @@ class _ConvBNTrain(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, gamma, beta, residual, args: BlockArgs):
         y = F._run_layer(args.layer, x, w, b)
+        if args.kernels:
+            if y.device.index != torch.cuda.current_device():  # (launches prepared and enqueued on y's device)
+                with torch.cuda.device(y.device):
+                    return _forward_kernels(ctx, x, w, b, gamma, beta, residual, args, y)
+            return _forward_kernels(ctx, x, w, b, gamma, beta, residual, args, y)
         # (torch's own BatchNorm kernel for the statistics, the running ones' update and the normalisation: the
         # numbers of the unfused graph, in one pass over y less than its kernel and two elementwise calls)
         u, mean, invstd = torch.native_batch_norm(y, gamma, beta, args.running_mean, args.running_var, True,
@@ -79,11 +91,16 @@ class _ConvBNTrain(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        x, w, b, gamma, beta, residual, y, mean, invstd = ctx.saved_tensors
+        x, w, b, gamma, beta, residual, y, mean, invstd = ctx.saved_tensors[:9]
         args = ctx.args
         need_x, need_w, need_b, need_g, need_beta, need_res, _ = ctx.needs_input_grad
         if torch.is_grad_enabled():
             return _recomputed_backward(ctx, dout, x, w, b, gamma, beta, residual)
+        if args.kernels:
+            if y.device.index != torch.cuda.current_device():
+                with torch.cuda.device(y.device):
+                    return _backward_kernels(ctx, dout, x, w, gamma, beta, residual, y, mean, invstd)
+            return _backward_kernels(ctx, dout, x, w, gamma, beta, residual, y, mean, invstd)
         d_res = dout if args.position == "after" and need_res else None
         if args.activation is None:
             d_pre = dout
@@ -107,6 +124,106 @@ class _ConvBNTrain(torch.autograd.Function):
             dx, dw, db = args.layer.backward(d_y, x if need_w else None, w if need_x else None, need_x, need_w,
                                              need_b, True)
         return dx, dw, db, d_gamma if need_g else None, d_beta if need_beta else None, d_res, None
+
+
+_RES_CODES = {None: 0, "before": 1, "after": 2}
+
+
+def _layout_of(y: torch.Tensor):
+    """(channels_last, y dense in that layout): NCHW where y is contiguous (a 1×1 plane is both), else channels-last."""
+    if y.is_contiguous():
+        return False, y
+    if y.is_contiguous(memory_format=torch.channels_last):
+        return True, y
+    return False, y.contiguous()
+
+
+def _like(t: torch.Tensor, channels_last: bool, dtype=None) -> torch.Tensor:
+    """``t`` dense in the layout of the block's y (and of ``dtype``): itself where it already is."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    return t if t.is_contiguous(memory_format=fmt) else t.contiguous(memory_format=fmt)
+
+
+def _launches(args: BlockArgs, y: torch.Tensor, channels_last: bool):
+    from ..blocks import batch_norm
+
+    n, c, h, w = y.shape
+    return batch_norm.launches(batch_norm_dtype(y.dtype), channels_last, n, c, h * w, args.activation,
+                               _RES_CODES[args.position], args.slope, args.eps,
+                               None if args.cumulative else (0.0 if args.momentum is None else args.momentum))
+
+
+
+def batch_norm_dtype(dtype: torch.dtype):
+    """The NumPy dtype the kernels name for a torch dtype (None: none of theirs)."""
+    from .. import _dtypes
+
+    return _dtypes.by_name(str(dtype).rsplit(".", 1)[-1])
+
+
+def _ptr(t) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def _forward_kernels(ctx, x, w, b, gamma, beta, residual, args: BlockArgs, y):
+    """The forward's statistics, running update and epilogue as ``batch_norm``'s three kernels on y's stream."""
+    channels_last, y = _layout_of(y)
+    launches = _launches(args, y, channels_last)
+    c = y.shape[1]
+    res = None if residual is None else _like(residual, channels_last, y.dtype)
+    parts = torch.empty((2, launches.chunks, c), dtype=torch.float32, device=y.device)
+    stats = torch.empty((4, c), dtype=torch.float32, device=y.device)  # (mean, invstd, scale, shift)
+    out = torch.empty_like(y)
+    stream = torch.cuda.current_stream(y.device).cuda_stream
+    launches.stats(stream, y.data_ptr(), parts[0].data_ptr(), parts[1].data_ptr())
+    update = args.running_mean is not None
+    launches.finalize(stream, parts[0].data_ptr(), parts[1].data_ptr(), y.data_ptr(), _ptr(gamma), _ptr(beta),
+                      _ptr(args.running_mean) if update else 0, _ptr(args.running_var) if update else 0,
+                      _ptr(args.num_batches_tracked), stats[0].data_ptr(), stats[1].data_ptr(), stats[2].data_ptr(),
+                      stats[3].data_ptr())
+    launches.apply(stream, y.data_ptr(), _ptr(res), stats[2].data_ptr(), stats[3].data_ptr(), out.data_ptr())
+    ctx.args, ctx.channels_last = args, channels_last
+    ctx.res_dtype = None if residual is None else residual.dtype
+    # (the residual as given, not its copy in y's layout: a recomputed backward differentiates through it)
+    ctx.save_for_backward(x, w, b, gamma, beta, residual, y, stats[0], stats[1], stats)
+    return out
+
+
+def _backward_kernels(ctx, dout, x, w, gamma, beta, residual, y, mean, invstd):
+    """The backward's activation and BatchNorm as ``batch_norm``'s three kernels, then the convolution's passes."""
+    args, channels_last = ctx.args, ctx.channels_last
+    stats = ctx.saved_tensors[-1]
+    res = None if residual is None else _like(residual, channels_last, y.dtype)
+    need_x, need_w, need_b, need_g, need_beta, need_res, _ = ctx.needs_input_grad
+    launches = _launches(args, y, channels_last)
+    c = y.shape[1]
+    dz = _like(dout, channels_last, y.dtype)
+    parts = torch.empty((2, launches.chunks, c), dtype=torch.float32, device=y.device)
+    sums = torch.empty((4, c), dtype=torch.float32, device=y.device)  # (dβ, dγ, Σd/M, Σd·x̂/M)
+    d_res = torch.empty_like(y) if args.position == "before" and need_res else None
+    stream = torch.cuda.current_stream(y.device).cuda_stream
+    scale, shift = stats[2], stats[3]
+    launches.backward_sums(stream, dz.data_ptr(), y.data_ptr(), _ptr(res), scale.data_ptr(), shift.data_ptr(),
+                           mean.data_ptr(), invstd.data_ptr(), parts[0].data_ptr(), parts[1].data_ptr(), _ptr(d_res))
+    launches.backward_finalize(stream, parts[0].data_ptr(), parts[1].data_ptr(), sums[0].data_ptr(),
+                               sums[1].data_ptr(), sums[2].data_ptr(), sums[3].data_ptr())
+    dx = dw = db = None
+    if need_x or need_w or need_b:
+        dy = torch.empty_like(y)
+        launches.backward_dy(stream, dz.data_ptr(), y.data_ptr(), _ptr(res), scale.data_ptr(), shift.data_ptr(),
+                             mean.data_ptr(), invstd.data_ptr(), sums[2].data_ptr(), sums[3].data_ptr(),
+                             dy.data_ptr())
+        dx, dw, db = args.layer.backward(dy, x if need_w else None, w if need_x else None, need_x, need_w, need_b,
+                                         True)
+    if args.position == "after" and need_res:
+        d_res = dout
+    if d_res is not None and d_res.dtype != ctx.res_dtype:
+        d_res = d_res.to(ctx.res_dtype)
+    d_gamma = sums[1].clone() if need_g and gamma is not None else None
+    d_beta = sums[0].clone() if need_beta and beta is not None else None
+    return dx, dw, db, d_gamma, d_beta, d_res, None
 
 
 def _recomputed_backward(ctx, dout, x, w, b, gamma, beta, residual):
