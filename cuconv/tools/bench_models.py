@@ -572,6 +572,44 @@ def measure_fused(pair, args, mode: _Mode, x, compiled_ms: float = None) -> dict
                 except Exception as exc:  # (reported with the figures: the timings above stand)
                     out["fused_float64_failure"] = f"{type(exc).__name__}: {exc}"
     del folded, fused
+    if not getattr(args, "no_train", False):
+        out.update(measure_fused_train(pair, args, mode))
+    return out
+
+
+def measure_fused_train(pair, args, mode: _Mode) -> dict:
+    """Training steps (forward, loss, backward) of torch, cuconv unfused and cuconv fused
+    (``cuconv.nn.convert(fuse=True)`` in train mode: each block one autograd node with its BatchNorm on the batch's
+    statistics) in alternating rounds, at ``--batch``; and the fused step's gradients against the unfused model's
+    from the same state."""
+    import torch
+
+    import cuconv.nn
+
+    theirs, ours = pair
+    x, labels = _inputs(args.batch, args.image, args.channels_last, 2, _sample(args))
+    fused = cuconv.nn.convert(copy.deepcopy(theirs).train(), fuse=True)
+    if args.channels_last:
+        fused = fused.to(memory_format=_format(_sample(args)) or torch.channels_last)
+    sides = {"torch": theirs, "cuconv": ours, "cuconv_fused": fused}
+    state = {k: copy.deepcopy(m.state_dict()) for k, m in sides.items()}  # (running statistics: put back after)
+    for model in sides.values():
+        model.train()
+    fns = {k: _train_fn(m, x, labels, mode) for k, m in sides.items()}
+    out = {f"{k}_fused_train_ms": ms for k, ms in zip(fns, _alternating_ms(fns).values())}
+    if not args.no_check:
+        grads = {}
+        for k in ("cuconv", "cuconv_fused"):  # (both from the state before the timing: its running statistics)
+            sides[k].load_state_dict(state["torch"])
+            fns[k]()
+            grads[k] = {n: p.grad for n, p in sides[k].named_parameters() if p.grad is not None}
+        names = sorted(grads["cuconv"])
+        if names == sorted(grads["cuconv_fused"]):
+            out["fused_train_grad_err"] = _rel_err(*(torch.cat([grads[k][n].double().flatten() for n in names])
+                                                     for k in ("cuconv_fused", "cuconv")))
+    for k, model in sides.items():
+        model.load_state_dict(state[k])
+    del fused
     return out
 
 
@@ -874,6 +912,21 @@ def print_tables(report: dict) -> None:
             print(f"  {'geometric mean':<20} {mode:<5} " + " ".join("  –  " if v is None else f"{v:.2f}x"
                                                                     for v in means)
                   + f"; every model vs torch eager >= {min(by_column.get(0, [float('nan')])):.2f}x")
+    trained = [(n, m, r["e2e"]) for n, e in report["models"].items() for m, r in e["modes"].items()
+               if "cuconv_fused_fused_train_ms" in r.get("e2e", {})]
+    if trained:
+        print("\ntraining step, cuconv fused (each block one autograd node with its BatchNorm): torch time / cuconv "
+              "fused time, cuconv unfused time / cuconv fused time")
+        ratios = {}
+        for name, mode, e in trained:
+            a = e["torch_fused_train_ms"] / e["cuconv_fused_fused_train_ms"]
+            b = e["cuconv_fused_train_ms"] / e["cuconv_fused_fused_train_ms"]
+            ratios.setdefault(mode, []).append((a, b))
+            err = f"; gradients against unfused {e['fused_train_grad_err']:.1e}" if "fused_train_grad_err" in e else ""
+            print(f"  {name:<20} {mode:<5} {a:.2f}x {b:.2f}x{err}")
+        for mode, rs in ratios.items():
+            print(f"  {'geometric mean':<20} {mode:<5} {statistics.geometric_mean(r[0] for r in rs):.2f}x "
+                  f"{statistics.geometric_mean(r[1] for r in rs):.2f}x")
     checks = [(n, m, r["check"]) for n, e in report["models"].items() for m, r in e["modes"].items() if "check" in r]
     if checks:
         print("\ncorrectness against torch float32 without TF32 (cuconv's error / torch's own at the same precision)")
