@@ -339,6 +339,9 @@ def test_config_unknown_setting_raises(name):
 
 
 # ----- refusals of the geometry, in torch's order -----------------------------------------------------------------
+_TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+
 def _first_refusal(call):
     try:
         call()
@@ -377,6 +380,11 @@ def test_geometry_refusals_follow_torchs_order_and_words(rank):
             if (expected is None) != (got is None) or (expected is not None and (
                     not issubclass(got[0], expected[0]) or got[1] != expected[1])):
                 mismatches.append((kwargs, channels_match, filters, expected, got))
+    if _TORCH_VERSION < (2, 13):
+        # (torch before 2.13, 2.11 as measured, works out 'same' padding from a negative dilation before it checks
+        # the dilation and refuses the negative padding; cuconv follows the torch this project pins, 2.13)
+        mismatches = [m for m in mismatches if not (m[0]["padding"] == "same" and m[0]["dilation"] < 0 and m[3] == (
+            RuntimeError, "negative padding is not supported") and m[4][1] == "dilation should be greater than zero")]
     assert mismatches == []
 
 

@@ -75,7 +75,7 @@ def _count_nodes(monkeypatch):
 
 
 def _loss(y):  # (not a plain sum: the gradient differs from position to position)
-    return (y.square() * torch.linspace(0.5, 1.5, y.numel(), dtype=y.dtype).reshape(y.shape)).sum() + y.sin().sum()
+    return (y.square() * torch.linspace(0.5, 1.5, y.numel(), dtype=y.dtype, device=y.device).reshape(y.shape)).sum() + y.sin().sum()
 
 
 def _rel(a, b, scale=0.0):
