@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 import cuconv.nn  # noqa: E402
 import cuconv.nn.fuse_train as fuse_train  # noqa: E402
 from cuconv.nn.fuse import FusedConv2d  # noqa: E402
+from test_fuse import _randomize  # noqa: E402
 
 _F = torch.nn.functional
 _ACTIVATIONS = {"relu": torch.nn.ReLU, "relu6": torch.nn.ReLU6, "leaky_relu": lambda: torch.nn.LeakyReLU(0.2),
@@ -41,18 +42,6 @@ class _Block(torch.nn.Module):
             y = y + x
         y = y if self.act is None else self.act(y)
         return y + x if self.residual == "after" else y
-
-
-def _randomize(model, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    for m in model.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.running_mean.copy_(torch.randn(m.num_features, generator=g, dtype=m.running_mean.dtype))
-            m.running_var.copy_(torch.rand(m.num_features, generator=g, dtype=m.running_var.dtype) + 0.5)
-            if m.weight is not None:
-                m.weight.data.copy_(torch.randn(m.num_features, generator=g, dtype=m.weight.dtype))
-                m.bias.data.copy_(torch.randn(m.num_features, generator=g, dtype=m.bias.dtype))
-    return model
 
 
 def _pair(make, dtype=torch.float64):

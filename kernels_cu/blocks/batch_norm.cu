@@ -119,30 +119,50 @@ __device__ __forceinline__ void block_sums(float& a, float& b) {
     }
 }
 
+// A block's share of a pass that sums channels: its channel c (NHWC: 32 channels a block, 8 rows of threads down
+// the rows; NCHW: one channel a block, 256 threads down its rows) and the rows [begin, end) of chunk blockIdx.y,
+// a thread taking every lanes-th from lane.
+template <bool NHWC>
+struct ChunkRows {
+    int c, lane, lanes;
+    i64 begin, end;
+    __device__ ChunkRows(i64 M, i64 rows_per_chunk)
+        : c(NHWC ? blockIdx.x * 32 + threadIdx.x : blockIdx.x),
+          lane(NHWC ? threadIdx.y : threadIdx.x),
+          lanes(NHWC ? 8 : 256),
+          begin(static_cast<i64>(blockIdx.y) * rows_per_chunk),
+          end(min(M, begin + rows_per_chunk)) {}
+};
+
+// The block's two sums of its chunk into part1/part2[chunk][c]; every thread of the block calls it (block_sums
+// synchronizes).
+template <bool NHWC>
+__device__ void store_chunk_sums(float s1, float s2, const ChunkRows<NHWC>& r, int C, float* part1, float* part2) {
+    block_sums<NHWC>(s1, s2);
+    if (r.c < C && r.lane == 0) {
+        part1[blockIdx.y * static_cast<i64>(C) + r.c] = s1;
+        part2[blockIdx.y * static_cast<i64>(C) + r.c] = s2;
+    }
+}
+
 }  // namespace
 
 template <typename T, bool NHWC>
 __global__ void __launch_bounds__(256) bn_stats(const T* __restrict__ y, float* __restrict__ part1,
                                                 float* __restrict__ part2, i64 M, int C, i64 HW,
                                                 i64 rows_per_chunk) {
-    const int c = NHWC ? blockIdx.x * 32 + threadIdx.x : blockIdx.x;
-    const i64 begin = static_cast<i64>(blockIdx.y) * rows_per_chunk;
-    const i64 end = min(M, begin + rows_per_chunk);
-    const int lane = NHWC ? threadIdx.y : threadIdx.x, lanes = NHWC ? 8 : 256;
+    const ChunkRows<NHWC> r(M, rows_per_chunk);
+    const int c = r.c;
     float s1 = 0.0f, s2 = 0.0f;
     if (c < C) {
         const float y0 = cuconv::to_acc(y[offset_of<NHWC>(0, c, C, HW)]);
-        for (i64 m = begin + lane; m < end; m += lanes) {
+        for (i64 m = r.begin + r.lane; m < r.end; m += r.lanes) {
             const float d = cuconv::to_acc(y[offset_of<NHWC>(m, c, C, HW)]) - y0;
             s1 += d;
             s2 += d * d;
         }
     }
-    block_sums<NHWC>(s1, s2);
-    if (c < C && (NHWC ? threadIdx.y == 0 : threadIdx.x == 0)) {
-        part1[blockIdx.y * static_cast<i64>(C) + c] = s1;
-        part2[blockIdx.y * static_cast<i64>(C) + c] = s2;
-    }
+    store_chunk_sums<NHWC>(s1, s2, r, C, part1, part2);
 }
 
 template <typename T, bool NHWC>
@@ -217,14 +237,12 @@ __global__ void __launch_bounds__(256) bn_backward_sums(const T* __restrict__ dz
                                                         float* __restrict__ part2, T* __restrict__ d_residual, i64 M,
                                                         int C, i64 HW, i64 rows_per_chunk, int act, int res,
                                                         float alpha) {
-    const int c = NHWC ? blockIdx.x * 32 + threadIdx.x : blockIdx.x;
-    const i64 begin = static_cast<i64>(blockIdx.y) * rows_per_chunk;
-    const i64 end = min(M, begin + rows_per_chunk);
-    const int lane = NHWC ? threadIdx.y : threadIdx.x, lanes = NHWC ? 8 : 256;
+    const ChunkRows<NHWC> r(M, rows_per_chunk);
+    const int c = r.c;
     float s1 = 0.0f, s2 = 0.0f;
     if (c < C) {
         const float sc = scale[c], sh = shift[c], mu = mean[c], is = invstd[c];
-        for (i64 m = begin + lane; m < end; m += lanes) {
+        for (i64 m = r.begin + r.lane; m < r.end; m += r.lanes) {
             const i64 i = offset_of<NHWC>(m, c, C, HW);
             const float d = pre_activation_grad(dz, y, residual, sc, sh, i, act, res, alpha);
             s1 += d;
@@ -232,11 +250,7 @@ __global__ void __launch_bounds__(256) bn_backward_sums(const T* __restrict__ dz
             if (d_residual != nullptr) d_residual[i] = cuconv::from_acc<T>(d);
         }
     }
-    block_sums<NHWC>(s1, s2);
-    if (c < C && (NHWC ? threadIdx.y == 0 : threadIdx.x == 0)) {
-        part1[blockIdx.y * static_cast<i64>(C) + c] = s1;
-        part2[blockIdx.y * static_cast<i64>(C) + c] = s2;
-    }
+    store_chunk_sums<NHWC>(s1, s2, r, C, part1, part2);
 }
 
 __global__ void __launch_bounds__(256) bn_backward_finalize(const float* __restrict__ part1,
